@@ -1,0 +1,75 @@
+"""Nox sessions. ``nox -l`` lists them; ``nox -s tests`` runs the test matrix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import nox
+
+nox.needs_version = ">=2025.10.14"
+nox.options.default_venv_backend = "uv|venv"
+nox.options.sessions = ["lint", "typecheck", "tests"]
+nox.options.error_on_missing_interpreters = True
+nox.options.download_python = "never"  # these machines cannot download interpreters
+
+PYPROJECT = nox.project.load_toml("pyproject.toml")
+PYTHONS = nox.project.python_versions(PYPROJECT)  # from the classifiers: 3.11 .. 3.13
+
+
+def _group(name: str) -> tuple[str, ...]:
+    return nox.project.dependency_groups(PYPROJECT, name)
+
+
+@nox.session(python=PYTHONS)
+def tests(session: nox.Session) -> None:
+    """Run the test suite under coverage."""
+    session.install("-e", ".", *_group("test"))
+    session.run("coverage", "erase")
+    session.run("coverage", "run", "-m", "pytest", *session.posargs)
+    session.run("coverage", "combine", "--quiet")
+    session.run("coverage", "report", "--fail-under=85")
+
+
+@nox.session(python=PYTHONS[0])
+def lint(session: nox.Session) -> None:
+    """Ruff (lint + format check) and the flake8-async rules ruff lacks."""
+    session.install(*_group("lint"))
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+    session.run(
+        "flake8-async",
+        "--enable=ASYNC1,ASYNC9",
+        "--startable-in-context-manager=_dispatch_main",
+        *session.posargs,
+        *map(str, Path("src").rglob("*.py")),
+    )
+
+
+@nox.session(python=PYTHONS[0])
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict over src, against the oldest supported Python."""
+    session.install("-e", ".", *_group("typecheck"))
+    session.run("mypy")
+
+
+@nox.session(python=PYTHONS[-1], default=False)
+def docs(session: nox.Session) -> None:
+    """Build the Sphinx docs with warnings as errors."""
+    session.install("-e", ".", *_group("docs"))
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html"
+    )
+
+
+@nox.session(python=PYTHONS[-1], default=False)
+def bench(session: nox.Session) -> None:
+    """Benchmarks; each prints its ratio against a limit measured in the same run."""
+    session.install("-e", ".")
+    session.run("python", "benchmarks/run.py", *session.posargs)
+
+
+@nox.session(python=PYTHONS[0], default=False)
+def demo(session: nox.Session) -> None:
+    """The main job: a durable order-approval workflow on an embedded SQLite file."""
+    session.install("-e", ".")
+    session.run("python", "-m", "phronomy", "demo", *session.posargs)

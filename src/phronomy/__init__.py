@@ -1,0 +1,1 @@
+"""phronomy: durable, resumable state-machine workflows and supervised executions for trio."""

@@ -1,0 +1,40 @@
+"""The generic runtime engine: dispatcher, offload pools, result handles, timers, sessions.
+
+The engine knows nothing about workflows or supervised executions; those features
+plug in as :class:`ExecutionReceiver` subclasses and :class:`GatedSession` sessions.
+"""
+
+from ._cancel import CancellationToken as CancellationToken, Deadline as Deadline
+from ._engine import (
+    Engine as Engine,
+    EngineConfig as EngineConfig,
+    ShutdownParticipant as ShutdownParticipant,
+    open_engine as open_engine,
+)
+from ._handle import (
+    HandleStatus as HandleStatus,
+    ResultHandle as ResultHandle,
+    Settled as Settled,
+)
+from ._messages import (
+    SYSTEM_CHANNEL as SYSTEM_CHANNEL,
+    DispatcherStatus as DispatcherStatus,
+    EngineStatistics as EngineStatistics,
+    Event as Event,
+    LifecycleState as LifecycleState,
+    PoolStatistics as PoolStatistics,
+    SessionOutcome as SessionOutcome,
+    ShutdownResult as ShutdownResult,
+)
+from ._pool import OffloadPool as OffloadPool
+from ._receiver import ExecutionReceiver as ExecutionReceiver
+from ._session import (
+    EventSink as EventSink,
+    GatedSession as GatedSession,
+    Session as Session,
+    SessionLifecycle as SessionLifecycle,
+    TerminalDecision as TerminalDecision,
+    TerminalPolicy as TerminalPolicy,
+    TerminalType as TerminalType,
+)
+from ._timers import Timer as Timer, TimerQueue as TimerQueue

@@ -1,0 +1,435 @@
+"""Result handles: the caller-facing completion value of every asynchronous operation."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
+
+import msgspec
+import trio
+
+from phronomy.errors import CancellationError
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+__all__ = ["HandleStatus", "ResultHandle", "Settled"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+U = TypeVar("U")
+
+HandleStatus = Literal["pending", "completed", "failed", "cancelled"]
+
+
+class Settled(msgspec.Struct, frozen=True, kw_only=True):
+    """One input's outcome in :meth:`ResultHandle.all_settled`.
+
+    Attributes:
+        index: the input's position.
+        status: ``"completed"``, ``"failed"`` or ``"cancelled"``.
+        value: the value when completed, else ``None``.
+        error: the error when failed or cancelled, else ``None``.
+    """
+
+    index: int
+    status: HandleStatus
+    value: Any = None
+    error: BaseException | None = None
+
+
+@final
+class ResultHandle(Generic[T]):
+    """A completion handle: pending, then settled exactly once.
+
+    The first settlement (:meth:`complete`, :meth:`fail` or :meth:`cancel`) wins;
+    later ones return ``False`` and change nothing. Callbacks registered with
+    :meth:`on_complete` run once, in registration order, on whatever task settles the
+    handle; a callback that raises is logged and does not affect the others.
+
+    Trio tasks wait with ``await handle.wait()`` or ``await handle.result()``. Waiting
+    is waiter-local: put a ``trio.fail_after`` around it to bound the wait; the handle
+    itself is not changed when the waiter gives up.
+
+    Handles returned by offload pools also track *physical* completion: the worker
+    thread may still be running after the handle was settled by a timeout or a
+    cancellation. :attr:`physically_complete` and :meth:`wait_physical` report it.
+
+    Thread-safety: settle and wait only on the trio thread that owns the runtime.
+    :attr:`status` and :attr:`done` may be read from any thread.
+    """
+
+    __slots__ = (
+        "_callbacks",
+        "_children",
+        "_error",
+        "_event",
+        "_name",
+        "_physical_callbacks",
+        "_physical_done",
+        "_physical_event",
+        "_status",
+        "_tracks_physical",
+        "_value",
+    )
+
+    def __init__(
+        self,
+        name: str = "result",
+        *,
+        parent: ResultHandle[Any] | None = None,
+        tracks_physical: bool = False,
+    ) -> None:
+        """Create a pending handle.
+
+        Args:
+            name: shown in messages and ``repr``.
+            parent: cancelling *parent* (when it changes state) cancels this handle.
+            tracks_physical: ``True`` when physical completion is reported separately
+                (by the offload pool) instead of coinciding with settlement.
+        """
+        self._name = name
+        self._status: HandleStatus = "pending"
+        self._value: Any = None
+        self._error: BaseException | None = None
+        self._callbacks: list[Callable[[ResultHandle[T]], object]] | None = []
+        self._event: trio.Event | None = None
+        self._children: list[ResultHandle[Any]] | None = None
+        self._tracks_physical = tracks_physical
+        self._physical_done = False
+        self._physical_callbacks: list[Callable[[ResultHandle[T]], object]] | None = (
+            [] if tracks_physical else None
+        )
+        self._physical_event: trio.Event | None = None
+        if parent is not None:
+            parent._add_child(self)  # noqa: SLF001 - same class
+
+    # --- factories -----------------------------------------------------------------
+
+    @classmethod
+    def completed(cls, value: T, name: str = "result") -> ResultHandle[T]:
+        """Return a handle already completed with *value*."""
+        handle: ResultHandle[T] = cls(name)
+        handle.complete(value)
+        return handle
+
+    @classmethod
+    def failed(cls, error: BaseException, name: str = "result") -> ResultHandle[T]:
+        """Return a handle already failed with *error*.
+
+        Raises:
+            TypeError: *error* is not an exception instance.
+        """
+        handle: ResultHandle[T] = cls(name)
+        handle.fail(error)
+        return handle
+
+    # --- reading -------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The handle's name."""
+        return self._name
+
+    @property
+    def status(self) -> HandleStatus:
+        """``pending``, ``completed``, ``failed`` or ``cancelled``."""
+        return self._status
+
+    @property
+    def done(self) -> bool:
+        """Whether the handle is settled."""
+        return self._status != "pending"
+
+    @property
+    def error(self) -> BaseException | None:
+        """The error of a failed or cancelled handle, else ``None``."""
+        return self._error
+
+    @property
+    def physically_complete(self) -> bool:
+        """Whether the work behind the handle has really finished (threads included)."""
+        return (
+            self._physical_done if self._tracks_physical else self._status != "pending"
+        )
+
+    def result_nowait(self) -> T:
+        """Return the value, or raise the stored error, without waiting.
+
+        Raises:
+            trio.WouldBlock: the handle is still pending.
+            BaseException: the stored error of a failed or cancelled handle.
+        """
+        if self._status == "completed":
+            return self._value  # type: ignore[no-any-return]
+        if self._status == "pending":
+            raise trio.WouldBlock
+        assert self._error is not None
+        raise self._error
+
+    async def wait(self) -> None:
+        """Wait until the handle is settled (it does not raise the stored error).
+
+        Cancellation:
+            Cancelling the waiter leaves the handle untouched.
+        """
+        if self._status != "pending":
+            await trio.lowlevel.checkpoint()
+            return
+        if self._event is None:
+            self._event = trio.Event()
+        await self._event.wait()
+
+    async def result(self) -> T:
+        """Wait for settlement, then return the value or raise the stored error.
+
+        Returns:
+            The completed value.
+
+        Raises:
+            BaseException: the stored error of a failed handle, or the
+                :class:`~phronomy.CancellationError` of a cancelled one.
+
+        Cancellation:
+            Cancelling the waiter leaves the handle untouched.
+        """
+        await self.wait()
+        return self.result_nowait()
+
+    async def wait_physical(self) -> None:
+        """Wait until the work behind the handle has physically finished.
+
+        Cancellation:
+            Cancelling the waiter leaves the handle and the work untouched.
+        """
+        if not self._tracks_physical:
+            await self.wait()
+            return
+        if self._physical_done:
+            await trio.lowlevel.checkpoint()
+            return
+        if self._physical_event is None:
+            self._physical_event = trio.Event()
+        await self._physical_event.wait()
+
+    # --- settling ------------------------------------------------------------------
+
+    def complete(self, value: T) -> bool:
+        """Complete with *value*; returns whether this call settled the handle."""
+        if self._status != "pending":
+            return False
+        self._value = value
+        self._settle("completed")
+        return True
+
+    def fail(self, error: BaseException) -> bool:
+        """Fail with *error*; returns whether this call settled the handle.
+
+        Raises:
+            TypeError: *error* is not an exception instance.
+        """
+        if not isinstance(error, BaseException):
+            raise TypeError(f"error is required (got {error!r})")
+        if self._status != "pending":
+            return False
+        self._error = error
+        self._settle("failed")
+        return True
+
+    def cancel(self, error: BaseException | None = None) -> bool:
+        """Cancel the handle (and, if it changed state, its children).
+
+        Args:
+            error: what waiters receive; defaults to a :class:`~phronomy.CancellationError`.
+
+        Returns:
+            Whether this call settled the handle.
+        """
+        if self._status != "pending":
+            return False
+        self._error = error or CancellationError(f"{self._name} cancelled")
+        self._settle("cancelled")
+        children, self._children = self._children, None
+        for child in children or ():
+            child.cancel(self._error)
+        return True
+
+    def settle_like(self, source: ResultHandle[T]) -> bool:
+        """Adopt the outcome of the settled handle *source*."""
+        match source.status:
+            case "completed":
+                return self.complete(source._value)
+            case "failed":
+                assert source._error is not None
+                return self.fail(source._error)
+            case "cancelled":
+                return self.cancel(source._error)
+            case _:
+                raise ValueError(f"{source!r} is not settled")
+
+    def on_complete(self, callback: Callable[[ResultHandle[T]], object]) -> None:
+        """Run ``callback(handle)`` once the handle is settled (at once if it is)."""
+        if self._callbacks is None:
+            _run_callback(callback, self)
+        else:
+            self._callbacks.append(callback)
+
+    def on_physical_complete(
+        self, callback: Callable[[ResultHandle[T]], object]
+    ) -> None:
+        """Run ``callback(handle)`` once the work has physically finished."""
+        if not self._tracks_physical:
+            self.on_complete(callback)
+        elif self._physical_callbacks is None:
+            _run_callback(callback, self)
+        else:
+            self._physical_callbacks.append(callback)
+
+    def mark_physically_complete(self) -> None:
+        """Record that the work behind the handle has physically finished (pool use)."""
+        if self._physical_done or not self._tracks_physical:
+            return
+        self._physical_done = True
+        if self._physical_event is not None:
+            self._physical_event.set()
+        callbacks, self._physical_callbacks = self._physical_callbacks, None
+        for callback in callbacks or ():
+            _run_callback(callback, self)
+
+    # --- derived handles -----------------------------------------------------------
+
+    def map(self, fn: Callable[[T], U]) -> ResultHandle[U]:
+        """Return a handle completed with ``fn(value)``.
+
+        A failure or cancellation of this handle propagates; an exception raised by
+        *fn* fails the mapped handle. The mapped handle is physically complete once
+        this one is physically complete and *fn* has run.
+        """
+        mapped: ResultHandle[U] = ResultHandle(
+            f"{self._name}.map", tracks_physical=self._tracks_physical
+        )
+        mapped_done = [False]
+
+        def maybe_physical(_: object) -> None:
+            if mapped_done[0] and self.physically_complete:
+                mapped.mark_physically_complete()
+
+        def on_source(source: ResultHandle[T]) -> None:
+            if source._status == "completed":
+                try:
+                    value = fn(source._value)
+                except Exception as exc:  # noqa: BLE001 - becomes the mapped failure
+                    mapped.fail(exc)
+                else:
+                    mapped.complete(value)
+            else:
+                mapped.settle_like(source)  # type: ignore[arg-type]
+            mapped_done[0] = True
+            maybe_physical(None)
+
+        self.on_complete(on_source)
+        self.on_physical_complete(maybe_physical)
+        return mapped
+
+    def flat_map(self, fn: Callable[[T], ResultHandle[U]]) -> ResultHandle[U]:
+        """Return a handle that adopts the outcome of the handle ``fn(value)`` returns.
+
+        Raises (through the returned handle):
+            TypeError: *fn* did not return a :class:`ResultHandle`.
+        """
+        out: ResultHandle[U] = ResultHandle(f"{self._name}.flat_map")
+
+        def on_source(source: ResultHandle[T]) -> None:
+            if source._status != "completed":
+                out.settle_like(source)  # type: ignore[arg-type]
+                return
+            try:
+                inner: object = fn(source._value)
+            except Exception as exc:  # noqa: BLE001 - becomes the handle's failure
+                out.fail(exc)
+                return
+            if not isinstance(inner, ResultHandle):
+                out.fail(
+                    TypeError(
+                        f"flat_map callback returned {inner!r}, not a ResultHandle"
+                    )
+                )
+                return
+            inner.on_complete(out.settle_like)
+
+        self.on_complete(on_source)
+        return out
+
+    @staticmethod
+    def all_settled(
+        handles: Iterable[ResultHandle[Any]],
+    ) -> ResultHandle[list[Settled]]:
+        """Return a handle completed, once every input settled, with their outcomes.
+
+        Raises:
+            TypeError: an input is not a :class:`ResultHandle` (checked before waiting).
+        """
+        items = list(handles)
+        for item in items:
+            if not isinstance(item, ResultHandle):
+                raise TypeError(
+                    f"all_settled expects ResultHandle values, got {item!r}"
+                )
+        out: ResultHandle[list[Settled]] = ResultHandle("all_settled")
+        remaining = [len(items)]
+
+        def on_item(_: object) -> None:
+            remaining[0] -= 1
+            if remaining[0] == 0:
+                out.complete(
+                    [
+                        Settled(
+                            index=i,
+                            status=h.status,
+                            value=h.result_nowait()
+                            if h.status == "completed"
+                            else None,
+                            error=h.error,
+                        )
+                        for i, h in enumerate(items)
+                    ]
+                )
+
+        if not items:
+            out.complete([])
+        for item in items:
+            item.on_complete(on_item)
+        return out
+
+    # --- internals -----------------------------------------------------------------
+
+    def _add_child(self, child: ResultHandle[Any]) -> None:
+        if self._status == "cancelled":
+            child.cancel(self._error)
+        elif self._status == "pending":
+            if self._children is None:
+                self._children = []
+            self._children.append(child)
+
+    def _settle(self, status: HandleStatus) -> None:
+        self._status = status
+        if status != "cancelled":
+            self._children = None
+        if self._event is not None:
+            self._event.set()
+        callbacks, self._callbacks = self._callbacks, None
+        for callback in callbacks or ():
+            _run_callback(callback, self)
+
+    def __repr__(self) -> str:
+        return f"<ResultHandle {self._name!r} {self._status}>"
+
+
+def _run_callback(
+    callback: Callable[[ResultHandle[Any]], object], handle: ResultHandle[Any]
+) -> None:
+    try:
+        callback(handle)
+    except Exception:
+        logger.exception("result handle callback failed for %r", handle)

@@ -1,0 +1,495 @@
+"""Bounded offload pools for blocking work, on ``trio.to_thread.run_sync``."""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+import threading
+import time
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, final
+
+import outcome
+import trio
+
+from phronomy.errors import (
+    BackpressureError,
+    CancellationError,
+    ConfigurationError,
+    OperationTimeoutError,
+    PhronomyInternalError,
+    PoolShutdownError,
+)
+
+from ._handle import ResultHandle
+from ._messages import PoolStatistics
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._cancel import CancellationToken
+    from ._timers import Timer, TimerQueue
+
+__all__ = ["OffloadPool"]
+
+logger = logging.getLogger(__name__)
+
+T = TypeVar("T")
+OnFull = Literal["raise", "wait"]
+
+_SKIPPED: Any = object()  # the thread saw the operation settled before it started
+_UNLIMITED = trio.CapacityLimiter(math.inf)
+
+
+class _Operation:
+    """One submitted call. ``lock`` makes "started" vs "settled first" a single decision."""
+
+    __slots__ = (
+        "abandoned",
+        "args",
+        "fn",
+        "handle",
+        "lock",
+        "queued",
+        "started",
+        "submitted_at",
+        "timer",
+        "token",
+        "token_callback",
+    )
+
+    def __init__(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], handle: ResultHandle[Any]
+    ) -> None:
+        self.fn = fn
+        self.args = args
+        self.handle = handle
+        self.lock = threading.Lock()
+        self.started = False
+        self.abandoned = False
+        self.queued = False
+        self.timer: Timer | None = None
+        self.token: CancellationToken | None = None
+        self.token_callback: Callable[[], None] | None = None
+        self.submitted_at = 0.0
+
+
+def _thread_body(op: _Operation) -> outcome.Outcome[Any]:
+    # The linearisation point: either the operation starts here, or something settled
+    # it before and the block never runs.
+    with op.lock:
+        if op.handle.done:
+            return outcome.Value(_SKIPPED)
+        op.started = True
+    result: outcome.Outcome[Any] = outcome.capture(op.fn, *op.args)
+    return result
+
+
+@final
+class OffloadPool:
+    """A bounded pool that runs blocking callables in worker threads.
+
+    ``pool_size`` bounds the threads running at once (the pool's own
+    :class:`trio.CapacityLimiter`); ``queue_size`` bounds the operations admitted but
+    not started. Results are captured inside the worker thread with
+    :func:`outcome.capture`.
+
+    Worker threads are never interrupted. A timeout or cancellation settles the
+    caller-facing handle only; if the worker had already started, the operation is
+    counted as *abandoned* until the thread returns, and its result is discarded. The
+    handle's :attr:`~ResultHandle.physically_complete` reports when the thread has
+    really finished. Waiting for worker threads never abandons them: trio keeps
+    waiting for a running write even after the runtime block has exited.
+
+    Pools are created by the engine (:meth:`Engine.offload`, :meth:`Engine.pool`).
+    """
+
+    def __init__(
+        self,
+        name: str,
+        *,
+        pool_size: int,
+        queue_size: int,
+        timers: TimerQueue | None,
+    ) -> None:
+        """Create a pool (engine use).
+
+        Raises:
+            ConfigurationError: *pool_size* < 1 or *queue_size* < 0.
+        """
+        if pool_size < 1:
+            raise ConfigurationError(
+                f"pool {name!r}: pool_size must be >= 1, got {pool_size}"
+            )
+        if queue_size < 0:
+            raise ConfigurationError(
+                f"pool {name!r}: queue_size must be >= 0, got {queue_size}"
+            )
+        self._name = name
+        self._pool_size = pool_size
+        self._queue_size = queue_size
+        self._timers = timers
+        self._limiter = trio.CapacityLimiter(pool_size)
+        self._closed = False
+        self._ops: set[_Operation] = set()
+        self._queue: collections.deque[_Operation] = collections.deque()
+        self._queued = 0
+        self._space = trio.lowlevel.ParkingLot()
+        self._idle = trio.lowlevel.ParkingLot()
+        self._submitted = 0
+        self._completed = 0
+        self._started = 0
+        self._wait_total = 0.0
+        self._abandoned_total = 0
+        self._abandoned_active = 0
+
+    # --- public API ------------------------------------------------------------------
+
+    @property
+    def name(self) -> str:
+        """The pool's name."""
+        return self._name
+
+    @property
+    def closed(self) -> bool:
+        """Whether the pool refuses new submissions."""
+        return self._closed
+
+    @property
+    def active_count(self) -> int:
+        """Worker threads running now, abandoned ones included."""
+        return self._limiter.borrowed_tokens
+
+    @property
+    def queue_depth(self) -> int:
+        """Operations admitted and not started."""
+        return self._queued
+
+    def submit_nowait(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        timeout: float | None = None,
+        cancellation: CancellationToken | None = None,
+    ) -> ResultHandle[T]:
+        """Admit ``fn(*args)`` without waiting; it runs in a worker thread.
+
+        Args:
+            fn: a blocking callable (keyword arguments through :func:`functools.partial`).
+            *args: positional arguments for *fn*.
+            timeout: operation-wide timeout in seconds, measured from now (queue wait
+                included); expiry settles the handle with
+                :class:`~phronomy.OperationTimeoutError`.
+            cancellation: a token whose cancellation settles the handle with
+                :class:`~phronomy.CancellationError`.
+
+        Returns:
+            A handle that tracks physical completion separately.
+
+        Raises:
+            PoolShutdownError: the pool was shut down.
+            BackpressureError: ``queue_size`` operations are already waiting.
+            ConfigurationError: a timeout was requested but the pool has no timer queue.
+        """
+        self._check_open()
+        if self._full():
+            raise BackpressureError(
+                f"OffloadPool {self._name!r} queue is full (depth: {self._queued})"
+            )
+        return self._admit(fn, args, timeout, cancellation)
+
+    async def submit(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        timeout: float | None = None,  # noqa: ASYNC109 - the operation's, not the wait's
+        cancellation: CancellationToken | None = None,
+        on_full: OnFull = "wait",
+    ) -> ResultHandle[T]:
+        """Admit ``fn(*args)``, waiting for queue space when ``on_full="wait"``.
+
+        Args:
+            fn: a blocking callable.
+            *args: positional arguments for *fn*.
+            timeout: as in :meth:`submit_nowait`.
+            cancellation: as in :meth:`submit_nowait`.
+            on_full: ``"wait"`` for queue space, or ``"raise"``
+                :class:`~phronomy.BackpressureError` at once.
+
+        Returns:
+            The operation's handle (await :meth:`ResultHandle.result` for its value).
+
+        Raises:
+            PoolShutdownError: the pool was (or got) shut down.
+            BackpressureError: the queue is full and ``on_full="raise"``.
+
+        Cancellation:
+            Cancelling the caller while it waits for queue space admits nothing.
+        """
+        if on_full not in ("raise", "wait"):
+            raise ConfigurationError(
+                f"on_full must be 'raise' or 'wait', got {on_full!r}"
+            )
+        if on_full == "raise":
+            handle = self.submit_nowait(
+                fn, *args, timeout=timeout, cancellation=cancellation
+            )
+            await trio.lowlevel.checkpoint()
+            return handle
+        await trio.lowlevel.checkpoint_if_cancelled()
+        while True:
+            self._check_open()
+            if not self._full():
+                break
+            await self._space.park()
+        handle = self._admit(fn, args, timeout, cancellation)
+        await trio.lowlevel.cancel_shielded_checkpoint()
+        return handle
+
+    async def run(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` in a worker thread and return its result.
+
+        Cancellation:
+            The caller waits for the worker (threads are never abandoned); the handle's
+            result is returned or raised once the thread returns.
+        """
+        handle = await self.submit(fn, *args)
+        with trio.CancelScope(shield=True):
+            await handle.wait()
+        return handle.result_nowait()
+
+    def statistics(self) -> PoolStatistics:
+        """Return a snapshot of the pool's counters."""
+        return PoolStatistics(
+            name=self._name,
+            pool_size=self._pool_size,
+            queue_size=self._queue_size,
+            active_count=self.active_count,
+            queue_depth=self._queued,
+            submitted_total=self._submitted,
+            completed_total=self._completed,
+            abandoned_total=self._abandoned_total,
+            abandoned_active_count=self._abandoned_active,
+            average_wait_seconds=self._wait_total / self._started
+            if self._started
+            else 0.0,
+            closed=self._closed,
+        )
+
+    # --- lifecycle (engine use) --------------------------------------------------------
+
+    def close(self) -> None:
+        """Refuse new submissions; queued operations still run."""
+        self._closed = True
+        self._space.unpark_all()
+
+    def cancel_queued(self, error: BaseException) -> int:
+        """Settle every operation that has not started with *error*; returns how many."""
+        cancelled = 0
+        for op in list(self._queue):
+            if op.queued and not op.handle.done:
+                op.handle.fail(error)
+                self._settled_while_queued(op)
+                cancelled += 1
+        return cancelled
+
+    @property
+    def idle(self) -> bool:
+        """No operation is queued or running (abandoned ones included)."""
+        return not self._ops
+
+    async def wait_idle(self) -> None:
+        """Wait until every operation has physically finished.
+
+        Cancellation:
+            The caller's cancel scope bounds the wait; operations are not affected.
+        """
+        while self._ops:
+            await self._idle.park()
+        await trio.lowlevel.checkpoint()
+
+    # --- internals -----------------------------------------------------------------
+
+    def _full(self) -> bool:
+        # Free thread slots absorb queued operations first, then the queue itself.
+        return self._queued >= self._queue_size + self._limiter.available_tokens
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise PoolShutdownError(f"OffloadPool {self._name!r} has been shut down")
+
+    def _admit(
+        self,
+        fn: Callable[..., T],
+        args: tuple[Any, ...],
+        timeout: float | None,
+        cancellation: CancellationToken | None,
+    ) -> ResultHandle[T]:
+        handle: ResultHandle[T] = ResultHandle(
+            f"offload:{self._name}:{getattr(fn, '__name__', 'callable')}",
+            tracks_physical=True,
+        )
+        op = _Operation(fn, args, handle)
+        remaining = timeout
+        if cancellation is not None and cancellation.deadline is not None:
+            token_left = cancellation.remaining()
+            assert token_left is not None
+            if token_left > 0:
+                remaining = (
+                    token_left if remaining is None else min(remaining, token_left)
+                )
+        if remaining is not None and self._timers is None:
+            raise ConfigurationError(
+                f"OffloadPool {self._name!r} has no timer queue; timeouts are unavailable"
+            )
+        if cancellation is not None and cancellation.cancelled:
+            cancellation.cancel("cancelled before submission")
+            handle.cancel(
+                CancellationError("offloaded operation cancelled before execution")
+            )
+            handle.mark_physically_complete()
+            return handle
+        if timeout is not None and timeout <= 0:
+            handle.fail(
+                OperationTimeoutError(f"offloaded operation timed out after {timeout}s")
+            )
+            handle.mark_physically_complete()
+            return handle
+        op.submitted_at = time.monotonic()
+        self._ops.add(op)
+        self._submitted += 1
+        if remaining is not None:
+            assert self._timers is not None
+            limit = timeout if timeout is not None else remaining
+            op.timer = self._timers.schedule(
+                remaining,
+                lambda: self._expire(
+                    op,
+                    OperationTimeoutError(
+                        f"offloaded operation timed out after {limit}s"
+                    ),
+                ),
+            )
+        if cancellation is not None:
+
+            def on_cancel() -> None:
+                self._expire(op, CancellationError("offloaded operation cancelled"))
+
+            op.token = cancellation
+            op.token_callback = on_cancel
+            cancellation.on_cancel(on_cancel)
+        if not self._queue and self._limiter.available_tokens:
+            self._start(op)
+        else:
+            op.queued = True
+            self._queued += 1
+            self._queue.append(op)
+        return handle
+
+    def _expire(self, op: _Operation, error: BaseException) -> None:
+        """Timeout or cancellation: settle the handle first, whatever the worker does."""
+        with op.lock:
+            if op.handle.done:
+                return
+            started = op.started
+            if isinstance(error, CancellationError):
+                op.handle.cancel(error)
+            else:
+                op.handle.fail(error)
+        if started:
+            op.abandoned = True
+            self._abandoned_total += 1
+            self._abandoned_active += 1
+        elif op.queued:
+            self._settled_while_queued(op)
+
+    def _release_hooks(self, op: _Operation) -> None:
+        if op.timer is not None:
+            op.timer.cancel()
+            op.timer = None
+        if op.token is not None and op.token_callback is not None:
+            op.token.remove_callback(op.token_callback)
+            op.token = None
+
+    async def _run(self, op: _Operation) -> None:
+        # A system task: it must never raise, or trio.run would crash.
+        try:
+            await self._run_op(op)
+        except BaseException as exc:  # pragma: no cover - defensive
+            if isinstance(exc, trio.Cancelled):
+                op.handle.cancel(
+                    CancellationError("offloaded operation cancelled at exit")
+                )
+            else:
+                logger.exception("offload pool %r failed internally", self._name)
+                op.handle.fail(
+                    PhronomyInternalError(
+                        f"offload pool {self._name!r} failed: {exc!r}"
+                    )
+                )
+            op.handle.mark_physically_complete()
+            self._finish(op, counted=False)
+            if not isinstance(exc, Exception):
+                raise
+
+    def _settled_while_queued(self, op: _Operation) -> None:
+        """A queued operation was settled: it will never run (skipped when dequeued)."""
+        op.queued = False
+        self._queued -= 1
+        self._release_hooks(op)
+        op.handle.mark_physically_complete()
+        self._finish(op, counted=False)
+        self._space.unpark()
+
+    def _start(self, op: _Operation) -> None:
+        """Give *op* a thread slot (strict FIFO hand-off) and run it."""
+        self._limiter.acquire_on_behalf_of_nowait(op)
+        self._started += 1
+        self._wait_total += time.monotonic() - op.submitted_at
+        trio.lowlevel.spawn_system_task(
+            self._run, op, name=f"phronomy.pool.{self._name}"
+        )
+
+    def _start_next(self) -> None:
+        while self._queue and self._limiter.available_tokens:
+            op = self._queue.popleft()
+            if not op.queued:
+                continue  # settled while it waited
+            op.queued = False
+            self._queued -= 1
+            self._start(op)
+        self._space.unpark()
+
+    async def _run_op(self, op: _Operation) -> None:
+        try:
+            result = await trio.to_thread.run_sync(
+                _thread_body,
+                op,
+                limiter=_UNLIMITED,
+                thread_name=f"phronomy:{self._name}",
+            )
+        finally:
+            self._limiter.release_on_behalf_of(op)
+            self._start_next()  # a thread slot is free again
+        self._release_hooks(op)
+        # Physical completion is published before the logical callbacks run.
+        op.handle.mark_physically_complete()
+        if op.abandoned:
+            self._abandoned_active -= 1
+            logger.debug(
+                "discarding the result of abandoned operation %s", op.handle.name
+            )
+        elif isinstance(result, outcome.Value) and result.value is _SKIPPED:
+            pass
+        elif isinstance(result, outcome.Value):
+            op.handle.complete(result.value)
+        elif isinstance(result, outcome.Error):
+            op.handle.fail(result.error)
+        self._finish(op, counted=True)
+
+    def _finish(self, op: _Operation, *, counted: bool) -> None:
+        self._ops.discard(op)
+        if counted:
+            self._completed += 1
+        if not self._ops:
+            self._idle.unpark_all()

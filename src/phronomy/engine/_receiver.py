@@ -1,0 +1,85 @@
+"""The execution-receiver contract: feature-owned live state retained by one engine."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ._engine import Engine
+    from ._handle import ResultHandle
+
+__all__ = ["ExecutionReceiver"]
+
+
+class ExecutionReceiver:
+    """Base class of feature registries (workflow admissions, supervised executions).
+
+    A receiver is registered once per key on an engine (:meth:`Engine.receiver`). The
+    engine delivers its messages on the dispatcher task (:meth:`deliver`), counts them
+    for idleness, asks :meth:`idle` before shutting down, and calls :meth:`shutdown`
+    exactly once: on the failing dispatcher (with the error) or after the dispatcher
+    stopped (with ``None``).
+
+    Subclasses mutate their state only on the dispatcher; :meth:`assert_dispatcher`
+    enforces it. Reads are safe from any trio task of the runtime's thread.
+    """
+
+    def __init__(self, engine: Engine) -> None:
+        """Bind the receiver to *engine* (registration is separate)."""
+        self._engine = engine
+
+    @property
+    def engine(self) -> Engine:
+        """The engine this receiver is bound to."""
+        return self._engine
+
+    # --- required ----------------------------------------------------------------------
+
+    def idle(self) -> bool:
+        """Whether nothing of this receiver must finish before shutdown (short, pure)."""
+        raise NotImplementedError
+
+    def deliver(self, message: Any) -> None:
+        """Handle *message* on the dispatcher. An exception here fails the dispatcher."""
+        raise NotImplementedError
+
+    def shutdown(self, error: BaseException | None) -> None:
+        """Settle and clear everything: *error* on dispatcher failure, else ``None``."""
+        raise NotImplementedError
+
+    # --- optional ----------------------------------------------------------------------
+
+    def session_retired(
+        self, session_id: str, *, reason: str, waiter: ResultHandle[Any] | None
+    ) -> None:
+        """A session owned by this receiver retired (``reason="recovery_required"``).
+
+        The engine hands over the session's unsettled *waiter*; the receiver decides
+        when (and with what) its caller settles.
+        """
+
+    def describe_live(self) -> list[str]:
+        """Describe live work that keeps the receiver busy (for shutdown reports)."""
+        return []
+
+    # --- helpers -----------------------------------------------------------------------
+
+    def post_message(
+        self,
+        message: Any,
+        *,
+        admission: bool = False,
+        completion: ResultHandle[Any] | None = None,
+    ) -> bool:
+        """Queue *message* for :meth:`deliver`; see :meth:`Engine.post_execution`."""
+        return self._engine.post_execution(
+            self, message, admission=admission, completion=completion
+        )
+
+    def admit(self) -> None:
+        """Pass the engine's admission gate; see :meth:`Engine.admit_execution`."""
+        self._engine.admit_execution(self)
+
+    def assert_dispatcher(self) -> None:
+        """Raise :class:`~phronomy.DispatcherOnlyError` off the dispatcher task."""
+        self._engine.assert_dispatcher()

@@ -1,0 +1,1 @@
+"""phronomy.storage."""

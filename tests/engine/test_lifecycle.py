@@ -1,0 +1,344 @@
+"""Runtime lifecycle: shutdown, participants, body errors, physical quiescence (spec §5)."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from typing import Any
+
+import pytest
+import trio
+import trio.lowlevel
+
+from phronomy import errors
+from phronomy.engine import Engine, Event, open_engine
+
+from .helpers import CountingSession
+
+
+class Participant:
+    def __init__(
+        self,
+        log: list[str],
+        name: str,
+        *,
+        idle: bool = True,
+        finalize_error: bool = False,
+    ) -> None:
+        self.log = log
+        self.name = name
+        self.idle = idle
+        self.finalize_error = finalize_error
+        self.states_seen: list[str] = []
+        self.engine: Engine | None = None
+
+    def begin_draining(self) -> None:
+        self.log.append(f"drain:{self.name}")
+
+    async def wait_until_idle(self) -> bool:
+        assert self.engine is not None
+        self.states_seen.append(self.engine.state)
+        self.log.append(f"wait:{self.name}")
+        await trio.lowlevel.checkpoint()
+        return self.idle
+
+    def after_runtime_shutdown(self) -> None:
+        assert self.engine is not None
+        self.log.append(f"finalize:{self.name}:{self.engine.state}")
+        if self.finalize_error:
+            raise RuntimeError(f"finalizer {self.name} failed")
+
+
+async def test_shutdown_from_the_dispatcher_is_refused(engine: Engine) -> None:
+    # scenario 100
+    caught: list[BaseException] = []
+
+    class Reentrant(CountingSession):
+        def start(self) -> None:
+            coro = self.engine.shutdown()
+            try:
+                coro.send(None)
+            except errors.ReentrancyError as exc:
+                caught.append(exc)
+            finally:
+                coro.close()
+            self.request_terminal("finished", notify_stable=False)
+
+    await engine.register_session(Reentrant(engine)).result()
+    assert len(caught) == 1
+    assert engine.state == "running"
+
+
+async def test_participant_must_implement_the_protocol(engine: Engine) -> None:
+    # scenario 101
+    class Half:
+        def begin_draining(self) -> None:
+            pass
+
+    with pytest.raises(TypeError, match="begin_draining and wait_until_idle"):
+        engine.register_shutdown_participant("half", Half())  # type: ignore[arg-type]
+
+
+async def test_participant_lookup_and_late_registration() -> None:
+    # scenarios 102, 103, 107
+    log: list[str] = []
+    async with open_engine() as eng:
+        first = Participant(log, "a")
+        second = Participant(log, "b")
+        first.engine = second.engine = eng
+        assert eng.register_shutdown_participant("a", first) is first
+        assert eng.register_shutdown_participant("a", second) is first  # first wins
+        eng.register_shutdown_participant("b", second)
+        assert eng.shutdown_participant("a") is first
+        assert eng.shutdown_participant("missing") is None
+    assert eng.shutdown_participant("a") is first
+    with pytest.raises(errors.RuntimeShutdownError):
+        eng.register_shutdown_participant("a", first)
+    # both begin_draining calls happen before any wait, waits see "draining"
+    assert log[:4] == ["drain:a", "drain:b", "wait:a", "wait:b"]
+    assert first.states_seen == second.states_seen == ["draining"]
+    assert log[4:] == ["finalize:a:stopping", "finalize:b:stopping"]
+    result = eng.shutdown_result
+    assert result is not None
+    assert result.clean
+    assert (
+        await eng.shutdown() is result
+    )  # repeated shutdown returns the identical result
+    assert log.count("finalize:a:stopping") == 1
+
+
+async def test_a_busy_participant_prevents_finalization() -> None:
+    # scenario 104
+    log: list[str] = []
+    async with open_engine(shutdown_timeout=0.05) as eng:
+        busy = Participant(log, "busy", idle=False)
+        calm = Participant(log, "calm")
+        busy.engine = calm.engine = eng
+        eng.register_shutdown_participant("busy", busy)
+        eng.register_shutdown_participant("calm", calm)
+    assert not any(entry.startswith("finalize") for entry in log)
+    result = eng.shutdown_result
+    assert result is not None
+    assert not result.cleanup_complete
+    assert eng.state == "failed"
+
+
+async def test_a_raising_finalizer_does_not_stop_the_others() -> None:
+    # scenario 106
+    log: list[str] = []
+    async with open_engine() as eng:
+        bad = Participant(log, "bad", finalize_error=True)
+        good = Participant(log, "good")
+        bad.engine = good.engine = eng
+        eng.register_shutdown_participant("bad", bad)
+        eng.register_shutdown_participant("good", good)
+    assert "finalize:good:stopping" in log
+    result = eng.shutdown_result
+    assert result is not None
+    assert not result.cleanup_complete
+    assert result.outcome == "failed"
+    assert "finalizer bad failed" in str(result.error)
+
+
+async def test_registration_racing_with_shutdown_is_refused_cleanly() -> None:
+    # scenario 108
+    log: list[str] = []
+    async with open_engine() as eng, trio.open_nursery() as nursery:
+        nursery.start_soon(eng.shutdown)
+        while eng.state == "running":  # noqa: ASYNC110 - until the shutdown task ran
+            await trio.lowlevel.checkpoint()
+        with pytest.raises(errors.RuntimeShutdownError):
+            eng.register_shutdown_participant("late", Participant(log, "late"))
+    result = eng.shutdown_result
+    assert result is not None
+    assert result.clean
+
+
+async def test_dispatcher_failure_closes_participants() -> None:
+    # scenario 109
+    from .test_receivers import Recorder
+
+    log: list[str] = []
+    async with open_engine() as eng:
+        participant = Participant(log, "p")
+        participant.engine = eng
+        eng.register_shutdown_participant("p", participant)
+        recorder = eng.receiver(Recorder, Recorder)
+        boom = RuntimeError("dispatcher bug")
+        eng.post_execution(recorder, ("raise", boom), admission=False)
+        await trio.sleep(0.02)
+        assert log[0] == "drain:p"
+    result = eng.shutdown_result
+    assert result is not None
+    assert result.outcome == "failed"
+    assert result.error is boom
+    assert result.cleanup_complete
+
+
+async def test_live_session_is_cut_off_at_the_deadline() -> None:
+    # scenario 132, adapted: nothing outlives the async with block (DESIGN.md)
+    started = time.monotonic()
+    async with open_engine(shutdown_timeout=0.1) as eng:
+        session = CountingSession(eng, n=2)
+        waiter = eng.register_session(session)
+    elapsed = time.monotonic() - started
+    result = eng.shutdown_result
+    assert result is not None
+    assert result.dispatcher_status == "cancel_timeout"
+    assert result.outcome == "terminated"
+    assert f"session {session.id}" in result.cut_off
+    assert waiter.done
+    with pytest.raises(errors.RuntimeShutdownError):
+        await waiter.result()
+    assert 0.1 <= elapsed < 1.5
+    assert session.done_hook_calls == 1
+
+
+async def test_graceful_exit_waits_for_live_work_to_finish() -> None:
+    async with open_engine(shutdown_timeout=2) as eng:
+        session = CountingSession(eng, n=1)
+        waiter = eng.register_session(session)
+        eng.timers.schedule(
+            0.05, lambda: eng.post(Event(type="late", target_id=session.id))
+        )
+    assert await waiter.result() == ["late"]
+    assert eng.shutdown_result is not None
+    assert eng.shutdown_result.clean
+
+
+async def test_body_exception_propagates_unwrapped_and_cuts_off_work() -> None:
+    waiters: list[Any] = []
+    engines: list[Engine] = []
+
+    async def body() -> None:
+        async with open_engine() as eng:
+            engines.append(eng)
+            waiters.append(eng.register_session(CountingSession(eng, n=2)))
+            await trio.sleep(0.01)
+            raise KeyError("body failed")
+
+    with pytest.raises(KeyError) as caught:
+        await body()
+    assert not isinstance(caught.value, BaseExceptionGroup)
+    with pytest.raises(errors.RuntimeShutdownError):
+        await waiters[0].result()
+    result = engines[0].shutdown_result
+    assert result is not None
+    assert result.outcome == "terminated"
+    assert result.dispatcher_status == "cancel_timeout"
+
+
+async def test_body_cancellation_propagates() -> None:
+    with trio.move_on_after(0.05) as scope:
+        async with open_engine() as eng:
+            waiter = eng.register_session(CountingSession(eng, n=2))
+            await trio.sleep_forever()
+    assert scope.cancelled_caught
+    assert waiter.done
+    assert eng.state in ("terminated", "failed")
+
+
+async def test_keyboard_interrupt_from_the_body_is_not_wrapped() -> None:
+    with pytest.raises(KeyboardInterrupt):
+        async with open_engine():
+            raise KeyboardInterrupt
+
+
+async def test_stuck_worker_makes_cleanup_incomplete() -> None:
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def stuck() -> None:
+        entered.set()
+        gate.wait(10)
+
+    async with open_engine(shutdown_timeout=0.05, cancel_grace=0.1) as eng:
+        handle = eng.default_pool.submit_nowait(stuck)
+        while not entered.is_set():  # noqa: ASYNC110 - thread-side state
+            await trio.sleep(0.005)
+    result = eng.shutdown_result
+    assert result is not None
+    assert not result.cleanup_complete
+    assert result.threads_running == 1
+    assert eng.state == "failed"
+    gate.set()
+    await handle.wait_physical()
+
+
+async def test_queued_operations_are_cancelled_when_the_drain_deadline_passes() -> None:
+    gate = threading.Event()
+    ran = threading.Event()
+    async with open_engine(shutdown_timeout=0.05, cancel_grace=2) as eng:
+        pool = eng.pool("one", size=1, queue_size=4)
+        blocker = pool.submit_nowait(gate.wait, 0.3)
+        queued = pool.submit_nowait(ran.set)
+    assert blocker.physically_complete  # waited for within the grace period
+    assert isinstance(queued.error, errors.RuntimeShutdownError)
+    assert not ran.is_set()
+    result = eng.shutdown_result
+    assert result is not None
+    assert result.cleanup_complete
+
+
+@pytest.mark.parametrize("seed", range(6))
+async def test_no_offloaded_write_runs_once_terminated_is_reported(seed: int) -> None:
+    """RELIABILITY.md T11: writes are never running after a clean 'terminated' report."""
+    rng = random.Random(seed)
+    journal: list[tuple[str, str, float]] = []
+    lock = threading.Lock()
+
+    def write(write_id: str, seconds: float) -> str:
+        with lock:
+            journal.append((write_id, "start", time.monotonic()))
+        time.sleep(seconds)
+        with lock:
+            journal.append((write_id, "end", time.monotonic()))
+        return write_id
+
+    deadline = rng.uniform(0, 0.4)
+    async with open_engine(shutdown_timeout=deadline, cancel_grace=deadline) as eng:
+        handles = [
+            eng.default_pool.submit_nowait(write, f"w{i}", rng.uniform(0, 0.5))
+            for i in range(8)
+        ]
+        await trio.sleep(0.01)
+    reported_at = time.monotonic()
+    result = eng.shutdown_result
+    assert result is not None
+    with lock:
+        snapshot = list(journal)
+    started = {w for w, kind, _ in snapshot if kind == "start"}
+    ended = {w for w, kind, t in snapshot if kind == "end" and t <= reported_at}
+    if result.cleanup_complete:
+        assert result.threads_running == 0
+        assert started == ended, (
+            "a write was still running when terminated was reported"
+        )
+        assert eng.state == "terminated"
+    else:
+        assert result.threads_running == len(started - ended) > 0
+        assert eng.state == "failed"
+    for handle in handles:
+        await handle.wait_physical()
+    with lock:
+        assert {w for w, kind, _ in journal if kind == "end"} == started
+
+
+async def test_shutdown_arguments_are_validated(engine: Engine) -> None:
+    with pytest.raises(ValueError, match="non-negative"):
+        await engine.shutdown(timeout=-1)
+
+
+async def test_concurrent_shutdown_calls_share_one_result() -> None:
+    results: list[Any] = []
+    async with open_engine() as eng:
+        async with trio.open_nursery() as nursery:
+            for _ in range(3):
+                nursery.start_soon(lambda: _collect(eng, results))
+    assert len({id(r) for r in results}) == 1
+    assert eng.shutdown_result is results[0]
+
+
+async def _collect(eng: Engine, results: list[Any]) -> None:
+    results.append(await eng.shutdown())

@@ -1,0 +1,123 @@
+"""Dispatcher-driven timers, cancellation tokens and deadlines (spec §2.3-2.4, scenario 120)."""
+
+from __future__ import annotations
+
+import pytest
+import trio
+
+from phronomy import errors
+from phronomy.engine import CancellationToken, Deadline, Engine, TimerQueue
+
+
+async def test_timers_fire_in_deadline_order_and_are_isolated(
+    engine: Engine, caplog: pytest.LogCaptureFixture
+) -> None:
+    fired: list[tuple[str, bool]] = []
+    done = trio.Event()
+
+    def boom() -> None:
+        fired.append(("boom", engine.is_dispatcher()))
+        raise RuntimeError("timer exploded")
+
+    engine.timers.schedule(
+        0.05, lambda: (fired.append(("late", engine.is_dispatcher())), done.set())
+    )
+    engine.timers.schedule(
+        0.02, lambda: fired.append(("early", engine.is_dispatcher()))
+    )
+    engine.timers.schedule(0.03, boom)
+    with trio.fail_after(2):
+        await done.wait()
+    assert fired == [("early", True), ("boom", True), ("late", True)]
+    assert "timer exploded" in caplog.text
+
+
+async def test_cancelled_timer_does_not_fire(engine: Engine) -> None:
+    fired: list[str] = []
+    timer = engine.timers.schedule(0.01, lambda: fired.append("x"))
+    assert engine.timers.pending_count == 1
+    timer.cancel()
+    assert engine.timers.pending_count == 0
+    await trio.sleep(0.05)
+    assert fired == []
+
+
+async def test_schedule_validates_and_refuses_after_shutdown() -> None:
+    queue = TimerQueue()
+    with pytest.raises(TypeError):
+        queue.schedule(1, "not callable")  # type: ignore[arg-type]
+    woke: list[int] = []
+    queue = TimerQueue(wake=lambda: woke.append(1))
+    queue.schedule(5, lambda: None)
+    queue.schedule(1, lambda: None)  # earlier: wakes
+    queue.schedule(9, lambda: None)  # later: no wake
+    assert woke == [1, 1]
+    assert queue.seconds_until_next() == pytest.approx(1, abs=0.05)
+    queue.shutdown()
+    assert queue.seconds_until_next() is None
+    assert queue.fire_due() == 0
+    with pytest.raises(errors.PoolShutdownError, match="TimerQueue has been shut down"):
+        queue.schedule(1, lambda: None)
+
+
+async def test_deadline_attached_to_token_cancels_only_at_expiry(
+    engine: Engine, autojump_clock: trio.testing.MockClock
+) -> None:
+    # scenario 120, second half: five seconds of (fake) time
+    token = CancellationToken()
+    ran: list[float] = []
+    token.on_cancel(lambda: ran.append(trio.current_time()))
+    start = trio.current_time()
+    deadline = Deadline.after(5)
+    assert deadline.attach_to(token, engine.timers) is not None
+    await trio.sleep(4.9)
+    assert not token.cancelled
+    await trio.sleep(0.2)
+    assert token.cancelled
+    assert ran
+    assert ran[0] - start == pytest.approx(5, abs=0.01)
+    assert token.reason == "deadline exceeded"
+    assert deadline.expired
+    assert deadline.remaining() == 0
+
+
+async def test_expired_deadline_schedules_nothing(engine: Engine) -> None:
+    token = CancellationToken()
+    assert Deadline(trio.current_time() - 1).attach_to(token, engine.timers) is None
+    assert not token.cancelled
+
+
+async def test_token_cancel_is_idempotent_and_isolates_callbacks(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    token = CancellationToken()
+    calls: list[str] = []
+
+    def bad() -> None:
+        calls.append("bad")
+        raise RuntimeError("cb")
+
+    token.on_cancel(bad)
+    token.on_cancel(lambda: calls.append("good"))
+    removed = lambda: calls.append("removed")  # noqa: E731
+    token.on_cancel(removed)
+    token.remove_callback(removed)
+    assert token.cancel("stop")
+    assert not token.cancel("again")
+    assert calls == ["bad", "good"]
+    token.on_cancel(lambda: calls.append("late"))
+    assert calls[-1] == "late"
+    with pytest.raises(errors.CancellationError, match="halt"):
+        token.raise_if_cancelled("halt")
+
+
+async def test_token_deadline_without_callbacks() -> None:
+    token = CancellationToken.after(10)
+    remaining = token.remaining()
+    assert remaining is not None
+    assert 9 < remaining <= 10
+    assert not token.cancelled
+    past = CancellationToken(deadline=trio.current_time() - 0.1)
+    assert past.cancelled
+    assert past.remaining() == 0
+    assert CancellationToken().remaining() is None
