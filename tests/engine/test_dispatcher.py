@@ -256,6 +256,7 @@ class Retirees(ExecutionReceiver):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
         self.retired: list[tuple[str, str, ResultHandle[Any] | None]] = []
+        self.errors: list[BaseException | None] = []
 
     def idle(self) -> bool:
         return True
@@ -269,9 +270,15 @@ class Retirees(ExecutionReceiver):
                 waiter.fail(errors.RecoveryRequiredError("cleared at shutdown"))
 
     def session_retired(
-        self, session_id: str, *, reason: str, waiter: ResultHandle[Any] | None
+        self,
+        session_id: str,
+        *,
+        reason: str,
+        waiter: ResultHandle[Any] | None,
+        error: BaseException | None,
     ) -> None:
         self.retired.append((session_id, reason, waiter))
+        self.errors.append(error)
 
 
 async def test_gate_waits_for_the_policy_and_ignores_events_meanwhile(
@@ -338,6 +345,7 @@ async def test_gate_retire_hands_the_waiter_to_the_receiver(engine: Engine) -> N
     await trio.sleep(0.01)
     assert session.lifecycle == "retired"
     assert owner.retired == [(session.id, "recovery_required", waiter)]
+    assert owner.errors == [uncertain]
     assert not waiter.done
     assert not engine.is_session_admitted(session.id)
     assert engine.statistics().sessions == 0

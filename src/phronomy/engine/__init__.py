@@ -4,6 +4,7 @@ The engine knows nothing about workflows or supervised executions; those feature
 plug in as :class:`ExecutionReceiver` subclasses and :class:`GatedSession` sessions.
 """
 
+from ._batcher import Batcher as Batcher
 from ._cancel import CancellationToken as CancellationToken, Deadline as Deadline
 from ._engine import (
     Engine as Engine,

@@ -833,7 +833,9 @@ class Engine:
             retired = self._waiters.pop(sid, None)
             owner = self._session_receivers.pop(sid, None)
             if owner is not None:
-                owner.session_retired(sid, reason="recovery_required", waiter=retired)
+                owner.session_retired(
+                    sid, reason="recovery_required", waiter=retired, error=outcome.error
+                )
         else:
             logger.warning("unknown management event %r", kind)
 

@@ -50,12 +50,17 @@ class ExecutionReceiver:
     # --- optional ----------------------------------------------------------------------
 
     def session_retired(
-        self, session_id: str, *, reason: str, waiter: ResultHandle[Any] | None
+        self,
+        session_id: str,
+        *,
+        reason: str,
+        waiter: ResultHandle[Any] | None,
+        error: BaseException | None,
     ) -> None:
         """A session owned by this receiver retired (``reason="recovery_required"``).
 
-        The engine hands over the session's unsettled *waiter*; the receiver decides
-        when (and with what) its caller settles.
+        The engine hands over the session's unsettled *waiter* and the *error* that made
+        the outcome unknown; the receiver decides when (and how) its caller settles.
         """
 
     def describe_live(self) -> list[str]:

@@ -1,1 +1,39 @@
-"""phronomy.storage."""
+"""Durable storage: the store contract, the snapshot codec, MemoryStore and SQLiteStore.
+
+This layer is synchronous and imports no trio: the runtime calls stores from worker
+threads.
+"""
+
+from ._codec import (
+    DEFAULT_MAX_SNAPSHOT_BYTES as DEFAULT_MAX_SNAPSHOT_BYTES,
+    RECORD_TYPE as RECORD_TYPE,
+    SNAPSHOT_FORMAT as SNAPSHOT_FORMAT,
+    DecodedSnapshot as DecodedSnapshot,
+    check_json_domain as check_json_domain,
+    decode_snapshot as decode_snapshot,
+    decode_snapshot_builtins as decode_snapshot_builtins,
+    encode_snapshot as encode_snapshot,
+    normalize as normalize,
+)
+from ._memory import MemoryStore as MemoryStore
+from ._records import (
+    BeginOp as BeginOp,
+    DeleteOp as DeleteOp,
+    InstancePage as InstancePage,
+    InstanceStatus as InstanceStatus,
+    LoadOp as LoadOp,
+    MarkOp as MarkOp,
+    SaveOp as SaveOp,
+    SaveOutcome as SaveOutcome,
+    SaveRequest as SaveRequest,
+    StoredRecord as StoredRecord,
+    StoreOp as StoreOp,
+)
+from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION, SQLiteStore as SQLiteStore
+from ._store import (
+    KNOWN_FAILURES as KNOWN_FAILURES,
+    BaseStore as BaseStore,
+    WorkflowStore as WorkflowStore,
+    check_claimable as check_claimable,
+    classify_uncertain_save as classify_uncertain_save,
+)

@@ -1,1 +1,22 @@
-"""phronomy.workflow."""
+"""Workflows: definitions, the sans-IO machine, live sessions, admission and durability."""
+
+from .client import WorkflowClient as WorkflowClient, WorkflowStream as WorkflowStream
+from .definition import (
+    AUTO_EVENT as AUTO_EVENT,
+    FINISH as FINISH,
+    Callback as Callback,
+    Transition as Transition,
+    Workflow as Workflow,
+    WorkflowDefinition as WorkflowDefinition,
+)
+from .effects import Effects as Effects
+from .machine import CONSUME as CONSUME
+from .messages import (
+    Admission as Admission,
+    RecoveryEntry as RecoveryEntry,
+    Step as Step,
+    WorkflowResult as WorkflowResult,
+)
+from .recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
+from .runner import WorkflowRunner as WorkflowRunner
+from .state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State

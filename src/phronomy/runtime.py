@@ -1,0 +1,186 @@
+"""``open_runtime``: the engine with the workflow and supervised-execution features.
+
+This module only composes the layers below it (engine, storage, workflow, agent).
+"""
+
+from __future__ import annotations
+
+import logging
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, final
+
+import trio
+
+from phronomy.engine import open_engine
+from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
+from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowRunner
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
+    from phronomy.engine import (
+        Engine,
+        EngineStatistics,
+        LifecycleState,
+        OffloadPool,
+        ShutdownResult,
+    )
+    from phronomy.storage import WorkflowStore
+
+__all__ = ["Runtime", "open_runtime"]
+
+logger = logging.getLogger(__name__)
+
+
+@final
+class Runtime(WorkflowClient):
+    """A running phronomy runtime: workflows, supervised executions and the engine.
+
+    Obtain one with :func:`open_runtime`. Workflow operations (:meth:`invoke`,
+    :meth:`start`, :meth:`stream`, :meth:`send_event`, :meth:`resume`, :meth:`signal`)
+    come from :class:`~phronomy.workflow.WorkflowClient`.
+
+    Thread-safety: use it from trio tasks of the thread that opened it. From another
+    thread, go through ``trio.from_thread.run_sync(..., trio_token=runtime.trio_token)``.
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        store: WorkflowStore | None,
+        runner: WorkflowRunner,
+        *,
+        recursion_limit: int,
+    ) -> None:
+        """Internal: use :func:`open_runtime`."""
+        super().__init__(runner, recursion_limit=recursion_limit)
+        self._engine = engine
+        self._store = store
+        self._recovery = RecoveryClient(runner)
+
+    @property
+    def engine(self) -> Engine:
+        """The generic engine underneath (dispatcher, pools, timers, receivers)."""
+        return self._engine
+
+    @property
+    def store(self) -> WorkflowStore | None:
+        """The durable store, if any."""
+        return self._store
+
+    @property
+    def recovery(self) -> RecoveryClient:
+        """List, inspect and resolve ``recovery_required`` instances."""
+        return self._recovery
+
+    @property
+    def state(self) -> LifecycleState:
+        """``running``, ``draining``, ``stopping``, ``terminated`` or ``failed``."""
+        return self._engine.state
+
+    @property
+    def trio_token(self) -> trio.lowlevel.TrioToken:
+        """The trio token of the runtime's thread (for :mod:`trio.from_thread`)."""
+        return self._engine.trio_token
+
+    @property
+    def shutdown_result(self) -> ShutdownResult | None:
+        """How the runtime shut down (set once the ``async with`` block exited)."""
+        return self._engine.shutdown_result
+
+    def is_dispatcher(self) -> bool:
+        """Whether the calling code runs on the runtime's dispatcher task."""
+        return self._engine.is_dispatcher()
+
+    def pool(self, name: str, *, size: int = 10, queue_size: int = 100) -> OffloadPool:
+        """A named offload pool for blocking work (created on first use)."""
+        return self._engine.pool(name, size=size, queue_size=queue_size)
+
+    def statistics(self) -> EngineStatistics:
+        """A snapshot of the engine's counters (queue depth, lag, pools, ...)."""
+        return self._engine.statistics()
+
+    async def shutdown(
+        self,
+        *,
+        timeout: float | None = None,  # noqa: ASYNC109 - a drain deadline, not a wait bound
+        cancel_grace: float | None = None,
+    ) -> ShutdownResult:
+        """Shut down now (the ``async with`` exit then returns the same result).
+
+        See :meth:`phronomy.engine.Engine.shutdown`.
+        """
+        return await self._engine.shutdown(timeout=timeout, cancel_grace=cancel_grace)
+
+
+@asynccontextmanager
+async def open_runtime(
+    store: WorkflowStore | None = None,
+    *,
+    recursion_limit: int = 25,
+    max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+    shutdown_timeout: float = 5.0,
+    cancel_grace: float | None = None,
+    pool_size: int = 10,
+    queue_size: int = 100,
+    backlog_threshold: int = 1000,
+    starvation_threshold: float | None = None,
+    dispatch_threshold: float | None = None,
+) -> AsyncGenerator[Runtime]:
+    """Run a phronomy runtime for the duration of the ``async with`` block.
+
+    Example::
+
+        async with phronomy.open_runtime(store=phronomy.SQLiteStore("orders.db")) as runtime:
+            halted = await runtime.invoke(order_flow, {"item": "lamp"}, workflow_instance_id="order-1")
+
+    Nothing outlives the block. On a normal exit the runtime stops admitting work,
+    waits up to *shutdown_timeout* for live segments, then cuts off what is left (their
+    callers get :class:`~phronomy.RuntimeShutdownError`; nothing is saved for them, so
+    their last durable revision stays resumable) and waits up to *cancel_grace* for
+    worker threads. If the body raises, the runtime stops at once and the body's
+    exception propagates unchanged. ``runtime.shutdown_result`` then reports what
+    happened.
+
+    Args:
+        store: a durable store (:class:`~phronomy.SQLiteStore`,
+            :class:`~phronomy.MemoryStore`, ...); without one, workflows are ephemeral.
+        recursion_limit: default transitions allowed per segment.
+        max_snapshot_bytes: size limit of a saved snapshot.
+        shutdown_timeout: seconds to wait for live work at exit.
+        cancel_grace: seconds to wait for worker threads at exit (default:
+            *shutdown_timeout*).
+        pool_size: worker threads of the default offload pool.
+        queue_size: queued operations of the default offload pool.
+        backlog_threshold: dispatcher queue depth that logs a backlog warning.
+        starvation_threshold: optional queue-lag warning threshold (seconds).
+        dispatch_threshold: optional long-dispatch warning threshold (seconds).
+
+    Yields:
+        The :class:`Runtime`.
+
+    Raises:
+        ConfigurationError: invalid settings.
+    """
+    engines: list[Engine] = []
+    try:
+        async with open_engine(
+            pool_size=pool_size,
+            queue_size=queue_size,
+            shutdown_timeout=shutdown_timeout,
+            cancel_grace=cancel_grace,
+            backlog_threshold=backlog_threshold,
+            starvation_threshold=starvation_threshold,
+            dispatch_threshold=dispatch_threshold,
+        ) as engine:
+            engines.append(engine)
+            runner = WorkflowRunner(
+                engine, store, max_snapshot_bytes=max_snapshot_bytes
+            )
+            yield Runtime(engine, store, runner, recursion_limit=recursion_limit)
+    finally:
+        result = engines[0].shutdown_result if engines else None
+        if store is not None and result is not None and result.threads_running == 0:
+            # Closing checkpoints the WAL: off the trio thread, shielded and bounded.
+            with trio.CancelScope(shield=True), trio.move_on_after(5):
+                await trio.to_thread.run_sync(store.close)

@@ -1,0 +1,151 @@
+"""Values the stores exchange with the runtime (all frozen msgspec Structs)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import msgspec
+
+__all__ = [
+    "BeginOp",
+    "DeleteOp",
+    "InstancePage",
+    "InstanceStatus",
+    "LoadOp",
+    "MarkOp",
+    "SaveOp",
+    "SaveOutcome",
+    "SaveRequest",
+    "StoreOp",
+    "StoredRecord",
+]
+
+InstanceStatus = Literal["running", "halted", "finished", "failed", "recovery_required"]
+"""What operators see for an instance.
+
+``running``: a segment claimed the instance. ``halted``: waiting at a wait state.
+``finished``: reached FINISH. ``failed``: its last segment failed (the last durable
+revision is still resumable). ``recovery_required``: the outcome of a save is unknown;
+an operator must resolve it before the instance runs again.
+"""
+
+
+class StoredRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One instance's durable row.
+
+    Attributes:
+        workflow_instance_id: the instance id.
+        workflow: the workflow name that owns the instance ("" if unknown).
+        revision: 0 while nothing was saved yet (a placeholder), then 1, 2, ...
+        status: the instance status.
+        phase: the phase of the saved snapshot (a wait state, or ``"__end__"``).
+        snapshot: the encoded snapshot, or ``None`` at revision 0.
+        write_id: the ``write_id`` of the save that produced this revision.
+        detail: a diagnostic for ``failed`` / ``recovery_required``.
+        updated_at_ms: wall-clock milliseconds of the last change.
+    """
+
+    workflow_instance_id: str
+    workflow: str
+    revision: int
+    status: InstanceStatus
+    phase: str | None = None
+    snapshot: bytes | None = None
+    write_id: str | None = None
+    detail: str | None = None
+    updated_at_ms: int = 0
+
+
+class SaveRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """A revision-checked save.
+
+    Attributes:
+        workflow_instance_id: the instance id.
+        expected_revision: the revision the writer read (``None``: no row yet).
+        snapshot: the encoded snapshot.
+        write_id: unique per save; recorded with the row so an uncertain commit can be
+            classified later.
+        status: the instance status this save sets (``halted`` or ``finished``).
+        phase: the snapshot's phase.
+        workflow: the owning workflow's name.
+    """
+
+    workflow_instance_id: str
+    expected_revision: int | None
+    snapshot: bytes
+    write_id: str
+    status: InstanceStatus
+    phase: str | None
+    workflow: str = ""
+
+
+class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """How a save ended, classified (spec §4.7).
+
+    Attributes:
+        outcome: ``success`` (the revision is durable), ``known_failure`` (nothing was
+            written), or ``outcome_unknown`` (the store cannot tell).
+        revision: the durable revision on success.
+        error: the error for the two failures.
+    """
+
+    outcome: Literal["success", "known_failure", "outcome_unknown"]
+    revision: int | None = None
+    error: BaseException | None = None
+
+
+class InstancePage(msgspec.Struct, frozen=True, kw_only=True):
+    """One page of :meth:`WorkflowStore.list_instances`.
+
+    Attributes:
+        records: the rows, ordered by instance id (snapshots omitted).
+        next_after: pass as ``after`` to get the next page; ``None`` on the last page.
+    """
+
+    records: tuple[StoredRecord, ...]
+    next_after: str | None = None
+
+
+# --- batched operations (group commit) --------------------------------------------------
+
+
+class LoadOp(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
+    """Read one row (``None`` when absent or still at revision 0)."""
+
+    workflow_instance_id: str
+
+
+class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
+    """Mark an instance ``running`` if it is still at *expected_revision*.
+
+    Creates a revision-0 placeholder row when the instance has none yet.
+    """
+
+    workflow_instance_id: str
+    workflow: str
+    expected_revision: int | None = None
+
+
+class SaveOp(msgspec.Struct, frozen=True, kw_only=True, tag="save"):
+    """A revision-checked save; its result is a classified :class:`SaveOutcome`."""
+
+    request: SaveRequest
+
+
+class MarkOp(msgspec.Struct, frozen=True, kw_only=True, tag="mark"):
+    """Set the status of a row still at *expected_revision* (metadata only)."""
+
+    workflow_instance_id: str
+    status: InstanceStatus
+    expected_revision: int | None = None
+    detail: str | None = None
+
+
+class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
+    """Delete a row at *expected_revision*."""
+
+    workflow_instance_id: str
+    expected_revision: int
+
+
+StoreOp = LoadOp | BeginOp | SaveOp | MarkOp | DeleteOp

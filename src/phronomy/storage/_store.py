@@ -1,0 +1,306 @@
+"""The workflow store contract, and the classification of uncertain saves."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+
+import outcome
+
+from phronomy.errors import (
+    ConflictError,
+    InstanceStateError,
+    NotFoundError,
+    RecoveryRequiredError,
+    SerializationError,
+    StorageError,
+    UnsupportedBackendError,
+)
+
+from ._records import (
+    BeginOp,
+    DeleteOp,
+    InstancePage,
+    InstanceStatus,
+    LoadOp,
+    MarkOp,
+    SaveOp,
+    SaveOutcome,
+    SaveRequest,
+    StoredRecord,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+    from ._records import StoreOp
+
+__all__ = [
+    "KNOWN_FAILURES",
+    "BaseStore",
+    "WorkflowStore",
+    "check_claimable",
+    "classify_uncertain_save",
+]
+
+logger = logging.getLogger(__name__)
+
+KNOWN_FAILURES: tuple[type[StorageError], ...] = (
+    ConflictError,
+    NotFoundError,
+    SerializationError,
+    UnsupportedBackendError,
+)
+"""Save errors that prove nothing was written; no read-back is needed (spec §4.6)."""
+
+
+@runtime_checkable
+class WorkflowStore(Protocol):
+    """What the runtime needs from a durable store. All methods block; the runtime calls
+    them from worker threads, at most ``max_concurrency`` at a time.
+
+    Revisions: a save with ``expected_revision=None`` creates revision 1 (also over a
+    revision-0 claim placeholder); a save with ``expected_revision=N`` on revision N
+    creates N+1; anything else raises :class:`~phronomy.ConflictError`. Connection loss
+    is never reported as a conflict.
+    """
+
+    max_concurrency: int
+
+    def load(self, workflow_instance_id: str) -> StoredRecord | None:
+        """Return the row, or ``None`` if there is none."""
+        ...
+
+    def begin(
+        self,
+        workflow_instance_id: str,
+        workflow: str,
+        *,
+        expected_revision: int | None = None,
+    ) -> bool:
+        """Mark the instance ``running`` if it is still at *expected_revision*.
+
+        Creates a revision-0 placeholder when there is no row. Returns whether a row was
+        marked (``False`` if the row moved on or requires recovery).
+        """
+        ...
+
+    def save(self, request: SaveRequest) -> int:
+        """Save a snapshot; returns the new revision (revision-checked, see above)."""
+        ...
+
+    def mark(
+        self,
+        workflow_instance_id: str,
+        status: InstanceStatus,
+        *,
+        expected_revision: int | None = None,
+        detail: str | None = None,
+    ) -> bool:
+        """Set the status (metadata only); returns whether a row changed."""
+        ...
+
+    def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
+        """Delete the row at *expected_revision* (``ConflictError`` otherwise)."""
+        ...
+
+    def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
+        """The revision the save *write_id* committed, or ``None`` if it never did."""
+        ...
+
+    def list_instances(
+        self,
+        *,
+        status: InstanceStatus | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> InstancePage:
+        """List rows (without snapshots) ordered by instance id, optionally by status."""
+        ...
+
+    def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
+        """Run a batch (group commit); one outcome per op, in order."""
+        ...
+
+    def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
+        """Classify a save that raised *error* with an unknown commit outcome."""
+        ...
+
+    def close(self) -> None:
+        """Release connections (the store may be reopened by the next call)."""
+        ...
+
+
+def classify_uncertain_save(
+    record: StoredRecord | None, logged_revision: int | None, request: SaveRequest
+) -> Literal["post", "pre", "neither"]:
+    """Decide what an uncertain save did, from state read after it can no longer commit.
+
+    ``post``: the save's ``write_id`` is logged or on the row. ``pre``: it is not, and the
+    row is still at the expected revision. ``neither``: something else changed the row.
+    """
+    if logged_revision is not None:
+        return "post"
+    if record is not None and record.write_id == request.write_id:
+        return "post"
+    current = 0 if record is None else record.revision
+    expected = request.expected_revision or 0
+    return "pre" if current == expected else "neither"
+
+
+def check_claimable(row: StoredRecord, workflow: str) -> None:
+    """Raise if a new segment of *workflow* may not run on *row*.
+
+    Raises:
+        RecoveryRequiredError: the instance requires recovery (fail-closed across
+            processes).
+        InstanceStateError: the instance belongs to another workflow.
+    """
+    if row.status == "recovery_required":
+        raise RecoveryRequiredError(
+            f"workflow instance {row.workflow_instance_id!r} requires recovery "
+            f"({row.detail or 'a save outcome is unknown'}); resolve it first",
+            instance_id=row.workflow_instance_id,
+        )
+    if row.workflow and workflow and row.workflow != workflow:
+        raise InstanceStateError(
+            f"workflow instance {row.workflow_instance_id!r} belongs to workflow "
+            f"{row.workflow!r}, not {workflow!r}"
+        )
+
+
+class BaseStore:
+    """Shared behaviour of stores: the batch loop and the reconciliation of uncertain saves.
+
+    Subclasses implement the single-operation methods of :class:`WorkflowStore`; they
+    may override :meth:`execute` for real group commit and :meth:`fence` to make sure a
+    failed transaction can no longer commit before :meth:`reconcile` reads.
+    """
+
+    max_concurrency = 1
+
+    # --- to implement --------------------------------------------------------------
+
+    def load(self, workflow_instance_id: str) -> StoredRecord | None:
+        """See :meth:`WorkflowStore.load`."""
+        raise NotImplementedError
+
+    def begin(
+        self,
+        workflow_instance_id: str,
+        workflow: str,
+        *,
+        expected_revision: int | None = None,
+    ) -> bool:
+        """See :meth:`WorkflowStore.begin`."""
+        raise NotImplementedError
+
+    def save(self, request: SaveRequest) -> int:
+        """See :meth:`WorkflowStore.save`."""
+        raise NotImplementedError
+
+    def mark(
+        self,
+        workflow_instance_id: str,
+        status: InstanceStatus,
+        *,
+        expected_revision: int | None = None,
+        detail: str | None = None,
+    ) -> bool:
+        """See :meth:`WorkflowStore.mark`."""
+        raise NotImplementedError
+
+    def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
+        """See :meth:`WorkflowStore.delete`."""
+        raise NotImplementedError
+
+    def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
+        """See :meth:`WorkflowStore.find_write`."""
+        raise NotImplementedError
+
+    def list_instances(
+        self,
+        *,
+        status: InstanceStatus | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> InstancePage:
+        """See :meth:`WorkflowStore.list_instances`."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """See :meth:`WorkflowStore.close`."""
+
+    def fence(self) -> None:
+        """Make sure no earlier failed transaction of this store can still commit."""
+
+    # --- shared ----------------------------------------------------------------------
+
+    def save_classified(self, request: SaveRequest) -> SaveOutcome:
+        """Save and classify the result (spec §4.7); never raises for store errors."""
+        try:
+            revision = self.save(request)
+        except KNOWN_FAILURES as exc:
+            return SaveOutcome(outcome="known_failure", error=exc)
+        except Exception as exc:  # noqa: BLE001 - the commit outcome is unknown
+            return self.reconcile(request, exc)
+        return SaveOutcome(outcome="success", revision=revision)
+
+    def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
+        """Classify an uncertain save once it can no longer commit; never saves again.
+
+        Returns:
+            ``success`` with the logged revision (post-state), ``known_failure`` with
+            the original *error* (pre-state), or ``outcome_unknown`` (neither, or the
+            read-back failed).
+        """
+        iid = request.workflow_instance_id
+        try:
+            self.fence()
+            record = self.load(iid)
+            logged = self.find_write(iid, request.write_id)
+        except Exception as read_error:  # noqa: BLE001 - reported as the unknown outcome
+            logger.warning("reconciliation read of %r failed: %r", iid, read_error)
+            return SaveOutcome(outcome="outcome_unknown", error=read_error)
+        verdict = classify_uncertain_save(record, logged, request)
+        if verdict == "post":
+            revision = (
+                logged if logged is not None else (record.revision if record else None)
+            )
+            logger.info(
+                "uncertain save of %r had committed (revision %s)", iid, revision
+            )
+            return SaveOutcome(outcome="success", revision=revision)
+        if verdict == "pre":
+            return SaveOutcome(outcome="known_failure", error=error)
+        conflict = ConflictError(
+            "Workflow terminal Persistence outcome conflicts with both expected pre-state "
+            f"and intended post-state for workflow instance {iid!r} (expected revision "
+            f"{request.expected_revision}, found {record.revision if record else None})"
+        )
+        conflict.__cause__ = error
+        return SaveOutcome(outcome="outcome_unknown", error=conflict)
+
+    def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
+        """Run each operation on its own (stores with group commit override this)."""
+        return [outcome.capture(self._run_op, op) for op in ops]
+
+    def _run_op(self, op: StoreOp) -> Any:
+        match op:
+            case LoadOp(workflow_instance_id=iid):
+                return self.load(iid)
+            case BeginOp(workflow_instance_id=iid, workflow=workflow):
+                return self.begin(iid, workflow, expected_revision=op.expected_revision)
+            case SaveOp(request=request):
+                return self.save_classified(request)
+            case MarkOp():
+                return self.mark(
+                    op.workflow_instance_id,
+                    op.status,
+                    expected_revision=op.expected_revision,
+                    detail=op.detail,
+                )
+            case DeleteOp(workflow_instance_id=iid, expected_revision=revision):
+                self.delete(iid, revision)
+                return None
+        raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover

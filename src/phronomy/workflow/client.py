@@ -1,0 +1,442 @@
+"""The public workflow API of a runtime: invoke, start, stream, send_event, resume, signal."""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import uuid
+from collections.abc import Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+
+import trio
+
+from phronomy.engine import ResultHandle
+from phronomy.errors import (
+    ConfigurationError,
+    RuntimeShutdownError,
+    StateValidationError,
+    UnknownEventError,
+)
+
+from .messages import (
+    InputOverlay,
+    ResumeCommand,
+    StartCommand,
+    Step,
+    WorkflowResult,
+    validate_instance_id,
+)
+from .resolution import RESUME, resolve_event
+from .state import State, validate_fields
+
+if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator, AsyncIterator, Callable
+
+    from .definition import WorkflowDefinition
+    from .runner import WorkflowRunner
+
+__all__ = ["WorkflowClient", "WorkflowStream"]
+
+S = TypeVar("S", bound=State)
+
+
+@final
+class WorkflowStream(Generic[S]):
+    """The steps of one streamed segment, in order (see :meth:`WorkflowClient.stream`).
+
+    ``async for step in stream`` yields each stable state; when the segment ends the
+    iteration stops, or raises the segment's error. Then :meth:`result` returns the
+    final (or halted) :class:`WorkflowResult`.
+    """
+
+    def __init__(
+        self,
+        receive: trio.MemoryReceiveChannel[Step[S]],
+        handle: ResultHandle[WorkflowResult[S]],
+    ) -> None:
+        """Internal: created by :meth:`WorkflowClient.stream`."""
+        self._receive = receive
+        self._handle = handle
+
+    @property
+    def handle(self) -> ResultHandle[WorkflowResult[S]]:
+        """The segment's result handle."""
+        return self._handle
+
+    def __aiter__(self) -> AsyncIterator[Step[S]]:
+        return self._iterate()
+
+    async def _iterate(self) -> AsyncIterator[Step[S]]:
+        async for step in self._receive:
+            yield step
+        await self._handle.wait()
+        if self._handle.status != "completed":
+            self._handle.result_nowait()  # raises the segment's error
+
+    async def result(self) -> WorkflowResult[S]:
+        """Wait for the segment and return its result (or raise its error)."""
+        return await self._handle.result()
+
+
+class WorkflowClient:
+    """Runs workflow definitions on one runtime (the workflow part of :class:`~phronomy.Runtime`)."""
+
+    def __init__(self, runner: WorkflowRunner, *, recursion_limit: int) -> None:
+        """Internal: created by :func:`phronomy.open_runtime`."""
+        if recursion_limit < 1:
+            raise ConfigurationError(
+                f"recursion_limit must be >= 1, got {recursion_limit}"
+            )
+        self._runner = runner
+        self._recursion_limit = recursion_limit
+
+    @property
+    def durable(self) -> bool:
+        """Whether a store is configured."""
+        return self._runner.gateway is not None
+
+    # --- starting ---------------------------------------------------------------------
+
+    def start(
+        self,
+        workflow: WorkflowDefinition[S],
+        input: Mapping[str, Any] | S | None = None,  # noqa: A002 - the workflow's input
+        *,
+        workflow_instance_id: str | None = None,
+        recursion_limit: int | None = None,
+        on_step: Callable[[Step[S]], object] | None = None,
+    ) -> ResultHandle[WorkflowResult[S]]:
+        """Start a segment at the entry point without waiting for it.
+
+        With a store and an explicit *workflow_instance_id*, the segment is durable:
+        the stored fields are loaded first (the input overrides them) and the halted or
+        finished state is saved before the handle settles.
+
+        Args:
+            workflow: a compiled :class:`WorkflowDefinition`.
+            input: field values (validated) or a complete state.
+            workflow_instance_id: the instance id (a UUID is generated if omitted).
+            recursion_limit: transitions allowed in this segment (default: the runtime's).
+            on_step: called on the dispatcher with each stable :class:`Step`; an exception
+                fails the segment.
+
+        Returns:
+            A handle settled with the :class:`WorkflowResult` (or the segment's error, or
+            :class:`~phronomy.RuntimeShutdownError` when the runtime is closing).
+
+        Raises:
+            StateValidationError: *input* does not fit the state class.
+            InvalidIdentifierError: an empty or oversized *workflow_instance_id*.
+        """
+        overlay = _input_overlay(workflow, input)
+        explicit = workflow_instance_id is not None
+        iid = (
+            validate_instance_id(workflow_instance_id)
+            if explicit
+            else str(uuid.uuid4())
+        )
+        caller: ResultHandle[WorkflowResult[S]] = ResultHandle(
+            f"workflow:{workflow.name}:{iid}"
+        )
+        command = StartCommand(
+            definition=workflow,
+            input=overlay,
+            workflow_instance_id=iid,
+            explicit_id=explicit,
+            owner=object(),
+            recursion_limit=self._limit(recursion_limit),
+            caller=caller,
+            observer=on_step,
+        )
+        self._post(command, caller, "start")
+        return caller
+
+    async def invoke(
+        self,
+        workflow: WorkflowDefinition[S],
+        input: Mapping[str, Any] | S | None = None,  # noqa: A002
+        *,
+        workflow_instance_id: str | None = None,
+        recursion_limit: int | None = None,
+        on_step: Callable[[Step[S]], object] | None = None,
+    ) -> WorkflowResult[S]:
+        """Run a segment and return its result; see :meth:`start` for the arguments.
+
+        Returns:
+            The finished or halted :class:`WorkflowResult`.
+
+        Raises:
+            Exception: whatever failed the segment (an action's exception,
+                :class:`~phronomy.WorkflowBusyError`, :class:`~phronomy.ConflictError`, ...).
+
+        Cancellation:
+            Cancelling the caller stops the wait only; the segment keeps running (its
+            durable outcome is saved as usual).
+        """
+        handle = self.start(
+            workflow,
+            input,
+            workflow_instance_id=workflow_instance_id,
+            recursion_limit=recursion_limit,
+            on_step=on_step,
+        )
+        return await handle.result()
+
+    @asynccontextmanager
+    async def stream(
+        self,
+        workflow: WorkflowDefinition[S],
+        input: Mapping[str, Any] | S | None = None,  # noqa: A002
+        *,
+        workflow_instance_id: str | None = None,
+        recursion_limit: int | None = None,
+    ) -> AsyncGenerator[WorkflowStream[S]]:
+        """Start a segment and iterate over its stable states, in order.
+
+        A halted (or declared-leaf) state of a durable segment is published only after
+        its save succeeded. Leaving the block early stops the iteration; the segment
+        itself keeps running to its end.
+
+        Example::
+
+            async with runtime.stream(flow, {"item": "lamp"}) as steps:
+                async for step in steps:
+                    print(step.name, step.state)
+            result = await steps.result()
+
+        Yields:
+            A :class:`WorkflowStream`.
+        """
+        send, receive = trio.open_memory_channel[Step[S]](math.inf)
+
+        def observe(step: Step[S]) -> None:
+            # The consumer may have left the block: its steps are then dropped.
+            with contextlib.suppress(
+                trio.BrokenResourceError, trio.ClosedResourceError
+            ):
+                send.send_nowait(step)
+
+        handle = self.start(
+            workflow,
+            input,
+            workflow_instance_id=workflow_instance_id,
+            recursion_limit=recursion_limit,
+            on_step=observe,
+        )
+        handle.on_complete(lambda _: send.close())
+        with receive:
+            yield WorkflowStream(receive, handle)
+
+    # --- resuming ---------------------------------------------------------------------
+
+    async def send_event(
+        self,
+        workflow: WorkflowDefinition[S],
+        halted: WorkflowResult[S] | None = None,
+        event: str | None = None,
+        *,
+        workflow_instance_id: str | None = None,
+        payload: Any = None,
+        input: Mapping[str, Any] | S | None = None,  # noqa: A002
+        recursion_limit: int | None = None,
+        on_step: Callable[[Step[S]], object] | None = None,
+    ) -> WorkflowResult[S]:
+        """Start a new segment by firing *event* from a halted instance.
+
+        Give either the *halted* result (its state is the starting point; with a store
+        it must still match the durable snapshot, else :class:`~phronomy.ConflictError`)
+        or just the *workflow_instance_id* (the halted state is loaded from the store).
+
+        Args:
+            workflow: the compiled workflow.
+            halted: a halted :class:`WorkflowResult`.
+            event: the event to fire (``"resume"``: the first event of the halted phase).
+            workflow_instance_id: resume by id (requires a store).
+            payload: the event's payload (guards and actions see ``event.payload``).
+            input: field values merged into the state before the event fires.
+            recursion_limit: transitions allowed (default: the runtime's).
+            on_step: as in :meth:`start`.
+
+        Returns:
+            The new segment's result.
+
+        Raises:
+            UnknownEventError: the workflow declares no such event.
+            InstanceStateError: the instance is finished, or has no event for ``resume``.
+            TransitionError: the event does not leave the halted phase.
+            NotFoundError: resume by id, but the store has no state for the instance.
+            ConflictError: the durable state diverged from *halted*.
+
+        Cancellation:
+            As :meth:`invoke`.
+        """
+        handle = self._resume(
+            workflow,
+            halted,
+            event,
+            workflow_instance_id=workflow_instance_id,
+            payload=payload,
+            input=input,
+            recursion_limit=recursion_limit,
+            on_step=on_step,
+        )
+        return await handle.result()
+
+    async def resume(
+        self,
+        workflow: WorkflowDefinition[S],
+        halted: WorkflowResult[S] | None = None,
+        *,
+        workflow_instance_id: str | None = None,
+        input: Mapping[str, Any] | S | None = None,  # noqa: A002
+    ) -> WorkflowResult[S]:
+        """``send_event(workflow, halted, "resume", ...)``: fire the halted phase's first event."""
+        return await self.send_event(
+            workflow,
+            halted,
+            RESUME,
+            workflow_instance_id=workflow_instance_id,
+            input=input,
+        )
+
+    def _resume(
+        self,
+        workflow: WorkflowDefinition[S],
+        halted: WorkflowResult[S] | None,
+        event: str | None,
+        *,
+        workflow_instance_id: str | None,
+        payload: Any,
+        input: Mapping[str, Any] | S | None,  # noqa: A002
+        recursion_limit: int | None,
+        on_step: Callable[[Step[S]], object] | None,
+    ) -> ResultHandle[WorkflowResult[S]]:
+        if event is None:
+            raise TypeError("send_event requires an event name")
+        if halted is None:
+            if workflow_instance_id is None:
+                raise TypeError(
+                    "send_event requires a halted result or a workflow_instance_id"
+                )
+            iid = validate_instance_id(workflow_instance_id)
+            if not self.durable:
+                raise ConfigurationError(
+                    f"resuming workflow instance {iid!r} by id needs a store (open_runtime(store=...))"
+                )
+            if event != RESUME and not workflow.has_event(event):
+                raise UnknownEventError(
+                    f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
+                )
+        else:
+            iid = validate_instance_id(
+                halted.workflow_instance_id,
+                what="Halted WorkflowResult has no workflow_instance_id",
+            )
+            if workflow_instance_id is not None and workflow_instance_id != iid:
+                raise ValueError(
+                    f"workflow_instance_id {workflow_instance_id!r} differs from the halted "
+                    f"result's {iid!r}"
+                )
+            if not isinstance(halted.state, workflow.state_type):
+                raise StateValidationError(
+                    f"the halted state is a {type(halted.state).__name__}; workflow "
+                    f"{workflow.name!r} runs {workflow.state_type.__name__}"
+                )
+            event = resolve_event(workflow, halted.phase, event, iid)
+        overlay = _input_overlay(workflow, input)
+        caller: ResultHandle[WorkflowResult[S]] = ResultHandle(
+            f"workflow-resume:{workflow.name}:{iid}"
+        )
+        command = ResumeCommand(
+            definition=workflow,
+            halted=halted,
+            event=event,
+            payload=payload,
+            input=overlay,
+            workflow_instance_id=iid,
+            owner=object(),
+            recursion_limit=self._limit(recursion_limit),
+            caller=caller,
+            observer=on_step,
+        )
+        self._post(command, caller, "resume")
+        return caller
+
+    # --- live signals -----------------------------------------------------------------
+
+    def signal(
+        self,
+        workflow: WorkflowDefinition[Any],
+        workflow_instance_id: str,
+        event: str,
+        payload: Any = None,
+    ) -> bool:
+        """Deliver *event* to the live segment of an instance, without waiting.
+
+        Callable from any trio task of the runtime and from actions on the dispatcher.
+        From a foreign thread use
+        ``trio.from_thread.run_sync(runtime.signal, flow, iid, "paid", trio_token=runtime.trio_token)``.
+
+        Returns:
+            ``True`` if the event was queued for the live session (not that a
+            transition matched); ``False`` if the instance has no executing segment
+            (not started, still loading, saving, finished or recovery-required).
+
+        Raises:
+            InvalidIdentifierError: an empty or invalid *workflow_instance_id*.
+            UnknownEventError: the workflow declares no such event (nothing is queued).
+        """
+        iid = validate_instance_id(workflow_instance_id)
+        if not workflow.has_event(event):
+            raise UnknownEventError(
+                f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
+            )
+        record = self._runner.registry.record(iid)
+        if record is not None and record.workflow != workflow.name:
+            return False
+        return self._runner.registry.post_to_workflow(iid, event, payload)
+
+    # --- internals -----------------------------------------------------------------
+
+    def _limit(self, recursion_limit: int | None) -> int:
+        if recursion_limit is None:
+            return self._recursion_limit
+        if recursion_limit < 1:
+            raise ConfigurationError(
+                f"recursion_limit must be >= 1, got {recursion_limit}"
+            )
+        return recursion_limit
+
+    def _post(
+        self,
+        command: StartCommand | ResumeCommand,
+        caller: ResultHandle[Any],
+        what: str,
+    ) -> None:
+        if not self._runner.registry.post_message(
+            command, admission=True, completion=caller
+        ):
+            caller.fail(
+                RuntimeShutdownError(
+                    f"Runtime rejected Workflow {what} while shutting down"
+                )
+            )
+
+
+def _input_overlay(workflow: WorkflowDefinition[Any], value: Any) -> InputOverlay:
+    if value is None:
+        return InputOverlay()
+    if isinstance(value, workflow.state_type):
+        return InputOverlay(state=value)
+    if isinstance(value, State):
+        raise StateValidationError(
+            f"input is a {type(value).__name__}; workflow {workflow.name!r} runs "
+            f"{workflow.state_type.__name__}"
+        )
+    if not isinstance(value, Mapping):
+        raise StateValidationError(
+            f"input must be a mapping of {workflow.state_type.__name__} fields or a "
+            f"{workflow.state_type.__name__}, got {type(value).__name__}"
+        )
+    return InputOverlay(fields=validate_fields(workflow.state_type, value))

@@ -1,0 +1,496 @@
+"""Workflow definitions: the builder and the immutable compiled definition (spec §3.1).
+
+This module is pure Python (no trio): a compiled :class:`WorkflowDefinition` is a value
+that any number of runtimes can run.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from collections.abc import Callable, Mapping, Sequence
+from types import MappingProxyType
+from typing import Any, Generic, Self, TypeVar, final
+
+import msgspec
+
+from phronomy.errors import DefinitionError
+
+from .state import State, state_spec
+
+__all__ = [
+    "AUTO_EVENT",
+    "FINISH",
+    "FINISH_ALIAS",
+    "START_EVENT",
+    "Callback",
+    "Transition",
+    "Workflow",
+    "WorkflowDefinition",
+]
+
+logger = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=State)
+
+FINISH = "__end__"
+"""The terminal phase (``WorkflowResult.phase`` of a finished workflow)."""
+FINISH_ALIAS = "__finish__"
+"""Accepted by :meth:`Workflow.transition` as a synonym of :data:`FINISH`."""
+AUTO_EVENT = "state_completed"
+"""The event automatic transitions fire on."""
+START_EVENT = "start"
+"""The event two-argument entry actions of the initial state receive at a fresh start."""
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
+
+
+@final
+class Callback(msgspec.Struct, frozen=True, kw_only=True):
+    """A user callable with the number of arguments it takes.
+
+    Attributes:
+        fn: the callable.
+        arity: 1 ``(state)``, 2 ``(state, event)`` or 3 ``(state, event, effects)``.
+        label: how messages name it (for example ``entry action of 'draft'``).
+    """
+
+    fn: Callable[..., Any]
+    arity: int
+    label: str
+
+
+@final
+class Transition(msgspec.Struct, frozen=True, kw_only=True):
+    """One declared transition.
+
+    Attributes:
+        source: the state it leaves.
+        target: the state it enters (or :data:`FINISH`).
+        event: the external event, or :data:`AUTO_EVENT` for automatic transitions.
+        guard: optional condition; the first passing candidate wins.
+        action: optional action run between the exit and entry actions.
+        automatic: whether this is an automatic transition.
+    """
+
+    source: str
+    target: str
+    event: str
+    guard: Callback | None = None
+    action: Callback | None = None
+    automatic: bool = False
+
+    def describe(self) -> str:
+        """``source --event--> target`` (FINISH shown as ``__finish__``)."""
+        target = FINISH_ALIAS if self.target == FINISH else self.target
+        return f"{self.source} --{self.event}--> {target}"
+
+
+@final
+class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
+    """A compiled, immutable workflow (built by :meth:`Workflow.build`).
+
+    Attributes:
+        name: the workflow name (stored with durable instances).
+        state_type: the :class:`~phronomy.State` subclass.
+        entry_point: the initial state.
+        states: declared normal states, in declaration order.
+        wait_states: declared wait states.
+        declared: normal and wait states together.
+        entry_actions: state → its entry actions, in declaration order.
+        exit_actions: state → its exit actions.
+        transitions: every transition, in declaration order.
+        by_event: event name → its transitions, in declaration order.
+        auto_states: states with at least one automatic transition.
+        external_events: external event names, in declaration order.
+        events_from: state → the external events declared from it.
+    """
+
+    name: str
+    state_type: type[S]
+    entry_point: str
+    states: tuple[str, ...]
+    wait_states: frozenset[str]
+    declared: frozenset[str]
+    entry_actions: Mapping[str, tuple[Callback, ...]]
+    exit_actions: Mapping[str, tuple[Callback, ...]]
+    transitions: tuple[Transition, ...]
+    by_event: Mapping[str, tuple[Transition, ...]]
+    auto_states: frozenset[str]
+    external_events: tuple[str, ...]
+    events_from: Mapping[str, frozenset[str]]
+
+    def has_event(self, event: str) -> bool:
+        """Whether *event* is a declared external event."""
+        return event in self.by_event and event != AUTO_EVENT
+
+    def first_event_from(self, state: str) -> str | None:
+        """The first external event (in declaration order) with a transition from *state*."""
+        available = self.events_from.get(state, frozenset())
+        for event in self.external_events:
+            if event in available:
+                return event
+        return None
+
+    def to_mermaid(self) -> str:
+        """Return the workflow as Mermaid ``stateDiagram-v2`` text.
+
+        Wait states are styled with the ``wait`` class; guarded transitions show
+        ``[guard]`` after the event name.
+        """
+        ids = _diagram_ids(self)
+        lines = ["stateDiagram-v2"]
+        lines.extend(
+            f'    state "{name}" as {ids[name]}'
+            for name in (*self.states, *sorted(self.wait_states))
+            if ids[name] != name
+        )
+        lines.append(f"    [*] --> {ids[self.entry_point]}")
+        for t in self.transitions:
+            target = "[*]" if t.target == FINISH else ids[t.target]
+            label = "" if t.automatic else t.event
+            if t.guard is not None:
+                label = f"{label} [guard]".strip()
+            lines.append(
+                f"    {ids[t.source]} --> {target}" + (f" : {label}" if label else "")
+            )
+        if self.wait_states:
+            lines.append("    classDef wait fill:#fff3cd,stroke:#b58900")
+            lines.extend(f"    class {ids[w]} wait" for w in sorted(self.wait_states))
+        return "\n".join(lines) + "\n"
+
+    def to_dot(self) -> str:
+        """Return the workflow as Graphviz DOT text (wait states drawn as octagons)."""
+        lines = [
+            f'digraph "{self.name}" {{',
+            "    rankdir=LR;",
+            '    "[*]" [shape=point];',
+        ]
+        lines.extend(
+            f'    "{name}" [shape=box, style=rounded];' for name in self.states
+        )
+        lines.extend(
+            f'    "{name}" [shape=octagon];' for name in sorted(self.wait_states)
+        )
+        lines.append('    "[end]" [shape=doublecircle, label=""];')
+        lines.append(f'    "[*]" -> "{self.entry_point}";')
+        for t in self.transitions:
+            target = "[end]" if t.target == FINISH else t.target
+            label = "" if t.automatic else t.event
+            if t.guard is not None:
+                label = f"{label} [guard]".strip()
+            attrs = f' [label="{label}"]' if label else ""
+            lines.append(f'    "{t.source}" -> "{target}"{attrs};')
+        lines.append("}")
+        return "\n".join(lines) + "\n"
+
+
+def _diagram_ids(definition: WorkflowDefinition[Any]) -> dict[str, str]:
+    ids: dict[str, str] = {}
+    for name in (*definition.states, *definition.wait_states):
+        ident = re.sub(r"[^A-Za-z0-9_]", "_", name)
+        while ident in ids.values():
+            ident += "_"
+        ids[name] = ident
+    return ids
+
+
+def _arity(fn: Callable[..., Any], *, max_args: int, what: str) -> int:
+    if not callable(fn):
+        raise DefinitionError(f"{what} must be callable, got {fn!r}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1  # builtins without a signature take the state only
+    positional = [
+        p
+        for p in signature.parameters.values()
+        if p.kind
+        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if any(
+        p.kind is inspect.Parameter.VAR_POSITIONAL
+        for p in signature.parameters.values()
+    ):
+        return max_args
+    required = sum(p.default is inspect.Parameter.empty for p in positional)
+    if required > max_args:
+        raise DefinitionError(
+            f"{what} takes {required} required arguments; it may take at most {max_args} "
+            f"({', '.join(('state', 'event', 'effects')[:max_args])})"
+        )
+    if not positional:
+        raise DefinitionError(f"{what} must accept the state as its first argument")
+    return min(len(positional), max_args)
+
+
+class Workflow(Generic[S]):
+    """Builder of a workflow definition.
+
+    Example::
+
+        wf = phronomy.Workflow(Order, name="orders")
+        wf.state("draft", entry=draft)
+        wf.wait_state("awaiting_approval")
+        wf.state("ship", entry=ship)
+        wf.transition("draft", "awaiting_approval")                   # automatic
+        wf.transition("awaiting_approval", "ship", on="approve")      # external event
+        wf.transition("ship", phronomy.FINISH)
+        order_flow = wf.build()
+
+    Methods return the builder, so calls can be chained. Nothing is validated until
+    :meth:`build`, which returns an immutable :class:`WorkflowDefinition`.
+
+    Actions take ``(state)``, ``(state, event)`` or ``(state, event, effects)`` and
+    return a new state or ``None``; guards take ``(state)`` or ``(state, event)``.
+    """
+
+    def __init__(self, state_type: type[S], *, name: str | None = None) -> None:
+        """Start a definition.
+
+        Args:
+            state_type: the :class:`~phronomy.State` subclass of this workflow.
+            name: the workflow name (default: the state class name); durable instances
+                record it and refuse to be resumed by another workflow.
+
+        Raises:
+            DefinitionError: *state_type* is not a State subclass or *name* is empty.
+        """
+        state_spec(state_type)
+        self._state_type = state_type
+        self._name = name if name is not None else state_type.__name__
+        if not self._name:
+            raise DefinitionError("a workflow name must not be empty")
+        self._initial: str | None = None
+        self._states: list[str] = []
+        self._wait_states: list[str] = []
+        self._entry: dict[str, list[Callback]] = {}
+        self._exit: dict[str, list[Callback]] = {}
+        self._transitions: list[Transition] = []
+
+    def initial(self, name: str) -> Self:
+        """Set the entry point (default: the first :meth:`state` declared)."""
+        self._initial = _check_name(name)
+        return self
+
+    def state(
+        self,
+        name: str,
+        *,
+        entry: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+        exit: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,  # noqa: A002
+    ) -> Self:
+        """Declare a normal state, optionally with entry and exit actions.
+
+        Declaring the same state again adds its actions after the earlier ones.
+        """
+        _check_name(name)
+        if name in self._wait_states:
+            raise DefinitionError(f"{name!r} is already declared as a wait state")
+        if name not in self._states:
+            self._states.append(name)
+        for fn in _as_list(entry):
+            self.entry(name, fn)
+        for fn in _as_list(exit):
+            self.exit(name, fn)
+        return self
+
+    def entry(self, name: str, fn: Callable[..., Any]) -> Self:
+        """Append an entry action of *name* (actions run in declaration order)."""
+        label = f"entry action of {name!r}"
+        self._entry.setdefault(name, []).append(
+            Callback(fn=fn, arity=_arity(fn, max_args=3, what=label), label=label)
+        )
+        return self
+
+    def exit(self, name: str, fn: Callable[..., Any]) -> Self:
+        """Append an exit action of *name* (run when a transition leaves it)."""
+        label = f"exit action of {name!r}"
+        self._exit.setdefault(name, []).append(
+            Callback(fn=fn, arity=_arity(fn, max_args=3, what=label), label=label)
+        )
+        return self
+
+    def wait_state(self, name: str) -> Self:
+        """Declare a wait state: reaching it halts the segment until an event resumes it."""
+        _check_name(name)
+        if name in self._states:
+            raise DefinitionError(f"{name!r} is already declared as a normal state")
+        if name not in self._wait_states:
+            self._wait_states.append(name)
+        return self
+
+    def transition(
+        self,
+        source: str,
+        target: str,
+        *,
+        on: str | None = None,
+        guard: Callable[..., Any] | None = None,
+        action: Callable[..., Any] | None = None,
+    ) -> Self:
+        """Declare a transition from *source* to *target* (or :data:`FINISH`).
+
+        Args:
+            source: the state the transition leaves.
+            target: the state it enters, or :data:`FINISH`.
+            on: the external event that fires it; without it the transition is
+                automatic (taken as soon as *source*'s entry actions ran).
+            guard: ``(state)`` or ``(state, event)`` → bool; candidates are tried in
+                declaration order and the first passing one wins.
+            action: run after *source*'s exit actions and before *target*'s entry actions.
+        """
+        event = AUTO_EVENT if on is None else _check_name(on)
+        if on is not None and on == AUTO_EVENT:
+            raise DefinitionError(
+                f"{AUTO_EVENT!r} is reserved for automatic transitions"
+            )
+        target = FINISH if target == FINISH_ALIAS else target
+        where = Transition(source=source, target=target, event=event).describe()
+        self._transitions.append(
+            Transition(
+                source=source,
+                target=target,
+                event=event,
+                automatic=on is None,
+                guard=None
+                if guard is None
+                else Callback(
+                    fn=guard,
+                    arity=_arity(guard, max_args=2, what=f"guard of {where}"),
+                    label=f"guard of {where}",
+                ),
+                action=None
+                if action is None
+                else Callback(
+                    fn=action,
+                    arity=_arity(action, max_args=3, what=f"transition action {where}"),
+                    label=f"transition action {where}",
+                ),
+            )
+        )
+        return self
+
+    def build(self) -> WorkflowDefinition[S]:
+        """Validate and compile the definition (spec §3.1).
+
+        Returns:
+            An immutable :class:`WorkflowDefinition`.
+
+        Raises:
+            DefinitionError: no states declared, transitions from or to undefined
+                states, actions of undefined states, an automatic transition from a wait
+                state (it could never fire). Unreachable states only log a warning.
+        """
+        entry_point = self._initial or (self._states[0] if self._states else None)
+        if entry_point is None:
+            raise DefinitionError(
+                "Workflow has no states declared — call state(...) or wait_state(...) "
+                "at least once (a workflow of only wait states needs initial(...))"
+            )
+        known = set(self._states) | set(self._wait_states)
+        if entry_point not in known:
+            raise DefinitionError(f"initial state {entry_point!r} is not declared")
+        missing_targets = sorted(
+            {t.target for t in self._transitions if t.target != FINISH} - known
+        )
+        if missing_targets:
+            raise DefinitionError(
+                f"Workflow transition(s) reference undefined state(s): {missing_targets}"
+            )
+        missing_sources = sorted({t.source for t in self._transitions} - known)
+        if missing_sources:
+            raise DefinitionError(
+                f"Workflow transition(s) originate from undefined state(s): {missing_sources}"
+            )
+        missing_actions = sorted((set(self._entry) | set(self._exit)) - known)
+        if missing_actions:
+            raise DefinitionError(
+                f"actions declared for undefined state(s): {missing_actions}"
+            )
+        dead = sorted(
+            {
+                t.source
+                for t in self._transitions
+                if t.automatic and t.source in self._wait_states
+            }
+        )
+        if dead:
+            raise DefinitionError(
+                f"automatic transition(s) from wait state(s) {dead} can never fire; "
+                "give them an event with on=..."
+            )
+        self._warn_unreachable(entry_point, known)
+        by_event: dict[str, list[Transition]] = {}
+        events_from: dict[str, set[str]] = {}
+        external: list[str] = []
+        for t in self._transitions:
+            by_event.setdefault(t.event, []).append(t)
+            if not t.automatic:
+                events_from.setdefault(t.source, set()).add(t.event)
+                if t.event not in external:
+                    external.append(t.event)
+        return WorkflowDefinition(
+            name=self._name,
+            state_type=self._state_type,
+            entry_point=entry_point,
+            states=tuple(self._states),
+            wait_states=frozenset(self._wait_states),
+            declared=frozenset(known),
+            entry_actions=MappingProxyType(
+                {k: tuple(v) for k, v in self._entry.items()}
+            ),
+            exit_actions=MappingProxyType({k: tuple(v) for k, v in self._exit.items()}),
+            transitions=tuple(self._transitions),
+            by_event=MappingProxyType({k: tuple(v) for k, v in by_event.items()}),
+            auto_states=frozenset(t.source for t in self._transitions if t.automatic),
+            external_events=tuple(external),
+            events_from=MappingProxyType(
+                {k: frozenset(v) for k, v in events_from.items()}
+            ),
+        )
+
+    def _warn_unreachable(self, entry_point: str, known: set[str]) -> None:
+        reachable = {entry_point}
+        frontier = [entry_point]
+        while frontier:
+            state = frontier.pop()
+            for t in self._transitions:
+                if (
+                    t.source == state
+                    and t.target != FINISH
+                    and t.target not in reachable
+                ):
+                    reachable.add(t.target)
+                    frontier.append(t.target)
+        unreachable = sorted(known - reachable)
+        if unreachable:
+            logger.warning(
+                "[Phronomy] Workflow %r has unreachable state(s): %s (not reachable from %r)",
+                self._name,
+                unreachable,
+                entry_point,
+            )
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise DefinitionError(
+            f"invalid state or event name {name!r}: use letters, digits, '_', '.', ':' or '-'"
+        )
+    if name in (FINISH, FINISH_ALIAS):
+        raise DefinitionError(
+            f"{name!r} is reserved (use it only as a transition target)"
+        )
+    return name
+
+
+def _as_list(
+    value: Callable[..., Any] | Sequence[Callable[..., Any]] | None,
+) -> list[Callable[..., Any]]:
+    if value is None:
+        return []
+    if callable(value):
+        return [value]
+    return list(value)

@@ -1,0 +1,202 @@
+"""Values of the workflow layer: results, stream steps, commands and admission records."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Any, Generic, Literal, TypeVar
+
+import msgspec
+
+from phronomy.engine import ResultHandle
+from phronomy.errors import InvalidIdentifierError
+from phronomy.storage import StoredRecord
+
+from .definition import WorkflowDefinition
+from .state import State
+
+__all__ = [
+    "MAX_INSTANCE_ID_LENGTH",
+    "Admission",
+    "AdmissionState",
+    "InputOverlay",
+    "LoadReady",
+    "RecoveryEntry",
+    "ResolveCommand",
+    "ResumeCommand",
+    "SegmentResult",
+    "StartCommand",
+    "Step",
+    "WorkflowResult",
+    "validate_instance_id",
+]
+
+S = TypeVar("S", bound=State)
+
+MAX_INSTANCE_ID_LENGTH = 255
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -> str:
+    """Return *value* if it is a usable instance id.
+
+    Raises:
+        InvalidIdentifierError: not a string, empty, longer than 255 characters, or
+            containing control characters.
+    """
+    if not isinstance(value, str):
+        raise InvalidIdentifierError(
+            f"{what} must be a string, got {type(value).__name__}"
+        )
+    if not value:
+        raise InvalidIdentifierError(f"{what} is required and must not be empty")
+    if len(value) > MAX_INSTANCE_ID_LENGTH:
+        raise InvalidIdentifierError(
+            f"{what} is {len(value)} characters long; the limit is {MAX_INSTANCE_ID_LENGTH}"
+        )
+    if _CONTROL.search(value):
+        raise InvalidIdentifierError(f"{what} {value!r} contains control characters")
+    return value
+
+
+class WorkflowResult(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
+    """The outcome of a segment: the final or halted state and its metadata.
+
+    Attributes:
+        state: the workflow state.
+        phase: the wait state's name when halted, ``"__end__"`` (:data:`FINISH`) when
+            finished.
+        workflow_instance_id: the instance id (generated when none was given).
+        revision: the durable revision, or ``None`` for ephemeral executions.
+        halted: whether the segment halted at a wait state.
+        workflow: the workflow's name.
+    """
+
+    state: S
+    phase: str
+    workflow_instance_id: str
+    revision: int | None
+    halted: bool
+    workflow: str
+
+
+class Step(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
+    """A stable state published to streams and ``on_step`` observers.
+
+    Attributes:
+        name: the state the workflow is in.
+        state: the state value there.
+        workflow_instance_id: the instance id.
+    """
+
+    name: str
+    state: S
+    workflow_instance_id: str
+
+
+class SegmentResult(msgspec.Struct, frozen=True, kw_only=True):
+    """What a workflow session reports when it halts or finishes (runtime internal)."""
+
+    state: Any
+    phase: str
+    revision: int | None
+
+
+class InputOverlay(msgspec.Struct, frozen=True, kw_only=True):
+    """Validated input: field values that override the starting state.
+
+    Attributes:
+        fields: validated field values (a subset of the state's fields).
+        state: a complete state given by the caller (overrides every field).
+    """
+
+    fields: dict[str, Any] = {}
+    state: Any = None
+
+
+AdmissionState = Literal[
+    "admitting", "executing", "persisting_terminal", "recovery_required"
+]
+
+
+class Admission(msgspec.Struct, frozen=True, kw_only=True):
+    """One live execution segment's admission (replaced, never mutated).
+
+    Attributes:
+        workflow_instance_id: the logical identity.
+        owner: the opaque owner token (compared with ``is``; never persisted).
+        session_id: the bound session, once hydration finished.
+        state: where the segment is.
+        workflow: the workflow's name.
+        caller: the caller's handle (kept for recovery resolution).
+        error: why the admission requires recovery.
+    """
+
+    workflow_instance_id: str
+    owner: object
+    session_id: str | None
+    state: AdmissionState
+    workflow: str
+    caller: Any = None
+    error: BaseException | None = None
+
+
+class StartCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """Start (or restart) a segment at the entry point."""
+
+    definition: WorkflowDefinition[Any]
+    input: InputOverlay
+    workflow_instance_id: str
+    explicit_id: bool
+    owner: object
+    recursion_limit: int
+    caller: ResultHandle[Any]
+    observer: Callable[[Step[Any]], object] | None = None
+
+
+class ResumeCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """Start a segment by firing *event* from a halted state (or by id, from the store)."""
+
+    definition: WorkflowDefinition[Any]
+    halted: WorkflowResult[Any] | None
+    event: str
+    payload: Any
+    input: InputOverlay
+    workflow_instance_id: str
+    owner: object
+    recursion_limit: int
+    caller: ResultHandle[Any]
+    observer: Callable[[Step[Any]], object] | None = None
+
+
+class LoadReady(msgspec.Struct, frozen=True, kw_only=True):
+    """The durable load of a start or resume came back (a continuation)."""
+
+    command: StartCommand | ResumeCommand
+    loaded: ResultHandle[Any]
+
+
+class ResolveCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """Clear a recovery-required admission (operator resolution)."""
+
+    workflow_instance_id: str
+    action: Literal["adopt", "release"]
+    done: ResultHandle[Any]
+
+
+class RecoveryEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """An instance that requires recovery.
+
+    Attributes:
+        workflow_instance_id: the instance.
+        workflow: its workflow's name.
+        in_process: this runtime holds its admission (and a pending caller).
+        stored: its durable row (without the snapshot), if the store has one.
+        error: why its outcome is unknown, if known here.
+    """
+
+    workflow_instance_id: str
+    workflow: str
+    in_process: bool
+    stored: StoredRecord | None = None
+    error: str | None = None

@@ -1,0 +1,214 @@
+"""Durable segments: the store gateway (group commit) and the terminal barrier policy."""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, final
+
+import msgspec
+import outcome
+
+from phronomy.engine import Batcher, Event, TerminalDecision
+from phronomy.errors import PhronomyError
+from phronomy.storage import (
+    MarkOp,
+    SaveOp,
+    SaveOutcome,
+    SaveRequest,
+    StoreOp,
+    encode_snapshot,
+)
+
+if TYPE_CHECKING:
+    from phronomy.engine import Engine, GatedSession, ResultHandle, TerminalType
+    from phronomy.storage import InstanceStatus, WorkflowStore
+
+    from .registry import WorkflowRegistry
+    from .session import WorkflowSession
+
+__all__ = ["TERMINAL_RESULT", "StoreGateway", "StoreRequest", "TerminalPersistence"]
+
+logger = logging.getLogger(__name__)
+
+TERMINAL_RESULT = "__phronomy.terminal_persistence_result__"
+"""The event that carries a terminal save's classified outcome back to its session."""
+
+
+@final
+class StoreRequest(msgspec.Struct, frozen=True, kw_only=True):
+    """One store operation, with an optional step run in the worker on its result."""
+
+    op: StoreOp
+    finish: Callable[[Any], Any] | None = None
+
+
+@final
+class StoreGateway:
+    """The runtime's path to its store: a single-worker pool and a group-commit batcher.
+
+    Every store call of the runtime goes through here, in submission order; concurrent
+    saves share one transaction.
+    """
+
+    def __init__(self, engine: Engine, store: WorkflowStore) -> None:
+        """Create the gateway's pool (``phronomy.store``) on *engine*."""
+        self.store = store
+        self.pool = engine.pool(
+            "phronomy.store", size=store.max_concurrency, queue_size=64
+        )
+        self._batcher: Batcher[StoreRequest, Any] = Batcher(self.pool, self._run_batch)
+
+    @property
+    def idle(self) -> bool:
+        """No store operation is queued or running."""
+        return self._batcher.idle
+
+    def submit(
+        self, op: StoreOp, finish: Callable[[Any], Any] | None = None
+    ) -> ResultHandle[Any]:
+        """Queue *op*; *finish* (if any) maps its result in the worker thread."""
+        return self._batcher.submit(StoreRequest(op=op, finish=finish))
+
+    def submit_quietly(self, op: StoreOp, what: str) -> None:
+        """Queue a best-effort metadata write; a failure is only logged."""
+
+        def report(done: ResultHandle[Any]) -> None:
+            if done.status != "completed":
+                logger.warning("could not %s: %r", what, done.error)
+
+        self.submit(op).on_complete(report)
+
+    def _run_batch(self, requests: list[StoreRequest]) -> list[outcome.Outcome[Any]]:
+        results = self.store.execute([r.op for r in requests])
+        finished: list[outcome.Outcome[Any]] = []
+        for request, result in zip(requests, results, strict=True):
+            if request.finish is not None and isinstance(result, outcome.Value):
+                finished.append(outcome.capture(request.finish, result.value))
+            else:
+                finished.append(result)
+        return finished
+
+
+@final
+class TerminalPersistence:
+    """The terminal barrier of a durable segment (spec §2.10, §4.5).
+
+    When the session halts or finishes, its admission becomes ``persisting_terminal``,
+    one immutable snapshot is encoded and saved (in the next group commit), and the
+    classified outcome comes back through the session's own sink. The caller hears
+    "halted" or "finished" only after ``success``.
+    """
+
+    def __init__(
+        self,
+        *,
+        gateway: StoreGateway,
+        registry: WorkflowRegistry,
+        owner: object,
+        expected_revision: int | None,
+        max_snapshot_bytes: int,
+    ) -> None:
+        """Create the policy of one segment (runtime internal)."""
+        self._gateway = gateway
+        self._registry = registry
+        self._owner = owner
+        self._expected = expected_revision
+        self._max_bytes = max_snapshot_bytes
+        self._session: WorkflowSession[Any] | None = None
+
+    def start(self, *, terminal_type: TerminalType, session: GatedSession) -> None:
+        """Mark the admission, encode the snapshot and submit one save.
+
+        Raises:
+            SerializationError: the state holds values outside the JSON domain (the
+                session fails with it; nothing is written).
+        """
+        workflow_session: WorkflowSession[Any] = session  # type: ignore[assignment]
+        self._session = workflow_session
+        iid = workflow_session.workflow_instance_id
+        self._registry.mark_workflow_admission(iid, self._owner, "persisting_terminal")
+        revision = (self._expected or 0) + 1
+        snapshot = encode_snapshot(
+            workflow_session.state,
+            workflow_instance_id=iid,
+            revision=revision,
+            phase=workflow_session.phase,
+            workflow=workflow_session.definition.name,
+            max_bytes=self._max_bytes,
+        )
+        status: InstanceStatus = "finished" if terminal_type == "finished" else "halted"
+        request = SaveRequest(
+            workflow_instance_id=iid,
+            expected_revision=self._expected,
+            snapshot=snapshot,
+            write_id=uuid.uuid4().hex,
+            status=status,
+            phase=workflow_session.phase,
+            workflow=workflow_session.definition.name,
+        )
+        sink = workflow_session.sink
+
+        def deliver(done: ResultHandle[Any]) -> None:
+            if done.status == "completed":
+                result: SaveOutcome = done.result_nowait()
+            else:  # the offloaded operation itself failed: nobody knows what was written
+                result = SaveOutcome(outcome="outcome_unknown", error=done.error)
+            if not sink.post(TERMINAL_RESULT, result):
+                logger.warning(
+                    "EventLoop rejected Workflow terminal persistence result for %r (%s); "
+                    "the save is not retried",
+                    iid,
+                    result.outcome,
+                )
+
+        self._gateway.submit(SaveOp(request=request)).on_complete(deliver)
+
+    def handles(self, event: Event) -> bool:
+        """Whether *event* is this policy's terminal result."""
+        return event.type == TERMINAL_RESULT
+
+    def decision_for(self, event: Event) -> TerminalDecision:
+        """Map the classified save outcome to complete / fail / retire.
+
+        Raises:
+            PhronomyError: an outcome this policy does not know.
+        """
+        result = event.payload
+        if not isinstance(result, SaveOutcome):
+            raise PhronomyError(
+                f"unknown Workflow terminal persistence outcome {result!r}"
+            )
+        match result.outcome:
+            case "success":
+                if self._session is not None:
+                    self._session.revision = result.revision
+                return TerminalDecision(action="complete")
+            case "known_failure":
+                return TerminalDecision(
+                    action="fail",
+                    error=result.error
+                    or PhronomyError("Workflow terminal persistence failed"),
+                )
+            case "outcome_unknown":
+                return TerminalDecision(action="retire", error=result.error)
+        raise PhronomyError(
+            f"unknown Workflow terminal persistence outcome {result.outcome!r}"
+        )
+
+
+def mark_op(
+    workflow_instance_id: str,
+    status: InstanceStatus,
+    *,
+    expected_revision: int | None,
+    detail: str,
+) -> MarkOp:
+    """A status-only write (``detail`` truncated to 1000 characters)."""
+    return MarkOp(
+        workflow_instance_id=workflow_instance_id,
+        status=status,
+        expected_revision=expected_revision,
+        detail=detail[:1000],
+    )

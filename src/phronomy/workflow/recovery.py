@@ -1,0 +1,202 @@
+"""Resolving ``recovery_required`` instances (beyond the seeds, DESIGN.md §3)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Literal, final
+
+import msgspec
+import trio
+
+from phronomy.engine import ResultHandle
+from phronomy.errors import ConflictError, NotFoundError, RuntimeShutdownError
+from phronomy.storage import StoredRecord, decode_snapshot_builtins
+
+from .definition import FINISH
+from .messages import RecoveryEntry, ResolveCommand, validate_instance_id
+
+if TYPE_CHECKING:
+    from phronomy.storage import InstanceStatus
+
+    from .messages import Admission
+    from .runner import WorkflowRunner
+
+__all__ = ["InstanceView", "RecoveryClient"]
+
+
+@final
+class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
+    """What an operator sees of one instance.
+
+    Attributes:
+        record: the durable row (``snapshot`` omitted), or ``None``.
+        fields: the stored state as plain JSON values, or ``None``.
+        phase: the stored phase.
+        admission: this runtime's admission state of the instance, or ``None``.
+        error: the in-process recovery error, if any.
+    """
+
+    record: StoredRecord | None
+    fields: dict[str, Any] | None
+    phase: str | None
+    admission: str | None
+    error: str | None = None
+
+
+@final
+class RecoveryClient:
+    """List, inspect and resolve instances whose save outcome is unknown.
+
+    An instance becomes ``recovery_required`` when a terminal save failed and neither
+    its post-state nor its pre-state could be proven. It then refuses new segments (in
+    this process, and in every process sharing the store) until an operator resolves
+    it, and its caller stays pending until then (or until the runtime shuts down).
+    """
+
+    def __init__(self, runner: WorkflowRunner) -> None:
+        """Internal: reached as ``runtime.recovery``."""
+        self._runner = runner
+
+    async def list(self) -> list[RecoveryEntry]:
+        """Instances requiring recovery, in this process and in the store.
+
+        Cancellation:
+            Safe: nothing is changed.
+        """
+        local = {
+            r.workflow_instance_id: r for r in self._runner.registry.recovery_records()
+        }
+        stored: dict[str, StoredRecord] = {}
+        gateway = self._runner.gateway
+        if gateway is not None:
+            after: str | None = None
+            while True:
+                page = await gateway.pool.run(
+                    lambda a=after: gateway.store.list_instances(
+                        status="recovery_required", after=a, limit=500
+                    )
+                )
+                stored.update((r.workflow_instance_id, r) for r in page.records)
+                if page.next_after is None:
+                    break
+                after = page.next_after
+        return [
+            RecoveryEntry(
+                workflow_instance_id=iid,
+                workflow=(
+                    local[iid].workflow if iid in local else stored[iid].workflow
+                ),
+                in_process=iid in local,
+                stored=stored.get(iid),
+                error=_describe(local.get(iid)),
+            )
+            for iid in sorted(set(local) | set(stored))
+        ]
+
+    async def inspect(self, workflow_instance_id: str) -> InstanceView:
+        """Return the durable record and the in-process admission of an instance.
+
+        Raises:
+            CorruptRecordError: the stored snapshot does not decode.
+        """
+        iid = validate_instance_id(workflow_instance_id)
+        admission = self._runner.registry.record(iid)
+        record: StoredRecord | None = None
+        fields: dict[str, Any] | None = None
+        phase: str | None = None
+        gateway = self._runner.gateway
+        if gateway is not None:
+            record = await gateway.pool.run(gateway.store.load, iid)
+            if record is not None and record.snapshot is not None:
+                decoded = decode_snapshot_builtins(
+                    record.snapshot, workflow_instance_id=iid, revision=record.revision
+                )
+                fields, phase = decoded.fields, decoded.phase
+                record = msgspec.structs.replace(record, snapshot=None)
+        return InstanceView(
+            record=record,
+            fields=fields,
+            phase=phase,
+            admission=None if admission is None else admission.state,
+            error=_describe(admission),
+        )
+
+    async def resolve(
+        self, workflow_instance_id: str, *, action: Literal["adopt", "release"]
+    ) -> StoredRecord | None:
+        """Resolve a recovery-required instance.
+
+        ``adopt``: the durable record is the truth; the instance's status becomes
+        ``halted`` or ``finished`` from the stored phase. ``release``: the status becomes
+        ``failed`` so the instance can be retried (from its last durable revision).
+        Either way this runtime's admission is cleared and its pending caller fails with
+        a :class:`~phronomy.RecoveryRequiredError` that says it was resolved.
+
+        Returns:
+            The durable record after resolution (``None`` without a store).
+
+        Raises:
+            NotFoundError: the instance does not require recovery here or in the store.
+            ValueError: an unknown *action*.
+
+        Cancellation:
+            The resolution runs to completion once started (shielded).
+        """
+        if action not in ("adopt", "release"):
+            raise ValueError(f"action must be 'adopt' or 'release', got {action!r}")
+        iid = validate_instance_id(workflow_instance_id)
+        with trio.CancelScope(shield=True):
+            resolved = await self._resolve(iid, action)
+        return resolved
+
+    async def _resolve(
+        self, iid: str, action: Literal["adopt", "release"]
+    ) -> StoredRecord | None:
+        done: ResultHandle[Admission | None] = ResultHandle(f"resolve:{iid}")
+        command = ResolveCommand(workflow_instance_id=iid, action=action, done=done)
+        if not self._runner.registry.post_message(command, completion=done):
+            raise RuntimeShutdownError(
+                "Runtime rejected the recovery resolution while shutting down"
+            )
+        local = await done.result()
+        gateway = self._runner.gateway
+        if gateway is None:
+            if local is None:
+                raise NotFoundError(
+                    f"workflow instance {iid!r} does not require recovery"
+                )
+            return None
+        return await gateway.pool.run(
+            _resolve_stored, gateway.store, iid, action, local is not None
+        )
+
+
+def _resolve_stored(
+    store: Any, iid: str, action: str, resolved_locally: bool
+) -> StoredRecord | None:
+    record: StoredRecord | None = store.load(iid)
+    if record is None or record.status != "recovery_required":
+        if resolved_locally:
+            return record
+        raise NotFoundError(f"workflow instance {iid!r} does not require recovery")
+    status: InstanceStatus
+    if action == "release":
+        status, detail = "failed", "released for retry by an operator"
+    else:
+        status = (
+            "finished"
+            if record.phase == FINISH
+            else ("halted" if record.phase else "failed")
+        )
+        detail = f"durable revision {record.revision} adopted by an operator"
+    if not store.mark(iid, status, expected_revision=record.revision, detail=detail):
+        raise ConflictError(
+            f"workflow instance {iid!r} changed during resolution; retry"
+        )
+    result: StoredRecord | None = store.load(iid)
+    return None if result is None else msgspec.structs.replace(result, snapshot=None)
+
+
+def _describe(admission: Admission | None) -> str | None:
+    if admission is None or admission.error is None:
+        return None
+    return f"{type(admission.error).__name__}: {admission.error}"

@@ -1,0 +1,54 @@
+"""Which event a ``send_event``/``resume`` fires from a halted phase (pure)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from phronomy.errors import InstanceStateError, TransitionError, UnknownEventError
+
+from .definition import FINISH, WorkflowDefinition
+
+__all__ = ["RESUME", "resolve_event"]
+
+RESUME = "resume"
+"""Fires the first external event declared from the halted phase (unless the workflow
+declares an event named ``resume`` from it)."""
+
+
+def resolve_event(
+    definition: WorkflowDefinition[Any],
+    phase: str,
+    event: str,
+    workflow_instance_id: str,
+) -> str:
+    """Return the event to fire from *phase*, or raise a clear error.
+
+    Raises:
+        UnknownEventError: the workflow declares no such event ("Unknown event ...
+            Valid events: [...]").
+        InstanceStateError: the instance is finished, or *phase* has no external event
+            for ``resume`` ("No external event registered for state ...").
+        TransitionError: the event is declared, but not from *phase*.
+    """
+    if event != RESUME and not definition.has_event(event):
+        raise UnknownEventError(
+            f"Unknown event {event!r}. Valid events: {list(definition.external_events)}"
+        )
+    if phase == FINISH:
+        raise InstanceStateError(
+            f"workflow instance {workflow_instance_id!r} is finished; it accepts no events"
+        )
+    available = definition.events_from.get(phase, frozenset())
+    if event == RESUME and RESUME not in available:
+        first = definition.first_event_from(phase)
+        if first is None:
+            raise InstanceStateError(
+                f"No external event registered for state {phase!r}"
+            )
+        return first
+    if event not in available:
+        raise TransitionError(
+            f"Transition from {phase!r} via event {event!r} failed. "
+            f"The event is not declared for the current state (it accepts {sorted(available)})."
+        )
+    return event

@@ -1,0 +1,348 @@
+"""The runner: start, resume, durable hydration and finalisation of segments (spec §2.12)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, cast, final
+
+from phronomy.errors import (
+    ConflictError,
+    NotFoundError,
+    PhronomyInternalError,
+    RecoveryRequiredError,
+    RuntimeShutdownError,
+)
+from phronomy.storage import (
+    BeginOp,
+    LoadOp,
+    check_claimable,
+    decode_snapshot,
+    normalize,
+)
+
+from .definition import FINISH
+from .messages import (
+    InputOverlay,
+    LoadReady,
+    ResolveCommand,
+    ResumeCommand,
+    SegmentResult,
+    StartCommand,
+    WorkflowResult,
+)
+from .persistence import StoreGateway, TerminalPersistence, mark_op
+from .registry import WorkflowRegistry
+from .resolution import resolve_event
+from .session import WorkflowSession
+from .state import build_state
+
+if TYPE_CHECKING:
+    from phronomy.engine import Engine, ResultHandle
+    from phronomy.storage import StoredRecord, WorkflowStore
+
+    from .definition import WorkflowDefinition
+    from .state import State
+
+__all__ = ["WorkflowRunner"]
+
+logger = logging.getLogger(__name__)
+
+Command = StartCommand | ResumeCommand
+
+
+@final
+class WorkflowRunner:
+    """Runs workflow commands on the dispatcher (one runner per runtime).
+
+    Durable segments (a store is configured and the start names its instance, or any
+    resume) load the instance first, validate it, run, and end behind the terminal
+    barrier. Ephemeral segments skip both round trips.
+    """
+
+    def __init__(
+        self, engine: Engine, store: WorkflowStore | None, *, max_snapshot_bytes: int
+    ) -> None:
+        """Create the runner and register its admission registry on *engine*."""
+        self.engine = engine
+        self.gateway = StoreGateway(engine, store) if store is not None else None
+        self.max_snapshot_bytes = max_snapshot_bytes
+        self.registry: WorkflowRegistry = engine.receiver(
+            WorkflowRegistry,
+            lambda e: WorkflowRegistry(e, self.deliver, on_retired=self._retired),
+        )
+
+    # --- dispatch ----------------------------------------------------------------------
+
+    def deliver(self, message: object) -> None:
+        """Handle one workflow command (dispatcher only)."""
+        self.engine.assert_dispatcher()
+        match message:
+            case StartCommand() | ResumeCommand():
+                self._begin(message)
+            case LoadReady():
+                self._apply_load(message)
+            case ResolveCommand():
+                self._resolve(message)
+            case _:
+                raise PhronomyInternalError(
+                    f"unknown Workflow control command {message!r}"
+                )
+
+    def _begin(self, cmd: Command) -> None:
+        try:
+            self.registry.admit_workflow(
+                cmd.workflow_instance_id, cmd.owner, cmd.definition.name
+            )
+        except Exception as exc:  # noqa: BLE001 - the caller's error (busy, shutting down)
+            cmd.caller.fail(exc)
+            return
+        try:
+            durable = isinstance(cmd, ResumeCommand) or cmd.explicit_id
+            if self.gateway is not None and durable:
+                self._load(cmd)
+            elif isinstance(cmd, StartCommand):
+                self._register(
+                    cmd,
+                    _overlay(cmd.definition, cmd.input, None),
+                    durable=False,
+                    expected=None,
+                    resume=None,
+                )
+            else:
+                assert (
+                    cmd.halted is not None
+                )  # resume by id requires a store (checked by the client)
+                state = _merge_input(cmd.input, cmd.halted.state)
+                self._register(
+                    cmd,
+                    state,
+                    durable=False,
+                    expected=None,
+                    resume=(cmd.halted.phase, cmd.event, cmd.payload),
+                )
+        except Exception as exc:  # noqa: BLE001 - the caller's error
+            self._abort(cmd, exc)
+
+    def _abort(self, cmd: Command, error: BaseException) -> None:
+        self.registry.release_workflow(cmd.workflow_instance_id, cmd.owner)
+        cmd.caller.fail(error)
+
+    # --- durable hydration --------------------------------------------------------------
+
+    def _load(self, cmd: Command) -> None:
+        assert self.gateway is not None
+        iid = cmd.workflow_instance_id
+        state_type = cmd.definition.state_type
+
+        def decode(record: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
+            # Runs in the store's worker thread: decoding stays off the dispatcher.
+            if record is None or record.snapshot is None:
+                return record, None
+            return record, decode_snapshot(
+                record.snapshot,
+                workflow_instance_id=iid,
+                revision=record.revision,
+                state_type=state_type,
+            )
+
+        def loaded(done: ResultHandle[Any]) -> None:
+            if not self.registry.post_message(
+                LoadReady(command=cmd, loaded=done), completion=cmd.caller
+            ):
+                cmd.caller.fail(
+                    RuntimeShutdownError(
+                        f"Runtime rejected Workflow load_result for {iid!r} while shutting down"
+                    )
+                )
+
+        self.gateway.submit(
+            LoadOp(workflow_instance_id=iid), finish=decode
+        ).on_complete(loaded)
+
+    def _apply_load(self, message: LoadReady) -> None:
+        cmd = message.command
+        try:
+            record, decoded = message.loaded.result_nowait()
+            definition = cmd.definition
+            if record is not None:
+                check_claimable(record, definition.name)
+            expected = (
+                record.revision if record is not None and record.revision > 0 else None
+            )
+            if isinstance(cmd, StartCommand):
+                # Start hydration: stored fields, overridden by the input; the stored
+                # phase is ignored (the segment restarts at the entry point).
+                base = decoded.fields if decoded is not None else None
+                self._register(
+                    cmd,
+                    _overlay(definition, cmd.input, base),
+                    durable=True,
+                    expected=expected,
+                    resume=None,
+                )
+                return
+            if cmd.halted is not None:
+                if decoded is not None:
+                    _check_unchanged(cmd, decoded.fields, decoded.phase)
+                state = _merge_input(cmd.input, cmd.halted.state)
+                resume = (cmd.halted.phase, cmd.event, cmd.payload)
+            else:
+                _require_durable(decoded, cmd.workflow_instance_id)
+                phase = decoded.phase or FINISH
+                event = resolve_event(
+                    definition, phase, cmd.event, cmd.workflow_instance_id
+                )
+                state = _merge_input(cmd.input, decoded.fields)
+                resume = (phase, event, cmd.payload)
+            self._register(cmd, state, durable=True, expected=expected, resume=resume)
+        except Exception as exc:  # noqa: BLE001 - the caller's error
+            self._abort(cmd, exc)
+
+    # --- sessions ----------------------------------------------------------------------
+
+    def _register(
+        self,
+        cmd: Command,
+        state: State,
+        *,
+        durable: bool,
+        expected: int | None,
+        resume: tuple[str, str, Any] | None,
+    ) -> None:
+        iid = cmd.workflow_instance_id
+        policy = None
+        if durable:
+            assert self.gateway is not None
+            policy = TerminalPersistence(
+                gateway=self.gateway,
+                registry=self.registry,
+                owner=cmd.owner,
+                expected_revision=expected,
+                max_snapshot_bytes=self.max_snapshot_bytes,
+            )
+        session: WorkflowSession[Any] = WorkflowSession(
+            self.engine,
+            cmd.definition,
+            state,
+            workflow_instance_id=iid,
+            recursion_limit=cmd.recursion_limit,
+            revision=expected,
+            policy=policy,
+            observer=cmd.observer,
+            resume=resume,
+        )
+        self.registry.bind_workflow_session(iid, cmd.owner, session.id, cmd.caller)
+        waiter = self.engine.register_session(session, receiver=self.registry)
+        waiter.on_complete(lambda done: self._finalize(cmd, durable, expected, done))
+        if durable:
+            assert self.gateway is not None
+            self.gateway.submit_quietly(
+                BeginOp(
+                    workflow_instance_id=iid,
+                    workflow=cmd.definition.name,
+                    expected_revision=expected,
+                ),
+                f"mark workflow instance {iid!r} running",
+            )
+
+    def _finalize(
+        self, cmd: Command, durable: bool, expected: int | None, done: ResultHandle[Any]
+    ) -> None:
+        # Release before settling the caller (ADR-026): a caller that immediately
+        # starts the same instance again is admitted.
+        iid = cmd.workflow_instance_id
+        self.registry.release_workflow(iid, cmd.owner)
+        if done.status == "completed":
+            segment: SegmentResult = done.result_nowait()
+            cmd.caller.complete(
+                WorkflowResult(
+                    state=segment.state,
+                    phase=segment.phase,
+                    workflow_instance_id=iid,
+                    revision=segment.revision if durable else None,
+                    halted=segment.phase != FINISH,
+                    workflow=cmd.definition.name,
+                )
+            )
+            return
+        error = done.error
+        assert error is not None
+        if (
+            durable
+            and self.gateway is not None
+            and not isinstance(error, (RuntimeShutdownError, RecoveryRequiredError))
+        ):
+            self.gateway.submit_quietly(
+                mark_op(
+                    iid,
+                    "failed",
+                    expected_revision=expected or 0,
+                    detail=f"{type(error).__name__}: {error}",
+                ),
+                f"mark workflow instance {iid!r} failed",
+            )
+        cmd.caller.fail(error)
+
+    def _retired(self, workflow_instance_id: str, error: BaseException | None) -> None:
+        if self.gateway is not None:
+            self.gateway.submit_quietly(
+                mark_op(
+                    workflow_instance_id,
+                    "recovery_required",
+                    expected_revision=None,
+                    detail=f"terminal save outcome unknown: {error!r}",
+                ),
+                f"mark workflow instance {workflow_instance_id!r} recovery_required",
+            )
+
+    def _resolve(self, cmd: ResolveCommand) -> None:
+        record = self.registry.resolve(cmd.workflow_instance_id)
+        if record is not None and record.caller is not None:
+            record.caller.fail(
+                RecoveryRequiredError(
+                    f"workflow instance {cmd.workflow_instance_id!r} was resolved by an operator "
+                    f"({cmd.action}); this segment's result is unavailable, load the instance again",
+                    instance_id=cmd.workflow_instance_id,
+                )
+            )
+        cmd.done.complete(record)
+
+
+def _overlay(
+    definition: WorkflowDefinition[Any], overlay: InputOverlay, base: State | None
+) -> State:
+    if overlay.state is not None:
+        return cast("State", overlay.state)
+    state_type: type[State] = definition.state_type
+    return build_state(state_type, overlay.fields, base)
+
+
+def _require_durable(decoded: object, workflow_instance_id: str) -> None:
+    if decoded is None:
+        raise NotFoundError(
+            f"workflow instance {workflow_instance_id!r} has no durable state to resume"
+        )
+
+
+def _merge_input(overlay: InputOverlay, halted: State) -> State:
+    """Resume input is merged into the halted state through its reducers (spec §3.4)."""
+    if overlay.state is not None:
+        return cast("State", overlay.state)
+    return halted.merge(**overlay.fields) if overlay.fields else halted
+
+
+def _check_unchanged(
+    cmd: ResumeCommand, durable_fields: State, durable_phase: str | None
+) -> None:
+    """Resume validation (spec §4.4): the halted result must match the durable snapshot."""
+    halted = cmd.halted
+    assert halted is not None
+    if (
+        normalize(halted.state) != normalize(durable_fields)
+        or halted.phase != durable_phase
+    ):
+        raise ConflictError(
+            "Workflow state changed since the supplied halted result for "
+            f"workflow_instance_id {cmd.workflow_instance_id!r}; explicit reload/reconciliation "
+            "is required (resume by id to continue from the durable state)"
+        )

@@ -1,0 +1,173 @@
+"""The live workflow session: the dispatcher-side I/O adapter of the machine (spec §2.8)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
+
+from phronomy.engine import Event, GatedSession
+from phronomy.errors import RecursionLimitError, RuntimeShutdownError
+
+from . import machine
+from .definition import AUTO_EVENT, FINISH, START_EVENT
+from .effects import EFFECT_FAILED, Effects
+from .messages import SegmentResult, Step
+from .state import State
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from phronomy.engine import Engine, TerminalPolicy, TerminalType
+
+    from .definition import WorkflowDefinition
+
+__all__ = ["WorkflowSession"]
+
+S = TypeVar("S", bound=State)
+
+
+class WorkflowSession(GatedSession, Generic[S]):
+    """One segment of one workflow instance, run on the dispatcher.
+
+    Fresh mode runs the entry point's entry actions, then the decision table; resume
+    mode positions the machine at the halted phase and fires the resume event (the
+    entry point's actions do not run again).
+    """
+
+    def __init__(
+        self,
+        engine: Engine,
+        definition: WorkflowDefinition[S],
+        state: S,
+        *,
+        workflow_instance_id: str,
+        recursion_limit: int,
+        revision: int | None,
+        policy: TerminalPolicy | None = None,
+        observer: Callable[[Step[S]], object] | None = None,
+        resume: tuple[str, str, Any] | None = None,
+    ) -> None:
+        """Create a session (runtime internal).
+
+        Args:
+            engine: the engine it runs on.
+            definition: the compiled workflow.
+            state: the starting state.
+            workflow_instance_id: the instance id.
+            recursion_limit: transitions allowed in this segment.
+            revision: the durable revision the segment started from.
+            policy: the terminal persistence policy of durable segments.
+            observer: called with each stable :class:`Step`.
+            resume: ``(phase, event, payload)`` to resume from a halted phase.
+        """
+        super().__init__(engine, terminal_policy=policy)
+        self.definition = definition
+        self.state = state
+        self.workflow_instance_id = workflow_instance_id
+        self.recursion_limit = recursion_limit
+        self.revision = revision
+        self.observer = observer
+        self.resume = resume
+        self.current = resume[0] if resume is not None else definition.entry_point
+        self.phase: str | None = resume[0] if resume is not None else None
+        self.steps = 0
+        self.effects = Effects(self)
+
+    def __repr__(self) -> str:
+        return (
+            f"<WorkflowSession {self.definition.name} instance={self.workflow_instance_id!r} "
+            f"at={self.current!r} {self.lifecycle}>"
+        )
+
+    # --- GatedSession hooks -------------------------------------------------------------
+
+    def start(self) -> None:
+        """Run the entry actions (fresh) or fire the resume event, then advance."""
+        try:
+            if self.resume is not None:
+                _, event, payload = self.resume
+                self._fire(Event(type=event, target_id=self.id, payload=payload))
+            else:
+                start = Event(type=START_EVENT, target_id=self.id)
+                entered = machine.enter(
+                    self.definition, self.current, self.state, start, self.effects
+                )
+                self.state = cast("S", entered)
+                self._advance()
+        except Exception as exc:  # noqa: BLE001 - the segment's failure, for its caller
+            self.finish_with_error(exc)
+
+    def handle_live(self, event: Event) -> None:
+        """Handle an event: the state's hook, then the transition (spec §2.8.3)."""
+        if event.type == EFFECT_FAILED:
+            raise event.payload
+        if event.type != AUTO_EVENT:
+            hook = machine.apply_hook(self.definition, self.current, self.state, event)
+            self.state = cast("S", hook.state)
+            if hook.consumed:
+                return
+        self._fire(event)
+
+    def prepare_terminal(self, terminal_type: TerminalType) -> None:
+        """Set the phase before any snapshot: FINISH, or the wait state's name."""
+        self.phase = FINISH if terminal_type == "finished" else self.current
+
+    def terminal_result(self) -> SegmentResult:
+        """The state, phase and revision reported to the caller."""
+        assert self.phase is not None
+        return SegmentResult(state=self.state, phase=self.phase, revision=self.revision)
+
+    def notify_terminal_stable(self) -> None:
+        """Publish the halted (or declared-leaf) state once the terminal save succeeded."""
+        self._notify()
+
+    def on_done(self) -> None:
+        """Cancel the segment's effects."""
+        self.effects.close()
+
+    # --- the machine loop -------------------------------------------------------------
+
+    def _fire(self, event: Event) -> None:
+        if self.steps >= self.recursion_limit:
+            raise RecursionLimitError(
+                f"Recursion limit ({self.recursion_limit}) exceeded"
+            )
+        fired = machine.fire(
+            self.definition, self.current, self.state, event, self.effects
+        )
+        if fired is None:
+            return  # every guard rejected: keep waiting, no step consumed
+        self.state = cast("S", fired.state)
+        self.current = fired.transition.target
+        self.steps += 1
+        self._advance()
+
+    def _advance(self) -> None:
+        decision: Literal["finish", "halt", "auto", "wait", "leaf"] = machine.decide(
+            self.definition, self.current
+        )
+        match decision:
+            case "finish":
+                self.request_terminal("finished", notify_stable=False)
+            case "halt":
+                self.request_terminal("halted", notify_stable=True)
+            case "auto":
+                self._notify()
+                if not self.sink.post(AUTO_EVENT):
+                    raise RuntimeShutdownError(
+                        f"EventLoop rejected {AUTO_EVENT} for workflow instance "
+                        f"{self.workflow_instance_id!r}"
+                    )
+            case "wait":
+                self._notify()
+            case "leaf":
+                self.request_terminal("finished", notify_stable=True)
+
+    def _notify(self) -> None:
+        if self.observer is not None:
+            self.observer(
+                Step(
+                    name=self.current,
+                    state=self.state,
+                    workflow_instance_id=self.workflow_instance_id,
+                )
+            )
