@@ -17,6 +17,7 @@ from ._handle import (
     ResultHandle as ResultHandle,
     Settled as Settled,
 )
+from ._ids import random_hex as random_hex, random_uuid as random_uuid
 from ._messages import (
     SYSTEM_CHANNEL as SYSTEM_CHANNEL,
     DispatcherStatus as DispatcherStatus,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
 import msgspec
@@ -15,6 +14,7 @@ from phronomy.errors import (
     RuntimeShutdownError,
 )
 
+from ._ids import random_uuid
 from ._messages import SYSTEM_CHANNEL, Event, SessionOutcome
 
 if TYPE_CHECKING:
@@ -150,7 +150,9 @@ class GatedSession:
     ) -> None:
         """Create a session with a fresh UUID id and a sink bound to it."""
         self._engine = engine
-        self._id = str(uuid.uuid4())
+        self._id = (
+            random_uuid()
+        )  # fresh per incarnation; never taken from domain objects
         self.sink = EventSink(engine)
         self.sink.bind(self._id)
         self._policy = terminal_policy

@@ -18,6 +18,7 @@ from ._codec import (
 from ._memory import MemoryStore as MemoryStore
 from ._records import (
     BeginOp as BeginOp,
+    ClaimOp as ClaimOp,
     DeleteOp as DeleteOp,
     InstancePage as InstancePage,
     InstanceStatus as InstanceStatus,

@@ -11,7 +11,7 @@ import msgspec
 from phronomy.errors import ConflictError
 
 from ._records import InstancePage, InstanceStatus, SaveRequest, StoredRecord
-from ._store import BaseStore
+from ._store import BaseStore, check_claimable
 
 __all__ = ["MemoryStore"]
 
@@ -39,6 +39,29 @@ class MemoryStore(BaseStore):
         """See :meth:`WorkflowStore.load`."""
         with self._lock:
             return self._rows.get(workflow_instance_id)
+
+    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
+        """See :meth:`WorkflowStore.claim`."""
+        with self._lock:
+            row = self._rows.get(workflow_instance_id)
+            if row is None:
+                row = StoredRecord(
+                    workflow_instance_id=workflow_instance_id,
+                    workflow=workflow,
+                    revision=0,
+                    status="running",
+                    updated_at_ms=_now_ms(),
+                )
+            else:
+                check_claimable(row, workflow)
+                row = msgspec.structs.replace(
+                    row,
+                    status="running",
+                    workflow=row.workflow or workflow,
+                    updated_at_ms=_now_ms(),
+                )
+            self._rows[workflow_instance_id] = row
+            return row
 
     def begin(
         self,

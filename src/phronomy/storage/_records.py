@@ -8,6 +8,7 @@ import msgspec
 
 __all__ = [
     "BeginOp",
+    "ClaimOp",
     "DeleteOp",
     "InstancePage",
     "InstanceStatus",
@@ -115,6 +116,18 @@ class LoadOp(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
     workflow_instance_id: str
 
 
+class ClaimOp(msgspec.Struct, frozen=True, kw_only=True, tag="claim"):
+    """Mark an instance ``running`` for a new segment and return its row (one statement).
+
+    Creates a revision-0 placeholder when the instance has no row. Refused (with
+    :class:`~phronomy.RecoveryRequiredError` or :class:`~phronomy.InstanceStateError`)
+    when the instance requires recovery or belongs to another workflow.
+    """
+
+    workflow_instance_id: str
+    workflow: str
+
+
 class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
     """Mark an instance ``running`` if it is still at *expected_revision*.
 
@@ -148,4 +161,4 @@ class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
     expected_revision: int
 
 
-StoreOp = LoadOp | BeginOp | SaveOp | MarkOp | DeleteOp
+StoreOp = LoadOp | ClaimOp | BeginOp | SaveOp | MarkOp | DeleteOp

@@ -16,6 +16,7 @@ from phronomy.errors import ConflictError, UnsupportedBackendError
 
 from ._records import (
     BeginOp,
+    ClaimOp,
     InstancePage,
     InstanceStatus,
     LoadOp,
@@ -24,7 +25,7 @@ from ._records import (
     SaveRequest,
     StoredRecord,
 )
-from ._store import KNOWN_FAILURES, BaseStore
+from ._store import KNOWN_FAILURES, BaseStore, check_claimable
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -93,6 +94,18 @@ _COLUMNS = "instance_id, workflow, revision, status, phase, snapshot, last_write
 _LIST_COLUMNS = "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, updated_at_ms"
 
 _SQL_LOAD = f"SELECT {_COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = ?"  # noqa: S608 - constant
+_SQL_CLAIM = f"""
+    INSERT INTO phronomy_workflow_instances
+        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
+    VALUES (?1, ?2, 0, 'running', ?3, ?3)
+    ON CONFLICT (instance_id) DO UPDATE SET
+        status = 'running',
+        updated_at_ms = excluded.updated_at_ms,
+        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
+    WHERE status != 'recovery_required'
+      AND (workflow = '' OR excluded.workflow = '' OR workflow = excluded.workflow)
+    RETURNING {_COLUMNS}
+"""  # noqa: S608 - constant
 _SQL_BEGIN = """
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
@@ -349,6 +362,11 @@ class SQLiteStore(BaseStore):
             )
         return None if row is None else _record(row)
 
+    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
+        """See :meth:`WorkflowStore.claim`."""
+        with self._lock, self._transaction() as conn:
+            return self._claim(conn, workflow_instance_id, workflow)
+
     def begin(
         self,
         workflow_instance_id: str,
@@ -477,6 +495,10 @@ class SQLiteStore(BaseStore):
             except KNOWN_FAILURES as exc:
                 return outcome.Value(SaveOutcome(outcome="known_failure", error=exc))
             return outcome.Value(SaveOutcome(outcome="success", revision=revision))
+        if isinstance(op, ClaimOp):
+            return outcome.capture(
+                self._claim, conn, op.workflow_instance_id, op.workflow
+            )
         if isinstance(op, BeginOp):
             return outcome.capture(
                 self._begin,
@@ -489,6 +511,22 @@ class SQLiteStore(BaseStore):
         return result
 
     # --- statements (called with the lock held, inside a transaction) ------------------
+
+    @staticmethod
+    def _claim(
+        conn: sqlite3.Connection, workflow_instance_id: str, workflow: str
+    ) -> StoredRecord:
+        row = conn.execute(
+            _SQL_CLAIM, (workflow_instance_id, workflow, _now_ms())
+        ).fetchone()
+        if row is not None:
+            return _record(row)
+        current = conn.execute(_SQL_LOAD, (workflow_instance_id,)).fetchone()
+        if current is not None:
+            check_claimable(_record(current), workflow)
+        raise UnsupportedBackendError(
+            f"claim of {workflow_instance_id!r} was refused without a reason"
+        )
 
     @staticmethod
     def _begin(

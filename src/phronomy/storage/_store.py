@@ -19,6 +19,7 @@ from phronomy.errors import (
 
 from ._records import (
     BeginOp,
+    ClaimOp,
     DeleteOp,
     InstancePage,
     InstanceStatus,
@@ -69,6 +70,15 @@ class WorkflowStore(Protocol):
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """Return the row, or ``None`` if there is none."""
+        ...
+
+    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
+        """Mark the instance ``running`` and return its row (see :class:`ClaimOp`).
+
+        Raises:
+            RecoveryRequiredError: the instance requires recovery.
+            InstanceStateError: the instance belongs to another workflow.
+        """
         ...
 
     def begin(
@@ -185,6 +195,10 @@ class BaseStore:
         """See :meth:`WorkflowStore.load`."""
         raise NotImplementedError
 
+    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
+        """See :meth:`WorkflowStore.claim`."""
+        raise NotImplementedError
+
     def begin(
         self,
         workflow_instance_id: str,
@@ -289,6 +303,8 @@ class BaseStore:
         match op:
             case LoadOp(workflow_instance_id=iid):
                 return self.load(iid)
+            case ClaimOp(workflow_instance_id=iid, workflow=workflow):
+                return self.claim(iid, workflow)
             case BeginOp(workflow_instance_id=iid, workflow=workflow):
                 return self.begin(iid, workflow, expected_revision=op.expected_revision)
             case SaveOp(request=request):

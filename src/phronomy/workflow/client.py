@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import contextlib
 import math
-import uuid
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 import trio
 
-from phronomy.engine import ResultHandle
+from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
     ConfigurationError,
     RuntimeShutdownError,
@@ -131,11 +130,7 @@ class WorkflowClient:
         """
         overlay = _input_overlay(workflow, input)
         explicit = workflow_instance_id is not None
-        iid = (
-            validate_instance_id(workflow_instance_id)
-            if explicit
-            else str(uuid.uuid4())
-        )
+        iid = validate_instance_id(workflow_instance_id) if explicit else random_uuid()
         caller: ResultHandle[WorkflowResult[S]] = ResultHandle(
             f"workflow:{workflow.name}:{iid}"
         )

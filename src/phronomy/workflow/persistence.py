@@ -3,14 +3,13 @@
 from __future__ import annotations
 
 import logging
-import uuid
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 import outcome
 
-from phronomy.engine import Batcher, Event, TerminalDecision
+from phronomy.engine import Batcher, Event, TerminalDecision, random_hex
 from phronomy.errors import PhronomyError
 from phronomy.storage import (
     MarkOp,
@@ -143,7 +142,7 @@ class TerminalPersistence:
             workflow_instance_id=iid,
             expected_revision=self._expected,
             snapshot=snapshot,
-            write_id=uuid.uuid4().hex,
+            write_id=random_hex(),
             status=status,
             phase=workflow_session.phase,
             workflow=workflow_session.definition.name,

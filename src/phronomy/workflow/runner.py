@@ -14,6 +14,7 @@ from phronomy.errors import (
 )
 from phronomy.storage import (
     BeginOp,
+    ClaimOp,
     LoadOp,
     check_claimable,
     decode_snapshot,
@@ -155,9 +156,14 @@ class WorkflowRunner:
                     )
                 )
 
-        self.gateway.submit(
-            LoadOp(workflow_instance_id=iid), finish=decode
-        ).on_complete(loaded)
+        # A start claims the instance in one statement (marks it running, returns the
+        # row); a resume only reads, so a rejected resume never touches the status.
+        op: ClaimOp | LoadOp = (
+            ClaimOp(workflow_instance_id=iid, workflow=cmd.definition.name)
+            if isinstance(cmd, StartCommand)
+            else LoadOp(workflow_instance_id=iid)
+        )
+        self.gateway.submit(op, finish=decode).on_complete(loaded)
 
     def _apply_load(self, message: LoadReady) -> None:
         cmd = message.command
@@ -234,7 +240,7 @@ class WorkflowRunner:
         self.registry.bind_workflow_session(iid, cmd.owner, session.id, cmd.caller)
         waiter = self.engine.register_session(session, receiver=self.registry)
         waiter.on_complete(lambda done: self._finalize(cmd, durable, expected, done))
-        if durable:
+        if durable and isinstance(cmd, ResumeCommand):
             assert self.gateway is not None
             self.gateway.submit_quietly(
                 BeginOp(
