@@ -6,6 +6,7 @@ from typing import TYPE_CHECKING
 import pytest
 import trio.testing
 
+import phronomy
 from phronomy.engine import Engine, open_engine
 
 if TYPE_CHECKING:
@@ -16,6 +17,12 @@ if TYPE_CHECKING:
 async def engine() -> AsyncGenerator[Engine]:
     async with open_engine(shutdown_timeout=2.0) as eng:
         yield eng
+
+
+@pytest.fixture
+async def runtime() -> AsyncGenerator[phronomy.Runtime]:
+    async with phronomy.open_runtime(shutdown_timeout=2.0) as rt:
+        yield rt
 
 
 @pytest.fixture

@@ -6,7 +6,7 @@ import contextlib
 import math
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, final
 
 import trio
 
@@ -30,7 +30,7 @@ from .resolution import RESUME, resolve_event
 from .state import State, validate_fields
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, AsyncIterator, Callable
+    from collections.abc import AsyncGenerator, Callable
 
     from .definition import WorkflowDefinition
     from .runner import WorkflowRunner
@@ -63,15 +63,20 @@ class WorkflowStream(Generic[S]):
         """The segment's result handle."""
         return self._handle
 
-    def __aiter__(self) -> AsyncIterator[Step[S]]:
-        return self._iterate()
+    def __aiter__(self) -> Self:
+        return self
 
-    async def _iterate(self) -> AsyncIterator[Step[S]]:
-        async for step in self._receive:
-            yield step
+    async def __anext__(self) -> Step[S]:
+        # A plain async iterator (not an async generator): leaving the loop early
+        # leaves nothing to finalize.
+        try:
+            return await self._receive.receive()
+        except (trio.EndOfChannel, trio.ClosedResourceError):
+            pass
         await self._handle.wait()
         if self._handle.status != "completed":
             self._handle.result_nowait()  # raises the segment's error
+        raise StopAsyncIteration
 
     async def result(self) -> WorkflowResult[S]:
         """Wait for the segment and return its result (or raise its error)."""

@@ -222,7 +222,9 @@ def _arity(fn: Callable[..., Any], *, max_args: int, what: str) -> int:
         )
     if not positional:
         raise DefinitionError(f"{what} must accept the state as its first argument")
-    return min(len(positional), max_args)
+    # Only required parameters count: ``lambda s, name=name: ...`` (closure capture)
+    # takes the state alone, and parameters with defaults are never filled.
+    return max(required, 1)
 
 
 class Workflow(Generic[S]):
@@ -243,7 +245,9 @@ class Workflow(Generic[S]):
     :meth:`build`, which returns an immutable :class:`WorkflowDefinition`.
 
     Actions take ``(state)``, ``(state, event)`` or ``(state, event, effects)`` and
-    return a new state or ``None``; guards take ``(state)`` or ``(state, event)``.
+    return a new state or ``None``; guards take ``(state)`` or ``(state, event)``. Only
+    required positional parameters count: parameters with defaults (for example a
+    ``lambda s, name=name: ...`` closure capture) are never filled.
     """
 
     def __init__(self, state_type: type[S], *, name: str | None = None) -> None:
@@ -479,9 +483,10 @@ def _check_name(name: object) -> str:
         raise DefinitionError(
             f"invalid state or event name {name!r}: use letters, digits, '_', '.', ':' or '-'"
         )
-    if name in (FINISH, FINISH_ALIAS):
+    if name in (FINISH, FINISH_ALIAS) or name.startswith("__"):
         raise DefinitionError(
-            f"{name!r} is reserved (use it only as a transition target)"
+            f"{name!r} is reserved: names starting with '__' belong to phronomy "
+            "(use FINISH only as a transition target)"
         )
     return name
 

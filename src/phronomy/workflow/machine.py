@@ -215,7 +215,8 @@ def _exit(
 def select(
     definition: WorkflowDefinition[Any], current: str, state: State, event: EventLike
 ) -> Transition | None:
-    """Pick the transition *event* takes from *current*, or ``None`` if every guard rejects.
+    """Pick the transition *event* takes from *current*, or ``None`` if every guard of an
+    external event rejects.
 
     Raises:
         TransitionError: the machine does not know the event at all ("Unknown FSM
@@ -246,6 +247,13 @@ def select(
         raise TransitionError(
             f"Transition from {current!r} via event {event.type!r} failed. "
             "The event is not declared for the current state."
+        )
+    if event.type == AUTO_EVENT:
+        # Only external events may be ignored when every guard rejects; a state whose
+        # automatic guards all reject could never leave (spec §2.8.4, scenario 134).
+        raise TransitionError(
+            f"Transition from {current!r} via event {AUTO_EVENT!r} failed: "
+            "every automatic transition's guard rejected"
         )
     return None
 

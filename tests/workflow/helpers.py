@@ -1,0 +1,104 @@
+"""Workflows and helpers shared by the workflow tests."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar
+
+import trio
+
+import phronomy
+from phronomy.engine import ResultHandle
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+T = TypeVar("T")
+
+
+class Value(phronomy.State):
+    value: str = ""
+    steps: Annotated[list[str], phronomy.APPEND] = []  # noqa: RUF012
+    count: int = 0
+
+
+def approval_flow() -> phronomy.WorkflowDefinition[Value]:
+    """prepare -> awaiting (wait) -approve-> confirm -> FINISH (scenario 16)."""
+    wf = phronomy.Workflow(Value, name="approval")
+    wf.state(
+        "prepare",
+        entry=lambda s: s.merge(value=f"{s.value}:prepared", steps=["prepare"]),
+    )
+    wf.wait_state("awaiting")
+    wf.state(
+        "confirm",
+        entry=lambda s: s.merge(value=f"{s.value}:confirmed", steps=["confirm"]),
+    )
+    wf.transition("prepare", "awaiting")
+    wf.transition("awaiting", "confirm", on="approve")
+    wf.transition("confirm", phronomy.FINISH)
+    return wf.build()
+
+
+def live_flow() -> phronomy.WorkflowDefinition[Value]:
+    """A state with external events (not a wait state): the segment stays live."""
+    wf = phronomy.Workflow(Value, name="live")
+    wf.state("waiting")
+    wf.transition(
+        "waiting", "waiting", on="mark", action=lambda s: s.merge(count=s.count + 1)
+    )
+    wf.transition(
+        "waiting",
+        "waiting",
+        on="ignored",
+        guard=lambda s: False,
+        action=lambda s: s.merge(count=s.count + 100),
+    )
+    wf.transition("waiting", phronomy.FINISH, on="finish")
+    return wf.build()
+
+
+def counter_flow(name: str = "counter") -> phronomy.WorkflowDefinition[Value]:
+    """One increment, then FINISH (durable scenario 64)."""
+    wf = phronomy.Workflow(Value, name=name)
+    wf.state("increment", entry=lambda s: s.merge(count=s.count + 1))
+    wf.transition("increment", phronomy.FINISH)
+    return wf.build()
+
+
+def halting_flow(name: str = "halting") -> phronomy.WorkflowDefinition[Value]:
+    """Starts in a wait state; 'approve' finishes with a marker."""
+    wf = phronomy.Workflow(Value, name=name)
+    wf.wait_state("awaiting")
+    wf.initial("awaiting")
+    wf.transition(
+        "awaiting",
+        phronomy.FINISH,
+        on="approve",
+        action=lambda s: s.merge(steps=["approved"]),
+    )
+    return wf.build()
+
+
+async def on_dispatcher(runtime: phronomy.Runtime, fn: Callable[[], T]) -> T:
+    """Run *fn* on the dispatcher task (through a timer) and return its result."""
+    done: ResultHandle[T] = ResultHandle("on-dispatcher")
+
+    def run() -> None:
+        try:
+            done.complete(fn())
+        except BaseException as exc:
+            done.fail(exc)
+
+    runtime.engine.timers.schedule(0, run)
+    return await done.result()
+
+
+async def until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
+    """Wait until *predicate* holds (polls: some conditions are set by worker threads)."""
+    with trio.fail_after(limit):
+        while not predicate():  # noqa: ASYNC110 - polling state set by other tasks/threads
+            await trio.sleep(0.002)
+
+
+def admission_state(runtime: phronomy.Runtime, iid: str) -> Any:
+    return runtime._runner.registry.state(iid)
