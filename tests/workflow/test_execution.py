@@ -499,11 +499,15 @@ async def test_stream_raises_the_segment_error_after_its_steps(
         .transition("a", "b")
         .transition("b", FINISH)
     )
-    names = []
-    with pytest.raises(KeyError, match="late failure"):
+    names: list[str] = []
+
+    async def consume() -> None:
         async with runtime.stream(wf.build()) as stream:
             async for step in stream:
                 names.append(step.name)
+
+    with pytest.raises(KeyError, match="late failure"):
+        await consume()
     assert names == ["a"]
 
 

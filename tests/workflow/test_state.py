@@ -140,7 +140,7 @@ def test_state_spec_collects_reducers_and_rejects_double_markers() -> None:
 
     with pytest.raises(phronomy.DefinitionError, match="more than one reducer"):
         state_spec(Double)
-    with pytest.raises(phronomy.DefinitionError, match="not a phronomy.State"):
+    with pytest.raises(phronomy.DefinitionError, match=r"not a phronomy\.State"):
         state_spec(int)
 
 
