@@ -20,6 +20,7 @@ from ._records import (
     InstancePage,
     InstanceStatus,
     LoadOp,
+    MarkOp,
     SaveOp,
     SaveOutcome,
     SaveRequest,
@@ -393,24 +394,20 @@ class SQLiteStore(BaseStore):
     ) -> bool:
         """See :meth:`WorkflowStore.mark`."""
         with self._lock, self._transaction() as conn:
-            cursor = conn.execute(
-                _SQL_MARK,
-                (workflow_instance_id, status, detail, _now_ms(), expected_revision),
+            return self._mark(
+                conn,
+                MarkOp(
+                    workflow_instance_id=workflow_instance_id,
+                    status=status,
+                    expected_revision=expected_revision,
+                    detail=detail,
+                ),
             )
-            return cursor.rowcount == 1
 
     def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
         """See :meth:`WorkflowStore.delete`."""
         with self._lock, self._transaction() as conn:
-            if (
-                conn.execute(
-                    _SQL_DELETE, (workflow_instance_id, expected_revision)
-                ).rowcount
-                != 1
-            ):
-                raise self._conflict(
-                    conn, workflow_instance_id, expected_revision, "delete"
-                )
+            self._delete(conn, workflow_instance_id, expected_revision)
 
     def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
         """See :meth:`WorkflowStore.find_write`."""
@@ -448,43 +445,39 @@ class SQLiteStore(BaseStore):
     # --- group commit --------------------------------------------------------------
 
     def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
-        """Run a batch: reads first, then every write in one ``BEGIN IMMEDIATE`` transaction.
+        """Run a batch in order; all of it in one ``BEGIN IMMEDIATE`` transaction.
 
         A conflict fails only its own operation. If the transaction as a whole fails
         with an unknown outcome, each save in it is reconciled on its own.
         """
-        results: list[outcome.Outcome[Any] | None] = [None] * len(ops)
-        writes: list[int] = []
         with self._lock:
-            for index, op in enumerate(ops):
-                if isinstance(op, LoadOp):
-                    results[index] = outcome.capture(self.load, op.workflow_instance_id)
-                else:
-                    writes.append(index)
-            if writes:
-                self._execute_writes(ops, writes, results)
-        return [
-            r if r is not None else outcome.Error(RuntimeError("lost result"))
-            for r in results
-        ]
+            loads = [op for op in ops if isinstance(op, LoadOp)]
+            if len(loads) == len(ops):  # reads only: no write transaction
+                return [
+                    outcome.capture(self.load, op.workflow_instance_id) for op in loads
+                ]
+            results: list[outcome.Outcome[Any]] = []
+            try:
+                with self._transaction() as conn:
+                    results.extend(self._apply_in_batch(conn, op) for op in ops)
+            except Exception as exc:  # noqa: BLE001 - the whole transaction's outcome is unknown
+                return [
+                    self._uncertain(op, exc, results, i) for i, op in enumerate(ops)
+                ]
+            return results
 
-    def _execute_writes(
+    def _uncertain(
         self,
-        ops: Sequence[StoreOp],
-        writes: list[int],
-        results: list[outcome.Outcome[Any] | None],
-    ) -> None:
-        try:
-            with self._transaction() as conn:
-                for index in writes:
-                    results[index] = self._apply_in_batch(conn, ops[index])
-        except Exception as exc:  # noqa: BLE001 - the whole transaction's outcome is unknown
-            for index in writes:
-                op = ops[index]
-                if isinstance(op, SaveOp):
-                    results[index] = outcome.Value(self.reconcile(op.request, exc))
-                else:
-                    results[index] = outcome.Error(exc)
+        op: StoreOp,
+        error: Exception,
+        results: list[outcome.Outcome[Any]],
+        index: int,
+    ) -> outcome.Outcome[Any]:
+        if isinstance(op, SaveOp):
+            return outcome.Value(self.reconcile(op.request, error))
+        if isinstance(op, LoadOp) and index < len(results):
+            return results[index]  # a read that already completed stays valid
+        return outcome.Error(error)
 
     def _apply_in_batch(
         self, conn: sqlite3.Connection, op: StoreOp
@@ -499,6 +492,9 @@ class SQLiteStore(BaseStore):
             return outcome.capture(
                 self._claim, conn, op.workflow_instance_id, op.workflow
             )
+        if isinstance(op, LoadOp):
+            row = conn.execute(_SQL_LOAD, (op.workflow_instance_id,)).fetchone()
+            return outcome.Value(None if row is None else _record(row))
         if isinstance(op, BeginOp):
             return outcome.capture(
                 self._begin,
@@ -507,10 +503,34 @@ class SQLiteStore(BaseStore):
                 op.workflow,
                 op.expected_revision,
             )
-        result: outcome.Outcome[Any] = outcome.capture(self._run_op, op)
+        if isinstance(op, MarkOp):
+            return outcome.capture(self._mark, conn, op)
+        result: outcome.Outcome[Any] = outcome.capture(
+            self._delete, conn, op.workflow_instance_id, op.expected_revision
+        )
         return result
 
     # --- statements (called with the lock held, inside a transaction) ------------------
+
+    @staticmethod
+    def _mark(conn: sqlite3.Connection, op: MarkOp) -> bool:
+        cursor = conn.execute(
+            _SQL_MARK,
+            (
+                op.workflow_instance_id,
+                op.status,
+                op.detail,
+                _now_ms(),
+                op.expected_revision,
+            ),
+        )
+        return cursor.rowcount == 1
+
+    def _delete(
+        self, conn: sqlite3.Connection, workflow_instance_id: str, expected: int
+    ) -> None:
+        if conn.execute(_SQL_DELETE, (workflow_instance_id, expected)).rowcount != 1:
+            raise self._conflict(conn, workflow_instance_id, expected, "delete")
 
     @staticmethod
     def _claim(

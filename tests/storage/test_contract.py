@@ -1,0 +1,210 @@
+"""The store contract every store must pass (spec §4.1, scenario 63 and more)."""
+
+from __future__ import annotations
+
+import itertools
+from typing import TYPE_CHECKING
+
+import outcome
+import pytest
+
+from phronomy import errors
+from phronomy.storage import (
+    BeginOp,
+    ClaimOp,
+    LoadOp,
+    MarkOp,
+    MemoryStore,
+    SaveOp,
+    SaveRequest,
+    SQLiteStore,
+    WorkflowStore,
+)
+from phronomy.testing import FaultyStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+_ids = itertools.count()
+
+
+def request(
+    iid: str, expected: int | None, snapshot: bytes = b"{}", status: str = "halted"
+) -> SaveRequest:
+    return SaveRequest(
+        workflow_instance_id=iid,
+        expected_revision=expected,
+        snapshot=snapshot,
+        write_id=f"w{next(_ids)}",
+        status=status,  # type: ignore[arg-type]
+        phase="p",
+        workflow="wf",
+    )
+
+
+STORES: dict[str, Callable[[Path], WorkflowStore]] = {
+    "memory": lambda path: MemoryStore(),
+    "sqlite": lambda path: SQLiteStore(path / "contract.db"),
+    "faulty-sqlite": lambda path: FaultyStore(SQLiteStore(path / "faulty.db")),
+}
+
+
+@pytest.fixture(params=sorted(STORES))
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> WorkflowStore:
+    made = STORES[request.param](tmp_path)
+    request.addfinalizer(made.close)
+    return made
+
+
+def test_revision_contract(store: WorkflowStore) -> None:
+    # scenario 63
+    assert store.load("missing") is None
+    assert store.save(request("a", None)) == 1
+    assert store.save(request("a", 1)) == 2
+    with pytest.raises(errors.ConflictError):
+        store.save(request("a", None))
+    with pytest.raises(errors.ConflictError):
+        store.save(request("a", 1))
+    with pytest.raises(errors.ConflictError):
+        store.save(request("b", 3))
+    with pytest.raises(errors.ConflictError):
+        store.delete("a", 99)
+    store.delete("a", 2)
+    assert store.load("a") is None
+    # a deleted id starts again at revision 1
+    assert store.save(request("a", None)) == 1
+
+
+def test_loaded_rows_are_isolated_values(store: WorkflowStore) -> None:
+    store.save(request("iso", None, snapshot=b'{"fields":{"x":[1]}}'))
+    first = store.load("iso")
+    assert first is not None
+    with pytest.raises(AttributeError):
+        first.revision = 9  # type: ignore[misc]
+    assert isinstance(first.snapshot, bytes)
+    second = store.load("iso")
+    assert second == first
+
+
+def test_rows_carry_status_phase_workflow_and_write_id(store: WorkflowStore) -> None:
+    saved = request("row", None, status="finished")
+    store.save(saved)
+    row = store.load("row")
+    assert row is not None
+    assert (row.revision, row.status, row.phase, row.workflow, row.write_id) == (
+        1,
+        "finished",
+        "p",
+        "wf",
+        saved.write_id,
+    )
+    assert row.updated_at_ms > 0
+
+
+def test_find_write_identifies_committed_saves(store: WorkflowStore) -> None:
+    first, second = request("fw", None), request("fw", 1)
+    store.save(first)
+    store.save(second)
+    assert store.find_write("fw", first.write_id) == 1
+    assert store.find_write("fw", second.write_id) == 2
+    assert store.find_write("fw", "never-written") is None
+    assert store.find_write("other", first.write_id) is None
+
+
+def test_claim_and_begin(store: WorkflowStore) -> None:
+    placeholder = store.claim("c", "wf")
+    assert (placeholder.revision, placeholder.status, placeholder.snapshot) == (
+        0,
+        "running",
+        None,
+    )
+    assert (
+        store.save(request("c", None)) == 1
+    )  # a save over the placeholder creates revision 1
+    claimed = store.claim("c", "wf")
+    assert (claimed.revision, claimed.status) == (1, "running")
+    with pytest.raises(errors.InstanceStateError, match="belongs to workflow 'wf'"):
+        store.claim("c", "other")
+    assert store.begin("c", "wf", expected_revision=1)
+    assert not store.begin("c", "wf", expected_revision=5)
+    assert store.begin("fresh", "wf")
+    assert store.load("fresh").status == "running"  # type: ignore[union-attr]
+    assert not store.begin("absent", "wf", expected_revision=3)
+    assert store.load("absent") is None
+
+
+def test_recovery_required_is_fail_closed(store: WorkflowStore) -> None:
+    store.save(request("r", None))
+    assert store.mark("r", "recovery_required", detail="lost ack")
+    with pytest.raises(errors.RecoveryRequiredError, match="lost ack") as caught:
+        store.claim("r", "wf")
+    assert caught.value.instance_id == "r"
+    assert not store.begin("r", "wf", expected_revision=1)
+    assert store.load("r").status == "recovery_required"  # type: ignore[union-attr]
+
+
+def test_mark_is_guarded_by_revision(store: WorkflowStore) -> None:
+    store.save(request("m", None))
+    assert not store.mark("m", "failed", expected_revision=7)
+    assert store.mark("m", "failed", expected_revision=1, detail="boom")
+    row = store.load("m")
+    assert row is not None
+    assert (row.status, row.detail, row.revision) == ("failed", "boom", 1)
+    assert not store.mark("nobody", "failed")
+    store.save(request("m", 1))
+    assert store.load("m").detail is None  # type: ignore[union-attr]
+
+
+def test_listing_filters_and_paginates(store: WorkflowStore) -> None:
+    for i in range(5):
+        store.save(request(f"i{i}", None, status="halted" if i % 2 else "finished"))
+    page = store.list_instances(limit=2)
+    assert [r.workflow_instance_id for r in page.records] == ["i0", "i1"]
+    assert all(r.snapshot is None for r in page.records)
+    assert page.next_after == "i1"
+    rest = store.list_instances(limit=10, after=page.next_after)
+    assert [r.workflow_instance_id for r in rest.records] == ["i2", "i3", "i4"]
+    assert rest.next_after is None
+    halted = store.list_instances(status="halted")
+    assert [r.workflow_instance_id for r in halted.records] == ["i1", "i3"]
+
+
+def test_batches_check_each_save_on_its_own(store: WorkflowStore) -> None:
+    store.save(request("x", None))
+    results = store.execute(
+        [
+            SaveOp(request=request("y", None)),
+            SaveOp(request=request("x", None)),  # conflict: only this one fails
+            SaveOp(request=request("x", 1)),
+            LoadOp(workflow_instance_id="x"),
+            ClaimOp(workflow_instance_id="z", workflow="wf"),
+            BeginOp(workflow_instance_id="nobody", workflow="wf", expected_revision=9),
+            MarkOp(workflow_instance_id="y", status="failed", expected_revision=1),
+        ]
+    )
+    assert all(isinstance(r, outcome.Value) for r in results), results
+    values = [r.unwrap() for r in results]  # type: ignore[union-attr]
+    assert (values[0].outcome, values[0].revision) == ("success", 1)
+    assert values[1].outcome == "known_failure"
+    assert isinstance(values[1].error, errors.ConflictError)
+    assert (values[2].outcome, values[2].revision) == ("success", 2)
+    assert values[3].revision == 2  # operations run in order
+    assert values[4].status == "running"
+    assert values[5] is False
+    assert values[6] is True
+    assert store.load("x").revision == 2  # type: ignore[union-attr]
+
+
+def test_claim_errors_stay_inside_the_batch(store: WorkflowStore) -> None:
+    store.save(request("bad", None))
+    store.mark("bad", "recovery_required")
+    results = store.execute(
+        [
+            ClaimOp(workflow_instance_id="bad", workflow="wf"),
+            SaveOp(request=request("ok", None)),
+        ]
+    )
+    assert isinstance(results[0], outcome.Error)
+    assert isinstance(results[0].error, errors.RecoveryRequiredError)
+    assert results[1].unwrap().outcome == "success"  # type: ignore[union-attr]
