@@ -23,7 +23,7 @@ from phronomy.storage import (
 from phronomy.testing import FaultyStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
 _ids = itertools.count()
@@ -51,10 +51,10 @@ STORES: dict[str, Callable[[Path], WorkflowStore]] = {
 
 
 @pytest.fixture(params=sorted(STORES))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> WorkflowStore:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkflowStore]:
     made = STORES[request.param](tmp_path)
-    request.addfinalizer(made.close)
-    return made
+    yield made
+    made.close()
 
 
 def test_revision_contract(store: WorkflowStore) -> None:
