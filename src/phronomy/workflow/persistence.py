@@ -10,7 +10,12 @@ import msgspec
 import outcome
 
 from phronomy.engine import Batcher, Event, TerminalDecision, random_hex
-from phronomy.errors import PhronomyError
+from phronomy.errors import (
+    BackpressureError,
+    PhronomyError,
+    PoolShutdownError,
+    RuntimeShutdownError,
+)
 from phronomy.storage import (
     MarkOp,
     SaveOp,
@@ -32,6 +37,8 @@ __all__ = ["TERMINAL_RESULT", "StoreGateway", "StoreRequest", "TerminalPersisten
 logger = logging.getLogger(__name__)
 
 TERMINAL_RESULT = "__phronomy.terminal_persistence_result__"
+
+_NEVER_SUBMITTED = (BackpressureError, PoolShutdownError, RuntimeShutdownError)
 """The event that carries a terminal save's classified outcome back to its session."""
 
 
@@ -152,6 +159,9 @@ class TerminalPersistence:
         def deliver(done: ResultHandle[Any]) -> None:
             if done.status == "completed":
                 result: SaveOutcome = done.result_nowait()
+            elif isinstance(done.error, _NEVER_SUBMITTED):
+                # The pool refused the save: it never ran, nothing was written.
+                result = SaveOutcome(outcome="known_failure", error=done.error)
             else:  # the offloaded operation itself failed: nobody knows what was written
                 result = SaveOutcome(outcome="outcome_unknown", error=done.error)
             if not sink.post(TERMINAL_RESULT, result):

@@ -1,0 +1,886 @@
+"""Durable workflows: hydration, resume validation, the terminal barrier, reconciliation
+and recovery (spec §4, scenarios 53-85, 129-133), on MemoryStore and SQLiteStore."""
+
+from __future__ import annotations
+
+import enum
+import threading
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pytest
+import trio
+
+import phronomy
+from phronomy.engine import Event
+from phronomy.storage import (
+    SaveRequest,
+    StoredRecord,
+    decode_snapshot_builtins,
+    encode_snapshot,
+)
+from phronomy.testing import FaultyStore
+from phronomy.workflow.definition import FINISH
+from phronomy.workflow.persistence import TERMINAL_RESULT
+
+from .helpers import (
+    Value,
+    admission_state,
+    approval_flow,
+    counter_flow,
+    halting_flow,
+    live_flow,
+    until,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from contextlib import AbstractAsyncContextManager
+    from pathlib import Path
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_store(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Callable[[], phronomy.WorkflowStore]:
+    if request.param == "memory":
+        shared = phronomy.MemoryStore()
+        return lambda: shared
+    return lambda: phronomy.SQLiteStore(tmp_path / "durable.db")
+
+
+def fields(
+    store: phronomy.WorkflowStore, iid: str
+) -> tuple[StoredRecord, dict[str, Any]]:
+    record = store.load(iid)
+    assert record is not None
+    assert record.snapshot is not None
+    decoded = decode_snapshot_builtins(
+        record.snapshot, workflow_instance_id=iid, revision=record.revision
+    )
+    return record, decoded.fields
+
+
+def runtime_on(
+    store: phronomy.WorkflowStore, **kw: Any
+) -> AbstractAsyncContextManager[phronomy.Runtime]:
+    return phronomy.open_runtime(
+        store=store, shutdown_timeout=kw.pop("shutdown_timeout", 2.0), **kw
+    )
+
+
+# --- when persistence happens, hydration ----------------------------------------------
+
+
+async def test_durable_invocations_hydrate_and_save_revisions(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 64
+    store = make_store()
+    flow = counter_flow()
+    async with runtime_on(store) as rt:
+        first = await rt.invoke(flow, {"count": 0}, workflow_instance_id="t1")
+        assert (first.revision, first.state.count) == (1, 1)
+        record, stored = fields(store, "t1")
+        assert (record.revision, record.phase, record.status, stored["count"]) == (
+            1,
+            FINISH,
+            "finished",
+            1,
+        )
+        second = await rt.invoke(flow, {}, workflow_instance_id="t1")
+        assert (second.revision, second.state.count) == (2, 2)
+        await rt.invoke(flow, {"count": 10}, workflow_instance_id="t1")
+        overridden = await rt.invoke(flow, {"count": 0}, workflow_instance_id="t1")
+        assert (overridden.state.count, overridden.revision) == (1, 4)
+
+
+async def test_no_explicit_id_means_no_persistence(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 65
+    store = make_store()
+    async with runtime_on(store) as rt:
+        result = await rt.invoke(counter_flow())
+    assert result.revision is None
+    assert store.list_instances().records == ()
+
+
+async def test_durable_halt_then_resume(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenarios 16 and 68 on a store
+    store = make_store()
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        halted = await rt.invoke(
+            flow, {"value": "start"}, workflow_instance_id="order-1"
+        )
+        assert (halted.revision, store.load("order-1").status) == (1, "halted")  # type: ignore[union-attr]
+        done = await rt.send_event(flow, halted, "approve")
+    assert (done.revision, done.phase, done.state.value) == (
+        2,
+        FINISH,
+        "start:prepared:confirmed",
+    )
+    record, stored = fields(store, "order-1")
+    assert (record.phase, record.status, stored["value"]) == (
+        FINISH,
+        "finished",
+        "start:prepared:confirmed",
+    )
+
+
+async def test_resume_by_id_across_runtimes(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    flow = approval_flow()
+    async with runtime_on(make_store()) as rt:
+        halted = await rt.invoke(flow, {"value": "x"}, workflow_instance_id="order-2")
+    assert halted.revision == 1
+    async with runtime_on(make_store()) as rt:  # another runtime (a restarted process)
+        done = await rt.send_event(
+            flow, event="approve", workflow_instance_id="order-2"
+        )
+        assert (done.revision, done.state.value) == (2, "x:prepared:confirmed")
+        with pytest.raises(phronomy.InstanceStateError, match="is finished"):
+            await rt.send_event(flow, event="approve", workflow_instance_id="order-2")
+        with pytest.raises(phronomy.NotFoundError, match="no durable state"):
+            await rt.send_event(
+                flow, event="approve", workflow_instance_id="never-started"
+            )
+        with pytest.raises(phronomy.UnknownEventError):
+            await rt.send_event(flow, event="bogus", workflow_instance_id="order-2")
+
+
+async def test_a_rejected_resume_does_not_touch_the_status(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    store = make_store()
+    wf = (
+        phronomy.Workflow(Value, name="two-events")
+        .wait_state("w")
+        .initial("w")
+        .state("s")
+    )
+    wf.transition("w", "s", on="go").transition("s", FINISH, on="later")
+    flow = wf.build()
+    async with runtime_on(store) as rt:
+        await rt.invoke(flow, workflow_instance_id="r")
+        with pytest.raises(
+            phronomy.TransitionError, match="Transition from 'w' via event 'later'"
+        ):
+            await rt.send_event(flow, event="later", workflow_instance_id="r")
+        assert store.load("r").status == "halted"  # type: ignore[union-attr]
+
+
+async def test_resume_validation_detects_divergence(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 69
+    store = make_store()
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        halted = await rt.invoke(flow, {"value": "a"}, workflow_instance_id="div")
+        blob = encode_snapshot(
+            Value(value="changed elsewhere"),
+            workflow_instance_id="div",
+            revision=2,
+            phase="awaiting",
+            workflow="approval",
+        )
+        store.save(
+            SaveRequest(
+                workflow_instance_id="div",
+                expected_revision=1,
+                snapshot=blob,
+                write_id="ext",
+                status="halted",
+                phase="awaiting",
+                workflow="approval",
+            )
+        )
+        with pytest.raises(
+            phronomy.ConflictError, match="changed since the supplied halted result"
+        ):
+            await rt.send_event(flow, halted, "approve")
+        assert admission_state(rt, "div") is None
+        done = await rt.send_event(
+            flow, event="approve", workflow_instance_id="div"
+        )  # by id: from the durable state
+        assert done.state.value == "changed elsewhere:confirmed"
+
+
+async def test_resume_of_an_ephemeral_halt_creates_the_record(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenarios 70, 133
+    flow = approval_flow()
+    async with phronomy.open_runtime() as rt:
+        halted = await rt.invoke(flow, {"value": "e"})
+    store = make_store()
+    async with runtime_on(store) as rt:
+        done = await rt.send_event(flow, halted, "approve")
+    assert done.revision == 1
+    assert store.load(halted.workflow_instance_id).revision == 1  # type: ignore[union-attr]
+
+
+class Color(enum.Enum):
+    RED = "red"
+
+
+class Rich(phronomy.State):
+    color: Color = Color.RED
+    pair: tuple[int, int] = (1, 2)
+    tags: dict[str, list[int]] = {}  # noqa: RUF012
+
+
+async def test_normalised_comparison_has_no_false_conflicts(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 71
+    wf = phronomy.Workflow(Rich, name="rich").wait_state("w").initial("w")
+    wf.transition("w", FINISH, on="go")
+    flow = wf.build()
+    async with runtime_on(make_store()) as rt:
+        halted = await rt.invoke(
+            flow, {"tags": {"b": [2], "a": [1]}}, workflow_instance_id="rich"
+        )
+        done = await rt.send_event(flow, halted, "go")
+    assert done.state.color is Color.RED  # the live state keeps the enum
+    assert done.state.pair == (1, 2)
+
+
+async def test_stream_over_a_durable_instance(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 73
+    store = make_store()
+    flow = counter_flow()
+    async with runtime_on(store) as rt:
+        await rt.invoke(flow, {"count": 9}, workflow_instance_id="s")
+        names = []
+        async with rt.stream(flow, workflow_instance_id="s") as steps:
+            async for step in steps:
+                names.append(step.name)
+        result = await steps.result()
+    assert (result.state.count, result.revision) == (11, 2)
+    assert names == ["increment"]  # stable states are published; FINISH itself is not
+
+
+# --- the terminal barrier ----------------------------------------------------------------
+
+
+async def test_no_halted_step_before_the_save_succeeds(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenarios 62, 74
+    store = FaultyStore(make_store())
+    gate = store.block("save.before")
+    flow = halting_flow()
+    async with runtime_on(store) as rt:
+        steps: list[str] = []
+        handle = rt.start(
+            flow, workflow_instance_id="barrier", on_step=lambda s: steps.append(s.name)
+        )
+        await until(lambda: admission_state(rt, "barrier") == "persisting_terminal")
+        await trio.sleep(0.05)
+        assert steps == []
+        assert not handle.done
+        assert not rt.signal(flow, "barrier", "approve")  # scenario 54: not executing
+        gate.set()
+        result = await handle.result()
+        assert steps == ["awaiting"]
+        assert (result.halted, result.revision) == (True, 1)
+        assert admission_state(rt, "barrier") is None
+
+
+async def test_stray_events_while_persisting_are_discarded(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 54
+    store = FaultyStore(make_store())
+    gate = store.block("save.before")
+    async with runtime_on(store) as rt:
+        handle = rt.start(halting_flow(), workflow_instance_id="stray")
+        await until(lambda: admission_state(rt, "stray") == "persisting_terminal")
+        session_id = rt._runner.registry.record("stray").session_id
+        assert session_id is not None
+        assert rt.engine.post_to_session(Event(type="approve", target_id=session_id))
+        await trio.sleep(0.02)
+        assert admission_state(rt, "stray") == "persisting_terminal"
+        gate.set()
+        assert (await handle.result()).state.steps == []
+
+
+async def test_competitors_are_refused_while_loading_and_saving(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenarios 53, 55, 56
+    store = FaultyStore(make_store())
+    flow = counter_flow()
+    async with runtime_on(store) as rt:
+        load_gate = store.block("claim.before")
+        first = rt.start(flow, workflow_instance_id="c", input={"count": 0})
+        await until(lambda: admission_state(rt, "c") == "admitting")
+        assert not rt.signal(live_flow(), "c", "finish")
+        with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
+            await rt.invoke(flow, workflow_instance_id="c")
+        save_gate = store.block("save.before")
+        load_gate.set()
+        await until(lambda: admission_state(rt, "c") == "persisting_terminal")
+        with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
+            await rt.invoke(flow, workflow_instance_id="c")
+        save_gate.set()
+        assert (await first.result()).state.count == 1
+        assert admission_state(rt, "c") is None
+    assert store.count("claim") == 1
+
+
+async def test_load_errors_fail_the_caller_and_release(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 61
+    store = FaultyStore(make_store())
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        halted = await rt.invoke(flow, workflow_instance_id="le")
+        store.fail("claim.before", OSError("disk unplugged"))
+        with pytest.raises(OSError, match="disk unplugged"):
+            await rt.invoke(flow, workflow_instance_id="le2")
+        assert admission_state(rt, "le2") is None
+        store.fail("load.before", OSError("still unplugged"))
+        with pytest.raises(OSError, match="still unplugged"):
+            await rt.send_event(flow, halted, "approve")
+        assert admission_state(rt, "le") is None
+
+
+async def test_conflicting_save_fails_the_caller(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenarios 75, 130
+    store = make_store()
+    flow = live_flow()
+    async with runtime_on(store) as rt:
+        handle = rt.start(flow, workflow_instance_id="cf")
+        await until(lambda: rt.signal(flow, "cf", "mark"))
+        # another writer creates revision 1 meanwhile
+        store.save(
+            SaveRequest(
+                workflow_instance_id="cf",
+                expected_revision=None,
+                snapshot=encode_snapshot(
+                    Value(), workflow_instance_id="cf", revision=1, phase=FINISH
+                ),
+                write_id="other",
+                status="finished",
+                phase=FINISH,
+            )
+        )
+        rt.signal(flow, "cf", "finish")
+        with pytest.raises(phronomy.ConflictError):
+            await handle.result()
+        assert admission_state(rt, "cf") is None
+    assert store.load("cf").write_id == "other"  # type: ignore[union-attr]
+
+
+async def test_saved_snapshot_is_taken_when_the_segment_ends(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 77
+    store = FaultyStore(make_store())
+    gate = store.block("save.before")
+    kept: list[Value] = []
+    wf = (
+        phronomy.Workflow(Value, name="snap")
+        .state("s", entry=lambda s: kept.append(s))
+        .transition("s", FINISH)
+    )
+    async with runtime_on(store) as rt:
+        handle = rt.start(
+            wf.build(), {"steps": ["before"]}, workflow_instance_id="snap"
+        )
+        await until(lambda: admission_state(rt, "snap") == "persisting_terminal")
+        kept[0].steps.append("mutated after submission")
+        gate.set()
+        await handle.result()
+    _, stored = fields(store.inner, "snap")
+    assert stored["steps"] == ["before"]
+
+
+async def test_commit_then_error_is_reconciled_to_success(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 78
+    store = FaultyStore(make_store())
+    store.fail("save.after", OSError("response lost"))
+    async with runtime_on(store) as rt:
+        result = await rt.invoke(counter_flow(), {"count": 0}, workflow_instance_id="p")
+        assert (result.state.count, result.revision) == (1, 1)
+        assert admission_state(rt, "p") is None
+    assert store.inner.load("p").revision == 1  # type: ignore[union-attr]
+    assert store.count("save") == 1
+
+
+async def test_proven_non_commit_returns_the_original_error(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 79
+    store = FaultyStore(make_store())
+    error = OSError("write failed")
+    store.fail("save.before", error)
+    async with runtime_on(store) as rt:
+        with pytest.raises(OSError) as caught:
+            await rt.invoke(counter_flow(), workflow_instance_id="n")
+        assert caught.value is error
+        assert admission_state(rt, "n") is None
+    record = store.inner.load("n")
+    assert record is not None
+    assert (record.revision, record.status) == (
+        0,
+        "failed",
+    )  # a placeholder, marked failed
+
+
+@pytest.mark.parametrize("readback", ["third-state", "raises"])
+async def test_unknown_outcome_requires_recovery(
+    make_store: Callable[[], phronomy.WorkflowStore],
+    readback: str,
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    # scenarios 57, 80, 81
+    inner = make_store()
+    store = FaultyStore(inner)
+    flow = live_flow()
+    async with runtime_on(store) as rt:
+        handle = rt.start(flow, workflow_instance_id="u")
+        await until(lambda: rt.signal(flow, "u", "mark"))
+        owner = rt._runner.registry.owner("u")
+        store.fail("save.before", OSError("connection reset"))
+        if readback == "third-state":
+            inner.save(
+                SaveRequest(
+                    workflow_instance_id="u",
+                    expected_revision=None,
+                    snapshot=b"{}",
+                    write_id="third",
+                    status="halted",
+                    phase="x",
+                )
+            )
+        else:
+            store.fail("readback.before", OSError("cannot read back"))
+        rt.signal(flow, "u", "finish")
+        await until(lambda: admission_state(rt, "u") == "recovery_required")
+        record = rt._runner.registry.record("u")
+        assert record is not None
+        assert record.owner is owner
+        assert record.session_id is None
+        assert not handle.done
+        with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
+            await rt.invoke(flow, workflow_instance_id="u")
+        entries = await rt.recovery.list()
+        assert [e.workflow_instance_id for e in entries] == ["u"]
+        assert entries[0].in_process
+        expected = (
+            "conflicts with both expected pre-state"
+            if readback == "third-state"
+            else "cannot read back"
+        )
+        assert expected in (entries[0].error or "")
+    # shutdown completes (recovery does not block idleness) and settles the pending caller
+    result = rt.shutdown_result
+    assert result is not None
+    assert result.dispatcher_status == "terminated"
+    with pytest.raises(
+        phronomy.RecoveryRequiredError, match="'u' requires recovery"
+    ) as caught:
+        await handle.result()
+    assert caught.value.instance_id == "u"
+    assert "requires recovery" in caplog.text
+
+
+async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "recovery.db"
+    store = FaultyStore(phronomy.SQLiteStore(path))
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        halted = await rt.invoke(flow, workflow_instance_id="rr")
+        store.fail("save.before", OSError("reset")).fail(
+            "readback.before", OSError("unreadable")
+        )
+        pending = rt._resume(
+            flow,
+            halted,
+            "approve",
+            workflow_instance_id=None,
+            payload=None,
+            input=None,
+            recursion_limit=None,
+            on_step=None,
+        )
+        await until(lambda: admission_state(rt, "rr") == "recovery_required")
+        await until(
+            lambda: phronomy.SQLiteStore(path).load("rr").status == "recovery_required"
+        )  # type: ignore[union-attr]
+        # another process sharing the file refuses the instance too
+        async with runtime_on(phronomy.SQLiteStore(path)) as other:
+            with pytest.raises(
+                phronomy.RecoveryRequiredError, match="requires recovery"
+            ):
+                await other.invoke(flow, workflow_instance_id="rr")
+            listed = await other.recovery.list()
+            assert [(e.workflow_instance_id, e.in_process) for e in listed] == [
+                ("rr", False)
+            ]
+            view = await other.recovery.inspect("rr")
+            assert view.record is not None
+            assert (view.record.revision, view.phase, view.fields["value"]) == (
+                1,
+                "awaiting",
+                ":prepared",
+            )  # type: ignore[index]
+        adopted = await rt.recovery.resolve("rr", action="adopt")
+        assert adopted is not None
+        assert (adopted.status, adopted.revision) == ("halted", 1)
+        with pytest.raises(
+            phronomy.RecoveryRequiredError, match=r"resolved by an operator \(adopt\)"
+        ):
+            await pending.result()
+        assert admission_state(rt, "rr") is None
+        assert (
+            await rt.send_event(flow, event="approve", workflow_instance_id="rr")
+        ).revision == 2
+        with pytest.raises(phronomy.NotFoundError, match="does not require recovery"):
+            await rt.recovery.resolve("rr", action="release")
+        with pytest.raises(ValueError, match="adopt"):
+            await rt.recovery.resolve("rr", action="forget")  # type: ignore[arg-type]
+
+
+async def test_release_marks_failed_so_it_can_be_retried(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    store = FaultyStore(make_store())
+    flow = counter_flow()
+    async with runtime_on(store) as rt:
+        store.fail("save.before", OSError("reset")).fail(
+            "readback.before", OSError("unreadable")
+        )
+        handle = rt.start(flow, workflow_instance_id="rel")
+        await until(lambda: admission_state(rt, "rel") == "recovery_required")
+        await until(lambda: store.inner.load("rel").status == "recovery_required")  # type: ignore[union-attr]
+        released = await rt.recovery.resolve("rel", action="release")
+        assert released is not None
+        assert released.status == "failed"
+        with pytest.raises(phronomy.RecoveryRequiredError, match="release"):
+            await handle.result()
+        assert (await rt.invoke(flow, workflow_instance_id="rel")).revision == 1
+
+
+async def test_failed_offloaded_save_is_an_unknown_outcome(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 82: the offloaded batch itself fails (not one save inside it)
+    class ExplodingBatches(FaultyStore):
+        explode = False
+
+        def execute(self, ops: Any) -> Any:
+            if self.explode:
+                raise RuntimeError("worker crashed")
+            return super().execute(ops)
+
+    store = ExplodingBatches(make_store())
+    flow = live_flow()
+    async with runtime_on(store) as rt:
+        handle = rt.start(flow, workflow_instance_id="x")
+        await until(lambda: rt.signal(flow, "x", "mark"))
+        store.explode = True
+        rt.signal(flow, "x", "finish")
+        await until(lambda: admission_state(rt, "x") == "recovery_required")
+        assert store.count("save") == 0
+        assert store.count("load") == 0
+        store.explode = False
+    with pytest.raises(phronomy.RecoveryRequiredError):
+        await handle.result()
+
+
+async def test_refused_save_submission_is_a_known_failure(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 85
+    store = make_store()
+    flow = live_flow()
+    async with runtime_on(store) as rt:
+        handle = rt.start(flow, workflow_instance_id="ref")
+        await until(lambda: rt.signal(flow, "ref", "mark"))
+        rt._runner.gateway.pool.close()  # type: ignore[union-attr]
+        rt.signal(flow, "ref", "finish")
+        with pytest.raises(phronomy.PoolShutdownError):
+            await handle.result()
+        assert admission_state(rt, "ref") is None
+    assert store.load("ref").revision == 0  # type: ignore[union-attr]  # nothing saved
+
+
+async def test_late_save_result_after_cut_off_is_dropped_with_a_warning(
+    make_store: Callable[[], phronomy.WorkflowStore], caplog: pytest.LogCaptureFixture
+) -> None:
+    # scenario 83
+    store = FaultyStore(make_store())
+    gate = store.block("save.before")
+    async with runtime_on(store, shutdown_timeout=0.1, cancel_grace=3) as rt:
+        handle = rt.start(halting_flow(), workflow_instance_id="late")
+        await until(lambda: admission_state(rt, "late") == "persisting_terminal")
+        threading.Timer(0.3, gate.set).start()
+    with pytest.raises(
+        phronomy.RecoveryRequiredError, match="terminal save was in flight"
+    ):
+        await handle.result()
+    assert "rejected Workflow terminal persistence result" in caplog.text
+    assert store.count("save") == 1
+    assert store.inner.load("late").revision == 1  # type: ignore[union-attr]  # it did land: outcome was unknown
+
+
+async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 84
+    store = make_store()
+    flow = live_flow()
+    async with runtime_on(store) as rt:
+        first = rt.start(flow, workflow_instance_id="inc")
+        await until(lambda: rt.signal(flow, "inc", "mark"))
+        old_session = rt._runner.registry.record("inc").session_id
+        rt.signal(flow, "inc", "finish")
+        assert (await first.result()).revision == 1
+        second = rt.start(flow, workflow_instance_id="inc")
+        await until(lambda: rt.signal(flow, "inc", "mark"))
+        stale = phronomy.engine.Event(
+            type=TERMINAL_RESULT, target_id=old_session or "", payload=None
+        )
+        assert not rt.engine.post_to_session(stale)
+        rt.signal(flow, "inc", "finish")
+        assert (await second.result()).revision == 2
+
+
+async def test_observer_error_at_a_durable_halt(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 43 (durable): the record stays saved, the caller gets the observer's error
+    store = make_store()
+    error = LookupError("observer failed")
+
+    def observe(step: Any) -> None:
+        raise error
+
+    async with runtime_on(store) as rt:
+        with pytest.raises(LookupError) as caught:
+            await rt.invoke(halting_flow(), workflow_instance_id="obs", on_step=observe)
+        assert caught.value is error
+        assert admission_state(rt, "obs") is None
+    assert store.load("obs").revision == 1  # type: ignore[union-attr]
+
+
+# --- bad input and faults -----------------------------------------------------------------
+
+
+class Anything(phronomy.State):
+    blob: Any = None
+    text: str = ""
+
+
+async def test_values_outside_the_json_domain_fail_without_writing(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 129
+    store = make_store()
+    wf = phronomy.Workflow(Anything, name="any").state("s").transition("s", FINISH)
+    flow = wf.build()
+    async with runtime_on(store) as rt:
+        with pytest.raises(
+            phronomy.SerializationError,
+            match=r"\$\.fields\.blob holds a builtins\.object",
+        ):
+            await rt.invoke(flow, {"blob": object()}, workflow_instance_id="j")
+        with pytest.raises(phronomy.SerializationError, match="nan"):
+            await rt.invoke(
+                flow, {"blob": {"x": float("nan")}}, workflow_instance_id="j"
+            )
+        assert admission_state(rt, "j") is None
+        assert (
+            await rt.invoke(flow, {"blob": [1, "ok"]}, workflow_instance_id="j")
+        ).revision == 1
+
+
+async def test_snapshot_size_limit(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    store = make_store()
+    flow = (
+        phronomy.Workflow(Anything, name="any")
+        .state("s")
+        .transition("s", FINISH)
+        .build()
+    )
+    async with runtime_on(store, max_snapshot_bytes=500) as rt:
+        assert (
+            await rt.invoke(flow, {"text": "small"}, workflow_instance_id="big")
+        ).revision == 1
+        with pytest.raises(phronomy.PayloadTooLargeError, match="limit is 500 bytes"):
+            await rt.invoke(flow, {"text": "x" * 1000}, workflow_instance_id="big")
+    record, stored = fields(store, "big")
+    assert (record.revision, stored["text"]) == (1, "small")
+
+
+async def test_corrupt_stored_blobs_are_typed_errors_and_others_keep_running(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    store = make_store()
+    flow = counter_flow()
+    store.save(
+        SaveRequest(
+            workflow_instance_id="bad",
+            expected_revision=None,
+            snapshot=b'{"type": "phronomy.workflow_state", "form',
+            write_id="w",
+            status="halted",
+            phase="p",
+            workflow="counter",
+        )
+    )
+    async with runtime_on(store) as rt:
+        with pytest.raises(
+            phronomy.CorruptRecordError, match="'bad' revision 1"
+        ) as caught:
+            await rt.invoke(flow, workflow_instance_id="bad")
+        assert (caught.value.instance_id, caught.value.revision) == ("bad", 1)
+        assert (await rt.invoke(flow, workflow_instance_id="good")).revision == 1
+    assert store.load("bad").snapshot.endswith(b'"form')  # type: ignore[union-attr]  # unchanged
+
+
+async def test_an_instance_belongs_to_its_workflow(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    store = make_store()
+    async with runtime_on(store) as rt:
+        await rt.invoke(counter_flow("orders"), workflow_instance_id="owned")
+        with pytest.raises(
+            phronomy.InstanceStateError, match="belongs to workflow 'orders'"
+        ):
+            await rt.invoke(counter_flow("payments"), workflow_instance_id="owned")
+    assert store.load("owned").status == "finished"  # type: ignore[union-attr]
+
+
+async def test_status_is_running_during_a_segment_and_failed_after_an_error(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    store = make_store()
+    flow = live_flow()
+
+    def boom(state: Value) -> None:
+        raise ValueError("action exploded")
+
+    wf = (
+        phronomy.Workflow(Value, name="boom")
+        .state("s", entry=boom)
+        .transition("s", FINISH)
+    )
+    async with runtime_on(store) as rt:
+        handle = rt.start(flow, workflow_instance_id="st")
+        await until(lambda: rt.signal(flow, "st", "mark"))
+        await until(
+            lambda: (
+                (
+                    store.load("st")
+                    or StoredRecord(
+                        workflow_instance_id="",
+                        workflow="",
+                        revision=0,
+                        status="halted",
+                    )
+                ).status
+                == "running"
+            )
+        )
+        rt.signal(flow, "st", "finish")
+        await handle.result()
+        assert store.load("st").status == "finished"  # type: ignore[union-attr]
+        with pytest.raises(ValueError, match="action exploded"):
+            await rt.invoke(wf.build(), workflow_instance_id="broken")
+        await until(lambda: store.load("broken").status == "failed")  # type: ignore[union-attr]
+        assert "action exploded" in (store.load("broken").detail or "")  # type: ignore[union-attr]
+
+
+async def test_shutdown_refuses_new_starts_but_lets_signals_through(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # scenario 131
+    store = make_store()
+    flow = live_flow()
+    async with runtime_on(store) as rt, trio.open_nursery() as nursery:
+        handle = rt.start(flow, workflow_instance_id="live")
+        await until(lambda: rt.signal(flow, "live", "mark"))
+        nursery.start_soon(rt.shutdown)
+        await until(lambda: rt.state == "draining")
+        with pytest.raises(
+            phronomy.RuntimeShutdownError,
+            match="rejected Workflow start while shutting down",
+        ):
+            await rt.invoke(flow, workflow_instance_id="new")
+        assert rt.signal(flow, "live", "finish")
+        assert (await handle.result()).revision == 1
+    assert rt.shutdown_result is not None
+    assert rt.shutdown_result.clean
+
+
+async def test_cut_off_durable_segment_keeps_its_last_revision(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    store = make_store()
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        halted = await rt.invoke(flow, workflow_instance_id="cut")
+    async with runtime_on(store, shutdown_timeout=0.05) as rt:
+        wf = (
+            phronomy.Workflow(Value, name="approval")
+            .wait_state("awaiting")
+            .initial("awaiting")
+            .state("confirm")
+        )
+        wf.transition("awaiting", "confirm", on="approve").transition(
+            "confirm", FINISH, on="never"
+        )
+        slow = wf.build()
+        handle = rt._resume(
+            slow,
+            halted,
+            "approve",
+            workflow_instance_id=None,
+            payload=None,
+            input=None,
+            recursion_limit=None,
+            on_step=None,
+        )
+        await until(lambda: admission_state(rt, "cut") == "executing")
+    assert "workflow approval instance cut (executing)" in (
+        rt.shutdown_result.cut_off if rt.shutdown_result else ()
+    )
+    with pytest.raises(phronomy.RuntimeShutdownError):
+        await handle.result()
+    assert store.load("cut").revision == 1  # type: ignore[union-attr]
+    async with runtime_on(store) as rt:
+        assert (
+            await rt.send_event(flow, event="approve", workflow_instance_id="cut")
+        ).revision == 2
+
+
+async def test_resume_rejects_state_of_another_class(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    flow = approval_flow()
+    async with runtime_on(make_store()) as rt:
+        halted = await rt.invoke(flow, workflow_instance_id="typed")
+        wrong = msgspec.structs.replace(halted, state=Rich())
+        with pytest.raises(phronomy.StateValidationError, match="runs Value"):
+            await rt.send_event(flow, wrong, "approve")  # type: ignore[arg-type]
