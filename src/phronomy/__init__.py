@@ -6,6 +6,16 @@ The public API is re-exported here; implementation lives in the layered packages
 
 import logging
 
+from .agent import (
+    Approval as Approval,
+    ApprovalRequest as ApprovalRequest,
+    ExecutionHandle as ExecutionHandle,
+    ExecutionOwner as ExecutionOwner,
+    ExecutionRecord as ExecutionRecord,
+    ExecutionResult as ExecutionResult,
+    Executions as Executions,
+    StepContext as StepContext,
+)
 from .engine import (
     CancellationToken as CancellationToken,
     Deadline as Deadline,
@@ -92,6 +102,8 @@ __all__ = [
     "REPLACE",
     "AdmissionError",
     "AgentBusyError",
+    "Approval",
+    "ApprovalRequest",
     "ApprovalStateError",
     "BackpressureError",
     "CancellationError",
@@ -106,8 +118,13 @@ __all__ = [
     "Effects",
     "Engine",
     "EngineStatistics",
+    "ExecutionHandle",
     "ExecutionNotFoundError",
+    "ExecutionOwner",
+    "ExecutionRecord",
     "ExecutionRehydrationRequiredError",
+    "ExecutionResult",
+    "Executions",
     "InstanceStateError",
     "InstanceStatus",
     "InstanceView",
@@ -140,6 +157,7 @@ __all__ = [
     "State",
     "StateValidationError",
     "Step",
+    "StepContext",
     "StorageError",
     "StoredRecord",
     "TransitionError",

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
+from phronomy.agent import ExecutionCoordinator, Executions
 from phronomy.engine import open_engine
 from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
 from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowRunner
@@ -49,6 +50,7 @@ class Runtime(WorkflowClient):
         engine: Engine,
         store: WorkflowStore | None,
         runner: WorkflowRunner,
+        coordinator: ExecutionCoordinator,
         *,
         recursion_limit: int,
     ) -> None:
@@ -57,6 +59,7 @@ class Runtime(WorkflowClient):
         self._engine = engine
         self._store = store
         self._recovery = RecoveryClient(runner)
+        self._executions = Executions(coordinator)
 
     @property
     def engine(self) -> Engine:
@@ -67,6 +70,11 @@ class Runtime(WorkflowClient):
     def store(self) -> WorkflowStore | None:
         """The durable store, if any."""
         return self._store
+
+    @property
+    def executions(self) -> Executions:
+        """Supervised executions (one live execution per key)."""
+        return self._executions
 
     @property
     def recovery(self) -> RecoveryClient:
@@ -177,7 +185,17 @@ async def open_runtime(
             runner = WorkflowRunner(
                 engine, store, max_snapshot_bytes=max_snapshot_bytes
             )
-            yield Runtime(engine, store, runner, recursion_limit=recursion_limit)
+            coordinator = ExecutionCoordinator(
+                engine,
+                pool=engine.pool(
+                    "phronomy.executions", size=pool_size, queue_size=queue_size
+                ),
+                store=store,
+                store_pool=runner.gateway.pool if runner.gateway is not None else None,
+            )
+            yield Runtime(
+                engine, store, runner, coordinator, recursion_limit=recursion_limit
+            )
     finally:
         result = engines[0].shutdown_result if engines else None
         if store is not None and result is not None and result.threads_running == 0:

@@ -1,0 +1,346 @@
+"""The public API of supervised executions (``runtime.executions``)."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, final
+
+import trio
+
+from phronomy.engine import ResultHandle, random_uuid
+from phronomy.errors import (
+    AgentBusyError,
+    ApprovalStateError,
+    CancellationError,
+    ConfigurationError,
+    DefinitionError,
+    ExecutionNotFoundError,
+    RuntimeShutdownError,
+)
+from phronomy.storage import decode_snapshot
+from phronomy.workflow.messages import validate_instance_id
+
+from .coordinator import ExecutionCoordinator, agent_key
+from .messages import (
+    ApprovalDecision,
+    CancelExecution,
+    ExecutionOwner,
+    ExecutionRecord,
+    ExecutionResult,
+    StartExecution,
+)
+
+if TYPE_CHECKING:
+    from phronomy.engine import HandleStatus
+
+__all__ = ["ExecutionHandle", "Executions", "Step"]
+
+Step = Callable[..., Any]
+"""A step: ``(value)`` or ``(value, ctx)``; ``def`` runs in a worker thread, ``async def``
+runs as a supervised trio task."""
+
+
+def _validate_agent_id(agent_id: object) -> str:
+    return validate_instance_id(agent_id, what="agent_id")
+
+
+def _arity(step: Any, index: int) -> int:
+    if not callable(step):
+        raise DefinitionError(f"step {index} must be callable, got {step!r}")
+    try:
+        parameters = inspect.signature(step).parameters.values()
+    except (TypeError, ValueError):
+        return 1
+    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
+        return 2
+    required = [
+        p
+        for p in parameters
+        if p.kind
+        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        and p.default is inspect.Parameter.empty
+    ]
+    if not 1 <= len(required) <= 2:
+        raise DefinitionError(
+            f"step {index} ({getattr(step, '__name__', step)!r}) must take (value) or (value, ctx); "
+            f"it requires {len(required)} arguments"
+        )
+    return len(required)
+
+
+@final
+class ExecutionHandle:
+    """A started execution: its id, its result, and its controls."""
+
+    def __init__(
+        self,
+        executions: Executions,
+        execution_id: str,
+        agent_id: str,
+        handle: ResultHandle[ExecutionResult],
+    ) -> None:
+        """Internal: returned by :meth:`Executions.start`."""
+        self._executions = executions
+        self.execution_id = execution_id
+        self.agent_id = agent_id
+        self.handle = handle
+
+    @property
+    def done(self) -> bool:
+        """Whether the execution's caller has settled."""
+        return self.handle.done
+
+    @property
+    def status(self) -> HandleStatus:
+        """``pending``, ``completed``, ``failed`` or ``cancelled``."""
+        return self.handle.status
+
+    async def result(self) -> ExecutionResult:
+        """Wait for the execution's terminal outcome.
+
+        Returns:
+            The :class:`ExecutionResult` (``completed`` or ``rejected``).
+
+        Raises:
+            CancellationError: the execution was cancelled (:class:`~phronomy.DeadlineExceededError`
+                for a deadline), once everything it started has physically finished.
+            AgentBusyError: the key was busy.
+            Exception: whatever failed a step.
+
+        Cancellation:
+            Cancelling the waiter does not cancel the execution (use :meth:`cancel`).
+        """
+        return await self.handle.result()
+
+    def owner(self) -> ExecutionOwner | None:
+        """The read-only view of the live execution (``None`` once it ended)."""
+        return self._executions.owner(self.execution_id)
+
+    def cancel(self, reason: str | None = None) -> bool:
+        """See :meth:`Executions.cancel`."""
+        return self._executions.cancel(self.execution_id, reason)
+
+    def approve(self, response: Any = None) -> None:
+        """See :meth:`Executions.approve`."""
+        self._executions.approve(self.execution_id, response)
+
+    def reject(self, reason: Any = None) -> None:
+        """See :meth:`Executions.reject`."""
+        self._executions.reject(self.execution_id, reason)
+
+    def __repr__(self) -> str:
+        return f"<ExecutionHandle {self.execution_id!r} agent={self.agent_id!r} {self.status}>"
+
+
+@final
+class Executions:
+    """Supervised executions: at most one live execution per key (``agent_id``).
+
+    Example::
+
+        def plan(task):                      # blocking: runs in a worker thread
+            return call_planner(task)
+
+        def ask(plan):
+            return phronomy.ApprovalRequest(question="run this plan?", details=plan)
+
+        async def act(approval, ctx):        # async: a supervised trio task
+            return await ctx.offload(run_tool, approval.request.details)
+
+        execution = runtime.executions.start("agent-7", [plan, ask, act], "ship the order")
+        ...
+        execution.approve("go")              # later, from any trio task
+        result = await execution.result()
+
+    Cancelling (or a deadline) revokes the execution's result authority at once, but
+    its caller, its admission and its key stay busy until every thread and task it
+    started has physically finished; then the caller settles as cancelled. Threads are
+    never killed or abandoned.
+    """
+
+    def __init__(self, coordinator: ExecutionCoordinator) -> None:
+        """Internal: reached as ``runtime.executions``."""
+        self._coordinator = coordinator
+        self._registry = coordinator.registry
+
+    def start(
+        self,
+        agent_id: str,
+        steps: Sequence[Step],
+        input: Any = None,  # noqa: A002 - the first step's input
+        *,
+        deadline: float | None = None,
+    ) -> ExecutionHandle:
+        """Start an execution of *steps* for *agent_id* without waiting.
+
+        Each step receives the previous step's return value (the first receives
+        *input*). A step that returns an :class:`ApprovalRequest` suspends the execution
+        until :meth:`approve` (the next step receives an :class:`Approval`) or
+        :meth:`reject` (the execution ends ``rejected``).
+
+        Args:
+            agent_id: the key; one nonterminal top-level execution per key.
+            steps: callables taking ``(value)`` or ``(value, ctx)``.
+            input: the first step's input.
+            deadline: absolute trio time after which the execution is cancelled with
+                :class:`~phronomy.DeadlineExceededError`.
+
+        Returns:
+            An :class:`ExecutionHandle`. A busy key fails it with
+            :class:`~phronomy.AgentBusyError` before any storage is touched.
+
+        Raises:
+            InvalidIdentifierError: an empty or invalid *agent_id*.
+            DefinitionError: no steps, or a step of the wrong shape.
+        """
+        key = _validate_agent_id(agent_id)
+        step_list = list(steps)
+        if not step_list:
+            raise DefinitionError("an execution needs at least one step")
+        arities = tuple(_arity(step, i) for i, step in enumerate(step_list))
+        if deadline is not None and not isinstance(deadline, (int, float)):
+            raise ConfigurationError(
+                f"deadline must be a trio time (float), got {deadline!r}"
+            )
+        execution_id = random_uuid()
+        caller: ResultHandle[ExecutionResult] = ResultHandle(
+            f"execution:{key}:{execution_id}"
+        )
+        command = StartExecution(
+            agent_id=key,
+            execution_id=execution_id,
+            steps=step_list,
+            arities=arities,
+            input=input,
+            owner=object(),
+            caller=caller,
+            deadline=float(deadline) if deadline is not None else None,
+        )
+        if not self._registry.post_message(command, admission=True, completion=caller):
+            caller.fail(
+                RuntimeShutdownError(
+                    "Runtime rejected the execution start while shutting down"
+                )
+            )
+        return ExecutionHandle(self, execution_id, key, caller)
+
+    async def run(
+        self,
+        agent_id: str,
+        steps: Sequence[Step],
+        input: Any = None,  # noqa: A002 - the first step's input
+        *,
+        deadline: float | None = None,
+    ) -> ExecutionResult:
+        """``start(...)`` and wait for the result (see :meth:`ExecutionHandle.result`)."""
+        return await self.start(agent_id, steps, input, deadline=deadline).result()
+
+    def owner(self, execution_id: str) -> ExecutionOwner | None:
+        """A read-only view of a live execution, or ``None``."""
+        return self._registry.owner(execution_id)
+
+    def is_admitted(self, agent_id: str | None) -> bool:
+        """Whether the key has a nonterminal execution in this runtime."""
+        return self._registry.agent_execution_admitted(agent_id)
+
+    def approve(self, execution_id: str, response: Any = None) -> None:
+        """Approve a suspended execution; the next step receives an :class:`Approval`.
+
+        Raises:
+            ExecutionNotFoundError: no live execution has that id.
+            ApprovalStateError: the execution is not waiting for an approval.
+        """
+        self._decide(execution_id, approved=True, response=response)
+
+    def reject(self, execution_id: str, reason: Any = None) -> None:
+        """Reject a suspended execution; it ends with status ``rejected``.
+
+        Raises:
+            ExecutionNotFoundError: no live execution has that id.
+            ApprovalStateError: the execution is not waiting for an approval.
+        """
+        self._decide(execution_id, approved=False, response=reason)
+
+    def cancel(self, execution_id: str, reason: str | None = None) -> bool:
+        """Cancel an execution: result authority is revoked when the request is dispatched.
+
+        Returns:
+            ``True`` if a live execution was asked to cancel.
+        """
+        entry = self._registry.owner(execution_id)
+        if entry is None or entry.status not in ("executing", "suspended"):
+            return False
+        message = f"execution {execution_id!r} cancelled" + (
+            f": {reason}" if reason else ""
+        )
+        return self._registry.post_message(
+            CancelExecution(execution_id=execution_id, error=CancellationError(message))
+        )
+
+    async def record(self, agent_id: str) -> ExecutionRecord | None:
+        """The agent's durable execution record (``None`` without a store or a record).
+
+        Raises:
+            CorruptRecordError: the stored record does not decode.
+        """
+        key = _validate_agent_id(agent_id)
+        store, pool = self._coordinator.store, self._coordinator.store_pool
+        if store is None or pool is None:
+            await trio.lowlevel.checkpoint()
+            return None
+        row = await pool.run(store.load, agent_key(key))
+        if row is None or row.snapshot is None:
+            return None
+        return decode_snapshot(
+            row.snapshot,
+            workflow_instance_id=agent_key(key),
+            revision=row.revision,
+            state_type=ExecutionRecord,
+        ).fields
+
+    async def purge(self, agent_id: str) -> bool:
+        """Delete the agent's durable record.
+
+        Returns:
+            Whether a record was deleted.
+
+        Raises:
+            AgentBusyError: an execution of the key is in progress.
+        """
+        key = _validate_agent_id(agent_id)
+        if self.is_admitted(key):
+            raise AgentBusyError(
+                f"Agent {key!r} has an execution in progress; it cannot be purged"
+            )
+        store, pool = self._coordinator.store, self._coordinator.store_pool
+        if store is None or pool is None:
+            await trio.lowlevel.checkpoint()
+            return False
+
+        def purge_row() -> bool:
+            row = store.load(agent_key(key))
+            if row is None:
+                return False
+            store.delete(agent_key(key), row.revision)
+            return True
+
+        return await pool.run(purge_row)
+
+    def _decide(self, execution_id: str, *, approved: bool, response: Any) -> None:
+        view = self._registry.owner(execution_id)
+        if view is None:
+            raise ExecutionNotFoundError(
+                f"no live execution {execution_id!r} in this runtime"
+            )
+        if view.status != "suspended":
+            raise ApprovalStateError(
+                f"execution {execution_id!r} is {view.status}, not waiting for an approval"
+            )
+        decision = ApprovalDecision(
+            execution_id=execution_id, approved=approved, response=response
+        )
+        if not self._registry.post_message(decision):
+            raise RuntimeShutdownError(
+                "Runtime rejected the approval decision while shutting down"
+            )

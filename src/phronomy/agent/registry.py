@@ -1,0 +1,345 @@
+"""Agent admissions and live executions, mutated only on the dispatcher (spec §6.2-6.4)."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+
+from phronomy.engine import ExecutionReceiver
+from phronomy.errors import (
+    AgentBusyError,
+    ExecutionRehydrationRequiredError,
+    InvalidIdentifierError,
+    PhronomyError,
+    StaleAdmissionError,
+)
+
+from .messages import (
+    AgentAdmission,
+    AgentAdmissionState,
+    ExecutionEntry,
+    ExecutionOwner,
+    PhysicalCompletion,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from phronomy.engine import Engine, ResultHandle
+
+__all__ = ["AgentRegistry"]
+
+logger = logging.getLogger(__name__)
+
+_MARKABLE: frozenset[AgentAdmissionState] = frozenset(
+    {
+        "executing",
+        "suspended",
+        "resuming",
+        "cancelling",
+        "terminalizing",
+        "recovery_required",
+    }
+)
+_BUSY: frozenset[AgentAdmissionState] = frozenset(
+    {"admitting", "executing", "resuming", "cancelling", "terminalizing"}
+)
+
+
+class AgentRegistry(ExecutionReceiver):
+    """At most one nonterminal top-level execution per agent key, and its live state.
+
+    Admission per key::
+
+        (absent) --admit(token)--> admitting --bind(token, execution_id)--> executing
+        executing <-> suspended -> resuming -> executing; -> cancelling -> terminalizing
+        any --recovery--> recovery_required
+        release(token: pre-durable failure | execution_id: known terminal) --> (absent)
+
+    Suspended and recovery-required admissions do not keep the runtime busy; in-flight
+    supervised work and deferred terminals do.
+    """
+
+    def __init__(self, engine: Engine, deliver: Callable[[Any], None]) -> None:
+        """Create the registry; *deliver* handles execution commands on the dispatcher."""
+        super().__init__(engine)
+        self._deliver = deliver
+        self._admissions: dict[str, AgentAdmission] = {}
+        self._entries: dict[str, ExecutionEntry] = {}
+        self._inflight: dict[str, set[object]] = {}
+        self._deferred: dict[str, Callable[[], None]] = {}
+
+    # --- the receiver contract ----------------------------------------------------
+
+    def idle(self) -> bool:
+        """No supervised work, no deferred terminal, no busy admission."""
+        return (
+            not any(self._inflight.values())
+            and not self._deferred
+            and not any(a.state in _BUSY for a in self._admissions.values())
+        )
+
+    def deliver(self, message: Any) -> None:
+        """Hand an execution command to the coordinator (dispatcher only)."""
+        self._deliver(message)
+
+    def shutdown(self, error: BaseException | None) -> None:
+        """Fail every remaining caller (``ExecutionRehydrationRequiredError`` on a clean stop)."""
+        for entry in self._entries.values():
+            if entry.deadline_timer is not None:
+                entry.deadline_timer.cancel()
+            if entry.caller.done:
+                continue
+            entry.caller.fail(
+                error
+                or ExecutionRehydrationRequiredError(
+                    f"execution {entry.execution_id!r} of agent {entry.agent_id!r} lost its "
+                    f"live owner ({entry.status}) when the runtime shut down; reload it to continue"
+                )
+            )
+        self._admissions.clear()
+        self._entries.clear()
+        self._inflight.clear()
+        self._deferred.clear()
+
+    def describe_live(self) -> list[str]:
+        """Describe busy executions (for the shutdown report)."""
+        return [
+            f"execution {e.execution_id} of agent {e.agent_id} ({e.status})"
+            for e in self._entries.values()
+            if self._admissions.get(e.agent_id) is not None
+            and self._admissions[e.agent_id].state in _BUSY
+        ]
+
+    # --- admission (dispatcher only) ---------------------------------------------------
+
+    def admit_agent_execution(self, agent_id: str, owner: object) -> None:
+        """Reserve the key's one top-level execution slot, before any storage.
+
+        Raises:
+            InvalidIdentifierError: empty id or no token.
+            RuntimeShutdownError: new admissions are closed.
+            AgentBusyError: the key has an admission in any state.
+        """
+        self.assert_dispatcher()
+        if not agent_id:
+            raise InvalidIdentifierError("agent_id must not be empty")
+        if owner is None:
+            raise InvalidIdentifierError("owner_token is required")
+        self.admit()
+        current = self._admissions.get(agent_id)
+        if current is not None:
+            raise AgentBusyError(
+                f"Agent {agent_id!r} already has a nonterminal top-level execution ({current.state})"
+            )
+        self._admissions[agent_id] = AgentAdmission(
+            agent_id=agent_id, owner=owner, execution_id=None, state="admitting"
+        )
+
+    def bind_agent_execution_admission(
+        self, agent_id: str, owner: object, execution_id: str
+    ) -> None:
+        """Bind the admission to its execution id (state ``executing``).
+
+        Raises:
+            StaleAdmissionError: no admission, another owner, or already bound.
+        """
+        self.assert_dispatcher()
+        current = self._admissions.get(agent_id)
+        if current is None:
+            raise StaleAdmissionError(f"Agent {agent_id!r} has no Runtime admission")
+        if current.owner is not owner or current.execution_id is not None:
+            raise StaleAdmissionError(f"stale Agent admission bind for {agent_id!r}")
+        self._admissions[agent_id] = msgspec.structs.replace(
+            current, execution_id=execution_id, state="executing"
+        )
+
+    def mark_agent_execution_admission(
+        self, agent_id: str, execution_id: str, state: AgentAdmissionState
+    ) -> None:
+        """Move the bound admission to *state*.
+
+        Raises:
+            ValueError: an unsupported state.
+            StaleAdmissionError: no admission, or bound to another execution.
+        """
+        self.assert_dispatcher()
+        if state not in _MARKABLE:
+            raise ValueError(f"unsupported Agent admission state: {state!r}")
+        current = self._admissions.get(agent_id)
+        if current is None:
+            raise StaleAdmissionError(f"Agent {agent_id!r} has no Runtime admission")
+        if current.execution_id != execution_id:
+            raise StaleAdmissionError(
+                f"stale Agent admission state update for {agent_id!r}"
+            )
+        self._admissions[agent_id] = msgspec.structs.replace(current, state=state)
+
+    def mark_agent_admission_recovery_required(
+        self, agent_id: str, owner: object
+    ) -> None:
+        """Fail-closed by token (for example: storage reported an unknown nonterminal execution).
+
+        Raises:
+            StaleAdmissionError: no admission, or another owner.
+        """
+        self.assert_dispatcher()
+        current = self._admissions.get(agent_id)
+        if current is None:
+            raise StaleAdmissionError(f"Agent {agent_id!r} has no Runtime admission")
+        if current.owner is not owner:
+            raise StaleAdmissionError(
+                f"stale Agent admission recovery update for {agent_id!r}"
+            )
+        self._admissions[agent_id] = msgspec.structs.replace(
+            current, state="recovery_required"
+        )
+
+    def release_agent_execution_admission(
+        self,
+        agent_id: str,
+        *,
+        owner: object | None = None,
+        execution_id: str | None = None,
+    ) -> bool:
+        """Release when authoritative: the bound execution id matches, or (without one) the
+        token is identical. Otherwise ``False``."""
+        self.assert_dispatcher()
+        current = self._admissions.get(agent_id)
+        if current is None:
+            return False
+        if execution_id is not None:
+            authoritative = current.execution_id == execution_id
+        elif owner is not None:
+            authoritative = current.owner is owner
+        else:
+            authoritative = False
+        if authoritative:
+            del self._admissions[agent_id]
+        return authoritative
+
+    # --- live entries (dispatcher only) ----------------------------------------------------
+
+    def install(self, entry: ExecutionEntry) -> None:
+        """Install a new live execution.
+
+        Raises:
+            PhronomyError: the execution id is already live.
+        """
+        self.assert_dispatcher()
+        if entry.execution_id in self._entries:
+            raise PhronomyError(
+                f"Agent execution {entry.execution_id!r} is already live"
+            )
+        self._entries[entry.execution_id] = entry
+
+    def replace(self, entry: ExecutionEntry) -> None:
+        """Replace a live execution's record.
+
+        Raises:
+            PhronomyError: the execution is not live.
+        """
+        self.assert_dispatcher()
+        if entry.execution_id not in self._entries:
+            raise PhronomyError(f"Agent execution {entry.execution_id!r} is not live")
+        self._entries[entry.execution_id] = entry
+
+    def remove(self, execution_id: str) -> None:
+        """Forget a terminal execution.
+
+        Raises:
+            PhronomyError: supervised work is still running, or a terminal is deferred.
+        """
+        self.assert_dispatcher()
+        if self._inflight.get(execution_id):
+            raise PhronomyError(
+                f"cannot release non-quiescent Agent execution {execution_id!r}"
+            )
+        if execution_id in self._deferred:
+            raise PhronomyError(
+                f"cannot release Agent execution {execution_id!r} with deferred terminal work"
+            )
+        self._entries.pop(execution_id, None)
+        self._inflight.pop(execution_id, None)
+
+    def supervise(self, execution_id: str, handle: ResultHandle[Any]) -> None:
+        """Track *handle* until it has physically finished (threads and tasks included)."""
+        self.assert_dispatcher()
+        if handle.physically_complete:
+            return
+        token = object()
+        self._inflight.setdefault(execution_id, set()).add(token)
+        message = PhysicalCompletion(execution_id=execution_id, token=token)
+
+        def finished(_: ResultHandle[Any]) -> None:
+            if not self.post_message(message):
+                logger.debug(
+                    "physical completion of %r arrived after shutdown", execution_id
+                )
+
+        handle.on_physical_complete(finished)
+
+    def physically_complete(self, execution_id: str, token: object) -> None:
+        """Record a physical completion; run the deferred terminal once quiescent."""
+        self.assert_dispatcher()
+        pending = self._inflight.get(execution_id)
+        if pending is None:
+            return
+        pending.discard(token)
+        if not pending and execution_id in self._deferred:
+            self._deferred.pop(execution_id)()
+
+    def quiescent(self, execution_id: str) -> bool:
+        """Whether no supervised work of the execution is still running."""
+        return not self._inflight.get(execution_id)
+
+    def inflight(self, execution_id: str) -> int:
+        """How many supervised operations of the execution are still running."""
+        return len(self._inflight.get(execution_id, ()))
+
+    def defer_terminal_until_quiescent(
+        self, execution_id: str, terminal: Callable[[], None]
+    ) -> None:
+        """Run *terminal* once the execution's supervised work has physically finished.
+
+        Raises:
+            PhronomyError: a terminal is already deferred for this execution.
+        """
+        self.assert_dispatcher()
+        if execution_id in self._deferred:
+            raise PhronomyError(
+                f"Agent execution {execution_id!r} already has a deferred terminal"
+            )
+        if self.quiescent(execution_id):
+            terminal()
+        else:
+            self._deferred[execution_id] = terminal
+
+    # --- reads (any trio task) ------------------------------------------------------------
+
+    def entry(self, execution_id: str) -> ExecutionEntry | None:
+        """The live execution, or ``None``."""
+        return self._entries.get(execution_id)
+
+    def admission(self, agent_id: str) -> AgentAdmission | None:
+        """The key's admission, or ``None``."""
+        return self._admissions.get(agent_id)
+
+    def agent_execution_admitted(self, agent_id: str | None) -> bool:
+        """Whether the key has an admission (``False`` for unknown or empty ids)."""
+        return bool(agent_id) and agent_id in self._admissions
+
+    def owner(self, execution_id: str) -> ExecutionOwner | None:
+        """A read-only view of a live execution, or ``None``."""
+        entry = self._entries.get(execution_id)
+        if entry is None:
+            return None
+        return ExecutionOwner(
+            execution_id=entry.execution_id,
+            agent_id=entry.agent_id,
+            status=entry.status,
+            step_index=entry.index,
+            pending_approval=entry.pending_approval,
+        )
