@@ -6,6 +6,7 @@ threads.
 
 from ._codec import (
     DEFAULT_MAX_SNAPSHOT_BYTES as DEFAULT_MAX_SNAPSHOT_BYTES,
+    FINISH_PHASE as FINISH_PHASE,
     RECORD_TYPE as RECORD_TYPE,
     SNAPSHOT_FORMAT as SNAPSHOT_FORMAT,
     DecodedSnapshot as DecodedSnapshot,

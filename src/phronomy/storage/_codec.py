@@ -29,6 +29,7 @@ from phronomy.errors import CorruptRecordError, PayloadTooLargeError, Serializat
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_BYTES",
+    "FINISH_PHASE",
     "RECORD_TYPE",
     "SNAPSHOT_FORMAT",
     "DecodedSnapshot",
@@ -40,6 +41,8 @@ __all__ = [
 ]
 
 RECORD_TYPE = "phronomy.workflow_state"
+FINISH_PHASE = "__end__"
+"""The stored phase of a finished instance."""
 SNAPSHOT_FORMAT = 1
 DEFAULT_MAX_SNAPSHOT_BYTES = 4 * 1024 * 1024
 
