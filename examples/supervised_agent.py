@@ -41,9 +41,8 @@ async def main() -> None:
         execution = executions.start(
             "assistant-1", [search, ask_approval, send], "trio"
         )
-        while (owner := execution.owner()) is None or owner.status != "suspended":
-            await trio.sleep(0.01)
-        print(f"suspended, asking: {owner.pending_approval}")
+        request = await execution.wait_for_approval()
+        print(f"suspended, asking: {request.question} {request.details}")
         try:  # one live execution per key: a second start is refused before any work
             await executions.run("assistant-1", [search], "other")
         except phronomy.AgentBusyError as exc:

@@ -114,6 +114,23 @@ async def test_approval_suspends_then_approve_or_reject(
     )
 
 
+async def test_wait_for_approval(runtime: phronomy.Runtime) -> None:
+    request = phronomy.ApprovalRequest(question="go?")
+    execution = runtime.executions.start("w", [lambda v: v, lambda v: request])
+    assert await execution.wait_for_approval() == request
+    execution.approve()
+    await execution.result()
+    with pytest.raises(phronomy.ApprovalStateError, match="without asking"):
+        await execution.wait_for_approval()
+    busy_holder = runtime.executions.start("w2", [lambda v: request])
+    await busy_holder.wait_for_approval()
+    refused = runtime.executions.start("w2", [lambda v: v])  # refused: the key is busy
+    with pytest.raises(phronomy.ApprovalStateError, match="ended"):
+        with trio.fail_after(2):
+            await refused.wait_for_approval()
+    busy_holder.reject()
+
+
 async def test_approval_errors_are_clear(runtime: phronomy.Runtime) -> None:
     with pytest.raises(phronomy.ExecutionNotFoundError, match="no live execution"):
         runtime.executions.approve("nope")

@@ -24,6 +24,7 @@ from phronomy.workflow.messages import validate_instance_id
 from .coordinator import ExecutionCoordinator, agent_key
 from .messages import (
     ApprovalDecision,
+    ApprovalRequest,
     CancelExecution,
     ExecutionOwner,
     ExecutionRecord,
@@ -116,6 +117,35 @@ class ExecutionHandle:
     def owner(self) -> ExecutionOwner | None:
         """The read-only view of the live execution (``None`` once it ended)."""
         return self._executions.owner(self.execution_id)
+
+    async def wait_for_approval(self) -> ApprovalRequest:
+        """Wait until the execution suspends for an approval; return what it asks.
+
+        Returns:
+            The pending :class:`ApprovalRequest` (answer with :meth:`approve` or
+            :meth:`reject`).
+
+        Raises:
+            ApprovalStateError: the execution ended without asking (see :meth:`result`).
+
+        Cancellation:
+            Safe: the execution is not affected.
+        """
+        registry = self._executions._registry  # noqa: SLF001 - same package
+        while True:
+            owner = self.owner()
+            if (
+                owner is not None
+                and owner.status == "suspended"
+                and owner.pending_approval is not None
+            ):
+                await trio.lowlevel.checkpoint()
+                return owner.pending_approval
+            if owner is None and self.handle.done:
+                raise ApprovalStateError(
+                    f"execution {self.execution_id!r} ended ({self.handle.status}) without asking for an approval"
+                )
+            await registry.wait_changed(self.execution_id)
 
     def cancel(self, reason: str | None = None) -> bool:
         """See :meth:`Executions.cancel`."""
@@ -223,6 +253,7 @@ class Executions:
                     "Runtime rejected the execution start while shutting down"
                 )
             )
+        caller.on_complete(lambda _: self._registry.notify(execution_id))
         return ExecutionHandle(self, execution_id, key, caller)
 
     async def run(

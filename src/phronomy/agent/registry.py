@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 import msgspec
+import trio
 
 from phronomy.engine import ExecutionReceiver
 from phronomy.errors import (
@@ -70,6 +71,7 @@ class AgentRegistry(ExecutionReceiver):
         self._entries: dict[str, ExecutionEntry] = {}
         self._inflight: dict[str, set[object]] = {}
         self._deferred: dict[str, Callable[[], None]] = {}
+        self._changed: dict[str, trio.Event] = {}
 
     # --- the receiver contract ----------------------------------------------------
 
@@ -103,6 +105,9 @@ class AgentRegistry(ExecutionReceiver):
         self._entries.clear()
         self._inflight.clear()
         self._deferred.clear()
+        for event in self._changed.values():
+            event.set()
+        self._changed.clear()
 
     def describe_live(self) -> list[str]:
         """Describe busy executions (for the shutdown report)."""
@@ -234,6 +239,7 @@ class AgentRegistry(ExecutionReceiver):
                 f"Agent execution {entry.execution_id!r} is already live"
             )
         self._entries[entry.execution_id] = entry
+        self.notify(entry.execution_id)
 
     def replace(self, entry: ExecutionEntry) -> None:
         """Replace a live execution's record.
@@ -245,6 +251,7 @@ class AgentRegistry(ExecutionReceiver):
         if entry.execution_id not in self._entries:
             raise PhronomyError(f"Agent execution {entry.execution_id!r} is not live")
         self._entries[entry.execution_id] = entry
+        self.notify(entry.execution_id)
 
     def remove(self, execution_id: str) -> None:
         """Forget a terminal execution.
@@ -263,6 +270,7 @@ class AgentRegistry(ExecutionReceiver):
             )
         self._entries.pop(execution_id, None)
         self._inflight.pop(execution_id, None)
+        self.notify(execution_id)
 
     def supervise(self, execution_id: str, handle: ResultHandle[Any]) -> None:
         """Track *handle* until it has physically finished (threads and tasks included)."""
@@ -316,6 +324,25 @@ class AgentRegistry(ExecutionReceiver):
             terminal()
         else:
             self._deferred[execution_id] = terminal
+
+    # --- change notification -------------------------------------------------------------
+
+    def notify(self, execution_id: str) -> None:
+        """Wake the tasks waiting for a change of *execution_id*."""
+        event = self._changed.pop(execution_id, None)
+        if event is not None:
+            event.set()
+
+    async def wait_changed(self, execution_id: str) -> None:
+        """Wait until *execution_id* changes (installed, replaced, removed, or settled).
+
+        Cancellation:
+            Safe: nothing is changed.
+        """
+        event = self._changed.get(execution_id)
+        if event is None:
+            event = self._changed[execution_id] = trio.Event()
+        await event.wait()
 
     # --- reads (any trio task) ------------------------------------------------------------
 

@@ -21,6 +21,8 @@ import threading
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar, final
 
 import msgspec
+from msgspec import StructMeta
+from typing_extensions import dataclass_transform
 
 from phronomy.errors import DefinitionError, StateValidationError
 
@@ -81,11 +83,32 @@ _specs: dict[type[Any], StateSpec] = {}
 _specs_lock = threading.Lock()
 
 
-class State(msgspec.Struct, frozen=True, kw_only=True):
+class _StateMeta(StructMeta):
+    """Makes every subclass frozen and keyword-only unless it says otherwise.
+
+    msgspec does not inherit ``kw_only`` (and type checkers want ``frozen`` repeated):
+    this metaclass and the ``dataclass_transform`` below make ``class Order(State):``
+    enough at runtime and for mypy.
+    """
+
+    def __new__(
+        mcls,
+        name: str,
+        bases: tuple[type, ...],
+        namespace: dict[str, Any],
+        **kwargs: Any,
+    ) -> Any:
+        kwargs.setdefault("frozen", True)
+        kwargs.setdefault("kw_only", True)
+        return super().__new__(mcls, name, bases, namespace, **kwargs)
+
+
+@dataclass_transform(frozen_default=True, kw_only_default=True)
+class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
     """Base class of workflow states (a frozen, keyword-only msgspec Struct).
 
-    Subclasses repeat ``frozen=True, kw_only=True`` only if they add Struct options;
-    phronomy states are always frozen.
+    ``class Order(phronomy.State): ...`` is enough: subclasses are frozen and
+    keyword-only by default, at runtime and for type checkers.
 
     A state may define ``handle_event(self, event)``: it is called for every external
     event before transitions are considered and may return :data:`CONSUME` (drop the
