@@ -174,4 +174,9 @@ __all__ = [
     "open_runtime",
 ]
 
+from ._metadata import fixup_module_metadata
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata
+
 logging.getLogger(__name__).addHandler(logging.NullHandler())

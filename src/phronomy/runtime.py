@@ -37,9 +37,9 @@ logger = logging.getLogger(__name__)
 class Runtime(WorkflowClient):
     """A running phronomy runtime: workflows, supervised executions and the engine.
 
-    Obtain one with :func:`open_runtime`. Workflow operations (:meth:`invoke`,
-    :meth:`start`, :meth:`stream`, :meth:`send_event`, :meth:`resume`, :meth:`signal`)
-    come from :class:`~phronomy.workflow.WorkflowClient`.
+    Obtain one with :func:`open_runtime`. The workflow operations (``invoke``, ``start``,
+    ``stream``, ``send_event``, ``resume``, ``signal``) are documented on
+    :class:`~phronomy.workflow.WorkflowClient`.
 
     Thread-safety: use it from trio tasks of the thread that opened it. From another
     thread, go through ``trio.from_thread.run_sync(..., trio_token=runtime.trio_token)``.
@@ -116,7 +116,7 @@ class Runtime(WorkflowClient):
     ) -> ShutdownResult:
         """Shut down now (the ``async with`` exit then returns the same result).
 
-        See :meth:`phronomy.engine.Engine.shutdown`.
+        See :meth:`phronomy.Engine.shutdown`.
         """
         return await self._engine.shutdown(timeout=timeout, cancel_grace=cancel_grace)
 

@@ -132,7 +132,7 @@ class FaultyStore(BaseStore):
     # --- the store contract -------------------------------------------------------------
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
-        """See :meth:`WorkflowStore.load`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         self._record("load")
         self._fire("load.before")
         result = self.inner.load(workflow_instance_id)
@@ -140,7 +140,7 @@ class FaultyStore(BaseStore):
         return result
 
     def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """See :meth:`WorkflowStore.claim`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.claim`."""
         self._record("claim")
         self._fire("claim.before")
         result = self.inner.claim(workflow_instance_id, workflow)
@@ -154,7 +154,7 @@ class FaultyStore(BaseStore):
         *,
         expected_revision: int | None = None,
     ) -> bool:
-        """See :meth:`WorkflowStore.begin`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.begin`."""
         self._record("begin")
         self._fire("begin.before")
         result = self.inner.begin(
@@ -164,7 +164,7 @@ class FaultyStore(BaseStore):
         return result
 
     def save(self, request: SaveRequest) -> int:
-        """See :meth:`WorkflowStore.save`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.save`."""
         self._record("save")
         self._fire("save.before")
         revision = self.inner.save(request)
@@ -179,7 +179,7 @@ class FaultyStore(BaseStore):
         expected_revision: int | None = None,
         detail: str | None = None,
     ) -> bool:
-        """See :meth:`WorkflowStore.mark`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
         self._record("mark")
         self._fire("mark.before")
         result = self.inner.mark(
@@ -192,14 +192,14 @@ class FaultyStore(BaseStore):
         return result
 
     def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
-        """See :meth:`WorkflowStore.delete`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.delete`."""
         self._record("delete")
         self._fire("delete.before")
         self.inner.delete(workflow_instance_id, expected_revision)
         self._fire("delete.after")
 
     def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """See :meth:`WorkflowStore.find_write`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
         self._record("find_write")
         self._fire("find_write.before")
         return self.inner.find_write(workflow_instance_id, write_id)
@@ -211,7 +211,7 @@ class FaultyStore(BaseStore):
         limit: int = 100,
         after: str | None = None,
     ) -> InstancePage:
-        """See :meth:`WorkflowStore.list_instances`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.list_instances`."""
         self._record("list_instances")
         return self.inner.list_instances(status=status, limit=limit, after=after)
 

@@ -15,3 +15,21 @@ from .messages import (
     ExecutionRecord as ExecutionRecord,
     ExecutionResult as ExecutionResult,
 )
+
+__all__ = [
+    "Approval",
+    "ApprovalRequest",
+    "ExecutionCoordinator",
+    "ExecutionHandle",
+    "ExecutionOwner",
+    "ExecutionRecord",
+    "ExecutionResult",
+    "Executions",
+    "Step",
+    "StepContext",
+]
+
+from phronomy._metadata import fixup_module_metadata
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

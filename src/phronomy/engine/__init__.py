@@ -40,3 +40,42 @@ from ._session import (
     TerminalType as TerminalType,
 )
 from ._timers import Timer as Timer, TimerQueue as TimerQueue
+
+__all__ = [
+    "SYSTEM_CHANNEL",
+    "Batcher",
+    "CancellationToken",
+    "Deadline",
+    "DispatcherStatus",
+    "Engine",
+    "EngineConfig",
+    "EngineStatistics",
+    "Event",
+    "EventSink",
+    "ExecutionReceiver",
+    "GatedSession",
+    "HandleStatus",
+    "LifecycleState",
+    "OffloadPool",
+    "PoolStatistics",
+    "ResultHandle",
+    "Session",
+    "SessionLifecycle",
+    "SessionOutcome",
+    "Settled",
+    "ShutdownParticipant",
+    "ShutdownResult",
+    "TerminalDecision",
+    "TerminalPolicy",
+    "TerminalType",
+    "Timer",
+    "TimerQueue",
+    "open_engine",
+    "random_hex",
+    "random_uuid",
+]
+
+from phronomy._metadata import fixup_module_metadata
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

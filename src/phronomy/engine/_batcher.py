@@ -9,11 +9,10 @@ import outcome
 
 from phronomy.errors import PhronomyInternalError
 
-from ._handle import ResultHandle
-
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._handle import ResultHandle
     from ._pool import OffloadPool
 
 __all__ = ["Batcher"]
@@ -33,8 +32,9 @@ class Batcher(Generic[I, O]):
     order is preserved: an item never runs before an item submitted earlier.
 
     ``run_batch(items)`` runs in a worker thread and returns one
-    :class:`outcome.Outcome` per item, in order. If the offloaded call itself fails,
-    every item of the batch fails with that error.
+    :class:`outcome.Outcome` per item, in order. Each item's callback receives its
+    outcome on the trio thread; if the offloaded call itself fails (or the pool refuses
+    it), every item of the batch receives that error.
 
     Use on the runtime's trio thread only.
     """
@@ -50,7 +50,7 @@ class Batcher(Generic[I, O]):
         self._pool = pool
         self._run_batch = run_batch
         self._max_batch = max_batch
-        self._pending: list[tuple[I, ResultHandle[O]]] = []
+        self._pending: list[tuple[I, Callable[[outcome.Outcome[O]], object]]] = []
         self._in_flight = False
         self.batches = 0
         self.items = 0
@@ -60,27 +60,19 @@ class Batcher(Generic[I, O]):
         """No batch is running and nothing is waiting."""
         return not self._in_flight and not self._pending
 
-    def submit(self, item: I) -> ResultHandle[O]:
-        """Queue *item*; the handle settles with its outcome once its batch ran.
-
-        Raises (through the handle):
-            PoolShutdownError, BackpressureError: the pool refused the batch.
-        """
-        handle: ResultHandle[O] = ResultHandle("batch-item")
-        self._pending.append((item, handle))
+    def submit(self, item: I, callback: Callable[[outcome.Outcome[O]], object]) -> None:
+        """Queue *item*; ``callback(outcome)`` runs once its batch ran."""
+        self._pending.append((item, callback))
         if not self._in_flight:
             self._flush()
-        return handle
 
     def _flush(self) -> None:
         batch = self._pending[: self._max_batch]
         del self._pending[: self._max_batch]
-        items = [item for item, _ in batch]
         try:
-            op = self._pool.submit_nowait(self._run_batch, items)
-        except Exception as exc:  # noqa: BLE001 - every item of the batch fails with it
-            for _, handle in batch:
-                handle.fail(exc)
+            op = self._pool.submit_nowait(self._run_batch, [item for item, _ in batch])
+        except Exception as exc:  # noqa: BLE001 - every item of the batch gets it
+            self._fail(batch, exc)
             if self._pending:
                 self._flush()
             return
@@ -91,31 +83,44 @@ class Batcher(Generic[I, O]):
 
     def _distribute(
         self,
-        batch: list[tuple[I, ResultHandle[O]]],
+        batch: list[tuple[I, Callable[[outcome.Outcome[O]], object]]],
         done: ResultHandle[list[outcome.Outcome[O]]],
     ) -> None:
         self._in_flight = False
-        if done.status == "completed":
+        if done.status != "completed":
+            assert done.error is not None
+            self._fail(batch, done.error)
+        else:
             results = done.result_nowait()
             if len(results) != len(batch):
-                error: BaseException = PhronomyInternalError(
-                    f"batch returned {len(results)} results for {len(batch)} items"
+                self._fail(
+                    batch,
+                    PhronomyInternalError(
+                        f"batch returned {len(results)} results for {len(batch)} items"
+                    ),
                 )
-                for _, handle in batch:
-                    handle.fail(error)
             else:
-                for (_, handle), result in zip(batch, results, strict=True):
-                    if isinstance(result, outcome.Value):
-                        handle.complete(result.value)
-                    elif isinstance(result, outcome.Error):
-                        handle.fail(result.error)
-        else:
-            failure = done.error
-            assert failure is not None
-            for _, handle in batch:
-                handle.fail(failure)
+                for (_, callback), result in zip(batch, results, strict=True):
+                    _call(callback, result)
         if self._pending:
             self._flush()
 
+    @staticmethod
+    def _fail(
+        batch: list[tuple[I, Callable[[outcome.Outcome[O]], object]]],
+        error: BaseException,
+    ) -> None:
+        for _, callback in batch:
+            _call(callback, outcome.Error(error))
+
     def __repr__(self) -> str:
         return f"<Batcher batches={self.batches} items={self.items} pending={len(self._pending)}>"
+
+
+def _call(
+    callback: Callable[[outcome.Outcome[O]], object], result: outcome.Outcome[O]
+) -> None:
+    try:
+        callback(result)
+    except Exception:
+        logger.exception("batch item callback failed")

@@ -1189,7 +1189,7 @@ async def open_engine(
 ) -> AsyncGenerator[Engine]:
     """Run an engine for the duration of the ``async with`` block.
 
-    On a normal exit the engine shuts down gracefully (:meth:`Engine.shutdown`). If the
+    On a normal exit the engine shuts down gracefully (:meth:`~phronomy.Engine.shutdown`). If the
     body raises (or is cancelled), the engine stops at once: live work is cut off, its
     callers get :class:`~phronomy.RuntimeShutdownError`, queued offloaded operations
     are cancelled, and the body's exception propagates unchanged (never wrapped in an

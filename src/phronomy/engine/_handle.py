@@ -24,7 +24,7 @@ HandleStatus = Literal["pending", "completed", "failed", "cancelled"]
 
 
 class Settled(msgspec.Struct, frozen=True, kw_only=True):
-    """One input's outcome in :meth:`ResultHandle.all_settled`.
+    """One input's outcome in :meth:`~phronomy.ResultHandle.all_settled`.
 
     Attributes:
         index: the input's position.

@@ -29,7 +29,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         type: the event name.
-        target_id: a session id, or :data:`SYSTEM_CHANNEL` for management events.
+        target_id: a session id, or ``SYSTEM_CHANNEL`` for management events.
         payload: any application value, passed unchanged.
     """
 
@@ -83,7 +83,7 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class EngineStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of the engine, from :meth:`Engine.statistics`.
+    """A snapshot of the engine, from :meth:`~phronomy.Engine.statistics`.
 
     Attributes:
         state: lifecycle state.

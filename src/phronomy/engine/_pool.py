@@ -101,7 +101,7 @@ class OffloadPool:
     really finished. Waiting for worker threads never abandons them: trio keeps
     waiting for a running write even after the runtime block has exited.
 
-    Pools are created by the engine (:meth:`Engine.offload`, :meth:`Engine.pool`).
+    Pools are created by the engine (:attr:`~phronomy.Engine.default_pool`, :meth:`~phronomy.Engine.pool`).
     """
 
     def __init__(
@@ -175,7 +175,7 @@ class OffloadPool:
         """Admit ``fn(*args)`` without waiting; it runs in a worker thread.
 
         Args:
-            fn: a blocking callable (keyword arguments through :func:`functools.partial`).
+            fn: a blocking callable (keyword arguments through ``functools.partial``).
             *args: positional arguments for *fn*.
             timeout: operation-wide timeout in seconds, measured from now (queue wait
                 included); expiry settles the handle with

@@ -14,7 +14,7 @@ __all__ = ["ExecutionReceiver"]
 class ExecutionReceiver:
     """Base class of feature registries (workflow admissions, supervised executions).
 
-    A receiver is registered once per key on an engine (:meth:`Engine.receiver`). The
+    A receiver is registered once per key on an engine (:meth:`~phronomy.Engine.receiver`). The
     engine delivers its messages on the dispatcher task (:meth:`deliver`), counts them
     for idleness, asks :meth:`idle` before shutting down, and calls :meth:`shutdown`
     exactly once: on the failing dispatcher (with the error) or after the dispatcher
@@ -76,13 +76,13 @@ class ExecutionReceiver:
         admission: bool = False,
         completion: ResultHandle[Any] | None = None,
     ) -> bool:
-        """Queue *message* for :meth:`deliver`; see :meth:`Engine.post_execution`."""
+        """Queue *message* for :meth:`deliver`; see :meth:`~phronomy.Engine.post_execution`."""
         return self._engine.post_execution(
             self, message, admission=admission, completion=completion
         )
 
     def admit(self) -> None:
-        """Pass the engine's admission gate; see :meth:`Engine.admit_execution`."""
+        """Pass the engine's admission gate; see :meth:`~phronomy.Engine.admit_execution`."""
         self._engine.admit_execution(self)
 
     def assert_dispatcher(self) -> None:

@@ -39,3 +39,41 @@ from ._store import (
     check_claimable as check_claimable,
     classify_uncertain_save as classify_uncertain_save,
 )
+
+__all__ = [
+    "DEFAULT_MAX_SNAPSHOT_BYTES",
+    "FINISH_PHASE",
+    "KNOWN_FAILURES",
+    "RECORD_TYPE",
+    "SCHEMA_VERSION",
+    "SNAPSHOT_FORMAT",
+    "BaseStore",
+    "BeginOp",
+    "ClaimOp",
+    "DecodedSnapshot",
+    "DeleteOp",
+    "InstancePage",
+    "InstanceStatus",
+    "LoadOp",
+    "MarkOp",
+    "MemoryStore",
+    "SQLiteStore",
+    "SaveOp",
+    "SaveOutcome",
+    "SaveRequest",
+    "StoreOp",
+    "StoredRecord",
+    "WorkflowStore",
+    "check_claimable",
+    "check_json_domain",
+    "classify_uncertain_save",
+    "decode_snapshot",
+    "decode_snapshot_builtins",
+    "encode_snapshot",
+    "normalize",
+]
+
+from phronomy._metadata import fixup_module_metadata
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

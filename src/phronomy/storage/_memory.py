@@ -36,12 +36,12 @@ class MemoryStore(BaseStore):
         self._log: dict[str, tuple[str, int]] = {}
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
-        """See :meth:`WorkflowStore.load`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         with self._lock:
             return self._rows.get(workflow_instance_id)
 
     def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """See :meth:`WorkflowStore.claim`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.claim`."""
         with self._lock:
             row = self._rows.get(workflow_instance_id)
             if row is None:
@@ -70,7 +70,7 @@ class MemoryStore(BaseStore):
         *,
         expected_revision: int | None = None,
     ) -> bool:
-        """See :meth:`WorkflowStore.begin`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.begin`."""
         with self._lock:
             row = self._rows.get(workflow_instance_id)
             if row is None:
@@ -98,7 +98,7 @@ class MemoryStore(BaseStore):
             return True
 
     def save(self, request: SaveRequest) -> int:
-        """See :meth:`WorkflowStore.save`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.save`."""
         iid = request.workflow_instance_id
         with self._lock:
             row = self._rows.get(iid)
@@ -130,7 +130,7 @@ class MemoryStore(BaseStore):
         expected_revision: int | None = None,
         detail: str | None = None,
     ) -> bool:
-        """See :meth:`WorkflowStore.mark`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
         with self._lock:
             row = self._rows.get(workflow_instance_id)
             if row is None or (
@@ -143,7 +143,7 @@ class MemoryStore(BaseStore):
             return True
 
     def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
-        """See :meth:`WorkflowStore.delete`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.delete`."""
         with self._lock:
             row = self._rows.get(workflow_instance_id)
             if row is None or row.revision != expected_revision:
@@ -157,7 +157,7 @@ class MemoryStore(BaseStore):
             }
 
     def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """See :meth:`WorkflowStore.find_write`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
         with self._lock:
             found = self._log.get(write_id)
             return (
@@ -173,7 +173,7 @@ class MemoryStore(BaseStore):
         limit: int = 100,
         after: str | None = None,
     ) -> InstancePage:
-        """See :meth:`WorkflowStore.list_instances`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.list_instances`."""
         with self._lock:
             rows = sorted(
                 (

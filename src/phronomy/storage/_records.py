@@ -96,7 +96,7 @@ class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class InstancePage(msgspec.Struct, frozen=True, kw_only=True):
-    """One page of :meth:`WorkflowStore.list_instances`.
+    """One page of :meth:`~phronomy.storage.WorkflowStore.list_instances`.
 
     Attributes:
         records: the rows, ordered by instance id (snapshots omitted).

@@ -354,7 +354,7 @@ class SQLiteStore(BaseStore):
     # --- single operations ---------------------------------------------------------
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
-        """See :meth:`WorkflowStore.load`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         with self._lock:
             row = (
                 self._connection()
@@ -364,7 +364,7 @@ class SQLiteStore(BaseStore):
         return None if row is None else _record(row)
 
     def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """See :meth:`WorkflowStore.claim`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.claim`."""
         with self._lock, self._transaction() as conn:
             return self._claim(conn, workflow_instance_id, workflow)
 
@@ -375,12 +375,12 @@ class SQLiteStore(BaseStore):
         *,
         expected_revision: int | None = None,
     ) -> bool:
-        """See :meth:`WorkflowStore.begin`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.begin`."""
         with self._lock, self._transaction() as conn:
             return self._begin(conn, workflow_instance_id, workflow, expected_revision)
 
     def save(self, request: SaveRequest) -> int:
-        """See :meth:`WorkflowStore.save`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.save`."""
         with self._lock, self._transaction() as conn:
             return self._save(conn, request)
 
@@ -392,7 +392,7 @@ class SQLiteStore(BaseStore):
         expected_revision: int | None = None,
         detail: str | None = None,
     ) -> bool:
-        """See :meth:`WorkflowStore.mark`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
         with self._lock, self._transaction() as conn:
             return self._mark(
                 conn,
@@ -405,12 +405,12 @@ class SQLiteStore(BaseStore):
             )
 
     def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
-        """See :meth:`WorkflowStore.delete`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.delete`."""
         with self._lock, self._transaction() as conn:
             self._delete(conn, workflow_instance_id, expected_revision)
 
     def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """See :meth:`WorkflowStore.find_write`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
         with self._lock:
             row = (
                 self._connection()
@@ -426,7 +426,7 @@ class SQLiteStore(BaseStore):
         limit: int = 100,
         after: str | None = None,
     ) -> InstancePage:
-        """See :meth:`WorkflowStore.list_instances`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.list_instances`."""
         if limit < 1:
             raise ValueError("limit must be >= 1")
         with self._lock:

@@ -73,7 +73,7 @@ class WorkflowStore(Protocol):
         ...
 
     def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """Mark the instance ``running`` and return its row (see :class:`ClaimOp`).
+        """Mark the instance ``running`` and return its row (see ``ClaimOp``).
 
         Raises:
             RecoveryRequiredError: the instance requires recovery.
@@ -192,11 +192,11 @@ class BaseStore:
     # --- to implement --------------------------------------------------------------
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
-        """See :meth:`WorkflowStore.load`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         raise NotImplementedError
 
     def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """See :meth:`WorkflowStore.claim`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.claim`."""
         raise NotImplementedError
 
     def begin(
@@ -206,11 +206,11 @@ class BaseStore:
         *,
         expected_revision: int | None = None,
     ) -> bool:
-        """See :meth:`WorkflowStore.begin`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.begin`."""
         raise NotImplementedError
 
     def save(self, request: SaveRequest) -> int:
-        """See :meth:`WorkflowStore.save`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.save`."""
         raise NotImplementedError
 
     def mark(
@@ -221,15 +221,15 @@ class BaseStore:
         expected_revision: int | None = None,
         detail: str | None = None,
     ) -> bool:
-        """See :meth:`WorkflowStore.mark`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
         raise NotImplementedError
 
     def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
-        """See :meth:`WorkflowStore.delete`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.delete`."""
         raise NotImplementedError
 
     def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """See :meth:`WorkflowStore.find_write`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
         raise NotImplementedError
 
     def list_instances(
@@ -239,11 +239,11 @@ class BaseStore:
         limit: int = 100,
         after: str | None = None,
     ) -> InstancePage:
-        """See :meth:`WorkflowStore.list_instances`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.list_instances`."""
         raise NotImplementedError
 
     def close(self) -> None:
-        """See :meth:`WorkflowStore.close`."""
+        """See :meth:`~phronomy.storage.WorkflowStore.close`."""
 
     def fence(self) -> None:
         """Make sure no earlier failed transaction of this store can still commit."""

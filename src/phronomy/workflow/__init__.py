@@ -20,3 +20,32 @@ from .messages import (
 from .recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
 from .runner import WorkflowRunner as WorkflowRunner
 from .state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
+
+__all__ = [
+    "APPEND",
+    "AUTO_EVENT",
+    "CONSUME",
+    "FINISH",
+    "MERGE",
+    "REPLACE",
+    "Admission",
+    "Callback",
+    "Effects",
+    "InstanceView",
+    "RecoveryClient",
+    "RecoveryEntry",
+    "State",
+    "Step",
+    "Transition",
+    "Workflow",
+    "WorkflowClient",
+    "WorkflowDefinition",
+    "WorkflowResult",
+    "WorkflowRunner",
+    "WorkflowStream",
+]
+
+from phronomy._metadata import fixup_module_metadata
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

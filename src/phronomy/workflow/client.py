@@ -42,11 +42,11 @@ S = TypeVar("S", bound=State)
 
 @final
 class WorkflowStream(Generic[S]):
-    """The steps of one streamed segment, in order (see :meth:`WorkflowClient.stream`).
+    """The steps of one streamed segment, in order (see :meth:`~phronomy.workflow.WorkflowClient.stream`).
 
     ``async for step in stream`` yields each stable state; when the segment ends the
     iteration stops, or raises the segment's error. Then :meth:`result` returns the
-    final (or halted) :class:`WorkflowResult`.
+    final (or halted) :class:`~phronomy.WorkflowResult`.
     """
 
     def __init__(
@@ -54,7 +54,7 @@ class WorkflowStream(Generic[S]):
         receive: trio.MemoryReceiveChannel[Step[S]],
         handle: ResultHandle[WorkflowResult[S]],
     ) -> None:
-        """Internal: created by :meth:`WorkflowClient.stream`."""
+        """Internal: created by :meth:`~phronomy.workflow.WorkflowClient.stream`."""
         self._receive = receive
         self._handle = handle
 
@@ -118,7 +118,7 @@ class WorkflowClient:
         finished state is saved before the handle settles.
 
         Args:
-            workflow: a compiled :class:`WorkflowDefinition`.
+            workflow: a compiled :class:`~phronomy.WorkflowDefinition`.
             input: field values (validated) or a complete state.
             workflow_instance_id: the instance id (a UUID is generated if omitted).
             recursion_limit: transitions allowed in this segment (default: the runtime's).
@@ -126,7 +126,7 @@ class WorkflowClient:
                 fails the segment.
 
         Returns:
-            A handle settled with the :class:`WorkflowResult` (or the segment's error, or
+            A handle settled with the :class:`~phronomy.WorkflowResult` (or the segment's error, or
             :class:`~phronomy.RuntimeShutdownError` when the runtime is closing).
 
         Raises:
@@ -164,7 +164,7 @@ class WorkflowClient:
         """Run a segment and return its result; see :meth:`start` for the arguments.
 
         Returns:
-            The finished or halted :class:`WorkflowResult`.
+            The finished or halted :class:`~phronomy.WorkflowResult`.
 
         Raises:
             Exception: whatever failed the segment (an action's exception,
@@ -206,7 +206,7 @@ class WorkflowClient:
             result = await steps.result()
 
         Yields:
-            A :class:`WorkflowStream`.
+            A :class:`~phronomy.WorkflowStream`.
         """
         send, receive = trio.open_memory_channel[Step[S]](math.inf)
 
@@ -250,7 +250,7 @@ class WorkflowClient:
 
         Args:
             workflow: the compiled workflow.
-            halted: a halted :class:`WorkflowResult`.
+            halted: a halted :class:`~phronomy.WorkflowResult`.
             event: the event to fire (``"resume"``: the first event of the halted phase).
             workflow_instance_id: resume by id (requires a store).
             payload: the event's payload (guards and actions see ``event.payload``).

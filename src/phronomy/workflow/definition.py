@@ -37,7 +37,7 @@ S = TypeVar("S", bound=State)
 FINISH = "__end__"
 """The terminal phase (``WorkflowResult.phase`` of a finished workflow)."""
 FINISH_ALIAS = "__finish__"
-"""Accepted by :meth:`Workflow.transition` as a synonym of :data:`FINISH`."""
+"""Accepted by :meth:`Workflow.transition` as a synonym of :data:`~phronomy.FINISH`."""
 AUTO_EVENT = "state_completed"
 """The event automatic transitions fire on."""
 START_EVENT = "start"
@@ -67,8 +67,8 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         source: the state it leaves.
-        target: the state it enters (or :data:`FINISH`).
-        event: the external event, or :data:`AUTO_EVENT` for automatic transitions.
+        target: the state it enters (or :data:`~phronomy.FINISH`).
+        event: the external event, or ``state_completed`` for automatic transitions.
         guard: optional condition; the first passing candidate wins.
         action: optional action run between the exit and entry actions.
         automatic: whether this is an automatic transition.
@@ -89,7 +89,7 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
 
 @final
 class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
-    """A compiled, immutable workflow (built by :meth:`Workflow.build`).
+    """A compiled, immutable workflow (built by :meth:`~phronomy.Workflow.build`).
 
     Attributes:
         name: the workflow name (stored with durable instances).
@@ -334,11 +334,11 @@ class Workflow(Generic[S]):
         guard: Callable[..., Any] | None = None,
         action: Callable[..., Any] | None = None,
     ) -> Self:
-        """Declare a transition from *source* to *target* (or :data:`FINISH`).
+        """Declare a transition from *source* to *target* (or :data:`~phronomy.FINISH`).
 
         Args:
             source: the state the transition leaves.
-            target: the state it enters, or :data:`FINISH`.
+            target: the state it enters, or :data:`~phronomy.FINISH`.
             on: the external event that fires it; without it the transition is
                 automatic (taken as soon as *source*'s entry actions ran).
             guard: ``(state)`` or ``(state, event)`` → bool; candidates are tried in

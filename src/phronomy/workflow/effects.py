@@ -60,7 +60,7 @@ class Effects:
         """Run ``await fn(*args)`` as a supervised trio task.
 
         Args:
-            fn: an async function (keyword arguments through :func:`functools.partial`).
+            fn: an async function (keyword arguments through ``functools.partial``).
             *args: its positional arguments.
             on_done: the event posted with the return value as payload.
             on_error: the event posted with the exception as payload; without it, a

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar
 
 import msgspec
+import outcome
 
 from phronomy.engine import ResultHandle
 from phronomy.errors import InvalidIdentifierError
@@ -64,7 +65,7 @@ class WorkflowResult(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
 
     Attributes:
         state: the workflow state.
-        phase: the wait state's name when halted, ``"__end__"`` (:data:`FINISH`) when
+        phase: the wait state's name when halted, ``"__end__"`` (:data:`phronomy.FINISH`) when
             finished.
         workflow_instance_id: the instance id (generated when none was given).
         revision: the durable revision, or ``None`` for ephemeral executions.
@@ -173,7 +174,7 @@ class LoadReady(msgspec.Struct, frozen=True, kw_only=True):
     """The durable load of a start or resume came back (a continuation)."""
 
     command: StartCommand | ResumeCommand
-    loaded: ResultHandle[Any]
+    loaded: outcome.Outcome[Any]
 
 
 class ResolveCommand(msgspec.Struct, frozen=True, kw_only=True):

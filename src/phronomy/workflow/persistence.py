@@ -26,7 +26,7 @@ from phronomy.storage import (
 )
 
 if TYPE_CHECKING:
-    from phronomy.engine import Engine, GatedSession, ResultHandle, TerminalType
+    from phronomy.engine import Engine, GatedSession, TerminalType
     from phronomy.storage import InstanceStatus, WorkflowStore
 
     from .registry import WorkflowRegistry
@@ -72,29 +72,31 @@ class StoreGateway:
         return self._batcher.idle
 
     def submit(
-        self, op: StoreOp, finish: Callable[[Any], Any] | None = None
-    ) -> ResultHandle[Any]:
-        """Queue *op*; *finish* (if any) maps its result in the worker thread."""
-        return self._batcher.submit(StoreRequest(op=op, finish=finish))
+        self,
+        op: StoreOp,
+        callback: Callable[[outcome.Outcome[Any]], object],
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Queue *op*; *finish* (if any) maps its result in the worker thread, then
+        ``callback(outcome)`` runs on the trio thread."""
+        self._batcher.submit(StoreRequest(op=op, finish=finish), callback)
 
     def submit_quietly(self, op: StoreOp, what: str) -> None:
         """Queue a best-effort metadata write; a failure is only logged."""
 
-        def report(done: ResultHandle[Any]) -> None:
-            if done.status != "completed":
-                logger.warning("could not %s: %r", what, done.error)
+        def report(result: outcome.Outcome[Any]) -> None:
+            if isinstance(result, outcome.Error):
+                logger.warning("could not %s: %r", what, result.error)
 
-        self.submit(op).on_complete(report)
+        self.submit(op, report)
 
     def _run_batch(self, requests: list[StoreRequest]) -> list[outcome.Outcome[Any]]:
         results = self.store.execute([r.op for r in requests])
-        finished: list[outcome.Outcome[Any]] = []
-        for request, result in zip(requests, results, strict=True):
+        for index, request in enumerate(requests):
+            result = results[index]
             if request.finish is not None and isinstance(result, outcome.Value):
-                finished.append(outcome.capture(request.finish, result.value))
-            else:
-                finished.append(result)
-        return finished
+                results[index] = outcome.capture(request.finish, result.value)
+        return results
 
 
 @final
@@ -156,14 +158,18 @@ class TerminalPersistence:
         )
         sink = workflow_session.sink
 
-        def deliver(done: ResultHandle[Any]) -> None:
-            if done.status == "completed":
-                result: SaveOutcome = done.result_nowait()
-            elif isinstance(done.error, _NEVER_SUBMITTED):
+        def deliver(saved: outcome.Outcome[Any]) -> None:
+            if isinstance(saved, outcome.Value):
+                result: SaveOutcome = saved.value
+            elif not isinstance(
+                saved, outcome.Error
+            ):  # pragma: no cover - Outcome is Value | Error
+                raise TypeError(saved)
+            elif isinstance(saved.error, _NEVER_SUBMITTED):
                 # The pool refused the save: it never ran, nothing was written.
-                result = SaveOutcome(outcome="known_failure", error=done.error)
+                result = SaveOutcome(outcome="known_failure", error=saved.error)
             else:  # the offloaded operation itself failed: nobody knows what was written
-                result = SaveOutcome(outcome="outcome_unknown", error=done.error)
+                result = SaveOutcome(outcome="outcome_unknown", error=saved.error)
             if not sink.post(TERMINAL_RESULT, result):
                 logger.warning(
                     "EventLoop rejected Workflow terminal persistence result for %r (%s); "
@@ -172,7 +178,7 @@ class TerminalPersistence:
                     result.outcome,
                 )
 
-        self._gateway.submit(SaveOp(request=request)).on_complete(deliver)
+        self._gateway.submit(SaveOp(request=request), deliver)
 
     def handles(self, event: Event) -> bool:
         """Whether *event* is this policy's terminal result."""

@@ -38,6 +38,8 @@ from .session import WorkflowSession
 from .state import build_state
 
 if TYPE_CHECKING:
+    import outcome
+
     from phronomy.engine import Engine, ResultHandle
     from phronomy.storage import StoredRecord, WorkflowStore
 
@@ -146,7 +148,7 @@ class WorkflowRunner:
                 state_type=state_type,
             )
 
-        def loaded(done: ResultHandle[Any]) -> None:
+        def loaded(done: outcome.Outcome[Any]) -> None:
             if not self.registry.post_message(
                 LoadReady(command=cmd, loaded=done), completion=cmd.caller
             ):
@@ -163,12 +165,12 @@ class WorkflowRunner:
             if isinstance(cmd, StartCommand)
             else LoadOp(workflow_instance_id=iid)
         )
-        self.gateway.submit(op, finish=decode).on_complete(loaded)
+        self.gateway.submit(op, loaded, finish=decode)
 
     def _apply_load(self, message: LoadReady) -> None:
         cmd = message.command
         try:
-            record, decoded = message.loaded.result_nowait()
+            record, decoded = message.loaded.unwrap()
             definition = cmd.definition
             if record is not None:
                 check_claimable(record, definition.name)

@@ -1,0 +1,43 @@
+"""Sphinx configuration (built with ``nox -s docs``; warnings are errors)."""
+
+project = "phronomy"
+copyright = "2026, the phronomy developers"
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.intersphinx",
+    "sphinxcontrib_trio",
+]
+html_theme = "furo"
+html_title = "phronomy"
+autodoc_typehints = "description"
+autodoc_member_order = "bysource"
+autodoc_default_options = {"members": True, "show-inheritance": True}
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+nitpicky = True
+# These machines reach only package registries: no intersphinx inventories are fetched,
+# so references into other projects' docs are not resolved.
+intersphinx_mapping: dict[str, tuple[str, str | None]] = {}
+nitpick_ignore_regex = [
+    # other projects' objects (no intersphinx inventories here)
+    (
+        r"py:.*",
+        r"(trio|msgspec|outcome|functools|collections|typing|typing_extensions|contextlib|types|threading|sqlite3|os|enum)\..*",
+    ),
+    (
+        r"py:class",
+        r"(Callable|Awaitable|Sequence|Mapping|Iterable|AsyncGenerator|AsyncIterator|Iterator|Self|Any|Literal|ClassVar|PathLike|Path)",
+    ),
+    # type variables and type aliases
+    (r"py:(class|obj)", r"(phronomy\.[\w.]+\.)?(S|T|U|R|I|O|T_co)"),
+    (
+        r"py:(class|obj)",
+        r"(phronomy\.[\w.]+\.)?(HandleStatus|InstanceStatus|LifecycleState|DispatcherStatus|TerminalType|SessionLifecycle|AdmissionState|AgentAdmissionState|ExecutionStatus|StoreOp|OnFull|Step|Decision)",
+    ),
+    # runtime-internal classes that appear in signatures
+    (
+        r"py:class",
+        r"(phronomy\.[\w.]+\.)?(WorkflowSession|WorkflowRunner|StoreGateway|ExecutionCoordinator|AgentRegistry|WorkflowRegistry|Session|TerminalPolicy|EventSink)",
+    ),
+]
