@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio.testing
@@ -10,7 +10,8 @@ import phronomy
 from phronomy.engine import Engine, open_engine
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    import os
+    from collections.abc import AsyncGenerator, Callable, Iterator
 
 
 @pytest.fixture
@@ -34,3 +35,20 @@ def thread_safe_autojump_clock() -> trio.testing.MockClock:
 @pytest.fixture(autouse=True)
 def _phronomy_debug_logs(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.DEBUG, logger="phronomy")
+
+
+@pytest.fixture
+def open_sqlite() -> Iterator[Callable[..., phronomy.SQLiteStore]]:
+    """Open SQLite stores that are closed when the test ends (3.13 warns on leaks)."""
+    opened: list[phronomy.SQLiteStore] = []
+
+    def open_store(
+        path: str | os.PathLike[str], **options: Any
+    ) -> phronomy.SQLiteStore:
+        store = phronomy.SQLiteStore(path, **options)
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()

@@ -5,12 +5,16 @@ from __future__ import annotations
 import subprocess
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 import phronomy
 from phronomy.cli import main
 from phronomy.storage import SaveRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
@@ -51,9 +55,13 @@ def test_demo_survives_the_process(tmp_path: Path) -> None:
     )
 
 
-def test_instances_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_instances_commands(
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
     db = str(tmp_path / "ops.db")
-    store = phronomy.SQLiteStore(db)
+    store = open_sqlite(db)
     store.save(
         SaveRequest(
             workflow_instance_id="ok",
@@ -97,4 +105,4 @@ def test_instances_commands(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert main(["instances", "resolve", "--db", db, "ok", "adopt"]) == 1
     assert main(["instances", "resolve", "--db", db, "stuck", "adopt"]) == 0
     assert "recovery_required -> halted" in capsys.readouterr().out
-    assert phronomy.SQLiteStore(db).load("stuck").status == "halted"  # type: ignore[union-attr]
+    assert open_sqlite(db).load("stuck").status == "halted"  # type: ignore[union-attr]

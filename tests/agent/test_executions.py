@@ -17,6 +17,7 @@ from phronomy.engine import ResultHandle
 from phronomy.testing import FaultyStore
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
 
@@ -312,9 +313,11 @@ async def test_shutdown_cuts_off_running_executions_after_the_deadline() -> None
 # --- durable executions ---------------------------------------------------------------------
 
 
-async def test_durable_records_and_admission_before_storage(tmp_path: Path) -> None:
+async def test_durable_records_and_admission_before_storage(
+    open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
+) -> None:
     # scenarios 121, 122
-    store = FaultyStore(phronomy.SQLiteStore(tmp_path / "agents.db"))
+    store = FaultyStore(open_sqlite(tmp_path / "agents.db"))
     async with phronomy.open_runtime(store=store) as rt:
         gate = store.block("load.before")
         first = rt.executions.start("a", [lambda v: "done"])
@@ -342,16 +345,18 @@ async def test_durable_records_and_admission_before_storage(tmp_path: Path) -> N
         assert await rt.executions.record("a") is None
 
 
-async def test_a_nonterminal_record_in_the_store_fails_closed(tmp_path: Path) -> None:
+async def test_a_nonterminal_record_in_the_store_fails_closed(
+    open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
+) -> None:
     # scenario 123: another process (or a crash) left an active execution
     path = tmp_path / "agents.db"
-    async with phronomy.open_runtime(store=phronomy.SQLiteStore(path)) as rt:
+    async with phronomy.open_runtime(store=open_sqlite(path)) as rt:
         execution = rt.executions.start(
             "x", [lambda v: phronomy.ApprovalRequest(question="?")]
         )
         await _until(lambda: _suspended(rt, execution))
         # this runtime stops with the execution suspended: its record stays "active"
-    store = FaultyStore(phronomy.SQLiteStore(path))
+    store = FaultyStore(open_sqlite(path))
     async with phronomy.open_runtime(store=store) as rt:
         with pytest.raises(phronomy.AgentBusyError, match="in the store"):
             await rt.executions.run("x", [lambda v: v])
@@ -365,11 +370,13 @@ async def test_a_nonterminal_record_in_the_store_fails_closed(tmp_path: Path) ->
 
 
 async def test_uncertain_terminal_durability_keeps_the_caller_pending(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    tmp_path: Path,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # scenario 127
     caplog.set_level(logging.WARNING)
-    store = FaultyStore(phronomy.SQLiteStore(tmp_path / "agents.db"))
+    store = FaultyStore(open_sqlite(tmp_path / "agents.db"))
     async with phronomy.open_runtime(store=store) as rt:
         gate = threading.Event()
         execution = rt.executions.start("u", [lambda v: (gate.wait(5), "value")[1]])
@@ -391,8 +398,10 @@ async def test_uncertain_terminal_durability_keeps_the_caller_pending(
         await execution.result()
 
 
-async def test_cancelled_durable_execution_records_cancelled(tmp_path: Path) -> None:
-    store = phronomy.SQLiteStore(tmp_path / "agents.db")
+async def test_cancelled_durable_execution_records_cancelled(
+    open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
+) -> None:
+    store = open_sqlite(tmp_path / "agents.db")
     async with phronomy.open_runtime(store=store) as rt:
         entered = threading.Event()
 

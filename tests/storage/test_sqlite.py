@@ -27,11 +27,16 @@ from phronomy.testing import FaultyStore
 from .test_contract import request
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
     from pathlib import Path
 
+    OpenSQLite = Callable[..., SQLiteStore]
 
-def test_durability_pragmas_and_schema_version(tmp_path: Path) -> None:
-    store = SQLiteStore(tmp_path / "p.db")
+
+def test_durability_pragmas_and_schema_version(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
+    store = open_sqlite(tmp_path / "p.db")
     store.load("x")
     conn = store._connection()
     assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
@@ -43,22 +48,25 @@ def test_durability_pragmas_and_schema_version(tmp_path: Path) -> None:
     assert store.load("x") is None  # reopens lazily
 
 
-def test_a_newer_schema_is_refused(tmp_path: Path) -> None:
+def test_a_newer_schema_is_refused(open_sqlite: OpenSQLite, tmp_path: Path) -> None:
     path = tmp_path / "future.db"
     raw = sqlite3.connect(path)
     raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     raw.close()
     with pytest.raises(errors.UnsupportedBackendError, match="schema version 2"):
-        SQLiteStore(path).load("x")
+        open_sqlite(path).load("x")
 
 
 def test_network_filesystems_are_refused_or_warned(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+    open_sqlite: OpenSQLite,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(sqlite_module, "filesystem_type", lambda path: "nfs4")
     with pytest.raises(errors.UnsupportedBackendError, match="nfs4 network filesystem"):
-        SQLiteStore(tmp_path / "n.db").load("x")
-    allowed = SQLiteStore(tmp_path / "n.db", allow_network_filesystem=True)
+        open_sqlite(tmp_path / "n.db").load("x")
+    allowed = open_sqlite(tmp_path / "n.db", allow_network_filesystem=True)
     assert allowed.load("x") is None
     assert "allowed by allow_network_filesystem=True" in caplog.text
     allowed.close()
@@ -68,7 +76,9 @@ def test_filesystem_type_is_detected_here(tmp_path: Path) -> None:
     assert sqlite_module.filesystem_type(str(tmp_path)) is not None
 
 
-def _faulty(tmp_path: Path, point: str, error: BaseException) -> SQLiteStore:
+def _faulty(
+    open_sqlite: OpenSQLite, tmp_path: Path, point: str, error: BaseException
+) -> SQLiteStore:
     fired: list[str] = []
 
     def hook(name: str) -> None:
@@ -76,15 +86,15 @@ def _faulty(tmp_path: Path, point: str, error: BaseException) -> SQLiteStore:
             fired.append(name)
             raise error
 
-    return SQLiteStore(tmp_path / f"fault-{point}.db", fault_hook=hook)
+    return open_sqlite(tmp_path / f"fault-{point}.db", fault_hook=hook)
 
 
 @pytest.mark.parametrize("point", ["save.statement", "commit.before"])
 def test_uncertain_failure_before_commit_is_rolled_back_then_classified_pre_state(
-    tmp_path: Path, point: str
+    open_sqlite: OpenSQLite, tmp_path: Path, point: str
 ) -> None:
     error = OSError(f"disk hiccup at {point}")
-    store = _faulty(tmp_path, point, error)
+    store = _faulty(open_sqlite, tmp_path, point, error)
     outcome = store.save_classified(request("u", None))
     assert outcome.outcome == "known_failure"
     assert outcome.error is error  # the very same error object
@@ -94,9 +104,9 @@ def test_uncertain_failure_before_commit_is_rolled_back_then_classified_pre_stat
 
 
 def test_uncertain_failure_after_commit_is_classified_post_state(
-    tmp_path: Path,
+    open_sqlite: OpenSQLite, tmp_path: Path
 ) -> None:
-    store = _faulty(tmp_path, "commit.after", OSError("ack lost"))
+    store = _faulty(open_sqlite, tmp_path, "commit.after", OSError("ack lost"))
     saved = request("v", None)
     outcome = store.save_classified(saved)
     assert (outcome.outcome, outcome.revision) == ("success", 1)
@@ -110,10 +120,10 @@ def test_uncertain_failure_after_commit_is_classified_post_state(
     [("commit.before", "known_failure"), ("commit.after", "success")],
 )
 def test_group_commit_failure_reconciles_each_save(
-    tmp_path: Path, point: str, expected: str
+    open_sqlite: OpenSQLite, tmp_path: Path, point: str, expected: str
 ) -> None:
-    SQLiteStore(tmp_path / f"fault-{point}.db").save(request("pre", None))
-    store = _faulty(tmp_path, point, OSError("batch failed"))
+    open_sqlite(tmp_path / f"fault-{point}.db").save(request("pre", None))
+    store = _faulty(open_sqlite, tmp_path, point, OSError("batch failed"))
     results = store.execute(
         [SaveOp(request=request(f"g{i}", None)) for i in range(5)]
         + [SaveOp(request=request("pre", 1))]
@@ -125,9 +135,10 @@ def test_group_commit_failure_reconciles_each_save(
 
 
 def test_a_third_state_is_neither_and_read_back_errors_are_unknown(
+    open_sqlite: OpenSQLite,
     tmp_path: Path,
 ) -> None:
-    inner = SQLiteStore(tmp_path / "third.db")
+    inner = open_sqlite(tmp_path / "third.db")
     store = FaultyStore(inner)
     inner.save(request("t", None))  # another writer created the row meanwhile
     store.fail("save.before", OSError("connection reset"))
@@ -146,7 +157,9 @@ def test_a_third_state_is_neither_and_read_back_errors_are_unknown(
     assert store.count("save") == 2  # never saved a second time during reconciliation
 
 
-def test_known_failures_are_not_read_back(tmp_path: Path) -> None:
+def test_known_failures_are_not_read_back(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
     # scenario 76
     for error in (
         errors.ConflictError("c"),
@@ -154,7 +167,7 @@ def test_known_failures_are_not_read_back(tmp_path: Path) -> None:
         errors.SerializationError("s"),
         errors.UnsupportedBackendError("u"),
     ):
-        store = FaultyStore(SQLiteStore(tmp_path / "known.db")).fail(
+        store = FaultyStore(open_sqlite(tmp_path / "known.db")).fail(
             "save.before", error
         )
         outcome = store.save_classified(request(f"k-{type(error).__name__}", None))
@@ -203,9 +216,11 @@ def test_classification_rules() -> None:
     assert classify_uncertain_save(_row(3, "other"), None, _req(1)) == "neither"
 
 
-def test_writers_wait_for_another_connections_lock(tmp_path: Path) -> None:
+def test_writers_wait_for_another_connections_lock(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
     path = tmp_path / "busy.db"
-    store = SQLiteStore(path, busy_timeout=5)
+    store = open_sqlite(path, busy_timeout=5)
     store.load("x")
     other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     other.execute("BEGIN IMMEDIATE")
@@ -234,9 +249,11 @@ except errors.ConflictError:
 
 
 @pytest.mark.slow
-def test_processes_racing_to_create_an_instance_have_one_winner(tmp_path: Path) -> None:
+def test_processes_racing_to_create_an_instance_have_one_winner(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
     path = str(tmp_path / "race.db")
-    SQLiteStore(path).load("init")
+    open_sqlite(path).load("init")
     for round_id in range(4):
         procs = [
             subprocess.Popen(
@@ -259,11 +276,11 @@ def test_processes_racing_to_create_an_instance_have_one_winner(tmp_path: Path) 
 
 
 def test_busy_lock_timeout_is_reported_not_called_a_conflict(
-    tmp_path: Path, caplog: pytest.LogCaptureFixture
+    open_sqlite: OpenSQLite, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     caplog.set_level(logging.INFO)
     path = tmp_path / "locked.db"
-    store = SQLiteStore(path, busy_timeout=0.1)
+    store = open_sqlite(path, busy_timeout=0.1)
     store.load("x")
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")

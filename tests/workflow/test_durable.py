@@ -41,12 +41,14 @@ if TYPE_CHECKING:
 
 @pytest.fixture(params=["memory", "sqlite"])
 def make_store(
-    request: pytest.FixtureRequest, tmp_path: Path
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
 ) -> Callable[[], phronomy.WorkflowStore]:
     if request.param == "memory":
         shared = phronomy.MemoryStore()
         return lambda: shared
-    return lambda: phronomy.SQLiteStore(tmp_path / "durable.db")
+    return lambda: open_sqlite(tmp_path / "durable.db")
 
 
 def fields(
@@ -501,10 +503,11 @@ async def test_unknown_outcome_requires_recovery(
 
 
 async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
     tmp_path: Path,
 ) -> None:
     path = tmp_path / "recovery.db"
-    store = FaultyStore(phronomy.SQLiteStore(path))
+    store = FaultyStore(open_sqlite(path))
     flow = approval_flow()
     async with runtime_on(store) as rt:
         halted = await rt.invoke(flow, workflow_instance_id="rr")
@@ -522,11 +525,9 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
             on_step=None,
         )
         await until(lambda: admission_state(rt, "rr") == "recovery_required")
-        await until(
-            lambda: phronomy.SQLiteStore(path).load("rr").status == "recovery_required"
-        )  # type: ignore[union-attr]
+        await until(lambda: open_sqlite(path).load("rr").status == "recovery_required")  # type: ignore[union-attr]
         # another process sharing the file refuses the instance too
-        async with runtime_on(phronomy.SQLiteStore(path)) as other:
+        async with runtime_on(open_sqlite(path)) as other:
             with pytest.raises(
                 phronomy.RecoveryRequiredError, match="requires recovery"
             ):

@@ -1229,7 +1229,7 @@ async def open_engine(
             await nursery.start(engine._dispatch_main)  # noqa: SLF001 - own factory
             try:
                 yield engine
-            except BaseException as exc:  # noqa: BLE001 - re-raised after the abort
+            except BaseException as exc:  # noqa: BLE001, ASYNC103 - re-raised after the nursery
                 body_error = exc
                 with trio.CancelScope(shield=True):
                     await engine._abort()  # noqa: SLF001 - own factory

@@ -412,25 +412,25 @@ class OffloadPool:
             op.token = None
 
     async def _run(self, op: _Operation) -> None:
-        # A system task: it must never raise, or trio.run would crash.
+        # A system task: anything but Cancelled escaping it would crash trio.run.
+        finished = False
         try:
             await self._run_op(op)
-        except BaseException as exc:  # pragma: no cover - defensive
-            if isinstance(exc, trio.Cancelled):
-                op.handle.cancel(
-                    CancellationError("offloaded operation cancelled at exit")
-                )
-            else:
-                logger.exception("offload pool %r failed internally", self._name)
+            finished = True
+        except trio.Cancelled:  # pragma: no cover - defensive
+            op.handle.cancel(CancellationError("offloaded operation cancelled at exit"))
+            raise
+        except Exception:  # pragma: no cover - defensive
+            logger.exception("offload pool %r failed internally", self._name)
+        finally:
+            if not finished:  # pragma: no cover - defensive
                 op.handle.fail(
                     PhronomyInternalError(
-                        f"offload pool {self._name!r} failed: {exc!r}"
+                        f"offload pool {self._name!r} failed internally"
                     )
                 )
-            op.handle.mark_physically_complete()
-            self._finish(op, counted=False)
-            if not isinstance(exc, Exception):
-                raise
+                op.handle.mark_physically_complete()
+                self._finish(op, counted=False)
 
     def _settled_while_queued(self, op: _Operation) -> None:
         """A queued operation was settled: it will never run (skipped when dequeued)."""

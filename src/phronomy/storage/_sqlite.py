@@ -98,7 +98,7 @@ _SQL_LOAD = f"SELECT {_COLUMNS} FROM phronomy_workflow_instances WHERE instance_
 _SQL_CLAIM = f"""
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
-    VALUES (?1, ?2, 0, 'running', ?3, ?3)
+    VALUES (:id, :workflow, 0, 'running', :now, :now)
     ON CONFLICT (instance_id) DO UPDATE SET
         status = 'running',
         updated_at_ms = excluded.updated_at_ms,
@@ -110,18 +110,25 @@ _SQL_CLAIM = f"""
 _SQL_BEGIN = """
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
-    VALUES (?1, ?2, 0, 'running', ?3, ?3)
+    VALUES (:id, :workflow, 0, 'running', :now, :now)
     ON CONFLICT (instance_id) DO UPDATE SET
         status = 'running',
         updated_at_ms = excluded.updated_at_ms,
         workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
-    WHERE revision = coalesce(?4, 0) AND status != 'recovery_required'
+    WHERE revision = coalesce(:expected, 0) AND status != 'recovery_required'
+"""
+# An upsert cannot express "the row must exist at revision N": resuming updates only.
+_SQL_RESUME = """
+    UPDATE phronomy_workflow_instances SET
+        status = 'running', updated_at_ms = :now,
+        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
+    WHERE instance_id = :id AND revision = :expected AND status != 'recovery_required'
 """
 _SQL_CREATE = """
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, phase, snapshot, last_write_id,
          created_at_ms, updated_at_ms)
-    VALUES (?1, ?2, 1, ?3, ?4, ?5, ?6, ?7, ?7)
+    VALUES (:id, :workflow, 1, :status, :phase, :snapshot, :write_id, :now, :now)
     ON CONFLICT (instance_id) DO UPDATE SET
         revision = 1, status = excluded.status, phase = excluded.phase,
         snapshot = excluded.snapshot, last_write_id = excluded.last_write_id,
@@ -131,14 +138,14 @@ _SQL_CREATE = """
 """
 _SQL_UPDATE = """
     UPDATE phronomy_workflow_instances SET
-        revision = revision + 1, status = ?3, phase = ?4, snapshot = ?5, last_write_id = ?6,
-        detail = NULL, updated_at_ms = ?7,
-        workflow = CASE WHEN workflow = '' THEN ?2 ELSE workflow END
-    WHERE instance_id = ?1 AND revision = ?8
+        revision = revision + 1, status = :status, phase = :phase, snapshot = :snapshot,
+        last_write_id = :write_id, detail = NULL, updated_at_ms = :now,
+        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
+    WHERE instance_id = :id AND revision = :expected
 """
 _SQL_MARK = """
-    UPDATE phronomy_workflow_instances SET status = ?2, detail = ?3, updated_at_ms = ?4
-    WHERE instance_id = ?1 AND (?5 IS NULL OR revision = ?5)
+    UPDATE phronomy_workflow_instances SET status = :status, detail = :detail, updated_at_ms = :now
+    WHERE instance_id = :id AND (:expected IS NULL OR revision = :expected)
 """
 _SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = ? AND revision = ?"
@@ -148,8 +155,8 @@ _SQL_FIND_WRITE = (
 )
 _SQL_LIST = f"""
     SELECT {_LIST_COLUMNS} FROM phronomy_workflow_instances
-    WHERE (?1 IS NULL OR status = ?1) AND (?2 IS NULL OR instance_id > ?2)
-    ORDER BY instance_id LIMIT ?3
+    WHERE (:status IS NULL OR status = :status) AND (:after IS NULL OR instance_id > :after)
+    ORDER BY instance_id LIMIT :limit
 """  # noqa: S608 - constant
 
 
@@ -432,7 +439,9 @@ class SQLiteStore(BaseStore):
         with self._lock:
             rows = (
                 self._connection()
-                .execute(_SQL_LIST, (status, after, limit + 1))
+                .execute(
+                    _SQL_LIST, {"status": status, "after": after, "limit": limit + 1}
+                )
                 .fetchall()
             )
         records = tuple(_record(row) for row in rows[:limit])
@@ -516,13 +525,13 @@ class SQLiteStore(BaseStore):
     def _mark(conn: sqlite3.Connection, op: MarkOp) -> bool:
         cursor = conn.execute(
             _SQL_MARK,
-            (
-                op.workflow_instance_id,
-                op.status,
-                op.detail,
-                _now_ms(),
-                op.expected_revision,
-            ),
+            {
+                "id": op.workflow_instance_id,
+                "status": op.status,
+                "detail": op.detail,
+                "now": _now_ms(),
+                "expected": op.expected_revision,
+            },
         )
         return cursor.rowcount == 1
 
@@ -537,7 +546,8 @@ class SQLiteStore(BaseStore):
         conn: sqlite3.Connection, workflow_instance_id: str, workflow: str
     ) -> StoredRecord:
         row = conn.execute(
-            _SQL_CLAIM, (workflow_instance_id, workflow, _now_ms())
+            _SQL_CLAIM,
+            {"id": workflow_instance_id, "workflow": workflow, "now": _now_ms()},
         ).fetchone()
         if row is not None:
             return _record(row)
@@ -555,37 +565,32 @@ class SQLiteStore(BaseStore):
         workflow: str,
         expected: int | None,
     ) -> bool:
-        if expected:
-            # An upsert cannot express "the row must exist at revision N": update only.
-            cursor = conn.execute(
-                """UPDATE phronomy_workflow_instances SET status = 'running', updated_at_ms = ?3,
-                   workflow = CASE WHEN workflow = '' THEN ?2 ELSE workflow END
-                   WHERE instance_id = ?1 AND revision = ?4 AND status != 'recovery_required'""",
-                (workflow_instance_id, workflow, _now_ms(), expected),
-            )
-        else:
-            cursor = conn.execute(
-                _SQL_BEGIN, (workflow_instance_id, workflow, _now_ms(), expected)
-            )
+        params = {
+            "id": workflow_instance_id,
+            "workflow": workflow,
+            "now": _now_ms(),
+            "expected": expected,
+        }
+        cursor = conn.execute(_SQL_RESUME if expected else _SQL_BEGIN, params)
         return cursor.rowcount == 1
 
     def _save(self, conn: sqlite3.Connection, request: SaveRequest) -> int:
-        now = _now_ms()
-        params = (
-            request.workflow_instance_id,
-            request.workflow,
-            request.status,
-            request.phase,
-            request.snapshot,
-            request.write_id,
-            now,
-        )
         expected = request.expected_revision
+        params = {
+            "id": request.workflow_instance_id,
+            "workflow": request.workflow,
+            "status": request.status,
+            "phase": request.phase,
+            "snapshot": request.snapshot,
+            "write_id": request.write_id,
+            "now": _now_ms(),
+            "expected": expected,
+        }
         if expected is None or expected == 0:
             cursor = conn.execute(_SQL_CREATE, params)
             new_revision = 1
         else:
-            cursor = conn.execute(_SQL_UPDATE, (*params, expected))
+            cursor = conn.execute(_SQL_UPDATE, params)
             new_revision = expected + 1
         self._hook("save.statement")
         if cursor.rowcount != 1:

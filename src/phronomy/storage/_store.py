@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, Self, runtime_checkable
 
 import outcome
 
@@ -244,6 +244,14 @@ class BaseStore:
 
     def close(self) -> None:
         """See :meth:`~phronomy.storage.WorkflowStore.close`."""
+
+    def __enter__(self) -> Self:
+        """Use the store in a ``with`` block that closes it at the end."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Close the store."""
+        self.close()
 
     def fence(self) -> None:
         """Make sure no earlier failed transaction of this store can still commit."""
