@@ -289,13 +289,6 @@ def bench_durable(directory: Path) -> None:
         "raw group commit",
         "target ratio >= 0.30",
     )
-    _report(
-        "  as store writes/s (claim + save)",
-        2 * runs,
-        "writes/s",
-        raw,
-        "raw group commit",
-    )
 
 
 def bench_resume(directory: Path) -> None:

@@ -9,7 +9,7 @@ Example::
 Points are ``<operation>.before`` (raise or wait before the inner store runs: nothing
 is written) and ``<operation>.after`` (the inner store ran and committed, then the
 fault fires: the caller sees an error although the write landed). Operations: ``load``,
-``claim``, ``begin``, ``save``, ``mark``, ``delete``, ``find_write``; ``readback`` fires
+``begin``, ``save``, ``mark``, ``delete``, ``find_write``; ``readback`` fires
 when an uncertain save is being reconciled, before the store is read back.
 """
 
@@ -139,14 +139,6 @@ class FaultyStore(BaseStore):
         self._fire("load.after")
         return result
 
-    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """See :meth:`~phronomy.storage.WorkflowStore.claim`."""
-        self._record("claim")
-        self._fire("claim.before")
-        result = self.inner.claim(workflow_instance_id, workflow)
-        self._fire("claim.after")
-        return result
-
     def begin(
         self,
         workflow_instance_id: str,
@@ -178,6 +170,8 @@ class FaultyStore(BaseStore):
         *,
         expected_revision: int | None = None,
         detail: str | None = None,
+        create: bool = False,
+        workflow: str = "",
     ) -> bool:
         """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
         self._record("mark")
@@ -187,6 +181,8 @@ class FaultyStore(BaseStore):
             status,
             expected_revision=expected_revision,
             detail=detail,
+            create=create,
+            workflow=workflow,
         )
         self._fire("mark.after")
         return result

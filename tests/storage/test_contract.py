@@ -10,8 +10,9 @@ import pytest
 
 from phronomy import errors
 from phronomy.storage import (
+    SAVE_LOG_DEPTH,
     BeginOp,
-    ClaimOp,
+    DeleteOp,
     LoadOp,
     MarkOp,
     MemoryStore,
@@ -19,6 +20,7 @@ from phronomy.storage import (
     SaveRequest,
     SQLiteStore,
     WorkflowStore,
+    check_startable,
 )
 from phronomy.testing import FaultyStore
 
@@ -112,8 +114,28 @@ def test_find_write_identifies_committed_saves(store: WorkflowStore) -> None:
     assert store.find_write("other", first.write_id) is None
 
 
-def test_claim_and_begin(store: WorkflowStore) -> None:
-    placeholder = store.claim("c", "wf")
+def test_the_save_log_keeps_the_recent_saves_of_each_instance(
+    store: WorkflowStore,
+) -> None:
+    requests = [request("deep", None)] + [
+        request("deep", revision) for revision in range(1, SAVE_LOG_DEPTH + 8)
+    ]
+    for saved in requests:
+        store.save(saved)
+    latest = len(requests)
+    remembered = [store.find_write("deep", r.write_id) for r in requests]
+    assert remembered[-SAVE_LOG_DEPTH:] == list(
+        range(latest - SAVE_LOG_DEPTH + 1, latest + 1)
+    )
+    assert remembered[0] is None  # forgotten: reconciliation would fail closed
+    store.save(request("other", None))
+    assert store.find_write("other", requests[-1].write_id) is None
+
+
+def test_begin_marks_running_at_the_expected_revision(store: WorkflowStore) -> None:
+    assert store.begin("c", "wf")  # no row: a revision-0 placeholder
+    placeholder = store.load("c")
+    assert placeholder is not None
     assert (placeholder.revision, placeholder.status, placeholder.snapshot) == (
         0,
         "running",
@@ -122,23 +144,32 @@ def test_claim_and_begin(store: WorkflowStore) -> None:
     assert (
         store.save(request("c", None)) == 1
     )  # a save over the placeholder creates revision 1
-    claimed = store.claim("c", "wf")
-    assert (claimed.revision, claimed.status) == (1, "running")
-    with pytest.raises(errors.InstanceStateError, match="belongs to workflow 'wf'"):
-        store.claim("c", "other")
+    assert store.load("c").status == "halted"  # type: ignore[union-attr]
     assert store.begin("c", "wf", expected_revision=1)
+    assert store.load("c").status == "running"  # type: ignore[union-attr]
     assert not store.begin("c", "wf", expected_revision=5)
-    assert store.begin("fresh", "wf")
-    assert store.load("fresh").status == "running"  # type: ignore[union-attr]
+    assert not store.begin("c", "wf")  # the row moved past the placeholder
     assert not store.begin("absent", "wf", expected_revision=3)
     assert store.load("absent") is None
+
+
+def test_startable_rows(store: WorkflowStore) -> None:
+    store.save(request("s", None))
+    row = store.load("s")
+    assert row is not None
+    check_startable(row, "wf")
+    check_startable(row, "")  # an unnamed workflow is not checked
+    with pytest.raises(errors.InstanceStateError, match="belongs to workflow 'wf'"):
+        check_startable(row, "other")
 
 
 def test_recovery_required_is_fail_closed(store: WorkflowStore) -> None:
     store.save(request("r", None))
     assert store.mark("r", "recovery_required", detail="lost ack")
+    row = store.load("r")
+    assert row is not None
     with pytest.raises(errors.RecoveryRequiredError, match="lost ack") as caught:
-        store.claim("r", "wf")
+        check_startable(row, "wf")
     assert caught.value.instance_id == "r"
     assert not store.begin("r", "wf", expected_revision=1)
     assert store.load("r").status == "recovery_required"  # type: ignore[union-attr]
@@ -178,7 +209,7 @@ def test_batches_check_each_save_on_its_own(store: WorkflowStore) -> None:
             SaveOp(request=request("x", None)),  # conflict: only this one fails
             SaveOp(request=request("x", 1)),
             LoadOp(workflow_instance_id="x"),
-            ClaimOp(workflow_instance_id="z", workflow="wf"),
+            BeginOp(workflow_instance_id="z", workflow="wf"),
             BeginOp(workflow_instance_id="nobody", workflow="wf", expected_revision=9),
             MarkOp(workflow_instance_id="y", status="failed", expected_revision=1),
         ]
@@ -190,21 +221,20 @@ def test_batches_check_each_save_on_its_own(store: WorkflowStore) -> None:
     assert isinstance(values[1].error, errors.ConflictError)
     assert (values[2].outcome, values[2].revision) == ("success", 2)
     assert values[3].revision == 2  # operations run in order
-    assert values[4].status == "running"
+    assert values[4] is True
     assert values[5] is False
     assert values[6] is True
     assert store.load("x").revision == 2  # type: ignore[union-attr]
 
 
-def test_claim_errors_stay_inside_the_batch(store: WorkflowStore) -> None:
+def test_errors_stay_inside_the_batch(store: WorkflowStore) -> None:
     store.save(request("bad", None))
-    store.mark("bad", "recovery_required")
     results = store.execute(
         [
-            ClaimOp(workflow_instance_id="bad", workflow="wf"),
+            DeleteOp(workflow_instance_id="bad", expected_revision=7),
             SaveOp(request=request("ok", None)),
         ]
     )
     assert isinstance(results[0], outcome.Error)
-    assert isinstance(results[0].error, errors.RecoveryRequiredError)
+    assert isinstance(results[0].error, errors.ConflictError)
     assert results[1].unwrap().outcome == "success"  # type: ignore[union-attr]

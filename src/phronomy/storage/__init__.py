@@ -19,7 +19,6 @@ from ._codec import (
 from ._memory import MemoryStore as MemoryStore
 from ._records import (
     BeginOp as BeginOp,
-    ClaimOp as ClaimOp,
     DeleteOp as DeleteOp,
     InstancePage as InstancePage,
     InstanceStatus as InstanceStatus,
@@ -34,9 +33,10 @@ from ._records import (
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION, SQLiteStore as SQLiteStore
 from ._store import (
     KNOWN_FAILURES as KNOWN_FAILURES,
+    SAVE_LOG_DEPTH as SAVE_LOG_DEPTH,
     BaseStore as BaseStore,
     WorkflowStore as WorkflowStore,
-    check_claimable as check_claimable,
+    check_startable as check_startable,
     classify_uncertain_save as classify_uncertain_save,
 )
 
@@ -45,11 +45,11 @@ __all__ = [
     "FINISH_PHASE",
     "KNOWN_FAILURES",
     "RECORD_TYPE",
+    "SAVE_LOG_DEPTH",
     "SCHEMA_VERSION",
     "SNAPSHOT_FORMAT",
     "BaseStore",
     "BeginOp",
-    "ClaimOp",
     "DecodedSnapshot",
     "DeleteOp",
     "InstancePage",
@@ -64,8 +64,8 @@ __all__ = [
     "StoreOp",
     "StoredRecord",
     "WorkflowStore",
-    "check_claimable",
     "check_json_domain",
+    "check_startable",
     "classify_uncertain_save",
     "decode_snapshot",
     "decode_snapshot_builtins",

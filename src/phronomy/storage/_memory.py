@@ -11,7 +11,7 @@ import msgspec
 from phronomy.errors import ConflictError
 
 from ._records import InstancePage, InstanceStatus, SaveRequest, StoredRecord
-from ._store import BaseStore, check_claimable
+from ._store import SAVE_LOG_DEPTH, BaseStore
 
 __all__ = ["MemoryStore"]
 
@@ -33,35 +33,12 @@ class MemoryStore(BaseStore):
         """Create an empty store."""
         self._lock = threading.Lock()
         self._rows: dict[str, StoredRecord] = {}
-        self._log: dict[str, tuple[str, int]] = {}
+        self._log: dict[str, dict[str, int]] = {}  # id -> write id -> revision
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         with self._lock:
             return self._rows.get(workflow_instance_id)
-
-    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """See :meth:`~phronomy.storage.WorkflowStore.claim`."""
-        with self._lock:
-            row = self._rows.get(workflow_instance_id)
-            if row is None:
-                row = StoredRecord(
-                    workflow_instance_id=workflow_instance_id,
-                    workflow=workflow,
-                    revision=0,
-                    status="running",
-                    updated_at_ms=_now_ms(),
-                )
-            else:
-                check_claimable(row, workflow)
-                row = msgspec.structs.replace(
-                    row,
-                    status="running",
-                    workflow=row.workflow or workflow,
-                    updated_at_ms=_now_ms(),
-                )
-            self._rows[workflow_instance_id] = row
-            return row
 
     def begin(
         self,
@@ -119,7 +96,12 @@ class MemoryStore(BaseStore):
                 write_id=request.write_id,
                 updated_at_ms=_now_ms(),
             )
-            self._log[request.write_id] = (iid, revision)
+            log = self._log.setdefault(iid, {})
+            log[request.write_id] = revision
+            if len(log) > SAVE_LOG_DEPTH:
+                self._log[iid] = {
+                    w: r for w, r in log.items() if r > revision - SAVE_LOG_DEPTH
+                }
             return revision
 
     def mark(
@@ -129,10 +111,19 @@ class MemoryStore(BaseStore):
         *,
         expected_revision: int | None = None,
         detail: str | None = None,
+        create: bool = False,
+        workflow: str = "",
     ) -> bool:
         """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
         with self._lock:
             row = self._rows.get(workflow_instance_id)
+            if row is None and create:
+                row = StoredRecord(
+                    workflow_instance_id=workflow_instance_id,
+                    workflow=workflow,
+                    revision=0,
+                    status=status,
+                )
             if row is None or (
                 expected_revision is not None and row.revision != expected_revision
             ):
@@ -152,19 +143,12 @@ class MemoryStore(BaseStore):
                     f"{row.revision if row else None}, expected {expected_revision}"
                 )
             del self._rows[workflow_instance_id]
-            self._log = {
-                w: v for w, v in self._log.items() if v[0] != workflow_instance_id
-            }
+            self._log.pop(workflow_instance_id, None)
 
     def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
         """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
         with self._lock:
-            found = self._log.get(write_id)
-            return (
-                found[1]
-                if found is not None and found[0] == workflow_instance_id
-                else None
-            )
+            return self._log.get(workflow_instance_id, {}).get(write_id)
 
     def list_instances(
         self,

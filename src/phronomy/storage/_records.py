@@ -8,7 +8,6 @@ import msgspec
 
 __all__ = [
     "BeginOp",
-    "ClaimOp",
     "DeleteOp",
     "InstancePage",
     "InstanceStatus",
@@ -24,7 +23,9 @@ __all__ = [
 InstanceStatus = Literal["running", "halted", "finished", "failed", "recovery_required"]
 """What operators see for an instance.
 
-``running``: a segment claimed the instance. ``halted``: waiting at a wait state.
+``running``: a live segment is waiting for a signal or an effect (a segment that runs
+straight to its terminal state goes from its previous status to the next one directly,
+without an extra write). ``halted``: waiting at a wait state.
 ``finished``: reached FINISH. ``failed``: its last segment failed (the last durable
 revision is still resumable). ``recovery_required``: the outcome of a save is unknown;
 an operator must resolve it before the instance runs again.
@@ -116,18 +117,6 @@ class LoadOp(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
     workflow_instance_id: str
 
 
-class ClaimOp(msgspec.Struct, frozen=True, kw_only=True, tag="claim"):
-    """Mark an instance ``running`` for a new segment and return its row (one statement).
-
-    Creates a revision-0 placeholder when the instance has no row. Refused (with
-    :class:`~phronomy.RecoveryRequiredError` or :class:`~phronomy.InstanceStateError`)
-    when the instance requires recovery or belongs to another workflow.
-    """
-
-    workflow_instance_id: str
-    workflow: str
-
-
 class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
     """Mark an instance ``running`` if it is still at *expected_revision*.
 
@@ -146,12 +135,19 @@ class SaveOp(msgspec.Struct, frozen=True, kw_only=True, tag="save"):
 
 
 class MarkOp(msgspec.Struct, frozen=True, kw_only=True, tag="mark"):
-    """Set the status of a row still at *expected_revision* (metadata only)."""
+    """Set the status of a row still at *expected_revision* (metadata only).
+
+    With ``create=True`` a missing row becomes a revision-0 placeholder of *workflow*
+    with that status, so a failure or an unknown outcome stays visible (and
+    fail-closed) even for an instance that never saved.
+    """
 
     workflow_instance_id: str
     status: InstanceStatus
     expected_revision: int | None = None
     detail: str | None = None
+    create: bool = False
+    workflow: str = ""
 
 
 class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
@@ -161,4 +157,4 @@ class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
     expected_revision: int
 
 
-StoreOp = LoadOp | ClaimOp | BeginOp | SaveOp | MarkOp | DeleteOp
+StoreOp = LoadOp | BeginOp | SaveOp | MarkOp | DeleteOp

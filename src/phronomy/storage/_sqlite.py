@@ -16,7 +16,7 @@ from phronomy.errors import ConflictError, UnsupportedBackendError
 
 from ._records import (
     BeginOp,
-    ClaimOp,
+    DeleteOp,
     InstancePage,
     InstanceStatus,
     LoadOp,
@@ -26,7 +26,7 @@ from ._records import (
     SaveRequest,
     StoredRecord,
 )
-from ._store import KNOWN_FAILURES, BaseStore, check_claimable
+from ._store import BaseStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator, Sequence
@@ -69,20 +69,23 @@ _MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TABLE phronomy_save_log (
             instance_id     TEXT    NOT NULL,
             revision        INTEGER NOT NULL,
-            write_id        TEXT    NOT NULL UNIQUE,
+            write_id        TEXT    NOT NULL,
             status          TEXT    NOT NULL,
             committed_at_ms INTEGER NOT NULL,
             PRIMARY KEY (instance_id, revision)
-        ) STRICT""",
+        ) STRICT, WITHOUT ROWID""",
         """CREATE TRIGGER phronomy_log_insert AFTER INSERT ON phronomy_workflow_instances
         WHEN NEW.revision > 0 BEGIN
             INSERT INTO phronomy_save_log VALUES (NEW.instance_id, NEW.revision,
                 NEW.last_write_id, NEW.status, NEW.updated_at_ms);
         END""",
+        # keeps the last 32 saves per instance (SAVE_LOG_DEPTH; frozen in this step)
         """CREATE TRIGGER phronomy_log_update AFTER UPDATE OF revision
         ON phronomy_workflow_instances WHEN NEW.revision > OLD.revision BEGIN
             INSERT INTO phronomy_save_log VALUES (NEW.instance_id, NEW.revision,
                 NEW.last_write_id, NEW.status, NEW.updated_at_ms);
+            DELETE FROM phronomy_save_log WHERE instance_id = NEW.instance_id
+                AND revision <= NEW.revision - 32;
         END""",
         """CREATE TRIGGER phronomy_log_delete AFTER DELETE ON phronomy_workflow_instances
         BEGIN
@@ -95,18 +98,6 @@ _COLUMNS = "instance_id, workflow, revision, status, phase, snapshot, last_write
 _LIST_COLUMNS = "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, updated_at_ms"
 
 _SQL_LOAD = f"SELECT {_COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = ?"  # noqa: S608 - constant
-_SQL_CLAIM = f"""
-    INSERT INTO phronomy_workflow_instances
-        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
-    VALUES (:id, :workflow, 0, 'running', :now, :now)
-    ON CONFLICT (instance_id) DO UPDATE SET
-        status = 'running',
-        updated_at_ms = excluded.updated_at_ms,
-        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
-    WHERE status != 'recovery_required'
-      AND (workflow = '' OR excluded.workflow = '' OR workflow = excluded.workflow)
-    RETURNING {_COLUMNS}
-"""  # noqa: S608 - constant
 _SQL_BEGIN = """
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
@@ -146,6 +137,15 @@ _SQL_UPDATE = """
 _SQL_MARK = """
     UPDATE phronomy_workflow_instances SET status = :status, detail = :detail, updated_at_ms = :now
     WHERE instance_id = :id AND (:expected IS NULL OR revision = :expected)
+"""
+_SQL_MARK_OR_CREATE = """
+    INSERT INTO phronomy_workflow_instances
+        (instance_id, workflow, revision, status, detail, created_at_ms, updated_at_ms)
+    VALUES (:id, :workflow, 0, :status, :detail, :now, :now)
+    ON CONFLICT (instance_id) DO UPDATE SET
+        status = excluded.status, detail = excluded.detail,
+        updated_at_ms = excluded.updated_at_ms
+    WHERE :expected IS NULL OR revision = :expected
 """
 _SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = ? AND revision = ?"
@@ -205,11 +205,13 @@ class SQLiteStore(BaseStore):
 
     * WAL journal, ``synchronous=FULL`` (a saved terminal state survives power loss),
       ``BEGIN IMMEDIATE`` for every write, a busy timeout for other processes.
-    * One connection, never used by two threads at once (a lock, and the runtime runs
-      the store in a single-worker pool).
+    * One connection for writes and one for reads (WAL lets a read run while a write
+      transaction commits), each never used by two threads at once (a lock each; the
+      runtime runs writes in a single-worker pool and reads in another).
     * The schema is created and migrated on first use (``PRAGMA user_version``).
     * Every save is one conditional statement; a trigger appends it to
-      ``phronomy_save_log`` with its ``write_id`` in the same transaction.
+      ``phronomy_save_log`` with its ``write_id`` in the same transaction (the last
+      :data:`~phronomy.storage.SAVE_LOG_DEPTH` saves of each instance are kept).
     * :meth:`execute` commits a batch of saves in one transaction (group commit); each
       save is still revision-checked on its own.
     * After an error whose commit outcome is unknown, the open transaction is rolled
@@ -246,6 +248,8 @@ class SQLiteStore(BaseStore):
         self._fault = fault_hook
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
+        self._read_lock = threading.Lock()
+        self._read_conn: sqlite3.Connection | None = None
 
     @property
     def path(self) -> str:
@@ -261,6 +265,18 @@ class SQLiteStore(BaseStore):
         if self._conn is None:
             self._conn = self._open()
         return self._conn
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[sqlite3.Connection]:
+        """The read connection (autocommit: each statement sees the latest commit)."""
+        if self._path == ":memory:":  # another connection would be another database
+            with self._lock:
+                yield self._connection()
+            return
+        with self._read_lock:
+            if self._read_conn is None:
+                self._read_conn = self._open()
+            yield self._read_conn
 
     def _open(self) -> sqlite3.Connection:
         if sqlite3.sqlite_version_info < (3, 37, 0):
@@ -331,6 +347,10 @@ class SQLiteStore(BaseStore):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        with self._read_lock:
+            if self._read_conn is not None:
+                self._read_conn.close()
+                self._read_conn = None
 
     def fence(self) -> None:
         """Roll back a transaction left open by a failed write, so it can never commit."""
@@ -362,18 +382,9 @@ class SQLiteStore(BaseStore):
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """See :meth:`~phronomy.storage.WorkflowStore.load`."""
-        with self._lock:
-            row = (
-                self._connection()
-                .execute(_SQL_LOAD, (workflow_instance_id,))
-                .fetchone()
-            )
+        with self._reading() as conn:
+            row = conn.execute(_SQL_LOAD, (workflow_instance_id,)).fetchone()
         return None if row is None else _record(row)
-
-    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """See :meth:`~phronomy.storage.WorkflowStore.claim`."""
-        with self._lock, self._transaction() as conn:
-            return self._claim(conn, workflow_instance_id, workflow)
 
     def begin(
         self,
@@ -398,6 +409,8 @@ class SQLiteStore(BaseStore):
         *,
         expected_revision: int | None = None,
         detail: str | None = None,
+        create: bool = False,
+        workflow: str = "",
     ) -> bool:
         """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
         with self._lock, self._transaction() as conn:
@@ -408,6 +421,8 @@ class SQLiteStore(BaseStore):
                     status=status,
                     expected_revision=expected_revision,
                     detail=detail,
+                    create=create,
+                    workflow=workflow,
                 ),
             )
 
@@ -418,12 +433,10 @@ class SQLiteStore(BaseStore):
 
     def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
         """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
-        with self._lock:
-            row = (
-                self._connection()
-                .execute(_SQL_FIND_WRITE, (workflow_instance_id, write_id))
-                .fetchone()
-            )
+        with self._reading() as conn:
+            row = conn.execute(
+                _SQL_FIND_WRITE, (workflow_instance_id, write_id)
+            ).fetchone()
         return None if row is None else int(row[0])
 
     def list_instances(
@@ -436,14 +449,10 @@ class SQLiteStore(BaseStore):
         """See :meth:`~phronomy.storage.WorkflowStore.list_instances`."""
         if limit < 1:
             raise ValueError("limit must be >= 1")
-        with self._lock:
-            rows = (
-                self._connection()
-                .execute(
-                    _SQL_LIST, {"status": status, "after": after, "limit": limit + 1}
-                )
-                .fetchall()
-            )
+        with self._reading() as conn:
+            rows = conn.execute(
+                _SQL_LIST, {"status": status, "after": after, "limit": limit + 1}
+            ).fetchall()
         records = tuple(_record(row) for row in rows[:limit])
         more = len(rows) > limit
         return InstancePage(
@@ -459,16 +468,14 @@ class SQLiteStore(BaseStore):
         A conflict fails only its own operation. If the transaction as a whole fails
         with an unknown outcome, each save in it is reconciled on its own.
         """
+        loads = [op for op in ops if isinstance(op, LoadOp)]
+        if len(loads) == len(ops):  # reads only: the read connection, no transaction
+            return [outcome.capture(self.load, op.workflow_instance_id) for op in loads]
         with self._lock:
-            loads = [op for op in ops if isinstance(op, LoadOp)]
-            if len(loads) == len(ops):  # reads only: no write transaction
-                return [
-                    outcome.capture(self.load, op.workflow_instance_id) for op in loads
-                ]
             results: list[outcome.Outcome[Any]] = []
             try:
                 with self._transaction() as conn:
-                    results.extend(self._apply_in_batch(conn, op) for op in ops)
+                    self._apply_batch(conn, ops, results)
             except Exception as exc:  # noqa: BLE001 - the whole transaction's outcome is unknown
                 return [
                     self._uncertain(op, exc, results, i) for i, op in enumerate(ops)
@@ -488,19 +495,28 @@ class SQLiteStore(BaseStore):
             return results[index]  # a read that already completed stays valid
         return outcome.Error(error)
 
-    def _apply_in_batch(
-        self, conn: sqlite3.Connection, op: StoreOp
+    def _apply_batch(
+        self,
+        conn: sqlite3.Connection,
+        ops: Sequence[StoreOp],
+        results: list[outcome.Outcome[Any]],
+    ) -> None:
+        """Append each op's outcome to *results*, in order."""
+        for op in ops:
+            if isinstance(op, SaveOp):
+                try:
+                    revision = self._save(conn, op.request)
+                except ConflictError as exc:
+                    done = SaveOutcome(outcome="known_failure", error=exc)
+                else:
+                    done = SaveOutcome(outcome="success", revision=revision)
+                results.append(outcome.Value(done))
+            else:
+                results.append(self._apply_one(conn, op))
+
+    def _apply_one(
+        self, conn: sqlite3.Connection, op: LoadOp | BeginOp | MarkOp | DeleteOp
     ) -> outcome.Outcome[Any]:
-        if isinstance(op, SaveOp):
-            try:
-                revision = self._save(conn, op.request)
-            except KNOWN_FAILURES as exc:
-                return outcome.Value(SaveOutcome(outcome="known_failure", error=exc))
-            return outcome.Value(SaveOutcome(outcome="success", revision=revision))
-        if isinstance(op, ClaimOp):
-            return outcome.capture(
-                self._claim, conn, op.workflow_instance_id, op.workflow
-            )
         if isinstance(op, LoadOp):
             row = conn.execute(_SQL_LOAD, (op.workflow_instance_id,)).fetchone()
             return outcome.Value(None if row is None else _record(row))
@@ -524,9 +540,10 @@ class SQLiteStore(BaseStore):
     @staticmethod
     def _mark(conn: sqlite3.Connection, op: MarkOp) -> bool:
         cursor = conn.execute(
-            _SQL_MARK,
+            _SQL_MARK_OR_CREATE if op.create else _SQL_MARK,
             {
                 "id": op.workflow_instance_id,
+                "workflow": op.workflow,
                 "status": op.status,
                 "detail": op.detail,
                 "now": _now_ms(),
@@ -540,23 +557,6 @@ class SQLiteStore(BaseStore):
     ) -> None:
         if conn.execute(_SQL_DELETE, (workflow_instance_id, expected)).rowcount != 1:
             raise self._conflict(conn, workflow_instance_id, expected, "delete")
-
-    @staticmethod
-    def _claim(
-        conn: sqlite3.Connection, workflow_instance_id: str, workflow: str
-    ) -> StoredRecord:
-        row = conn.execute(
-            _SQL_CLAIM,
-            {"id": workflow_instance_id, "workflow": workflow, "now": _now_ms()},
-        ).fetchone()
-        if row is not None:
-            return _record(row)
-        current = conn.execute(_SQL_LOAD, (workflow_instance_id,)).fetchone()
-        if current is not None:
-            check_claimable(_record(current), workflow)
-        raise UnsupportedBackendError(
-            f"claim of {workflow_instance_id!r} was refused without a reason"
-        )
 
     @staticmethod
     def _begin(
@@ -586,16 +586,11 @@ class SQLiteStore(BaseStore):
             "now": _now_ms(),
             "expected": expected,
         }
-        if expected is None or expected == 0:
-            cursor = conn.execute(_SQL_CREATE, params)
-            new_revision = 1
-        else:
-            cursor = conn.execute(_SQL_UPDATE, params)
-            new_revision = expected + 1
+        cursor = conn.execute(_SQL_UPDATE if expected else _SQL_CREATE, params)
         self._hook("save.statement")
         if cursor.rowcount != 1:
             raise self._conflict(conn, request.workflow_instance_id, expected, "save")
-        return new_revision
+        return (expected or 0) + 1
 
     @staticmethod
     def _conflict(

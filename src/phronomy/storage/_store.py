@@ -19,7 +19,6 @@ from phronomy.errors import (
 
 from ._records import (
     BeginOp,
-    ClaimOp,
     DeleteOp,
     InstancePage,
     InstanceStatus,
@@ -38,9 +37,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "KNOWN_FAILURES",
+    "SAVE_LOG_DEPTH",
     "BaseStore",
     "WorkflowStore",
-    "check_claimable",
+    "check_startable",
     "classify_uncertain_save",
 ]
 
@@ -58,10 +58,12 @@ KNOWN_FAILURES: tuple[type[StorageError], ...] = (
 @runtime_checkable
 class WorkflowStore(Protocol):
     """What the runtime needs from a durable store. All methods block; the runtime calls
-    them from worker threads, at most ``max_concurrency`` at a time.
+    them from worker threads: writes at most ``max_concurrency`` at a time, and reads
+    (:meth:`load`, :meth:`find_write`, :meth:`list_instances`) from one more thread,
+    concurrently with the writes. A read sees only committed data.
 
     Revisions: a save with ``expected_revision=None`` creates revision 1 (also over a
-    revision-0 claim placeholder); a save with ``expected_revision=N`` on revision N
+    revision-0 placeholder written by :meth:`begin`); a save with ``expected_revision=N`` on revision N
     creates N+1; anything else raises :class:`~phronomy.ConflictError`. Connection loss
     is never reported as a conflict.
     """
@@ -70,15 +72,6 @@ class WorkflowStore(Protocol):
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """Return the row, or ``None`` if there is none."""
-        ...
-
-    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """Mark the instance ``running`` and return its row (see ``ClaimOp``).
-
-        Raises:
-            RecoveryRequiredError: the instance requires recovery.
-            InstanceStateError: the instance belongs to another workflow.
-        """
         ...
 
     def begin(
@@ -106,8 +99,15 @@ class WorkflowStore(Protocol):
         *,
         expected_revision: int | None = None,
         detail: str | None = None,
+        create: bool = False,
+        workflow: str = "",
     ) -> bool:
-        """Set the status (metadata only); returns whether a row changed."""
+        """Set the status (metadata only); returns whether a row changed.
+
+        A row is changed only while it is at *expected_revision* (any revision if
+        ``None``). With *create*, a missing row becomes a revision-0 placeholder of
+        *workflow* with this status.
+        """
         ...
 
     def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
@@ -115,7 +115,11 @@ class WorkflowStore(Protocol):
         ...
 
     def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """The revision the save *write_id* committed, or ``None`` if it never did."""
+        """The revision the save *write_id* committed, or ``None`` if it never did.
+
+        Stores remember at least the last :data:`SAVE_LOG_DEPTH` saves of an instance;
+        an older one may be reported as ``None`` (reconciliation then fails closed).
+        """
         ...
 
     def list_instances(
@@ -141,6 +145,10 @@ class WorkflowStore(Protocol):
         ...
 
 
+SAVE_LOG_DEPTH = 32
+"""How many recent saves per instance a store remembers for :meth:`find_write`."""
+
+
 def classify_uncertain_save(
     record: StoredRecord | None, logged_revision: int | None, request: SaveRequest
 ) -> Literal["post", "pre", "neither"]:
@@ -158,7 +166,7 @@ def classify_uncertain_save(
     return "pre" if current == expected else "neither"
 
 
-def check_claimable(row: StoredRecord, workflow: str) -> None:
+def check_startable(row: StoredRecord, workflow: str) -> None:
     """Raise if a new segment of *workflow* may not run on *row*.
 
     Raises:
@@ -195,10 +203,6 @@ class BaseStore:
         """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         raise NotImplementedError
 
-    def claim(self, workflow_instance_id: str, workflow: str) -> StoredRecord:
-        """See :meth:`~phronomy.storage.WorkflowStore.claim`."""
-        raise NotImplementedError
-
     def begin(
         self,
         workflow_instance_id: str,
@@ -220,6 +224,8 @@ class BaseStore:
         *,
         expected_revision: int | None = None,
         detail: str | None = None,
+        create: bool = False,
+        workflow: str = "",
     ) -> bool:
         """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
         raise NotImplementedError
@@ -311,8 +317,6 @@ class BaseStore:
         match op:
             case LoadOp(workflow_instance_id=iid):
                 return self.load(iid)
-            case ClaimOp(workflow_instance_id=iid, workflow=workflow):
-                return self.claim(iid, workflow)
             case BeginOp(workflow_instance_id=iid, workflow=workflow):
                 return self.begin(iid, workflow, expected_revision=op.expected_revision)
             case SaveOp(request=request):
@@ -323,6 +327,8 @@ class BaseStore:
                     op.status,
                     expected_revision=op.expected_revision,
                     detail=op.detail,
+                    create=op.create,
+                    workflow=op.workflow,
                 )
             case DeleteOp(workflow_instance_id=iid, expected_revision=revision):
                 self.delete(iid, revision)

@@ -17,6 +17,7 @@ from phronomy.errors import (
     RuntimeShutdownError,
 )
 from phronomy.storage import (
+    LoadOp,
     MarkOp,
     SaveOp,
     SaveOutcome,
@@ -52,24 +53,29 @@ class StoreRequest(msgspec.Struct, frozen=True, kw_only=True):
 
 @final
 class StoreGateway:
-    """The runtime's path to its store: a single-worker pool and a group-commit batcher.
+    """The runtime's path to its store: two pools, each with a group-commit batcher.
 
-    Every store call of the runtime goes through here, in submission order; concurrent
-    saves share one transaction.
+    Writes run in submission order in the ``phronomy.store`` pool; concurrent writes
+    share one transaction. Loads run in their own ``phronomy.store.reads`` lane, so a
+    read never waits for a commit's fsync; it sees committed data only, which is all a
+    load may rely on (a segment's own writes are committed before it is released).
     """
 
     def __init__(self, engine: Engine, store: WorkflowStore) -> None:
-        """Create the gateway's pool (``phronomy.store``) on *engine*."""
+        """Create the gateway's pools on *engine*."""
         self.store = store
         self.pool = engine.pool(
             "phronomy.store", size=store.max_concurrency, queue_size=64
         )
-        self._batcher: Batcher[StoreRequest, Any] = Batcher(self.pool, self._run_batch)
+        self._writes: Batcher[StoreRequest, Any] = Batcher(self.pool, self._run_batch)
+        self._reads: Batcher[StoreRequest, Any] = Batcher(
+            engine.pool("phronomy.store.reads", size=1, queue_size=64), self._run_batch
+        )
 
     @property
     def idle(self) -> bool:
         """No store operation is queued or running."""
-        return self._batcher.idle
+        return self._writes.idle and self._reads.idle
 
     def submit(
         self,
@@ -79,7 +85,8 @@ class StoreGateway:
     ) -> None:
         """Queue *op*; *finish* (if any) maps its result in the worker thread, then
         ``callback(outcome)`` runs on the trio thread."""
-        self._batcher.submit(StoreRequest(op=op, finish=finish), callback)
+        batcher = self._reads if isinstance(op, LoadOp) else self._writes
+        batcher.submit(StoreRequest(op=op, finish=finish), callback)
 
     def submit_quietly(self, op: StoreOp, what: str) -> None:
         """Queue a best-effort metadata write; a failure is only logged."""
@@ -219,11 +226,15 @@ def mark_op(
     *,
     expected_revision: int | None,
     detail: str,
+    workflow: str = "",
 ) -> MarkOp:
-    """A status-only write (``detail`` truncated to 1000 characters)."""
+    """A status-only write (``detail`` truncated to 1000 characters) that creates a
+    placeholder row for an instance that never saved (so operators see it)."""
     return MarkOp(
         workflow_instance_id=workflow_instance_id,
         status=status,
         expected_revision=expected_revision,
         detail=detail[:1000],
+        create=not expected_revision,
+        workflow=workflow,
     )

@@ -14,9 +14,8 @@ from phronomy.errors import (
 )
 from phronomy.storage import (
     BeginOp,
-    ClaimOp,
     LoadOp,
-    check_claimable,
+    check_startable,
     decode_snapshot,
     normalize,
 )
@@ -158,14 +157,9 @@ class WorkflowRunner:
                     )
                 )
 
-        # A start claims the instance in one statement (marks it running, returns the
-        # row); a resume only reads, so a rejected resume never touches the status.
-        op: ClaimOp | LoadOp = (
-            ClaimOp(workflow_instance_id=iid, workflow=cmd.definition.name)
-            if isinstance(cmd, StartCommand)
-            else LoadOp(workflow_instance_id=iid)
-        )
-        self.gateway.submit(op, loaded, finish=decode)
+        # Only a read: a batch of reads needs no write transaction (no fsync), and a
+        # rejected start or resume never touches the stored status.
+        self.gateway.submit(LoadOp(workflow_instance_id=iid), loaded, finish=decode)
 
     def _apply_load(self, message: LoadReady) -> None:
         cmd = message.command
@@ -173,7 +167,7 @@ class WorkflowRunner:
             record, decoded = message.loaded.unwrap()
             definition = cmd.definition
             if record is not None:
-                check_claimable(record, definition.name)
+                check_startable(record, definition.name)
             expected = (
                 record.revision if record is not None and record.revision > 0 else None
             )
@@ -228,6 +222,20 @@ class WorkflowRunner:
                 expected_revision=expected,
                 max_snapshot_bytes=self.max_snapshot_bytes,
             )
+        on_park = None
+        if durable:
+            gateway = self.gateway
+            assert gateway is not None
+            begin = BeginOp(
+                workflow_instance_id=iid,
+                workflow=cmd.definition.name,
+                expected_revision=expected,
+            )
+
+            def on_park() -> None:
+                # Queued before any terminal save of the segment (the batcher is FIFO).
+                gateway.submit_quietly(begin, f"mark workflow instance {iid!r} running")
+
         session: WorkflowSession[Any] = WorkflowSession(
             self.engine,
             cmd.definition,
@@ -238,20 +246,11 @@ class WorkflowRunner:
             policy=policy,
             observer=cmd.observer,
             resume=resume,
+            on_park=on_park,
         )
         self.registry.bind_workflow_session(iid, cmd.owner, session.id, cmd.caller)
         waiter = self.engine.register_session(session, receiver=self.registry)
         waiter.on_complete(lambda done: self._finalize(cmd, durable, expected, done))
-        if durable and isinstance(cmd, ResumeCommand):
-            assert self.gateway is not None
-            self.gateway.submit_quietly(
-                BeginOp(
-                    workflow_instance_id=iid,
-                    workflow=cmd.definition.name,
-                    expected_revision=expected,
-                ),
-                f"mark workflow instance {iid!r} running",
-            )
 
     def _finalize(
         self, cmd: Command, durable: bool, expected: int | None, done: ResultHandle[Any]
@@ -286,6 +285,7 @@ class WorkflowRunner:
                     "failed",
                     expected_revision=expected or 0,
                     detail=f"{type(error).__name__}: {error}",
+                    workflow=cmd.definition.name,
                 ),
                 f"mark workflow instance {iid!r} failed",
             )

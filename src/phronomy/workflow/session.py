@@ -45,6 +45,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         policy: TerminalPolicy | None = None,
         observer: Callable[[Step[S]], object] | None = None,
         resume: tuple[str, str, Any] | None = None,
+        on_park: Callable[[], None] | None = None,
     ) -> None:
         """Create a session (runtime internal).
 
@@ -58,6 +59,9 @@ class WorkflowSession(GatedSession, Generic[S]):
             policy: the terminal persistence policy of durable segments.
             observer: called with each stable :class:`Step`.
             resume: ``(phase, event, payload)`` to resume from a halted phase.
+            on_park: called once, the first time the segment stops at a state that
+                waits for a signal or an effect (durable segments mark themselves
+                ``running`` in the store then).
         """
         super().__init__(engine, terminal_policy=policy)
         self.definition = definition
@@ -71,6 +75,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.phase: str | None = resume[0] if resume is not None else None
         self.steps = 0
         self.effects = Effects(self)
+        self._on_park = on_park
 
     def __repr__(self) -> str:
         return (
@@ -159,6 +164,9 @@ class WorkflowSession(GatedSession, Generic[S]):
                     )
             case "wait":
                 self._notify()
+                if self._on_park is not None:
+                    on_park, self._on_park = self._on_park, None
+                    on_park()
             case "leaf":
                 self.request_terminal("finished", notify_stable=True)
 
