@@ -13,13 +13,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import msgspec
 import trio
 
 import phronomy
-from phronomy.storage import FINISH_PHASE, SQLiteStore, decode_snapshot_builtins
+from phronomy.errors import ConflictError, NotFoundError
+from phronomy.storage import SQLiteStore, decode_snapshot_builtins, resolve_stored
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -144,24 +145,13 @@ def _show(store: SQLiteStore, iid: str) -> int:
     return 0
 
 
-def _resolve(store: SQLiteStore, iid: str, action: str) -> int:
-    record = store.load(iid)
-    if record is None or record.status != "recovery_required":
-        print(f"instance {iid!r} does not require recovery", file=sys.stderr)
+def _resolve(store: SQLiteStore, iid: str, action: Literal["adopt", "release"]) -> int:
+    try:
+        record = resolve_stored(store, iid, action, by="an operator (cli)")
+    except (NotFoundError, ConflictError) as exc:
+        print(exc, file=sys.stderr)
         return 1
-    if action == "release":
-        status, detail = "failed", "released for retry by an operator (cli)"
-    else:
-        status = (
-            "finished"
-            if record.phase == FINISH_PHASE
-            else ("halted" if record.phase else "failed")
-        )
-        detail = f"durable revision {record.revision} adopted by an operator (cli)"
-    if not store.mark(iid, status, expected_revision=record.revision, detail=detail):  # type: ignore[arg-type]
-        print(f"instance {iid!r} changed meanwhile; try again", file=sys.stderr)
-        return 1
-    print(f"{iid}: recovery_required -> {status}")
+    print(f"{iid}: recovery_required -> {record.status}")
     return 0
 
 

@@ -30,6 +30,7 @@ from ._records import (
     StoredRecord as StoredRecord,
     StoreOp as StoreOp,
 )
+from ._resolution import resolve_stored as resolve_stored
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION, SQLiteStore as SQLiteStore
 from ._store import (
     KNOWN_FAILURES as KNOWN_FAILURES,
@@ -71,6 +72,7 @@ __all__ = [
     "decode_snapshot_builtins",
     "encode_snapshot",
     "normalize",
+    "resolve_stored",
 ]
 
 from phronomy._metadata import fixup_module_metadata

@@ -183,15 +183,9 @@ def enter(
     effects: Any,
 ) -> State:
     """Run the entry actions of *name* in declaration order; return the resulting state."""
-    for callback in definition.entry_actions.get(name, ()):
-        state = _adopt(
-            definition,
-            _invoke(callback, state, event, effects),
-            state,
-            callback,
-            InvalidAsyncEntryActionError,
-        )
-    return state
+    return _run_actions(
+        definition, definition.entry_actions.get(name, ()), state, event, effects
+    )
 
 
 def _exit(
@@ -201,7 +195,19 @@ def _exit(
     event: EventLike,
     effects: Any,
 ) -> State:
-    for callback in definition.exit_actions.get(name, ()):
+    return _run_actions(
+        definition, definition.exit_actions.get(name, ()), state, event, effects
+    )
+
+
+def _run_actions(
+    definition: WorkflowDefinition[Any],
+    actions: tuple[Callback, ...],
+    state: State,
+    event: EventLike,
+    effects: Any,
+) -> State:
+    for callback in actions:
         state = _adopt(
             definition,
             _invoke(callback, state, event, effects),

@@ -8,14 +8,13 @@ import msgspec
 import trio
 
 from phronomy.engine import ResultHandle
-from phronomy.errors import ConflictError, NotFoundError, RuntimeShutdownError
-from phronomy.storage import StoredRecord, decode_snapshot_builtins
+from phronomy.errors import NotFoundError, RuntimeShutdownError
+from phronomy.storage import StoredRecord, decode_snapshot_builtins, resolve_stored
 
-from .definition import FINISH
 from .messages import RecoveryEntry, ResolveCommand, validate_instance_id
 
 if TYPE_CHECKING:
-    from phronomy.storage import InstanceStatus
+    from phronomy.storage import WorkflowStore
 
     from .messages import Admission
     from .runner import WorkflowRunner
@@ -171,29 +170,19 @@ class RecoveryClient:
 
 
 def _resolve_stored(
-    store: Any, iid: str, action: str, resolved_locally: bool
+    store: WorkflowStore,
+    iid: str,
+    action: Literal["adopt", "release"],
+    resolved_locally: bool,
 ) -> StoredRecord | None:
-    record: StoredRecord | None = store.load(iid)
-    if record is None or record.status != "recovery_required":
-        if resolved_locally:
-            return record
-        raise NotFoundError(f"workflow instance {iid!r} does not require recovery")
-    status: InstanceStatus
-    if action == "release":
-        status, detail = "failed", "released for retry by an operator"
-    else:
-        status = (
-            "finished"
-            if record.phase == FINISH
-            else ("halted" if record.phase else "failed")
-        )
-        detail = f"durable revision {record.revision} adopted by an operator"
-    if not store.mark(iid, status, expected_revision=record.revision, detail=detail):
-        raise ConflictError(
-            f"workflow instance {iid!r} changed during resolution; retry"
-        )
-    result: StoredRecord | None = store.load(iid)
-    return None if result is None else msgspec.structs.replace(result, snapshot=None)
+    record: StoredRecord | None
+    try:
+        record = resolve_stored(store, iid, action)
+    except NotFoundError:
+        if not resolved_locally:
+            raise
+        record = store.load(iid)  # only this process's admission needed resolving
+    return None if record is None else msgspec.structs.replace(record, snapshot=None)
 
 
 def _describe(admission: Admission | None) -> str | None:

@@ -142,13 +142,7 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
             StateValidationError: an unknown field, or a value of the wrong type (the
                 message names the field).
         """
-        spec = state_spec(type(self))
-        unknown = sorted(set(updates) - set(spec.fields))
-        if unknown:
-            raise StateValidationError(
-                f"Unknown {type(self).__name__} field(s): {unknown} "
-                f"(fields: {list(spec.fields)})"
-            )
+        spec = _known_fields(type(self), updates)
         values: dict[str, Any] = {}
         for name in spec.fields:
             current = getattr(self, name)
@@ -217,12 +211,7 @@ def validate_fields(cls: type[State], values: Mapping[str, Any]) -> dict[str, An
         StateValidationError: unknown keys, or values that do not fit (the message names
             the field).
     """
-    spec = state_spec(cls)
-    unknown = sorted(set(values) - set(spec.fields))
-    if unknown:
-        raise StateValidationError(
-            f"Unknown {cls.__name__} field(s): {unknown} (fields: {list(spec.fields)})"
-        )
+    spec = _known_fields(cls, values)
     return {
         name: _validated(cls, name, spec.types[name], value)
         for name, value in values.items()
@@ -241,6 +230,17 @@ def build_state(cls: type[S], fields: Mapping[str, Any], base: S | None = None) 
         return cls(**fields)
     except TypeError as exc:
         raise StateValidationError(f"cannot build {cls.__name__}: {exc}") from exc
+
+
+def _known_fields(cls: type[State], values: Mapping[str, Any]) -> StateSpec:
+    """The spec of *cls*, once every key of *values* is known to be one of its fields."""
+    spec = state_spec(cls)
+    unknown = sorted(set(values) - set(spec.fields))
+    if unknown:
+        raise StateValidationError(
+            f"Unknown {cls.__name__} field(s): {unknown} (fields: {list(spec.fields)})"
+        )
+    return spec
 
 
 def _validated(cls: type[Any], name: str, field_type: Any, value: Any) -> Any:

@@ -1,0 +1,65 @@
+"""Resolving a ``recovery_required`` row: the store-side half of operator recovery."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+from phronomy.errors import ConflictError, NotFoundError
+
+from ._codec import FINISH_PHASE
+
+if TYPE_CHECKING:
+    from ._records import InstanceStatus, StoredRecord
+    from ._store import WorkflowStore
+
+__all__ = ["resolve_stored"]
+
+
+def resolve_stored(
+    store: WorkflowStore,
+    workflow_instance_id: str,
+    action: Literal["adopt", "release"],
+    *,
+    by: str = "an operator",
+) -> StoredRecord:
+    """Settle a ``recovery_required`` row in *store* (blocking).
+
+    ``adopt`` takes the durable record as the truth: ``finished`` or ``halted`` from its
+    phase (``failed`` if it never saved a phase). ``release`` marks it ``failed`` so the
+    instance can be retried from its last durable revision.
+
+    Args:
+        store: the store holding the row.
+        workflow_instance_id: the instance.
+        action: ``"adopt"`` or ``"release"``.
+        by: who resolved it, recorded in the row's ``detail``.
+
+    Returns:
+        The row after the resolution.
+
+    Raises:
+        NotFoundError: the instance does not require recovery in the store.
+        ConflictError: the row changed during the resolution (try again).
+    """
+    iid = workflow_instance_id
+    record = store.load(iid)
+    if record is None or record.status != "recovery_required":
+        raise NotFoundError(f"workflow instance {iid!r} does not require recovery")
+    status: InstanceStatus
+    if action == "release":
+        status, detail = "failed", f"released for retry by {by}"
+    else:
+        status = (
+            "finished"
+            if record.phase == FINISH_PHASE
+            else ("halted" if record.phase else "failed")
+        )
+        detail = f"durable revision {record.revision} adopted by {by}"
+    if not store.mark(iid, status, expected_revision=record.revision, detail=detail):
+        raise ConflictError(
+            f"workflow instance {iid!r} changed during resolution; retry"
+        )
+    resolved = store.load(iid)
+    if resolved is None:
+        raise ConflictError(f"workflow instance {iid!r} was deleted during resolution")
+    return resolved
