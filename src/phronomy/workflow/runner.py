@@ -226,15 +226,17 @@ class WorkflowRunner:
         if durable:
             gateway = self.gateway
             assert gateway is not None
-            begin = BeginOp(
-                workflow_instance_id=iid,
-                workflow=cmd.definition.name,
-                expected_revision=expected,
-            )
 
             def on_park() -> None:
                 # Queued before any terminal save of the segment (the batcher is FIFO).
-                gateway.submit_quietly(begin, f"mark workflow instance {iid!r} running")
+                gateway.submit_quietly(
+                    BeginOp(
+                        workflow_instance_id=iid,
+                        workflow=cmd.definition.name,
+                        expected_revision=expected,
+                    ),
+                    f"mark workflow instance {iid!r} running",
+                )
 
         session: WorkflowSession[Any] = WorkflowSession(
             self.engine,
