@@ -102,3 +102,12 @@ async def until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
 
 def admission_state(runtime: phronomy.Runtime, iid: str) -> Any:
     return runtime._runner.registry.state(iid)
+
+
+async def start_live(
+    runtime: phronomy.Runtime, flow: phronomy.WorkflowDefinition[Value], iid: str
+) -> ResultHandle[phronomy.WorkflowResult[Value]]:
+    """Start *flow* (a :func:`live_flow`) as *iid*; return once it accepted a signal."""
+    handle = runtime.start(flow, workflow_instance_id=iid)
+    await until(lambda: runtime.signal(flow, iid, "mark"))
+    return handle

@@ -30,6 +30,7 @@ from .helpers import (
     counter_flow,
     halting_flow,
     live_flow,
+    start_live,
     until,
 )
 
@@ -369,8 +370,7 @@ async def test_conflicting_save_fails_the_caller(
     store = make_store()
     flow = live_flow()
     async with runtime_on(store) as rt:
-        handle = rt.start(flow, workflow_instance_id="cf")
-        await until(lambda: rt.signal(flow, "cf", "mark"))
+        handle = await start_live(rt, flow, "cf")
         # another writer creates revision 1 meanwhile
         store.save(
             SaveRequest(
@@ -460,8 +460,7 @@ async def test_unknown_outcome_requires_recovery(
     store = FaultyStore(inner)
     flow = live_flow()
     async with runtime_on(store) as rt:
-        handle = rt.start(flow, workflow_instance_id="u")
-        await until(lambda: rt.signal(flow, "u", "mark"))
+        handle = await start_live(rt, flow, "u")
         owner = rt._runner.registry.owner("u")
         store.fail("save.before", OSError("connection reset"))
         if readback == "third-state":
@@ -601,8 +600,7 @@ async def test_failed_offloaded_save_is_an_unknown_outcome(
     store = ExplodingBatches(make_store())
     flow = live_flow()
     async with runtime_on(store) as rt:
-        handle = rt.start(flow, workflow_instance_id="x")
-        await until(lambda: rt.signal(flow, "x", "mark"))
+        handle = await start_live(rt, flow, "x")
         loads = store.count("load")
         store.explode = True
         rt.signal(flow, "x", "finish")
@@ -621,8 +619,7 @@ async def test_refused_save_submission_is_a_known_failure(
     store = make_store()
     flow = live_flow()
     async with runtime_on(store) as rt:
-        handle = rt.start(flow, workflow_instance_id="ref")
-        await until(lambda: rt.signal(flow, "ref", "mark"))
+        handle = await start_live(rt, flow, "ref")
         rt._runner.gateway.pool.close()  # type: ignore[union-attr]
         rt.signal(flow, "ref", "finish")
         with pytest.raises(phronomy.PoolShutdownError):
@@ -657,13 +654,11 @@ async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
     store = make_store()
     flow = live_flow()
     async with runtime_on(store) as rt:
-        first = rt.start(flow, workflow_instance_id="inc")
-        await until(lambda: rt.signal(flow, "inc", "mark"))
+        first = await start_live(rt, flow, "inc")
         old_session = rt._runner.registry.record("inc").session_id
         rt.signal(flow, "inc", "finish")
         assert (await first.result()).revision == 1
-        second = rt.start(flow, workflow_instance_id="inc")
-        await until(lambda: rt.signal(flow, "inc", "mark"))
+        second = await start_live(rt, flow, "inc")
         stale = phronomy.engine.Event(
             type=TERMINAL_RESULT, target_id=old_session or "", payload=None
         )
@@ -805,8 +800,7 @@ async def test_status_is_running_while_parked_and_failed_after_an_error(
             1,
         )
         # parked at a state waiting for a signal: marked running once, then finished
-        handle = rt.start(flow, workflow_instance_id="st")
-        await until(lambda: rt.signal(flow, "st", "mark"))
+        handle = await start_live(rt, flow, "st")
         await until(lambda: status_of(store, "st") == "running")
         rt.signal(flow, "st", "finish")
         await handle.result()
@@ -829,8 +823,7 @@ async def test_shutdown_refuses_new_starts_but_lets_signals_through(
     store = make_store()
     flow = live_flow()
     async with runtime_on(store) as rt, trio.open_nursery() as nursery:
-        handle = rt.start(flow, workflow_instance_id="live")
-        await until(lambda: rt.signal(flow, "live", "mark"))
+        handle = await start_live(rt, flow, "live")
         nursery.start_soon(rt.shutdown)
         await until(lambda: rt.state == "draining")
         with pytest.raises(

@@ -11,7 +11,7 @@ import trio
 import phronomy
 from phronomy.workflow.definition import AUTO_EVENT, FINISH
 
-from .helpers import Value, approval_flow, live_flow, until
+from .helpers import Value, approval_flow, live_flow, start_live, until
 
 
 async def test_single_state_action_and_finish(runtime: phronomy.Runtime) -> None:
@@ -234,8 +234,7 @@ async def test_invalid_action_results_fail_the_segment(
 async def test_signals_with_rejecting_guards(runtime: phronomy.Runtime) -> None:
     # scenario 31
     flow = live_flow()
-    handle = runtime.start(flow, workflow_instance_id="live-31")
-    await until(lambda: runtime.signal(flow, "live-31", "mark"))
+    handle = await start_live(runtime, flow, "live-31")
     assert runtime.signal(flow, "live-31", "ignored")
     assert runtime.signal(flow, "live-31", "finish")
     result = await handle.result()
