@@ -1,18 +1,30 @@
-"""Fast identifiers for the hot path.
+"""Fast identifiers for the hot path, unique across threads and forked processes.
 
 ``os.urandom`` and ``uuid.uuid4`` make a system call that releases the GIL; on the
 dispatcher, with a store thread running, reacquiring it can cost far more than the call
-itself. Python's ``random`` module is seeded from the OS, reseeded after ``fork``, and
-never releases the GIL.
+itself. A private :class:`random.Random` never releases the GIL, but unlike the module's
+own generator it is *not* reseeded after ``fork``: two pre-forked workers would produce
+the same ids (and the same ``write_id`` values, which reconciliation relies on). So the
+generator is seeded from the OS at import and again in every forked child.
 """
 
 from __future__ import annotations
 
+import os
 import random
 
 __all__ = ["random_hex", "random_uuid"]
 
-_random = random.Random()  # noqa: S311 - identifiers, not secrets
+_random = random.Random()  # noqa: S311 - identifiers, not secrets; seeded from os.urandom
+
+
+def _reseed() -> None:
+    _random.seed(os.urandom(32))
+
+
+_reseed()
+if hasattr(os, "register_at_fork"):  # POSIX; other platforms cannot fork
+    os.register_at_fork(after_in_child=_reseed)
 
 
 def random_hex() -> str:
