@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
+from phronomy._portal import ThreadPortal
 from phronomy.agent import ExecutionCoordinator, Executions
 from phronomy.engine import open_engine
 from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
@@ -41,8 +42,10 @@ class Runtime(WorkflowClient):
     ``stream``, ``send_event``, ``resume``, ``signal``) are documented on
     :class:`~phronomy.workflow.WorkflowClient`.
 
-    Thread-safety: use it from trio tasks of the thread that opened it. From another
-    thread, go through ``trio.from_thread.run_sync(..., trio_token=runtime.trio_token)``.
+    Thread-safety: use it from trio tasks of the thread that opened it; its methods
+    raise :class:`~phronomy.ReentrancyError` when called from any other thread. Other
+    threads (web framework workers, callbacks) use the blocking twins in
+    :attr:`from_thread`.
     """
 
     def __init__(
@@ -60,6 +63,7 @@ class Runtime(WorkflowClient):
         self._store = store
         self._recovery = RecoveryClient(runner)
         self._executions = Executions(coordinator)
+        self._portal = ThreadPortal(self, engine.trio_token)
 
     @property
     def engine(self) -> Engine:
@@ -85,6 +89,11 @@ class Runtime(WorkflowClient):
     def state(self) -> LifecycleState:
         """``running``, ``draining``, ``stopping``, ``terminated`` or ``failed``."""
         return self._engine.state
+
+    @property
+    def from_thread(self) -> ThreadPortal:
+        """Blocking twins of the runtime's operations, for threads outside trio."""
+        return self._portal
 
     @property
     def trio_token(self) -> trio.lowlevel.TrioToken:

@@ -125,7 +125,7 @@ async def test_durable_halt_then_resume(
             flow, {"value": "start"}, workflow_instance_id="order-1"
         )
         assert (halted.revision, store.load("order-1").status) == (1, "halted")  # type: ignore[union-attr]
-        done = await rt.send_event(flow, halted, "approve")
+        done = await rt.send_event(flow, "approve", halted=halted)
     assert (done.revision, done.phase, done.state.value) == (
         2,
         FINISH,
@@ -211,7 +211,7 @@ async def test_resume_validation_detects_divergence(
         with pytest.raises(
             phronomy.ConflictError, match="changed since the supplied halted result"
         ):
-            await rt.send_event(flow, halted, "approve")
+            await rt.send_event(flow, "approve", halted=halted)
         assert admission_state(rt, "div") is None
         done = await rt.send_event(
             flow, event="approve", workflow_instance_id="div"
@@ -228,7 +228,7 @@ async def test_resume_of_an_ephemeral_halt_creates_the_record(
         halted = await rt.invoke(flow, {"value": "e"})
     store = make_store()
     async with runtime_on(store) as rt:
-        done = await rt.send_event(flow, halted, "approve")
+        done = await rt.send_event(flow, "approve", halted=halted)
     assert done.revision == 1
     assert store.load(halted.workflow_instance_id).revision == 1  # type: ignore[union-attr]
 
@@ -254,7 +254,7 @@ async def test_normalised_comparison_has_no_false_conflicts(
         halted = await rt.invoke(
             flow, {"tags": {"b": [2], "a": [1]}}, workflow_instance_id="rich"
         )
-        done = await rt.send_event(flow, halted, "go")
+        done = await rt.send_event(flow, "go", halted=halted)
     assert done.state.color is Color.RED  # the live state keeps the enum
     assert done.state.pair == (1, 2)
 
@@ -359,7 +359,7 @@ async def test_load_errors_fail_the_caller_and_release(
         assert admission_state(rt, "le2") is None
         store.fail("load.before", OSError("still unplugged"))
         with pytest.raises(OSError, match="still unplugged"):
-            await rt.send_event(flow, halted, "approve")
+            await rt.send_event(flow, "approve", halted=halted)
         assert admission_state(rt, "le") is None
 
 
@@ -886,4 +886,4 @@ async def test_resume_rejects_state_of_another_class(
         halted = await rt.invoke(flow, workflow_instance_id="typed")
         wrong = msgspec.structs.replace(halted, state=Rich())
         with pytest.raises(phronomy.StateValidationError, match="runs Value"):
-            await rt.send_event(flow, wrong, "approve")  # type: ignore[arg-type]
+            await rt.send_event(flow, "approve", halted=wrong)  # type: ignore[arg-type]

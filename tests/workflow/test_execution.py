@@ -52,7 +52,7 @@ async def test_halt_and_send_event(runtime: phronomy.Runtime) -> None:
         True,
         "start:prepared",
     )
-    done = await runtime.send_event(flow, halted, "approve")
+    done = await runtime.send_event(flow, "approve", halted=halted)
     assert (done.state.value, done.phase, done.halted) == (
         "start:prepared:confirmed",
         FINISH,
@@ -78,7 +78,7 @@ async def test_send_event_input_is_merged_first(runtime: phronomy.Runtime) -> No
     flow = wf.build()
     halted = await runtime.invoke(flow, {"value": "original"})
     done = await runtime.send_event(
-        flow, halted, "approve", input={"value": "overridden"}
+        flow, "approve", halted=halted, input={"value": "overridden"}
     )
     assert done.state.value == "overridden:executed"
 
@@ -114,7 +114,7 @@ async def test_unknown_and_misplaced_events_are_refused_synchronously(
         phronomy.UnknownEventError,
         match=r"Unknown event 'bogus'\. Valid events: \['approve'\]",
     ):
-        await runtime.send_event(flow, halted, "bogus")
+        await runtime.send_event(flow, "bogus", halted=halted)
     other = phronomy.Workflow(Value).wait_state("a").initial("a").state("b")
     other.transition("a", "b", on="go").transition("b", FINISH, on="later")
     flow2 = other.build()
@@ -122,7 +122,7 @@ async def test_unknown_and_misplaced_events_are_refused_synchronously(
     with pytest.raises(
         phronomy.TransitionError, match="Transition from 'a' via event 'later' failed"
     ):
-        await runtime.send_event(flow2, halted2, "later")
+        await runtime.send_event(flow2, "later", halted=halted2)
 
 
 async def test_send_event_validates_the_halted_result(
@@ -140,12 +140,14 @@ async def test_send_event_validates_the_halted_result(
         workflow="approval",
     )
     with pytest.raises(phronomy.InvalidIdentifierError, match="workflow_instance_id"):
-        await runtime.send_event(flow, broken, "approve")
-    done = await runtime.send_event(flow, halted, "approve")
+        await runtime.send_event(flow, "approve", halted=broken)
+    done = await runtime.send_event(flow, "approve", halted=halted)
     with pytest.raises(phronomy.InstanceStateError, match="is finished"):
-        await runtime.send_event(flow, done, "approve")
-    with pytest.raises(TypeError, match="event name"):
-        await runtime.send_event(flow, halted)
+        await runtime.send_event(flow, "approve", halted=done)
+    with pytest.raises(phronomy.UnknownEventError, match="event's name"):
+        await runtime.send_event(flow, halted)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="event"):
+        await runtime.send_event(flow, halted=halted)  # type: ignore[call-arg]
     with pytest.raises(phronomy.ConfigurationError, match="needs a store"):
         await runtime.send_event(flow, event="approve", workflow_instance_id="x")
 

@@ -223,7 +223,9 @@ class Executions:
         Raises:
             InvalidIdentifierError: an empty or invalid *agent_id*.
             DefinitionError: no steps, or a step of the wrong shape.
+            ReentrancyError: called from a thread that does not run the runtime.
         """
+        self._coordinator.engine.check_thread("runtime.executions.start()")
         key = _validate_agent_id(agent_id)
         step_list = list(steps)
         if not step_list:
@@ -298,7 +300,11 @@ class Executions:
 
         Returns:
             ``True`` if a live execution was asked to cancel.
+
+        Raises:
+            ReentrancyError: called from a thread that does not run the runtime.
         """
+        self._coordinator.engine.check_thread("runtime.executions.cancel()")
         entry = self._registry.owner(execution_id)
         if entry is None or entry.status not in ("executing", "suspended"):
             return False
@@ -359,6 +365,9 @@ class Executions:
         return await pool.run(purge_row)
 
     def _decide(self, execution_id: str, *, approved: bool, response: Any) -> None:
+        self._coordinator.engine.check_thread(
+            f"runtime.executions.{'approve' if approved else 'reject'}()"
+        )
         view = self._registry.owner(execution_id)
         if view is None:
             raise ExecutionNotFoundError(

@@ -34,6 +34,7 @@ from ._messages import (
     ShutdownResult,
 )
 from ._pool import OffloadPool
+from ._thread_guard import check_thread, foreign_thread_error
 from ._timers import TimerQueue
 
 if TYPE_CHECKING:
@@ -266,6 +267,17 @@ class Engine:
                 "(the runtime's dispatcher task)"
             )
 
+    def check_thread(self, what: str) -> None:
+        """Raise unless called on the runtime's trio thread (before touching anything).
+
+        Args:
+            what: how the error names the call, for example ``"runtime.signal()"``.
+
+        Raises:
+            ReentrancyError: called from another thread.
+        """
+        check_thread(self._thread_id, what)
+
     # --- posting -----------------------------------------------------------------------
 
     def post(self, event: Event) -> bool:
@@ -279,12 +291,10 @@ class Engine:
             ReentrancyError: called from a thread other than the runtime's (use
                 :meth:`post_from_thread`).
         """
+        if threading.get_ident() != self._thread_id:
+            raise foreign_thread_error("Engine.post()")
         if not self._accepting:
             return False
-        if threading.get_ident() != self._thread_id:
-            raise ReentrancyError(
-                "Engine.post called from a foreign thread; use post_from_thread"
-            )
         if event.target_id == SYSTEM_CHANNEL and event.type in _TERMINAL_MANAGEMENT:
             payload = event.payload
             if isinstance(payload, SessionOutcome):
@@ -305,12 +315,11 @@ class Engine:
         Raises:
             ValueError: the target is the system channel.
         """
+        check_thread(self._thread_id, "Engine.post_to_session()")
         if event.target_id == SYSTEM_CHANNEL:
             raise ValueError("post_to_session cannot target the system channel")
         if not self._accepting or event.target_id not in self._admitted:
             return False
-        if threading.get_ident() != self._thread_id:
-            raise ReentrancyError("Engine.post_to_session called from a foreign thread")
         self._enqueue(event)
         return True
 
@@ -400,7 +409,9 @@ class Engine:
             RuntimeShutdownError: the engine no longer accepts sessions.
             PhronomyError: a session with that id is already registered.
             ValueError: *receiver* is not registered on this engine.
+            ReentrancyError: called from a thread other than the runtime's.
         """
+        check_thread(self._thread_id, "Engine.register_session()")
         if self._state not in _ACCEPTING_EVENTS:
             raise RuntimeShutdownError(
                 f"EventLoop is {self._state}; new sessions are not accepted"
@@ -482,7 +493,11 @@ class Engine:
 
         Returns:
             Whether the message was queued.
+
+        Raises:
+            ReentrancyError: called from a thread other than the runtime's.
         """
+        check_thread(self._thread_id, "Engine.post_execution()")
         if (
             self._state not in _ACCEPTING_EVENTS
             or id(receiver) not in self._receiver_ids
@@ -525,7 +540,11 @@ class Engine:
 
         Lookup and enqueue happen without a checkpoint in between, so the session the
         lookup resolved cannot change before the event is queued.
+
+        Raises:
+            ReentrancyError: called from a thread other than the runtime's.
         """
+        check_thread(self._thread_id, "Engine.route_execution_event()")
         if (
             self._state not in _ACCEPTING_EVENTS
             or id(receiver) not in self._receiver_ids
@@ -578,7 +597,9 @@ class Engine:
         Raises:
             RuntimeShutdownError: the engine is stopping or closed.
             PoolShutdownError: pools were already shut down.
+            ReentrancyError: called from a thread other than the runtime's.
         """
+        check_thread(self._thread_id, "Engine.pool()")
         existing = self._pools.get(name)
         if existing is not None:
             return existing
@@ -605,7 +626,9 @@ class Engine:
 
         Raises:
             RuntimeShutdownError: the engine is stopping or closed.
+            ReentrancyError: called from a thread other than the runtime's.
         """
+        check_thread(self._thread_id, "Engine.start_task()")
         if self._state not in _ACCEPTING_EVENTS:
             raise RuntimeShutdownError(
                 f"Runtime is {self._state}; new work is not accepted"

@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import logging
+import threading
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
 
 import msgspec
 import trio
 
 from phronomy.errors import CancellationError
+
+from ._thread_guard import foreign_thread_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -56,8 +59,10 @@ class ResultHandle(Generic[T]):
     thread may still be running after the handle was settled by a timeout or a
     cancellation. :attr:`physically_complete` and :meth:`wait_physical` report it.
 
-    Thread-safety: settle and wait only on the trio thread that owns the runtime.
-    :attr:`status` and :attr:`done` may be read from any thread.
+    Thread-safety: settle, wait and register callbacks only on the thread that created
+    the handle (the runtime's trio thread); from any other thread these raise
+    :class:`~phronomy.ReentrancyError` before changing anything. :attr:`status` and
+    :attr:`done` may be read from any thread.
     """
 
     __slots__ = (
@@ -70,6 +75,7 @@ class ResultHandle(Generic[T]):
         "_physical_done",
         "_physical_event",
         "_status",
+        "_thread",
         "_tracks_physical",
         "_value",
     )
@@ -90,6 +96,7 @@ class ResultHandle(Generic[T]):
                 (by the offload pool) instead of coinciding with settlement.
         """
         self._name = name
+        self._thread = threading.get_ident()
         self._status: HandleStatus = "pending"
         self._value: Any = None
         self._error: BaseException | None = None
@@ -174,6 +181,7 @@ class ResultHandle(Generic[T]):
         Cancellation:
             Cancelling the waiter leaves the handle untouched.
         """
+        self._check_thread("wait")
         if self._status != "pending":
             await trio.lowlevel.checkpoint()
             return
@@ -203,6 +211,7 @@ class ResultHandle(Generic[T]):
         Cancellation:
             Cancelling the waiter leaves the handle and the work untouched.
         """
+        self._check_thread("wait_physical")
         if not self._tracks_physical:
             await self.wait()
             return
@@ -217,6 +226,7 @@ class ResultHandle(Generic[T]):
 
     def complete(self, value: T) -> bool:
         """Complete with *value*; returns whether this call settled the handle."""
+        self._check_thread("complete")
         if self._status != "pending":
             return False
         self._value = value
@@ -231,6 +241,7 @@ class ResultHandle(Generic[T]):
         """
         if not isinstance(error, BaseException):
             raise TypeError(f"error is required (got {error!r})")
+        self._check_thread("fail")
         if self._status != "pending":
             return False
         self._error = error
@@ -246,6 +257,7 @@ class ResultHandle(Generic[T]):
         Returns:
             Whether this call settled the handle.
         """
+        self._check_thread("cancel")
         if self._status != "pending":
             return False
         self._error = error or CancellationError(f"{self._name} cancelled")
@@ -270,6 +282,7 @@ class ResultHandle(Generic[T]):
 
     def on_complete(self, callback: Callable[[ResultHandle[T]], object]) -> None:
         """Run ``callback(handle)`` once the handle is settled (at once if it is)."""
+        self._check_thread("on_complete")
         if self._callbacks is None:
             _run_callback(callback, self)
         else:
@@ -279,6 +292,7 @@ class ResultHandle(Generic[T]):
         self, callback: Callable[[ResultHandle[T]], object]
     ) -> None:
         """Run ``callback(handle)`` once the work has physically finished."""
+        self._check_thread("on_physical_complete")
         if not self._tracks_physical:
             self.on_complete(callback)
         elif self._physical_callbacks is None:
@@ -288,6 +302,7 @@ class ResultHandle(Generic[T]):
 
     def mark_physically_complete(self) -> None:
         """Record that the work behind the handle has physically finished (pool use)."""
+        self._check_thread("mark_physically_complete")
         if self._physical_done or not self._tracks_physical:
             return
         self._physical_done = True
@@ -403,6 +418,10 @@ class ResultHandle(Generic[T]):
         return out
 
     # --- internals -----------------------------------------------------------------
+
+    def _check_thread(self, what: str) -> None:
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error(f"ResultHandle.{what}()")
 
     def _add_child(self, child: ResultHandle[Any]) -> None:
         if self._status == "cancelled":

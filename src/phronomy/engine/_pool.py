@@ -23,6 +23,7 @@ from phronomy.errors import (
 
 from ._handle import ResultHandle
 from ._messages import PoolStatistics
+from ._thread_guard import check_thread
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -142,6 +143,7 @@ class OffloadPool:
         self._wait_total = 0.0
         self._abandoned_total = 0
         self._abandoned_active = 0
+        self._thread = threading.get_ident()
 
     # --- public API ------------------------------------------------------------------
 
@@ -190,7 +192,9 @@ class OffloadPool:
             PoolShutdownError: the pool was shut down.
             BackpressureError: ``queue_size`` operations are already waiting.
             ConfigurationError: a timeout was requested but the pool has no timer queue.
+            ReentrancyError: called from a thread other than the runtime's.
         """
+        check_thread(self._thread, "OffloadPool.submit_nowait()")
         self._check_open()
         if self._full():
             raise BackpressureError(
@@ -226,6 +230,7 @@ class OffloadPool:
         Cancellation:
             Cancelling the caller while it waits for queue space admits nothing.
         """
+        check_thread(self._thread, "OffloadPool.submit()")
         if on_full not in ("raise", "wait"):
             raise ConfigurationError(
                 f"on_full must be 'raise' or 'wait', got {on_full!r}"

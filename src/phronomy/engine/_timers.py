@@ -5,11 +5,14 @@ from __future__ import annotations
 import heapq
 import itertools
 import logging
+import threading
 from typing import TYPE_CHECKING, final
 
 import trio
 
 from phronomy.errors import PoolShutdownError
+
+from ._thread_guard import check_thread
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -54,6 +57,7 @@ class TimerQueue:
         self._wake = wake
         self._pending = 0
         self._stopped = False
+        self._thread = threading.get_ident()
 
     def schedule(self, seconds: float, callback: Callable[[], object]) -> Timer:
         """Run *callback* on the dispatcher after *seconds* (trio clock).
@@ -61,7 +65,9 @@ class TimerQueue:
         Raises:
             PoolShutdownError: the queue was shut down.
             TypeError: *callback* is not callable.
+            ReentrancyError: called from a thread other than the runtime's.
         """
+        check_thread(self._thread, "TimerQueue.schedule()")
         if not callable(callback):
             raise TypeError("schedule requires a callable")
         if self._stopped:

@@ -132,7 +132,10 @@ class WorkflowClient:
         Raises:
             StateValidationError: *input* does not fit the state class.
             InvalidIdentifierError: an empty or oversized *workflow_instance_id*.
+            ReentrancyError: called from a thread that does not run the runtime (see
+                :attr:`~phronomy.Runtime.from_thread`).
         """
+        self._runner.engine.check_thread("runtime.start()")
         overlay = _input_overlay(workflow, input)
         explicit = workflow_instance_id is not None
         iid = validate_instance_id(workflow_instance_id) if explicit else random_uuid()
@@ -233,9 +236,9 @@ class WorkflowClient:
     async def send_event(
         self,
         workflow: WorkflowDefinition[S],
-        halted: WorkflowResult[S] | None = None,
-        event: str | None = None,
+        event: str,
         *,
+        halted: WorkflowResult[S] | None = None,
         workflow_instance_id: str | None = None,
         payload: Any = None,
         input: Mapping[str, Any] | S | None = None,  # noqa: A002
@@ -248,10 +251,15 @@ class WorkflowClient:
         it must still match the durable snapshot, else :class:`~phronomy.ConflictError`)
         or just the *workflow_instance_id* (the halted state is loaded from the store).
 
+        Example::
+
+            done = await runtime.send_event(flow, "approve", workflow_instance_id="order-1")
+            done = await runtime.send_event(flow, "approve", halted=halted, payload="ok")
+
         Args:
             workflow: the compiled workflow.
-            halted: a halted :class:`~phronomy.WorkflowResult`.
             event: the event to fire (``"resume"``: the first event of the halted phase).
+            halted: a halted :class:`~phronomy.WorkflowResult`.
             workflow_instance_id: resume by id (requires a store).
             payload: the event's payload (guards and actions see ``event.payload``).
             input: field values merged into the state before the event fires.
@@ -291,11 +299,12 @@ class WorkflowClient:
         workflow_instance_id: str | None = None,
         input: Mapping[str, Any] | S | None = None,  # noqa: A002
     ) -> WorkflowResult[S]:
-        """``send_event(workflow, halted, "resume", ...)``: fire the halted phase's first event."""
+        """``send_event(workflow, "resume", halted=halted, ...)``: fire the halted phase's
+        first event."""
         return await self.send_event(
             workflow,
-            halted,
             RESUME,
+            halted=halted,
             workflow_instance_id=workflow_instance_id,
             input=input,
         )
@@ -304,7 +313,7 @@ class WorkflowClient:
         self,
         workflow: WorkflowDefinition[S],
         halted: WorkflowResult[S] | None,
-        event: str | None,
+        event: str,
         *,
         workflow_instance_id: str | None,
         payload: Any,
@@ -312,8 +321,11 @@ class WorkflowClient:
         recursion_limit: int | None,
         on_step: Callable[[Step[S]], object] | None,
     ) -> ResultHandle[WorkflowResult[S]]:
-        if event is None:
-            raise TypeError("send_event requires an event name")
+        self._runner.engine.check_thread("runtime.send_event()")
+        if not isinstance(event, str):
+            raise UnknownEventError(
+                f"send_event needs the event's name (a string), got {event!r}"
+            )
         if halted is None:
             if workflow_instance_id is None:
                 raise TypeError(
@@ -386,7 +398,9 @@ class WorkflowClient:
         Raises:
             InvalidIdentifierError: an empty or invalid *workflow_instance_id*.
             UnknownEventError: the workflow declares no such event (nothing is queued).
+            ReentrancyError: called from a thread that does not run the runtime.
         """
+        self._runner.engine.check_thread("runtime.signal()")
         iid = validate_instance_id(workflow_instance_id)
         if not workflow.has_event(event):
             raise UnknownEventError(

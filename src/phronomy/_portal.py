@@ -1,0 +1,149 @@
+"""``runtime.from_thread``: call a runtime from threads that do not run its trio loop."""
+
+from __future__ import annotations
+
+import functools
+from typing import TYPE_CHECKING, Any, TypeVar, final
+
+import trio
+
+from phronomy.errors import ReentrancyError, RuntimeShutdownError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable, Mapping
+
+    from phronomy.workflow import Step, WorkflowDefinition, WorkflowResult
+    from phronomy.workflow.client import WorkflowClient
+
+__all__ = ["ThreadPortal"]
+
+T = TypeVar("T")
+
+
+@final
+class ThreadPortal:
+    """Blocking twins of the runtime's operations for code outside trio.
+
+    Web framework threads (Django, Flask), callbacks from C libraries and other plain
+    threads reach the runtime here; each call runs on the runtime's trio thread through
+    its trio token and blocks the calling thread until it is done::
+
+        # in a Flask view, while the runtime runs in another thread
+        result = runtime.from_thread.send_event(
+            order_flow, "approve", workflow_instance_id=order_id
+        )
+
+    The calls behave exactly like the async ones (same arguments, results and
+    errors). Calling them from a thread that runs a trio loop would block that loop
+    (and deadlock on the runtime's own thread), so it raises
+    :class:`~phronomy.ReentrancyError`; once the trio run that hosts the
+    runtime has ended they raise :class:`~phronomy.RuntimeShutdownError`.
+
+    Thread-safety: every method may be called from any number of threads at once.
+    """
+
+    def __init__(self, client: WorkflowClient, token: trio.lowlevel.TrioToken) -> None:
+        """Internal: reached as ``runtime.from_thread``."""
+        self._client = client
+        self._token = token
+
+    def invoke(
+        self,
+        workflow: WorkflowDefinition[Any],
+        input: Mapping[str, Any] | Any = None,  # noqa: A002 - the workflow's input
+        **options: Any,
+    ) -> WorkflowResult[Any]:
+        """Blocking :meth:`~phronomy.Runtime.invoke`.
+
+        Raises:
+            ReentrancyError: called from a thread that runs a trio loop.
+            RuntimeShutdownError: the runtime's trio run has ended.
+        """
+        return self.run(functools.partial(self._client.invoke, workflow, input, **options))
+
+    def send_event(
+        self,
+        workflow: WorkflowDefinition[Any],
+        event: str,
+        **options: Any,
+    ) -> WorkflowResult[Any]:
+        """Blocking :meth:`~phronomy.Runtime.send_event`.
+
+        Raises:
+            ReentrancyError: called from a thread that runs a trio loop.
+            RuntimeShutdownError: the runtime's trio run has ended.
+        """
+        return self.run(
+            functools.partial(self._client.send_event, workflow, event, **options)
+        )
+
+    def resume(self, workflow: WorkflowDefinition[Any], **options: Any) -> WorkflowResult[Any]:
+        """Blocking :meth:`~phronomy.Runtime.resume`.
+
+        Raises:
+            ReentrancyError: called from a thread that runs a trio loop.
+            RuntimeShutdownError: the runtime's trio run has ended.
+        """
+        return self.run(functools.partial(self._client.resume, workflow, **options))
+
+    def signal(
+        self,
+        workflow: WorkflowDefinition[Any],
+        workflow_instance_id: str,
+        event: str,
+        payload: Any = None,
+    ) -> bool:
+        """:meth:`~phronomy.Runtime.signal` from a thread (waits only for the enqueue).
+
+        Raises:
+            ReentrancyError: called from a thread that runs a trio loop.
+            RuntimeShutdownError: the runtime's trio run has ended.
+        """
+        return self.run_sync(
+            self._client.signal, workflow, workflow_instance_id, event, payload
+        )
+
+    def run(self, fn: Callable[[], Awaitable[T]]) -> T:
+        """Run ``await fn()`` on the runtime's trio thread and return its result.
+
+        For operations without a twin here, for example
+        ``runtime.from_thread.run(functools.partial(runtime.executions.run, key, steps))``.
+
+        Raises:
+            ReentrancyError: called from a thread that runs a trio loop.
+            RuntimeShutdownError: the runtime's trio run has ended.
+        """
+        _check_not_in_trio()
+        try:
+            return trio.from_thread.run(fn, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise _closed() from None
+
+    def run_sync(self, fn: Callable[..., T], *args: Any) -> T:
+        """Run ``fn(*args)`` on the runtime's trio thread and return its result.
+
+        Raises:
+            ReentrancyError: called from a thread that runs a trio loop.
+            RuntimeShutdownError: the runtime's trio run has ended.
+        """
+        _check_not_in_trio()
+        try:
+            return trio.from_thread.run_sync(fn, *args, trio_token=self._token)
+        except trio.RunFinishedError:
+            raise _closed() from None
+
+
+def _check_not_in_trio() -> None:
+    if trio.lowlevel.in_trio_run():
+        raise ReentrancyError(
+            "runtime.from_thread blocks its thread until the runtime answers, so it "
+            "cannot be called from a thread that runs a trio loop (that loop would "
+            "stop); from trio code, await the runtime's async methods instead"
+        )
+
+
+def _closed() -> RuntimeShutdownError:
+    return RuntimeShutdownError(
+        "the trio run that hosted this runtime has ended; runtime.from_thread cannot "
+        "reach it any more"
+    )
