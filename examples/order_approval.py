@@ -88,7 +88,9 @@ async def main() -> None:
                     assert runtime.signal(flow, "order-7", "paid", {"amount": 10})
         halted = await steps.result()
         print(f"halted at {halted.phase!r}: {halted.state.log}")
-        done = await runtime.send_event(flow, "approve", halted=halted, payload="manager")
+        done = await runtime.send_event(
+            flow, "approve", halted=halted, payload="manager"
+        )
         print(f"finished: approved={done.state.approved} log={done.state.log}")
 
 

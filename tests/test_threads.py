@@ -31,7 +31,7 @@ async def in_thread(fn: Callable[[], Any]) -> Any:
     def body() -> None:
         try:
             outcome.append(("value", fn()))
-        except BaseException as exc:  # noqa: BLE001 - handed to the test
+        except BaseException as exc:
             outcome.append(("error", exc))
 
     thread = threading.Thread(target=body, name="foreign")
@@ -175,7 +175,7 @@ async def test_portal_under_load_four_threads() -> None:
                         flow, f"load-{index}", "mark"
                     )
                 rt.from_thread.signal(flow, f"load-{index}", "finish")
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 failures.append(exc)
 
         workers = [threading.Thread(target=worker, args=(i,)) for i in range(threads)]

@@ -12,7 +12,7 @@ from phronomy.errors import ReentrancyError, RuntimeShutdownError
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
-    from phronomy.workflow import Step, WorkflowDefinition, WorkflowResult
+    from phronomy.workflow import WorkflowDefinition, WorkflowResult
     from phronomy.workflow.client import WorkflowClient
 
 __all__ = ["ThreadPortal"]
@@ -59,7 +59,9 @@ class ThreadPortal:
             ReentrancyError: called from a thread that runs a trio loop.
             RuntimeShutdownError: the runtime's trio run has ended.
         """
-        return self.run(functools.partial(self._client.invoke, workflow, input, **options))
+        return self.run(
+            functools.partial(self._client.invoke, workflow, input, **options)
+        )
 
     def send_event(
         self,
@@ -77,7 +79,9 @@ class ThreadPortal:
             functools.partial(self._client.send_event, workflow, event, **options)
         )
 
-    def resume(self, workflow: WorkflowDefinition[Any], **options: Any) -> WorkflowResult[Any]:
+    def resume(
+        self, workflow: WorkflowDefinition[Any], **options: Any
+    ) -> WorkflowResult[Any]:
         """Blocking :meth:`~phronomy.Runtime.resume`.
 
         Raises:

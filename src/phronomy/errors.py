@@ -22,6 +22,7 @@ __all__ = [
     "DeadlineExceededError",
     "DefinitionError",
     "DispatcherOnlyError",
+    "EventRejectedError",
     "ExecutionNotFoundError",
     "ExecutionRehydrationRequiredError",
     "InstanceStateError",
@@ -126,6 +127,35 @@ class UnknownEventError(PhronomyError, ValueError):
 
 class TransitionError(PhronomyError, ValueError):
     """An event cannot fire from the current state (or names no known machine event)."""
+
+
+class EventRejectedError(PhronomyError):
+    """Every guard of the event rejected it at the halted state; nothing changed.
+
+    The segment ended at once without a save: the instance is still halted at *phase*
+    (at *revision*) and can take the next event.
+
+    Attributes:
+        workflow_instance_id: the instance.
+        event: the rejected event.
+        phase: the state the instance is still halted at.
+        revision: its durable revision (``None`` for ephemeral instances).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        workflow_instance_id: str,
+        event: str,
+        phase: str,
+        revision: int | None,
+    ) -> None:
+        super().__init__(message)
+        self.workflow_instance_id = workflow_instance_id
+        self.event = event
+        self.phase = phase
+        self.revision = revision
 
 
 class InstanceStateError(PhronomyError, ValueError):

@@ -111,3 +111,17 @@ async def start_live(
     handle = runtime.start(flow, workflow_instance_id=iid)
     await until(lambda: runtime.signal(flow, iid, "mark"))
     return handle
+
+
+def guarded_flow(name: str = "guarded") -> phronomy.WorkflowDefinition[Value]:
+    """The README's order flow: 'approve' passes its guard unless the payload is "no"."""
+    wf = phronomy.Workflow(Value, name=name)
+    wf.state("draft", entry=lambda s: s.merge(steps=["drafted"]))
+    wf.wait_state("awaiting")
+    wf.state("ship", entry=lambda s: s.merge(steps=["shipped"]))
+    wf.transition("draft", "awaiting")
+    wf.transition(
+        "awaiting", "ship", on="approve", guard=lambda s, e: e.payload != "no"
+    )
+    wf.transition("ship", phronomy.FINISH)
+    return wf.build()

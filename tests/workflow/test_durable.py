@@ -28,6 +28,7 @@ from .helpers import (
     admission_state,
     approval_flow,
     counter_flow,
+    guarded_flow,
     halting_flow,
     live_flow,
     start_live,
@@ -180,6 +181,49 @@ async def test_a_rejected_resume_does_not_touch_the_status(
         ):
             await rt.send_event(flow, event="later", workflow_instance_id="r")
         assert store.load("r").status == "halted"  # type: ignore[union-attr]
+
+
+async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # Before: the caller hung while the store said "halted" (the segment stayed live).
+    store = make_store()
+    flow = guarded_flow()
+    with trio.fail_after(10):
+        async with runtime_on(store) as rt:
+            halted = await rt.invoke(flow, workflow_instance_id="order-1")
+            before = store.load("order-1")
+            assert before is not None
+            for attempt in ("by id", "by halted result"):
+                with pytest.raises(phronomy.EventRejectedError) as caught:
+                    if attempt == "by id":
+                        await rt.send_event(
+                            flow,
+                            "approve",
+                            workflow_instance_id="order-1",
+                            payload="no",
+                        )
+                    else:
+                        await rt.send_event(
+                            flow, "approve", halted=halted, payload="no"
+                        )
+                rejected = caught.value
+                assert (rejected.phase, rejected.revision, rejected.event) == (
+                    "awaiting",
+                    1,
+                    "approve",
+                )
+                assert rejected.workflow_instance_id == "order-1"
+                assert "order-1" in str(rejected)
+                assert admission_state(rt, "order-1") is None  # released
+                assert store.load("order-1") == before  # not a byte changed
+            done = await rt.send_event(
+                flow, "approve", workflow_instance_id="order-1", payload="yes"
+            )
+            assert (done.phase, done.revision) == (FINISH, 2)
+            assert done.state.steps == ["drafted", "shipped"]
+        assert rt.shutdown_result is not None
+        assert rt.shutdown_result.clean
 
 
 async def test_resume_validation_detects_divergence(

@@ -11,7 +11,14 @@ import trio
 import phronomy
 from phronomy.workflow.definition import AUTO_EVENT, FINISH
 
-from .helpers import Value, approval_flow, live_flow, start_live, until
+from .helpers import (
+    Value,
+    approval_flow,
+    guarded_flow,
+    live_flow,
+    start_live,
+    until,
+)
 
 
 async def test_single_state_action_and_finish(runtime: phronomy.Runtime) -> None:
@@ -566,3 +573,17 @@ async def test_bad_input_is_refused_at_the_boundary(runtime: phronomy.Runtime) -
 
     with pytest.raises(phronomy.StateValidationError, match="runs Value"):
         runtime.start(flow, Other())  # type: ignore[arg-type]
+
+
+async def test_a_rejected_resume_of_an_ephemeral_halt_fails_at_once() -> None:
+    flow = guarded_flow()
+    with trio.fail_after(10):
+        async with phronomy.open_runtime(shutdown_timeout=2) as rt:
+            halted = await rt.invoke(flow)
+            with pytest.raises(phronomy.EventRejectedError) as caught:
+                await rt.send_event(flow, "approve", halted=halted, payload="no")
+            assert (caught.value.phase, caught.value.revision) == ("awaiting", None)
+            done = await rt.send_event(flow, "approve", halted=halted, payload="ok")
+            assert done.phase == FINISH
+        assert rt.shutdown_result is not None
+        assert rt.shutdown_result.clean

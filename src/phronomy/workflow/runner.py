@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 from phronomy.errors import (
     ConflictError,
+    EventRejectedError,
     NotFoundError,
     PhronomyInternalError,
     RecoveryRequiredError,
@@ -50,6 +51,11 @@ __all__ = ["WorkflowRunner"]
 logger = logging.getLogger(__name__)
 
 Command = StartCommand | ResumeCommand
+
+_UNCHANGED = (RuntimeShutdownError, RecoveryRequiredError, EventRejectedError)
+"""Segment errors that leave the durable instance as it was (its status is not
+touched): a cut-off at shutdown, an unknown save outcome (marked separately), a
+rejected event."""
 
 
 @final
@@ -276,11 +282,7 @@ class WorkflowRunner:
             return
         error = done.error
         assert error is not None
-        if (
-            durable
-            and self.gateway is not None
-            and not isinstance(error, (RuntimeShutdownError, RecoveryRequiredError))
-        ):
+        if durable and self.gateway is not None and not isinstance(error, _UNCHANGED):
             self.gateway.submit_quietly(
                 mark_op(
                     iid,

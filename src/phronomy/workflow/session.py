@@ -5,7 +5,11 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 
 from phronomy.engine import Event, GatedSession
-from phronomy.errors import RecursionLimitError, RuntimeShutdownError
+from phronomy.errors import (
+    EventRejectedError,
+    RecursionLimitError,
+    RuntimeShutdownError,
+)
 
 from . import machine
 from .definition import AUTO_EVENT, FINISH, START_EVENT
@@ -86,11 +90,19 @@ class WorkflowSession(GatedSession, Generic[S]):
     # --- GatedSession hooks -------------------------------------------------------------
 
     def start(self) -> None:
-        """Run the entry actions (fresh) or fire the resume event, then advance."""
+        """Run the entry actions (fresh) or fire the resume event, then advance.
+
+        A resume event that every guard rejects ends the segment at once with
+        :class:`~phronomy.EventRejectedError`: nothing ran, nothing is saved, and the
+        instance stays halted where it was.
+        """
         try:
             if self.resume is not None:
-                _, event, payload = self.resume
-                self._fire(Event(type=event, target_id=self.id, payload=payload))
+                phase, event, payload = self.resume
+                if not self._fire(
+                    Event(type=event, target_id=self.id, payload=payload)
+                ):
+                    self.finish_with_error(self._rejected(phase, event))
             else:
                 start = Event(type=START_EVENT, target_id=self.id)
                 entered = machine.enter(
@@ -131,7 +143,23 @@ class WorkflowSession(GatedSession, Generic[S]):
 
     # --- the machine loop -------------------------------------------------------------
 
-    def _fire(self, event: Event) -> None:
+    def _rejected(self, phase: str, event: str) -> EventRejectedError:
+        where = (
+            f"revision {self.revision}" if self.revision is not None else "not durable"
+        )
+        return EventRejectedError(
+            f"event {event!r} was rejected by every guard at {phase!r} "
+            f"(workflow {self.definition.name!r}, instance "
+            f"{self.workflow_instance_id!r}, {where}); nothing changed and the instance "
+            "can take another event",
+            workflow_instance_id=self.workflow_instance_id,
+            event=event,
+            phase=phase,
+            revision=self.revision,
+        )
+
+    def _fire(self, event: Event) -> bool:
+        """Fire *event*; ``False`` when every guard rejected it (nothing ran)."""
         if self.steps >= self.recursion_limit:
             raise RecursionLimitError(
                 f"Recursion limit ({self.recursion_limit}) exceeded"
@@ -140,11 +168,12 @@ class WorkflowSession(GatedSession, Generic[S]):
             self.definition, self.current, self.state, event, self.effects
         )
         if fired is None:
-            return  # every guard rejected: keep waiting, no step consumed
+            return False  # every guard rejected: no step consumed
         self.state = cast("S", fired.state)
         self.current = fired.transition.target
         self.steps += 1
         self._advance()
+        return True
 
     def _advance(self) -> None:
         decision: Literal["finish", "halt", "auto", "wait", "leaf"] = machine.decide(
