@@ -227,3 +227,103 @@ def test_json_domain_values_round_trip(meta: dict[str, Any], item: str) -> None:
         _encode(state), workflow_instance_id="order-1", revision=2, state_type=Order
     )
     assert normalize(decoded.fields) == normalize(state)
+
+
+def _nested_list(depth: int) -> list[Any]:
+    value: list[Any] = []
+    for _ in range(depth):
+        value = [value]
+    return value
+
+
+def test_values_nested_too_deeply_are_serialization_errors() -> None:
+    # Before: RecursionError escaped from the encoder.
+    with pytest.raises(
+        errors.SerializationError, match="'order-1' revision 2 is nested too deeply"
+    ):
+        _encode(Order(meta={"k": _nested_list(5000)}))
+    with pytest.raises(errors.SerializationError, match="nested too deeply"):
+        normalize(_nested_list(5000))
+
+
+def test_a_stored_blob_nested_too_deeply_is_a_corrupt_record() -> None:
+    # Before: RecursionError escaped from the decoder.
+    depth = 100_000
+    blob = (
+        b'{"type": "phronomy.workflow_state", "format": 1, "workflow_instance_id": '
+        b'"order-1", "revision": 2, "workflow": "orders", "phase": "p", "fields": '
+        b'{"meta": {"k": ' + b"[" * depth + b"]" * depth + b"}}}"
+    )
+    for decode in (
+        lambda: decode_snapshot(
+            blob, workflow_instance_id="order-1", revision=2, state_type=Order
+        ),
+        lambda: decode_snapshot_builtins(
+            blob, workflow_instance_id="order-1", revision=2
+        ),
+    ):
+        with pytest.raises(
+            errors.CorruptRecordError, match="nested too deeply"
+        ) as caught:
+            decode()
+        assert (caught.value.instance_id, caught.value.revision) == ("order-1", 2)
+
+
+class Loose(phronomy.State):
+    anything: Any = None
+    items: list[Any] = []  # noqa: RUF012
+
+
+@pytest.mark.parametrize(
+    ("state", "path", "detail"),
+    [
+        (Loose(anything=b"\x00\x01"), r"\$\.fields\.anything", "bytes .* into a str"),
+        (Loose(anything=(1, 2)), r"\$\.fields\.anything", "tuple .* into a list"),
+        (Loose(anything={1, 2}), r"\$\.fields\.anything", "set .* into a list"),
+        (Loose(anything={1: "a"}), r"\$\.fields\.anything", "key of type int"),
+        (Loose(anything=Color.RED), r"\$\.fields\.anything", "Color .* into a str"),
+        (Loose(items=[1, (2, 3)]), r"\$\.fields\.items\[1\]", "tuple .* into a list"),
+        (
+            Loose(anything={"when": datetime.date(2026, 1, 1)}),
+            r"\$\.fields\.anything\['when'\]",
+            "date .* into a str",
+        ),
+    ],
+    ids=["bytes", "tuple", "set", "int-keys", "enum", "nested-tuple", "date"],
+)
+def test_any_typed_values_that_would_change_type_are_refused(
+    state: Loose, path: str, detail: str
+) -> None:
+    # Before: they were saved and came back as another type.
+    with pytest.raises(
+        errors.SerializationError,
+        match=f"{path} holds .*{detail}|{path} has a {detail}",
+    ) as caught:
+        _encode(state)
+    assert "'order-1' revision 2" in str(caught.value)
+
+
+class Typed(phronomy.State):
+    raw: bytes = b""
+    tags: set[int] = set()  # noqa: RUF012
+    pair: tuple[int, str] = (0, "")
+    by_id: dict[int, str] = {}  # noqa: RUF012
+    color: Color = Color.RED
+    when: datetime.datetime | None = None
+
+
+def test_declared_types_survive_the_round_trip() -> None:
+    state = Typed(
+        raw=b"\x00\xff",
+        tags={3, 1},
+        pair=(7, "x"),
+        by_id={1: "a", 2: "b"},
+        when=datetime.datetime(2026, 11, 30, 12, tzinfo=datetime.UTC),
+    )
+    decoded = decode_snapshot(
+        _encode(state), workflow_instance_id="order-1", revision=2, state_type=Typed
+    )
+    assert decoded.fields == state
+    assert isinstance(decoded.fields.raw, bytes)
+    assert isinstance(decoded.fields.tags, set)
+    assert isinstance(decoded.fields.pair, tuple)

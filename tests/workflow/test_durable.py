@@ -194,19 +194,13 @@ async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
             halted = await rt.invoke(flow, workflow_instance_id="order-1")
             before = store.load("order-1")
             assert before is not None
-            for attempt in ("by id", "by halted result"):
+            attempts = [
+                {"workflow_instance_id": "order-1"},
+                {"halted": halted},
+            ]
+            for target in attempts:
                 with pytest.raises(phronomy.EventRejectedError) as caught:
-                    if attempt == "by id":
-                        await rt.send_event(
-                            flow,
-                            "approve",
-                            workflow_instance_id="order-1",
-                            payload="no",
-                        )
-                    else:
-                        await rt.send_event(
-                            flow, "approve", halted=halted, payload="no"
-                        )
+                    await rt.send_event(flow, "approve", payload="no", **target)
                 rejected = caught.value
                 assert (rejected.phase, rejected.revision, rejected.event) == (
                     "awaiting",
@@ -758,6 +752,78 @@ async def test_values_outside_the_json_domain_fail_without_writing(
         assert (
             await rt.invoke(flow, {"blob": [1, "ok"]}, workflow_instance_id="j")
         ).revision == 1
+
+
+async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # Before: a deep list escaped as RecursionError, and bytes under Any were saved and
+    # came back as base64 text.
+    store = make_store()
+    deep: list[Any] = []
+    for _ in range(5000):
+        deep = [deep]
+    wf = phronomy.Workflow(Anything, name="any")
+    wf.wait_state("parked").initial("parked")
+    wf.transition(
+        "parked", FINISH, on="store", action=lambda s, e: s.merge(blob=e.payload)
+    )
+    flow = wf.build()
+    async with runtime_on(store) as rt:
+        await rt.invoke(flow, {"blob": [1, "ok"]}, workflow_instance_id="j")
+        before = store.load("j")
+        assert before is not None
+        for payload, message in [
+            (deep, r"'j' revision 2 is nested too deeply"),
+            (b"\x00raw", r"\$\.fields\.blob holds a bytes .* str .*'j' revision 2"),
+            ({1: "x"}, r"\$\.fields\.blob has a key of type int"),
+        ]:
+            with pytest.raises(phronomy.SerializationError, match=message):
+                await rt.send_event(
+                    flow, "store", workflow_instance_id="j", payload=payload
+                )
+            after = store.load("j")
+            assert after is not None
+            assert (after.revision, after.snapshot) == (1, before.snapshot)
+        done = await rt.send_event(
+            flow, "store", workflow_instance_id="j", payload={"ok": [1, 2]}
+        )
+        assert (done.revision, done.state.blob) == (2, {"ok": [1, 2]})
+
+
+async def test_a_stored_blob_nested_too_deeply_is_a_corrupt_record(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    store = make_store()
+    depth = 100_000
+    store.save(
+        SaveRequest(
+            workflow_instance_id="deep",
+            expected_revision=None,
+            snapshot=b'{"type": "phronomy.workflow_state", "format": 1, '
+            b'"workflow_instance_id": "deep", "revision": 1, "workflow": "counter", '
+            b'"phase": "__end__", "fields": {"steps": '
+            + b"[" * depth
+            + b"]" * depth
+            + b"}}",
+            write_id="w",
+            status="finished",
+            phase=FINISH,
+            workflow="counter",
+        )
+    )
+    async with runtime_on(store) as rt:
+        with pytest.raises(
+            phronomy.CorruptRecordError, match="nested too deeply"
+        ) as caught:
+            await rt.invoke(counter_flow(), workflow_instance_id="deep")
+        assert (caught.value.instance_id, caught.value.revision) == ("deep", 1)
+        assert (
+            await rt.invoke(counter_flow(), workflow_instance_id="ok")
+        ).revision == 1
+    record = store.load("deep")
+    assert record is not None
+    assert record.revision == 1
 
 
 async def test_snapshot_size_limit(

@@ -8,8 +8,9 @@ A stored snapshot is one JSON object::
 
 Format 1 is the format of this release; every later release must still decode it
 (``tests/fixtures/snapshots`` holds committed blobs). Values outside the JSON domain
-(arbitrary objects, NaN, infinities) are refused with a :class:`SerializationError`
-naming the field path, before anything is written.
+(arbitrary objects, NaN, infinities), values whose type a round trip would change
+(``bytes`` or a tuple under ``Any``, int keys) and values nested too deeply are refused
+with a :class:`SerializationError` naming the field path, before anything is written.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import datetime
 import decimal
 import enum
 import math
+import sys
 import threading
 import uuid
 from typing import Any, Generic, TypeVar, cast
@@ -104,7 +106,9 @@ _decoders_lock = threading.Lock()
 
 
 def check_json_domain(value: Any, path: str = "$") -> None:
-    """Raise :class:`SerializationError` naming the first value that cannot be stored.
+    """Raise :class:`SerializationError` naming the first value JSON cannot hold.
+
+    Walks *value* without recursion (any depth), depth-first in declaration order.
 
     Args:
         value: a state or any nested value.
@@ -114,38 +118,45 @@ def check_json_domain(value: Any, path: str = "$") -> None:
         SerializationError: an unsupported object, a non-finite float, or a mapping
             key that is not text, a number or an enum.
     """
-    if isinstance(value, _LEAVES):
-        return
-    if isinstance(value, float):
-        if not math.isfinite(value):
-            raise SerializationError(
-                f"{path} is {value!r}, which JSON cannot represent"
-            )
-        return
-    if isinstance(value, msgspec.Struct):
-        for name in value.__struct_fields__:
-            check_json_domain(getattr(value, name), f"{path}.{name}")
-        return
-    if isinstance(value, (list, tuple, set, frozenset)):
-        for index, item in enumerate(value):
-            check_json_domain(item, f"{path}[{index}]")
-        return
-    if isinstance(value, dict):
-        for key, item in value.items():
-            if not isinstance(key, (str, int, enum.Enum)) or isinstance(key, bool):
+    stack: list[tuple[Any, str]] = [(value, path)]
+    while stack:
+        value, path = stack.pop()
+        children: list[tuple[Any, str]]
+        if isinstance(value, _LEAVES):
+            continue
+        if isinstance(value, float):
+            if not math.isfinite(value):
                 raise SerializationError(
-                    f"{path} has a key of type {type(key).__name__} ({key!r}); keys must be text"
+                    f"{path} is {value!r}, which JSON cannot represent"
                 )
-            check_json_domain(item, f"{path}[{key!r}]")
-        return
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        for field in dataclasses.fields(value):
-            check_json_domain(getattr(value, field.name), f"{path}.{field.name}")
-        return
-    raise SerializationError(
-        f"{path} holds a {type(value).__module__}.{type(value).__qualname__}, "
-        "which is outside the JSON domain and cannot be stored"
-    )
+            continue
+        if isinstance(value, msgspec.Struct):
+            children = [
+                (getattr(value, name), f"{path}.{name}")
+                for name in value.__struct_fields__
+            ]
+        elif isinstance(value, (list, tuple, set, frozenset)):
+            children = [(item, f"{path}[{i}]") for i, item in enumerate(value)]
+        elif isinstance(value, dict):
+            children = []
+            for key, item in value.items():
+                if not isinstance(key, (str, int, enum.Enum)) or isinstance(key, bool):
+                    raise SerializationError(
+                        f"{path} has a key of type {type(key).__name__} ({key!r}); "
+                        "keys must be text"
+                    )
+                children.append((item, f"{path}[{key!r}]"))
+        elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+            children = [
+                (getattr(value, f.name), f"{path}.{f.name}")
+                for f in dataclasses.fields(value)
+            ]
+        else:
+            raise SerializationError(
+                f"{path} holds a {type(value).__module__}.{type(value).__qualname__}, "
+                "which is outside the JSON domain and cannot be stored"
+            )
+        stack.extend(reversed(children))
 
 
 def encode_snapshot(
@@ -157,7 +168,13 @@ def encode_snapshot(
     workflow: str = "",
     max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
 ) -> bytes:
-    """Encode a snapshot for storage.
+    """Encode a snapshot for storage, refusing values a durable round trip would change.
+
+    The blob is decoded again with the state's own type and compared with *fields*:
+    a value whose type does not survive (``bytes``, a tuple, a set or int keys held
+    by an ``Any`` field come back as text, lists and text keys) is refused, so what
+    a later segment loads is always what was saved. Declared field types (``bytes``,
+    ``set[int]``, ``tuple[int, ...]``, datetimes, enums, nested Structs) survive.
 
     Args:
         fields: the state (a msgspec Struct) or a mapping of field values.
@@ -171,10 +188,12 @@ def encode_snapshot(
         The encoded snapshot.
 
     Raises:
-        SerializationError: a value outside the JSON domain (the message names it).
+        SerializationError: a value outside the JSON domain, one whose type would
+            change, or nesting deeper than the interpreter can encode (the message
+            names the instance, the revision and the field path).
         PayloadTooLargeError: the encoded snapshot exceeds *max_bytes*.
     """
-    check_json_domain(fields, "$.fields")
+    where = f"workflow instance {workflow_instance_id!r} revision {revision}"
     envelope = _Envelope(
         type=RECORD_TYPE,
         format=SNAPSHOT_FORMAT,
@@ -186,22 +205,101 @@ def encode_snapshot(
     )
     try:
         blob = _ENCODER.encode(envelope)
+    except RecursionError:
+        raise _too_deep(where) from None
     except (TypeError, ValueError, OverflowError) as exc:
+        check_json_domain(fields, "$.fields")  # names the offending value
         raise SerializationError(
-            f"snapshot of workflow instance {workflow_instance_id!r} cannot be encoded: {exc}"
+            f"the snapshot of {where} cannot be encoded: {exc}"
         ) from exc
     if len(blob) > max_bytes:
         raise PayloadTooLargeError(
             f"snapshot of workflow instance {workflow_instance_id!r} is {len(blob)} bytes; "
             f"the limit is {max_bytes} bytes (max_snapshot_bytes)"
         )
+    _check_round_trip(blob, fields, where)
     return blob
+
+
+def _too_deep(where: str) -> SerializationError:
+    return SerializationError(
+        f"the snapshot of {where} is nested too deeply to be stored (JSON values may "
+        f"nest a few hundred levels here; the recursion limit is "
+        f"{sys.getrecursionlimit()})"
+    )
+
+
+def _check_round_trip(blob: bytes, fields: Any, where: str) -> None:
+    """Raise unless *blob* decodes back to a value equal to *fields*."""
+    typed = isinstance(fields, msgspec.Struct)
+    decoder = _typed_decoder(type(fields)) if typed else _BUILTINS_DECODER
+    original = fields if typed else dict(fields)
+    try:
+        back = decoder.decode(blob).fields
+        if back == original:
+            return
+    except RecursionError:
+        raise _too_deep(where) from None
+    except msgspec.ValidationError as exc:
+        # a declared type refused what was stored (for example NaN, stored as null)
+        check_json_domain(fields, "$.fields")
+        raise SerializationError(
+            f"the snapshot of {where} would not load again: {exc}"
+        ) from exc
+    path, detail = _first_difference(original, back)
+    raise SerializationError(f"{path} {detail} (snapshot of {where})")
+
+
+def _type_name(value: Any) -> str:
+    return type(value).__qualname__
+
+
+def _first_difference(original: Any, back: Any) -> tuple[str, str]:
+    """Where and how a decoded value differs from the original (no recursion)."""
+    stack: list[tuple[Any, Any, str]] = [(original, back, "$.fields")]
+    while stack:
+        a, b, path = stack.pop()
+        if isinstance(a, float) and not math.isfinite(a):
+            return path, f"is {a!r}, which JSON cannot represent"
+        if type(a) is not type(b):
+            return path, (
+                f"holds a {_type_name(a)} that a durable round trip turns into "
+                f"a {_type_name(b)}: declare the field with that type (for example "
+                "bytes, set[int] or tuple[int, ...]) or store plain JSON values (str, "
+                "int, float, bool, None, lists, and dicts with str keys)"
+            )
+        children: list[tuple[Any, Any, str]] = []
+        if isinstance(a, msgspec.Struct):
+            children = [
+                (getattr(a, n), getattr(b, n), f"{path}.{n}")
+                for n in a.__struct_fields__
+            ]
+        elif isinstance(a, dict):
+            for key in a:
+                if key not in b:
+                    return path, (
+                        f"has a key of type {_type_name(key)} ({key!r}) that a durable "
+                        "round trip turns into text: declare the field as a dict with "
+                        "that key type, or use str keys"
+                    )
+                children.append((a[key], b[key], f"{path}[{key!r}]"))
+        elif isinstance(a, list) and len(a) == len(b):
+            children = [
+                (x, y, f"{path}[{i}]")
+                for i, (x, y) in enumerate(zip(a, b, strict=True))
+            ]
+        elif a != b:
+            return path, f"holds {a!r}, which a durable round trip turns into {b!r}"
+        stack.extend(reversed(children))
+    return "$.fields", "does not survive a durable round trip"
 
 
 def _check_header(blob: bytes, workflow_instance_id: str, revision: int) -> None:
     where = f"workflow instance {workflow_instance_id!r} revision {revision}"
     try:
         header = _HEADER_DECODER.decode(blob)
+    except RecursionError:
+        raise _nested_record(workflow_instance_id, revision) from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CorruptRecordError(
             f"stored snapshot of {where} does not decode: {exc}",
@@ -257,6 +355,8 @@ def decode_snapshot(
     _check_header(blob, workflow_instance_id, revision)
     try:
         envelope = _typed_decoder(state_type).decode(blob)
+    except RecursionError:
+        raise _nested_record(workflow_instance_id, revision) from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CorruptRecordError(
             f"stored snapshot of workflow instance {workflow_instance_id!r} revision "
@@ -280,6 +380,8 @@ def decode_snapshot_builtins(
     _check_header(blob, workflow_instance_id, revision)
     try:
         envelope = _BUILTINS_DECODER.decode(blob)
+    except RecursionError:
+        raise _nested_record(workflow_instance_id, revision) from None
     except (msgspec.DecodeError, msgspec.ValidationError) as exc:
         raise CorruptRecordError(
             f"stored snapshot of workflow instance {workflow_instance_id!r} revision "
@@ -292,6 +394,25 @@ def decode_snapshot_builtins(
     )
 
 
+def _nested_record(workflow_instance_id: str, revision: int) -> CorruptRecordError:
+    return CorruptRecordError(
+        f"stored snapshot of workflow instance {workflow_instance_id!r} revision "
+        f"{revision} is nested too deeply to decode (phronomy never writes such a "
+        "snapshot: it was written by something else)",
+        instance_id=workflow_instance_id,
+        revision=revision,
+    )
+
+
 def normalize(value: Any) -> Any:
-    """Return *value* as the JSON values it is stored as (keys and enums become text)."""
-    return msgspec.json.decode(_ENCODER.encode(value))
+    """Return *value* as the JSON values it is stored as (keys and enums become text).
+
+    Raises:
+        SerializationError: *value* is nested too deeply to encode.
+    """
+    try:
+        return msgspec.json.decode(_ENCODER.encode(value))
+    except RecursionError:
+        raise SerializationError(
+            "the value is nested too deeply to be compared with the stored snapshot"
+        ) from None

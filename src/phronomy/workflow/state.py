@@ -147,7 +147,7 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
         for name in spec.fields:
             current = getattr(self, name)
             if name not in updates:
-                values[name] = copy_value(current)
+                values[name] = _copied(type(self), name, current)
                 continue
             update = updates[name]
             match spec.reducers[name]:
@@ -156,13 +156,13 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
                         update = []
                     elif not isinstance(update, (list, tuple)):
                         update = [update]
-                    combined: Any = [*copy_value(current or []), *update]
+                    combined: Any = [*_copied(type(self), name, current or []), *update]
                 case "merge":
                     if not isinstance(update, dict):
                         raise StateValidationError(
                             f"{type(self).__name__}.{name} merges dicts; got {type(update).__name__}"
                         )
-                    combined = {**copy_value(current or {}), **update}
+                    combined = {**_copied(type(self), name, current or {}), **update}
                 case _:
                     combined = update
             values[name] = _validated(type(self), name, spec.types[name], combined)
@@ -250,6 +250,16 @@ def _validated(cls: type[Any], name: str, field_type: Any, value: Any) -> Any:
         raise StateValidationError(
             f"invalid value for {cls.__name__}.{name}: {exc}"
         ) from exc
+
+
+def _copied(cls: type[Any], name: str, value: Any) -> Any:
+    try:
+        return copy_value(value)
+    except RecursionError:
+        raise StateValidationError(
+            f"{cls.__name__}.{name} is nested too deeply to be copied (and would be "
+            "too deep to store)"
+        ) from None
 
 
 _IMMUTABLE = (str, int, float, bool, bytes, type(None), frozenset)
