@@ -342,3 +342,51 @@ async def test_concurrent_shutdown_calls_share_one_result() -> None:
 
 async def _collect(eng: Engine, results: list[Any]) -> None:
     results.append(await eng.shutdown())
+
+
+@pytest.mark.parametrize("step", ["pool.close", "pool.cancel_queued", "timers"])
+async def test_a_failing_shutdown_step_is_reported_not_raised(step: str) -> None:
+    # scenario 105. Before: the block raised PhronomyInternalError (without its cause),
+    # shutdown_result stayed None and the state stuck at "stopping".
+    boom = OSError(f"{step} failed")
+
+    def fail(*args: object) -> None:
+        raise boom
+
+    async with open_engine(shutdown_timeout=0.5) as eng:
+        pool = eng.pool("tools")
+        if step == "timers":
+            eng.timers.shutdown = fail  # type: ignore[method-assign]
+        else:
+            setattr(pool, step.split(".")[1], fail)
+    result = eng.shutdown_result
+    assert result is not None
+    assert result.outcome == "failed"
+    assert not result.cleanup_complete
+    assert result.error is boom
+    assert any("during runtime shutdown" in note for note in boom.__notes__)
+    assert eng.state == "failed"
+
+
+async def test_an_internal_failure_keeps_its_cause(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: raise ... from None wiped the cause, leaving nothing to report.
+    from .test_receivers import Recorder
+
+    def broken_fail(self: Engine, error: BaseException) -> None:
+        raise RuntimeError("a bug in the failure path") from error
+
+    monkeypatch.setattr(Engine, "_fail", broken_fail)
+    with pytest.raises(errors.PhronomyInternalError, match="please report") as caught:
+        async with open_engine(shutdown_timeout=0.5) as eng:
+            recorder = eng.receiver(Recorder, Recorder)
+            eng.post_execution(
+                recorder, ("raise", KeyError("original")), admission=False
+            )
+            await trio.sleep_forever()
+    cause = caught.value.__cause__
+    assert isinstance(cause, BaseExceptionGroup)
+    leaf = cause.exceptions[0]
+    assert isinstance(leaf, RuntimeError)
+    assert isinstance(leaf.__cause__, KeyError)

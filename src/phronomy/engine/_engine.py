@@ -8,7 +8,7 @@ import math
 import threading
 import time
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeVar, final
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, Protocol, TypeVar, final
 
 import msgspec
 import trio
@@ -987,6 +987,10 @@ class Engine:
                 self._shutdown_started = True
                 try:
                     self._result = await self._graceful_shutdown(timeout, cancel_grace)
+                except Exception as exc:  # a bug in a shutdown step: still end with a result
+                    logger.exception("the graceful shutdown failed; stopping at once")
+                    self._errors.append(exc)
+                    await self._abort()
                 finally:
                     self._shutdown_done.set()
             await self._shutdown_done.wait()
@@ -1114,21 +1118,35 @@ class Engine:
             self._exclusive = False
         return tuple(cut)
 
+    def _attempt(self, what: str, fn: Callable[..., object], *args: Any) -> None:
+        """Run one shutdown step; a failure is recorded (cleanup incomplete), not raised."""
+        try:
+            fn(*args)
+        except Exception as exc:
+            logger.exception("%s failed during shutdown", what)
+            exc.add_note(f"phronomy: raised while {what} during runtime shutdown")
+            self._errors.append(exc)
+
     async def _stop_resources(self, deadline: float, *, wait: bool) -> tuple[int, int]:
         self._pools_closed = True
+        cancelled = RuntimeShutdownError(
+            "offloaded operation cancelled: the runtime shut down"
+        )
         for pool in self._pools.values():
-            pool.close()
+            self._attempt(f"closing offload pool {pool.name!r}", pool.close)
         for pool in self._pools.values():
-            pool.cancel_queued(
-                RuntimeShutdownError(
-                    "offloaded operation cancelled: the runtime shut down"
-                )
+            self._attempt(
+                f"cancelling the queue of offload pool {pool.name!r}",
+                pool.cancel_queued,
+                cancelled,
             )
         for handle in list(self._tasks):
-            handle.cancel(
-                RuntimeShutdownError("the runtime shut down before the task finished")
+            self._attempt(
+                f"cancelling supervised task {handle.name!r}",
+                handle.cancel,
+                RuntimeShutdownError("the runtime shut down before the task finished"),
             )
-        self._timers.shutdown()
+        self._attempt("shutting the timer queue down", self._timers.shutdown)
         if wait:
             with trio.move_on_at(deadline):
                 for pool in self._pools.values():
@@ -1260,9 +1278,25 @@ async def open_engine(
                 await engine.shutdown()
             nursery.cancel_scope.cancel(reason="phronomy runtime closed")
     except BaseExceptionGroup as group:
-        raise _unwrap(group, body_error) from None
+        _raise_keeping_context(_unwrap(group, body_error))
     if body_error is not None:
-        raise body_error
+        _raise_keeping_context(body_error)
+
+
+def _raise_keeping_context(error: BaseException) -> NoReturn:
+    """Raise *error* as it is: its cause and context stay what they were.
+
+    ``raise error from None`` would wipe the cause (and hide the context); a plain
+    ``raise`` here would chain the nursery's exception group as its context.
+    """
+    context, cause = error.__context__, error.__cause__
+    suppress = error.__suppress_context__
+    try:
+        raise error
+    finally:
+        error.__context__, error.__cause__ = context, cause
+        error.__suppress_context__ = suppress
+        del error, context, cause
 
 
 def _unwrap(
