@@ -9,6 +9,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from phronomy import errors
 from phronomy.engine import (
@@ -412,3 +413,23 @@ async def test_threads_see_a_non_dispatcher_identity(engine: Engine) -> None:
     assert not await trio.to_thread.run_sync(
         lambda: threading.current_thread() is threading.main_thread()
     )
+
+
+async def test_a_session_retired_without_a_receiver_settles_its_waiter(
+    engine: Engine,
+) -> None:
+    # Before: nobody owned the retired session, so its waiter stayed pending forever.
+    policy = Policy()
+    session = CountingSession(engine, n=1, policy=policy)
+    waiter = engine.register_session(session)
+    engine.post(Event(type="go", target_id=session.id))
+    await trio.testing.wait_all_tasks_blocked()
+    uncertain = OSError("commit outcome unknown")
+    session.sink.post("persisted", TerminalDecision(action="retire", error=uncertain))
+    with (
+        trio.fail_after(5),
+        pytest.raises(errors.RecoveryRequiredError, match="unknown") as caught,
+    ):
+        await waiter.result()
+    assert caught.value.__cause__ is uncertain
+    assert session.lifecycle == "retired"

@@ -378,13 +378,17 @@ async def test_an_internal_failure_keeps_its_cause(
         raise RuntimeError("a bug in the failure path") from error
 
     monkeypatch.setattr(Engine, "_fail", broken_fail)
-    with pytest.raises(errors.PhronomyInternalError, match="please report") as caught:
+
+    async def run() -> None:
         async with open_engine(shutdown_timeout=0.5) as eng:
             recorder = eng.receiver(Recorder, Recorder)
             eng.post_execution(
                 recorder, ("raise", KeyError("original")), admission=False
             )
             await trio.sleep_forever()
+
+    with pytest.raises(errors.PhronomyInternalError, match="please report") as caught:
+        await run()
     cause = caught.value.__cause__
     assert isinstance(cause, BaseExceptionGroup)
     leaf = cause.exceptions[0]

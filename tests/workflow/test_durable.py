@@ -997,3 +997,27 @@ async def test_resume_rejects_state_of_another_class(
         wrong = msgspec.structs.replace(halted, state=Rich())
         with pytest.raises(phronomy.StateValidationError, match="runs Value"):
             await rt.send_event(flow, "approve", halted=wrong)  # type: ignore[arg-type]
+
+
+async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
+    # Before: a start whose load was blocked past both deadlines was listed as cut off
+    # but its handle stayed pending after the block (same for a durable execution).
+    store = FaultyStore(phronomy.MemoryStore())
+    gate = store.block("load.before", times=None)
+    try:
+        async with runtime_on(store, shutdown_timeout=0.1, cancel_grace=0.1) as rt:
+            workflow = rt.start(counter_flow(), workflow_instance_id="blocked")
+            execution = rt.executions.start("agent-blocked", [lambda v: v])
+            await until(lambda: store.count("load") == 2)
+        assert workflow.done
+        assert execution.done
+        with pytest.raises(phronomy.RuntimeShutdownError, match="shut down before"):
+            await workflow.result()
+        with pytest.raises(phronomy.RuntimeShutdownError, match="shut down before"):
+            await execution.result()
+        result = rt.shutdown_result
+        assert result is not None
+        assert "workflow counter instance blocked (admitting)" in result.cut_off
+        assert not result.cleanup_complete  # the blocked loads are still in threads
+    finally:
+        gate.set()

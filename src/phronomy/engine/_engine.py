@@ -19,6 +19,7 @@ from phronomy.errors import (
     PhronomyError,
     PhronomyInternalError,
     PoolShutdownError,
+    RecoveryRequiredError,
     ReentrancyError,
     RuntimeShutdownError,
 )
@@ -179,6 +180,9 @@ class Engine:
         self._deliveries: set[_Delivery] = set()
         self._dispatching: _Delivery | None = None
         self._receivers_shut_down = False
+        # callers' handles given with requests, until they settle: every one of them
+        # is settled before the runtime block exits
+        self._callers: set[ResultHandle[Any]] = set()
         # participants
         self._participants: dict[object, ShutdownParticipant] = {}
         # resources
@@ -505,6 +509,9 @@ class Engine:
             return False
         if admission and self._state != "running":
             return False
+        if completion is not None and not completion.done:
+            self._callers.add(completion)
+            completion.on_complete(self._callers.discard)
         delivery = _Delivery(receiver, message, admission, completion)
         self._deliveries.add(delivery)
         self._enqueue(delivery)
@@ -859,6 +866,13 @@ class Engine:
                 owner.session_retired(
                     sid, reason="recovery_required", waiter=retired, error=outcome.error
                 )
+            elif retired is not None:  # nobody owns the outcome: report it unknown
+                error = RecoveryRequiredError(
+                    f"session {sid} retired: the outcome of its terminal work is "
+                    f"unknown ({outcome.error!r})"
+                )
+                error.__cause__ = outcome.error
+                retired.fail(error)
         else:
             logger.warning("unknown management event %r", kind)
 
@@ -909,6 +923,7 @@ class Engine:
                     delivery.completion.fail(error)
             self._deliveries.clear()
             self._shutdown_receivers(error)
+            self._settle_callers(lambda _: error)
             for participant in self._participants.values():
                 try:
                     participant.begin_draining()
@@ -987,7 +1002,9 @@ class Engine:
                 self._shutdown_started = True
                 try:
                     self._result = await self._graceful_shutdown(timeout, cancel_grace)
-                except Exception as exc:  # a bug in a shutdown step: still end with a result
+                except (
+                    Exception
+                ) as exc:  # a bug in a shutdown step: still end with a result
                     logger.exception("the graceful shutdown failed; stopping at once")
                     self._errors.append(exc)
                     await self._abort()
@@ -1114,9 +1131,21 @@ class Engine:
                     )
             self._deliveries.clear()
             self._shutdown_receivers(None)
+            self._settle_callers(
+                lambda h: RuntimeShutdownError(
+                    f"the runtime shut down before {h.name} finished"
+                )
+            )
         finally:
             self._exclusive = False
         return tuple(cut)
+
+    def _settle_callers(
+        self, error_for: Callable[[ResultHandle[Any]], BaseException]
+    ) -> None:
+        """Fail every caller's handle that is still pending (the last safety net)."""
+        for handle in list(self._callers):  # settling discards it from the set
+            handle.fail(error_for(handle))
 
     def _attempt(self, what: str, fn: Callable[..., object], *args: Any) -> None:
         """Run one shutdown step; a failure is recorded (cleanup incomplete), not raised."""
