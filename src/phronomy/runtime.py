@@ -15,7 +15,12 @@ from phronomy._portal import ThreadPortal
 from phronomy.agent import ExecutionCoordinator, Executions
 from phronomy.engine import open_engine
 from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
-from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowRunner
+from phronomy.workflow import (
+    RecoveryClient,
+    StoreGateway,
+    WorkflowClient,
+    WorkflowRunner,
+)
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -191,16 +196,20 @@ async def open_runtime(
             dispatch_threshold=dispatch_threshold,
         ) as engine:
             engines.append(engine)
+            gateway = (
+                StoreGateway(engine, store, queue_size=queue_size)
+                if store is not None
+                else None
+            )
             runner = WorkflowRunner(
-                engine, store, max_snapshot_bytes=max_snapshot_bytes
+                engine, gateway, max_snapshot_bytes=max_snapshot_bytes
             )
             coordinator = ExecutionCoordinator(
                 engine,
                 pool=engine.pool(
                     "phronomy.executions", size=pool_size, queue_size=queue_size
                 ),
-                store=store,
-                store_pool=runner.gateway.pool if runner.gateway is not None else None,
+                gateway=gateway,
             )
             yield Runtime(
                 engine, store, runner, coordinator, recursion_limit=recursion_limit

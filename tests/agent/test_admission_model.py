@@ -39,7 +39,7 @@ class AdmissionModel(RuleBasedStateMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.registry = AgentRegistry(_Engine(), lambda message: None)  # type: ignore[arg-type]
+        self.registry = AgentRegistry(_Engine(), lambda message: None, capacity=10**9)  # type: ignore[arg-type]
         self.model: dict[str, dict[str, Any]] = {}
         self.count = 0
 

@@ -11,8 +11,8 @@ import pytest
 import trio
 
 import phronomy
-from phronomy.agent.coordinator import agent_key
-from phronomy.agent.messages import StepResult
+from phronomy.agent.messages import ExecutionRecord, StepResult
+from phronomy.agent.records import agent_key, record_request
 from phronomy.engine import ResultHandle
 from phronomy.testing import FaultyStore
 
@@ -286,7 +286,8 @@ async def test_shutdown_fails_suspended_waiters_with_rehydration_required() -> N
         )
         await _until(lambda: _suspended(rt, execution))
     with pytest.raises(
-        phronomy.ExecutionRehydrationRequiredError, match="lost its live owner"
+        phronomy.ExecutionRehydrationRequiredError,
+        match="cut off when the runtime shut down",
     ):
         await execution.result()
     assert rt.shutdown_result is not None
@@ -345,28 +346,42 @@ async def test_durable_records_and_admission_before_storage(
         assert await rt.executions.record("a") is None
 
 
-async def test_a_nonterminal_record_in_the_store_fails_closed(
+async def test_a_stale_record_refuses_starts_until_it_is_resolved(
     open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
 ) -> None:
-    # scenario 123: another process (or a crash) left an active execution
+    # scenario 123, adapted (deviation): the refusal names the record and the API that
+    # resolves it, and does not lock the key in-process (before: the key stayed locked
+    # for the rest of the runtime, purge was refused and nothing listed it).
     path = tmp_path / "agents.db"
-    async with phronomy.open_runtime(store=open_sqlite(path)) as rt:
-        execution = rt.executions.start(
-            "x", [lambda v: phronomy.ApprovalRequest(question="?")]
-        )
-        await _until(lambda: _suspended(rt, execution))
-        # this runtime stops with the execution suspended: its record stays "active"
+    # a crashed process left the record "active" (a clean shutdown closes it)
+    open_sqlite(path).save(
+        record_request("x", ExecutionRecord(execution_id="e-1", status="active"), None)
+    )
     store = FaultyStore(open_sqlite(path))
     async with phronomy.open_runtime(store=store) as rt:
-        with pytest.raises(phronomy.AgentBusyError, match="in the store"):
+        with pytest.raises(
+            phronomy.AgentBusyError, match="active in the store"
+        ) as caught:
             await rt.executions.run("x", [lambda v: v])
+        assert "runtime.executions.resolve('x', action='release')" in str(caught.value)
+        assert "python -m phronomy executions resolve" in str(caught.value)
+        assert not rt.executions.is_admitted("x")  # not locked in-process
         loads = store.count("load")
         with pytest.raises(phronomy.AgentBusyError):
             await rt.executions.run("x", [lambda v: v])
-        assert (
-            store.count("load") == loads
-        )  # refused at admission, storage not probed again
-        assert rt.executions.is_admitted("x")
+        assert store.count("load") > loads  # the store is asked again each time
+        stale = await rt.executions.stale()
+        assert [(s.agent_id, s.execution_id, s.status) for s in stale] == [
+            ("x", "e-1", "active")
+        ]
+        with pytest.raises(phronomy.NotFoundError):
+            await rt.executions.resolve("nobody", action="release")
+        record = await rt.executions.resolve("x", action="release")
+        assert record is not None
+        assert record.status == "abandoned"
+        assert await rt.executions.stale() == []
+        assert (await rt.executions.run("x", [lambda v: "again"])).value == "again"
+        assert await rt.executions.purge("x")
 
 
 async def test_uncertain_terminal_durability_keeps_the_caller_pending(
@@ -418,3 +433,96 @@ async def test_cancelled_durable_execution_records_cancelled(
         assert record is not None
         assert record.status == "cancelled"
         assert store.load(agent_key("c")).status == "finished"  # type: ignore[union-attr]
+
+
+async def test_a_burst_of_durable_starts_is_bounded_and_leaves_nothing_behind(
+    open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
+) -> None:
+    # Before: the store pool's queue was fixed at 64 whatever the configuration;
+    # 500 concurrent starts gave 435 BackpressureErrors, some after their step ran,
+    # leaving "active" records that blocked their keys for the rest of the runtime.
+    store = open_sqlite(tmp_path / "agents.db")
+    ran: set[str] = set()
+
+    def step(value: Any, ctx: phronomy.StepContext) -> str:
+        ran.add(ctx.agent_id)
+        return f"{ctx.agent_id} done"
+
+    pool_size, queue_size, burst = 4, 60, 500
+    capacity = pool_size + queue_size
+    async with phronomy.open_runtime(
+        store=store, pool_size=pool_size, queue_size=queue_size
+    ) as rt:
+        store_pools = {
+            p.name: p.queue_size
+            for p in rt.statistics().pools
+            if p.name.startswith("phronomy.store")
+        }
+        assert store_pools == {
+            "phronomy.store": queue_size,
+            "phronomy.store.reads": queue_size,
+        }
+        for wave in range(2):
+            handles = [
+                rt.executions.start(f"key-{i}", [step], wave) for i in range(burst)
+            ]
+            for handle in handles:
+                await handle.handle.wait()
+            refused = {
+                h.agent_id
+                for h in handles
+                if isinstance(h.handle.error, phronomy.BackpressureError)
+            }
+            completed = {h.agent_id for h in handles if h.status == "completed"}
+            assert len(completed) == capacity
+            assert len(refused) == burst - capacity
+            assert ran == completed  # no refused start ran a step
+            assert await rt.executions.stale() == []  # nothing left "active"
+            for key in refused:  # the same keys in both waves (starts run in order)
+                assert await rt.executions.record(key) is None
+            for key in completed:
+                record = await rt.executions.record(key)
+                assert record is not None
+                assert record.status == "completed"
+            ran.clear()
+        assert rt.statistics().sessions == 0
+
+
+async def test_a_clean_shutdown_closes_cut_off_records_honestly(
+    open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
+) -> None:
+    # Before: an execution waiting for approval at shutdown left its record "active",
+    # and every later start of its key failed with AgentBusyError.
+    path = tmp_path / "agents.db"
+    gate = threading.Event()
+    entered = threading.Event()
+
+    def tool(value: Any) -> None:
+        entered.set()
+        gate.wait(5)
+
+    async with phronomy.open_runtime(
+        store=open_sqlite(path), shutdown_timeout=0.05, cancel_grace=0.05
+    ) as rt:
+        suspended = rt.executions.start(
+            "waiting", [lambda v: phronomy.ApprovalRequest(question="ship?")]
+        )
+        busy = rt.executions.start("busy", [tool])
+        await _until(lambda: _suspended(rt, suspended) and entered.is_set())
+    gate.set()
+    with pytest.raises(
+        phronomy.ExecutionRehydrationRequiredError, match="closed as abandoned"
+    ):
+        await suspended.result()
+    with pytest.raises(
+        phronomy.ExecutionRehydrationRequiredError,
+        match=r"stays active .*runtime\.executions\.resolve\('busy'",
+    ):
+        await busy.result()
+    async with phronomy.open_runtime(store=open_sqlite(path)) as rt:
+        record = await rt.executions.record("waiting")
+        assert record is not None
+        assert record.status == "abandoned"
+        assert (await rt.executions.run("waiting", [lambda v: "anew"])).value == "anew"
+        # the execution whose thread still ran was not closed: it is listed as stale
+        assert [s.agent_id for s in await rt.executions.stale()] == ["busy"]

@@ -947,45 +947,65 @@ async def test_shutdown_refuses_new_starts_but_lets_signals_through(
     assert rt.shutdown_result.clean
 
 
-async def test_cut_off_durable_segment_keeps_its_last_revision(
+def _slow_approval() -> phronomy.WorkflowDefinition[Value]:
+    """approval_flow's twin whose 'confirm' waits (live) for an event that never comes."""
+    wf = (
+        phronomy.Workflow(Value, name="approval")
+        .wait_state("awaiting")
+        .initial("awaiting")
+        .state("confirm")
+    )
+    wf.transition("awaiting", "confirm", on="approve")
+    wf.transition("confirm", FINISH, on="never")
+    return wf.build()
+
+
+async def test_a_segment_cut_off_at_shutdown_leaves_an_honest_row(
     make_store: Callable[[], phronomy.WorkflowStore],
 ) -> None:
+    # Before: the rows of cut-off segments stayed "running" after a clean shutdown.
     store = make_store()
-    flow = approval_flow()
     async with runtime_on(store) as rt:
-        halted = await rt.invoke(flow, workflow_instance_id="cut")
-    async with runtime_on(store, shutdown_timeout=0.05) as rt:
-        wf = (
-            phronomy.Workflow(Value, name="approval")
-            .wait_state("awaiting")
-            .initial("awaiting")
-            .state("confirm")
-        )
-        wf.transition("awaiting", "confirm", on="approve").transition(
-            "confirm", FINISH, on="never"
-        )
-        slow = wf.build()
-        handle = rt._resume(
-            slow,
-            halted,
-            "approve",
-            workflow_instance_id=None,
-            payload=None,
-            input=None,
-            recursion_limit=None,
-            on_step=None,
-        )
-        await until(lambda: admission_state(rt, "cut") == "executing")
-    assert "workflow approval instance cut (executing)" in (
-        rt.shutdown_result.cut_off if rt.shutdown_result else ()
-    )
+        halted = await rt.invoke(approval_flow(), workflow_instance_id="cut")
+    errors: list[BaseException] = []
+
+    async def resume(rt: phronomy.Runtime) -> None:
+        try:
+            await rt.send_event(_slow_approval(), "approve", halted=halted)
+        except phronomy.RuntimeShutdownError as exc:
+            errors.append(exc)
+
+    async with trio.open_nursery() as nursery:
+        async with runtime_on(store, shutdown_timeout=0.05) as rt:
+            nursery.start_soon(resume, rt)
+            fresh = rt.start(live_flow(), workflow_instance_id="fresh")
+            await until(
+                lambda: (
+                    status_of(store, "cut") == "running"
+                    and status_of(store, "fresh") == "running"
+                )
+            )
+    result = rt.shutdown_result
+    assert result is not None
+    assert "workflow approval instance cut (executing)" in result.cut_off
+    assert len(errors) == 1
     with pytest.raises(phronomy.RuntimeShutdownError):
-        await handle.result()
-    assert store.load("cut").revision == 1  # type: ignore[union-attr]
+        await fresh.result()
+    cut = store.load("cut")
+    assert cut is not None
+    assert (cut.status, cut.revision) == ("halted", 1)  # its last durable revision
+    assert "cut off when the runtime shut down; revision 1 is unchanged" in (
+        cut.detail or ""
+    )
+    never_saved = store.load("fresh")
+    assert never_saved is not None
+    assert (never_saved.status, never_saved.revision) == ("failed", 0)
+    assert "had not saved yet" in (never_saved.detail or "")
     async with runtime_on(store) as rt:
-        assert (
-            await rt.send_event(flow, event="approve", workflow_instance_id="cut")
-        ).revision == 2
+        done = await rt.send_event(
+            approval_flow(), "approve", workflow_instance_id="cut"
+        )
+        assert (done.revision, status_of(store, "cut")) == (2, "finished")
 
 
 async def test_resume_rejects_state_of_another_class(
@@ -1008,7 +1028,12 @@ async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
         async with runtime_on(store, shutdown_timeout=0.1, cancel_grace=0.1) as rt:
             workflow = rt.start(counter_flow(), workflow_instance_id="blocked")
             execution = rt.executions.start("agent-blocked", [lambda v: v])
-            await until(lambda: store.count("load") == 2)
+            await until(
+                lambda: (
+                    store.count("load") == 1
+                    and rt.executions.is_admitted("agent-blocked")
+                )
+            )
         assert workflow.done
         assert execution.done
         with pytest.raises(phronomy.RuntimeShutdownError, match="shut down before"):

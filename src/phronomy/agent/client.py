@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import functools
 import inspect
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Literal, cast, final
 
+import msgspec
 import trio
 
 from phronomy.engine import ResultHandle, random_uuid
@@ -16,12 +18,12 @@ from phronomy.errors import (
     ConfigurationError,
     DefinitionError,
     ExecutionNotFoundError,
+    NotFoundError,
     RuntimeShutdownError,
 )
-from phronomy.storage import decode_snapshot
+from phronomy.storage import DeleteOp, LoadOp
 from phronomy.workflow.messages import validate_instance_id
 
-from .coordinator import ExecutionCoordinator, agent_key
 from .messages import (
     ApprovalDecision,
     ApprovalRequest,
@@ -29,11 +31,21 @@ from .messages import (
     ExecutionOwner,
     ExecutionRecord,
     ExecutionResult,
+    ResolveExecution,
     StartExecution,
+)
+from .records import (
+    StaleExecution,
+    agent_key,
+    decode_record,
+    resolve_record,
+    stale_records,
 )
 
 if TYPE_CHECKING:
     from phronomy.engine import HandleStatus
+
+    from .coordinator import ExecutionCoordinator
 
 __all__ = ["ExecutionHandle", "Executions", "Step"]
 
@@ -320,21 +332,19 @@ class Executions:
 
         Raises:
             CorruptRecordError: the stored record does not decode.
+
+        Cancellation:
+            Safe: nothing is changed.
         """
         key = _validate_agent_id(agent_id)
-        store, pool = self._coordinator.store, self._coordinator.store_pool
-        if store is None or pool is None:
+        gateway = self._coordinator.gateway
+        if gateway is None:
             await trio.lowlevel.checkpoint()
             return None
-        row = await pool.run(store.load, agent_key(key))
-        if row is None or row.snapshot is None:
-            return None
-        return decode_snapshot(
-            row.snapshot,
-            workflow_instance_id=agent_key(key),
-            revision=row.revision,
-            state_type=ExecutionRecord,
-        ).fields
+        _, record = await gateway.run(
+            LoadOp(workflow_instance_id=agent_key(key)), finish=decode_record
+        )
+        return cast("ExecutionRecord | None", record)
 
     async def purge(self, agent_id: str) -> bool:
         """Delete the agent's durable record.
@@ -343,26 +353,134 @@ class Executions:
             Whether a record was deleted.
 
         Raises:
-            AgentBusyError: an execution of the key is in progress.
+            AgentBusyError: an execution of the key is in progress in this runtime.
+
+        Cancellation:
+            Cancelling the caller stops the wait only; a delete already submitted runs.
         """
         key = _validate_agent_id(agent_id)
         if self.is_admitted(key):
             raise AgentBusyError(
                 f"Agent {key!r} has an execution in progress; it cannot be purged"
             )
-        store, pool = self._coordinator.store, self._coordinator.store_pool
-        if store is None or pool is None:
+        gateway = self._coordinator.gateway
+        if gateway is None:
             await trio.lowlevel.checkpoint()
             return False
+        row = await gateway.run(LoadOp(workflow_instance_id=agent_key(key)))
+        if row is None:
+            return False
+        await gateway.run(
+            DeleteOp(
+                workflow_instance_id=agent_key(key), expected_revision=row.revision
+            )
+        )
+        return True
 
-        def purge_row() -> bool:
-            row = store.load(agent_key(key))
-            if row is None:
-                return False
-            store.delete(agent_key(key), row.revision)
-            return True
+    async def stale(self) -> list[StaleExecution]:
+        """Execution records that may have no live owner any more.
 
-        return await pool.run(purge_row)
+        A record is listed when the store says its execution is ``active`` although it
+        does not run in this runtime (its runtime stopped while the execution waited
+        for an approval, or its process crashed), or when the outcome of its last write
+        is unknown (``recovery_required``, here or in the store). Such a record refuses
+        new starts of its key until it is resolved with :meth:`resolve`.
+
+        Without leases, an ``active`` record may still belong to an execution running in
+        *another* process that shares the store: resolve only what you know is dead.
+
+        Returns:
+            The stale records, by agent id.
+
+        Raises:
+            CorruptRecordError: a stored record does not decode.
+
+        Cancellation:
+            Safe: nothing is changed.
+        """
+        local = set(self._registry.recovery_keys())
+        gateway = self._coordinator.gateway
+        found: dict[str, StaleExecution] = {}
+        if gateway is not None:
+            listed = await gateway.pool.run(stale_records, gateway.store)
+            found = {
+                s.agent_id: s
+                for s in listed
+                if s.agent_id in local
+                or not self._registry.agent_execution_admitted(s.agent_id)
+            }
+        for key in local:
+            found[key] = msgspec.structs.replace(
+                found.get(key)
+                or StaleExecution(
+                    agent_id=key, execution_id=None, status="recovery_required"
+                ),
+                in_process=True,
+            )
+        return [found[key] for key in sorted(found)]
+
+    async def resolve(
+        self, agent_id: str, *, action: Literal["adopt", "release"]
+    ) -> ExecutionRecord | None:
+        """Close a stale execution record so the key can start again.
+
+        ``adopt`` keeps what the store recorded (a terminal outcome stays; a record that
+        still says ``active`` is closed as ``abandoned``); ``release`` closes the record
+        as ``abandoned`` whatever it says. A recovery-required admission of the key in
+        this runtime is cleared too, and its pending caller fails with a
+        :class:`~phronomy.RecoveryRequiredError` that says it was resolved.
+
+        Returns:
+            The record after the resolution (``None`` without a store).
+
+        Raises:
+            AgentBusyError: the key has a live execution in this runtime (cancel it).
+            NotFoundError: the key has nothing stale, here or in the store.
+            ConflictError: the record changed during the resolution (try again).
+            ValueError: an unknown *action*.
+
+        Cancellation:
+            The resolution runs to completion once started (shielded).
+        """
+        key = _validate_agent_id(agent_id)
+        if action not in ("adopt", "release"):
+            raise ValueError(f"action must be 'adopt' or 'release', got {action!r}")
+        admission = self._registry.admission(key)
+        if admission is not None and admission.state != "recovery_required":
+            raise AgentBusyError(
+                f"Agent {key!r} has a live execution in this runtime ({admission.state}); "
+                "cancel it instead of resolving it"
+            )
+        with trio.CancelScope(shield=True):
+            resolved = await self._resolve(key, action)
+        return resolved
+
+    async def _resolve(
+        self, key: str, action: Literal["adopt", "release"]
+    ) -> ExecutionRecord | None:
+        done: ResultHandle[bool] = ResultHandle(f"resolve:{key}")
+        if not self._registry.post_message(
+            ResolveExecution(agent_id=key, done=done), completion=done
+        ):
+            raise RuntimeShutdownError(
+                "Runtime rejected the resolution while shutting down"
+            )
+        local = await done.result()
+        gateway = self._coordinator.gateway
+        if gateway is None:
+            if not local:
+                raise NotFoundError(f"agent {key!r} has no stale execution")
+            return None
+        return await gateway.pool.run(
+            functools.partial(
+                resolve_record,
+                gateway.store,
+                key,
+                action,
+                by="runtime.executions.resolve()",
+                missing_ok=local,
+            )
+        )
 
     def _decide(self, execution_id: str, *, approved: bool, response: Any) -> None:
         self._coordinator.engine.check_thread(

@@ -20,13 +20,8 @@ from phronomy.errors import (
     RecoveryRequiredError,
     RuntimeShutdownError,
 )
-from phronomy.storage import (
-    SaveOp,
-    SaveOutcome,
-    SaveRequest,
-    decode_snapshot,
-    encode_snapshot,
-)
+from phronomy.storage import LoadOp, SaveOp
+from phronomy.workflow.persistence import mark_op, save_outcome
 
 from .context import StepContext
 from .messages import (
@@ -40,27 +35,30 @@ from .messages import (
     ExecutionRecord,
     ExecutionResult,
     PhysicalCompletion,
+    RecordLoaded,
+    ResolveExecution,
     StartExecution,
     StepResult,
     TerminalSaved,
 )
+from .records import agent_key, decode_record, record_request
 from .registry import AgentRegistry
 
 if TYPE_CHECKING:
-    from phronomy.engine import Engine, OffloadPool, ResultHandle
-    from phronomy.storage import WorkflowStore
+    import outcome
 
-__all__ = ["EXECUTION_WORKFLOW", "ExecutionCoordinator", "agent_key"]
+    from phronomy.engine import Engine, OffloadPool, ResultHandle
+    from phronomy.storage import StoredRecord
+    from phronomy.workflow.persistence import StoreGateway
+
+__all__ = ["ExecutionCoordinator"]
 
 logger = logging.getLogger(__name__)
 
-EXECUTION_WORKFLOW = "phronomy.execution"
-"""The workflow name under which agents' execution records are stored."""
-
-
-def agent_key(agent_id: str) -> str:
-    """The store key of an agent's execution record."""
-    return f"agent:{agent_id}"
+_RESOLVE_HINT = (
+    "runtime.executions.resolve({agent!r}, action='release') or "
+    "`python -m phronomy executions resolve --db FILE {agent} release`"
+)
 
 
 @final
@@ -79,16 +77,26 @@ class ExecutionCoordinator:
         engine: Engine,
         *,
         pool: OffloadPool,
-        store: WorkflowStore | None,
-        store_pool: OffloadPool | None,
+        gateway: StoreGateway | None,
     ) -> None:
-        """Create the coordinator and register its registry on *engine*."""
+        """Create the coordinator and register its registry on *engine*.
+
+        At most ``pool_size + queue_size`` of *pool* executions are busy at once (their
+        steps then never meet a full pool); a start beyond that is refused with
+        :class:`~phronomy.BackpressureError` before it touches anything.
+        """
         self.engine = engine
         self.pool = pool
-        self.store = store
-        self.store_pool = store_pool
+        self.gateway = gateway
         self.registry: AgentRegistry = engine.receiver(
-            AgentRegistry, lambda e: AgentRegistry(e, self.deliver)
+            AgentRegistry,
+            lambda e: AgentRegistry(
+                e,
+                self.deliver,
+                capacity=pool.capacity,
+                cut_off=self._cut_off,
+                flush=gateway.wait_idle if gateway is not None else None,
+            ),
         )
 
     def deliver(self, message: object) -> None:
@@ -111,8 +119,12 @@ class ExecutionCoordinator:
         match message:
             case StartExecution():
                 self._start(message)
+            case RecordLoaded():
+                self._record_loaded(message)
             case DurableStarted():
                 self._durable_started(message)
+            case ResolveExecution():
+                message.done.complete(self.registry.resolve(message.agent_id))
             case StepResult():
                 self._step_done(message)
             case ApprovalDecision():
@@ -131,84 +143,116 @@ class ExecutionCoordinator:
     def _start(self, cmd: StartExecution) -> None:
         try:
             self.registry.admit_agent_execution(cmd.agent_id, cmd.owner)
-        except Exception as exc:  # noqa: BLE001 - the caller's error (busy, shutting down)
+        except Exception as exc:  # noqa: BLE001 - the caller's error (busy, full, closing)
             cmd.caller.fail(exc)
             return
-        if self.store is None or self.store_pool is None:
+        if self.gateway is None:
             self._run(cmd, durable_revision=None)
             return
+        self.gateway.submit(
+            LoadOp(workflow_instance_id=agent_key(cmd.agent_id)),
+            lambda loaded: self._post(RecordLoaded(command=cmd, loaded=loaded), cmd),
+            finish=decode_record,
+        )
+
+    def _post(self, message: object, cmd: StartExecution) -> None:
+        if not self.registry.post_message(message, completion=cmd.caller):
+            cmd.caller.fail(
+                RuntimeShutdownError(
+                    "Runtime rejected the execution start while shutting down"
+                )
+            )
+
+    def _refuse(self, cmd: StartExecution, error: BaseException) -> None:
+        """A start refused before it wrote anything: the key is free again."""
+        self.registry.release_agent_execution_admission(cmd.agent_id, owner=cmd.owner)
+        cmd.caller.fail(error)
+
+    def _record_loaded(self, message: RecordLoaded) -> None:
+        cmd = message.command
+        assert self.gateway is not None
+        agent = cmd.agent_id
         try:
-            saved = self.store_pool.submit_nowait(
-                _create_active, self.store, cmd.agent_id, cmd.execution_id
+            row, current = message.loaded.unwrap()
+            request = record_request(
+                agent,
+                ExecutionRecord(execution_id=cmd.execution_id, status="active"),
+                _startable(agent, row, current),
             )
         except Exception as exc:  # noqa: BLE001 - refused before anything was written
-            self.registry.release_agent_execution_admission(
-                cmd.agent_id, owner=cmd.owner
-            )
-            cmd.caller.fail(exc)
+            self._refuse(cmd, exc)
             return
-
-        def created(done: ResultHandle[Any]) -> None:
-            if not self.registry.post_message(
-                DurableStarted(command=cmd, saved=done), completion=cmd.caller
-            ):
-                cmd.caller.fail(
-                    RuntimeShutdownError(
-                        "Runtime rejected the execution start while shutting down"
-                    )
-                )
-
-        saved.on_complete(created)
+        self.gateway.submit(
+            SaveOp(request=request),
+            lambda saved: self._post(
+                DurableStarted(command=cmd, saved=save_outcome(saved)), cmd
+            ),
+        )
 
     def _durable_started(self, message: DurableStarted) -> None:
-        cmd, done = message.command, message.saved
-        if done.status != "completed":
-            # A known pre-durable failure (the load failed): nothing was written.
-            self.registry.release_agent_execution_admission(
-                cmd.agent_id, owner=cmd.owner
-            )
-            cmd.caller.fail(
-                done.error or PhronomyError("durable execution start failed")
-            )
-            return
-        result = done.result_nowait()
-        if isinstance(result, str):
-            # The store holds another nonterminal execution: fail closed, remember it.
-            self.registry.mark_agent_admission_recovery_required(
-                cmd.agent_id, cmd.owner
-            )
-            cmd.caller.fail(
-                AgentBusyError(
-                    f"Agent {cmd.agent_id!r} already has a nonterminal top-level execution "
-                    f"({result!r} in the store)"
-                )
-            )
-            return
-        outcome: SaveOutcome = result
-        if outcome.outcome == "success":
-            self._run(cmd, durable_revision=outcome.revision)
-        elif outcome.outcome == "known_failure":
-            self.registry.release_agent_execution_admission(
-                cmd.agent_id, owner=cmd.owner
-            )
-            error = outcome.error or PhronomyError("durable execution start failed")
+        cmd, result = message.command, message.saved
+        if result.outcome == "success":
+            self._run(cmd, durable_revision=result.revision)
+        elif result.outcome == "known_failure":
+            error = result.error or PhronomyError("durable execution start failed")
             if isinstance(error, ConflictError):
                 busy = AgentBusyError(
                     f"Agent {cmd.agent_id!r} was started by another owner concurrently"
                 )
                 busy.__cause__ = error
                 error = busy
-            cmd.caller.fail(error)
-        else:  # the active record may exist: fail closed
+            self._refuse(cmd, error)
+        else:  # the active record may exist: fail closed until resolved
             self.registry.mark_agent_admission_recovery_required(
                 cmd.agent_id, cmd.owner
             )
+            self._mark_recovery_required(cmd.agent_id, result.error)
             cmd.caller.fail(
                 RecoveryRequiredError(
                     f"the durable start of agent {cmd.agent_id!r} has an unknown outcome "
-                    f"({outcome.error!r}); it requires recovery",
+                    f"({result.error!r}); the key is refused until it is resolved with "
+                    + _RESOLVE_HINT.format(agent=cmd.agent_id),
                     instance_id=agent_key(cmd.agent_id),
                 )
+            )
+
+    def _cut_off(self, entry: ExecutionEntry, quiescent: bool) -> str:
+        """The runtime shuts down with *entry* live: close its durable record if honest."""
+        if self.gateway is None or entry.durable_revision is None:
+            return ""
+        if not quiescent or entry.status == "recovery_required":
+            return (
+                " Its durable record stays active (work it started was still running, "
+                "or its outcome is unknown): runtime.executions.stale() lists it and "
+                + _RESOLVE_HINT.format(agent=entry.agent_id)
+                + " releases it."
+            )
+        record = ExecutionRecord(
+            execution_id=entry.execution_id,
+            status="abandoned",
+            steps_completed=entry.index,
+            error=f"cut off when the runtime shut down ({entry.status})",
+        )
+        self.gateway.submit_quietly(
+            SaveOp(
+                request=record_request(entry.agent_id, record, entry.durable_revision)
+            ),
+            f"close the record of execution {entry.execution_id!r} as abandoned",
+        )
+        return " Its durable record is closed as abandoned, so the key can start again."
+
+    def _mark_recovery_required(
+        self, agent_id: str, error: BaseException | None
+    ) -> None:
+        if self.gateway is not None:
+            self.gateway.submit_quietly(
+                mark_op(
+                    agent_key(agent_id),
+                    "recovery_required",
+                    expected_revision=None,
+                    detail=f"the outcome of a write is unknown: {error!r}",
+                ),
+                f"mark agent {agent_id!r} recovery_required",
             )
 
     def _run(self, cmd: StartExecution, *, durable_revision: int | None) -> None:
@@ -406,50 +450,42 @@ class ExecutionCoordinator:
         )
 
     def _record_terminal(self, entry: ExecutionEntry) -> None:
-        outcome = entry.terminal
-        if (
-            self.store is None
-            or self.store_pool is None
-            or entry.durable_revision is None
-        ):
+        terminal = entry.terminal
+        if self.gateway is None or entry.durable_revision is None:
             self._finish(entry)
             return
         record = ExecutionRecord(
             execution_id=entry.execution_id,
-            status=_terminal_status(outcome),
+            status=_terminal_status(terminal),
             steps_completed=entry.index,
             error=None
-            if isinstance(outcome, ExecutionResult)
-            else f"{type(outcome).__name__}: {outcome}",
+            if isinstance(terminal, ExecutionResult)
+            else f"{type(terminal).__name__}: {terminal}",
         )
         try:
-            saved = self.store_pool.submit_nowait(
-                _save_record, self.store, entry.agent_id, record, entry.durable_revision
-            )
-        except Exception as exc:  # noqa: BLE001 - refused: nothing was written
+            request = record_request(entry.agent_id, record, entry.durable_revision)
+        except Exception as exc:  # noqa: BLE001 - nothing was written
             self._finish(entry, save_error=exc)
             return
-        message = TerminalSaved(execution_id=entry.execution_id, saved=saved)
+        execution_id = entry.execution_id
 
-        def back(_: ResultHandle[Any]) -> None:
+        def back(saved: outcome.Outcome[Any]) -> None:
+            message = TerminalSaved(
+                execution_id=execution_id, saved=save_outcome(saved)
+            )
             if not self.registry.post_message(message):
                 logger.warning(
                     "the terminal record of execution %r came back after shutdown",
-                    entry.execution_id,
+                    execution_id,
                 )
 
-        saved.on_complete(back)
+        self.gateway.submit(SaveOp(request=request), back)
 
     def _terminal_saved(self, message: TerminalSaved) -> None:
         entry = self.registry.entry(message.execution_id)
         if entry is None:
             return
-        done = message.saved
-        result: SaveOutcome = (
-            done.result_nowait()
-            if done.status == "completed"
-            else SaveOutcome(outcome="outcome_unknown", error=done.error)
-        )
+        result = message.saved
         if result.outcome == "success":
             self._finish(entry)
         elif result.outcome == "known_failure":
@@ -462,12 +498,15 @@ class ExecutionCoordinator:
             self.registry.replace(
                 msgspec.structs.replace(entry, status="recovery_required")
             )
+            self._mark_recovery_required(entry.agent_id, result.error)
             logger.warning(
                 "the terminal record of execution %r (agent %r) has an unknown outcome (%r); "
-                "the execution requires recovery and its caller stays pending",
+                "the execution requires recovery and its caller stays pending until it "
+                "is resolved with %s",
                 entry.execution_id,
                 entry.agent_id,
                 result.error,
+                _RESOLVE_HINT.format(agent=entry.agent_id),
             )
 
     def _finish(
@@ -486,6 +525,33 @@ class ExecutionCoordinator:
             entry.caller.cancel(outcome)
         else:
             entry.caller.fail(outcome)
+
+
+def _startable(
+    agent_id: str, row: StoredRecord | None, current: ExecutionRecord | None
+) -> int | None:
+    """The revision a new ``active`` record replaces, or raise if the key is taken.
+
+    Raises:
+        RecoveryRequiredError: the stored record requires recovery.
+        AgentBusyError: the stored record says an execution is active.
+    """
+    if row is not None and row.status == "recovery_required":
+        raise RecoveryRequiredError(
+            f"the durable record of agent {agent_id!r} requires recovery "
+            f"({row.detail or 'the outcome of a write is unknown'}); resolve it with "
+            + _RESOLVE_HINT.format(agent=agent_id),
+            instance_id=agent_key(agent_id),
+        )
+    if current is not None and current.status == "active":
+        raise AgentBusyError(
+            f"Agent {agent_id!r} already has a nonterminal top-level execution "
+            f"({current.execution_id!r} is active in the store: it runs in another "
+            "process, or its runtime stopped before it ended). If it is stale, list it "
+            "with runtime.executions.stale() and release it with "
+            + _RESOLVE_HINT.format(agent=agent_id)
+        )
+    return row.revision if row is not None and row.revision > 0 else None
 
 
 def _is_async(fn: Any) -> bool:
@@ -511,60 +577,3 @@ def _call_sync_step(fn: Any, args: tuple[Any, ...]) -> Any:
             result.close()
         raise TypeError(f"step {fn!r} returned an awaitable; declare it with async def")
     return result
-
-
-# --- worker-side durable operations (run in the store's worker thread) ----------------------------
-
-
-def _create_active(
-    store: WorkflowStore, agent_id: str, execution_id: str
-) -> str | SaveOutcome:
-    """Write the ``active`` record, or return the id of a nonterminal execution found."""
-    key = agent_key(agent_id)
-    record = store.load(key)
-    expected: int | None = None
-    if record is not None:
-        if record.status == "recovery_required":
-            return "recovery_required"
-        if record.snapshot is not None:
-            current = decode_snapshot(
-                record.snapshot,
-                workflow_instance_id=key,
-                revision=record.revision,
-                state_type=ExecutionRecord,
-            ).fields
-            if current.status == "active":
-                return current.execution_id
-        expected = record.revision or None
-    return _save_record(
-        store,
-        agent_id,
-        ExecutionRecord(execution_id=execution_id, status="active"),
-        expected,
-    )
-
-
-def _save_record(
-    store: WorkflowStore, agent_id: str, record: ExecutionRecord, expected: int | None
-) -> SaveOutcome:
-    key = agent_key(agent_id)
-    revision = (expected or 0) + 1
-    active = record.status == "active"
-    phase = "active" if active else "__end__"
-    request = SaveRequest(
-        workflow_instance_id=key,
-        expected_revision=expected,
-        snapshot=encode_snapshot(
-            record,
-            workflow_instance_id=key,
-            revision=revision,
-            phase=phase,
-            workflow=EXECUTION_WORKFLOW,
-        ),
-        write_id=random_hex(),
-        status="running" if active else "finished",
-        phase=phase,
-        workflow=EXECUTION_WORKFLOW,
-    )
-    outcome: SaveOutcome = store.execute([SaveOp(request=request)])[0].unwrap()
-    return outcome

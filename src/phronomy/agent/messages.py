@@ -6,8 +6,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, Literal
 
 import msgspec
+import outcome
 
 from phronomy.engine import ResultHandle, Timer
+from phronomy.storage import SaveOutcome
 
 __all__ = [
     "ActiveStep",
@@ -24,6 +26,8 @@ __all__ = [
     "ExecutionResult",
     "ExecutionStatus",
     "PhysicalCompletion",
+    "RecordLoaded",
+    "ResolveExecution",
     "StartExecution",
     "StepResult",
     "TerminalSaved",
@@ -116,13 +120,17 @@ class ExecutionRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
 
     Attributes:
         execution_id: the latest execution.
-        status: ``active`` while it runs, then its terminal status.
+        status: ``active`` while it runs, then its terminal status; ``abandoned`` when
+            it was cut off without an outcome (its runtime stopped, or an operator
+            released a stale record).
         steps_completed: steps that finished.
-        error: the failure, for failed executions.
+        error: the failure, for failed and abandoned executions.
     """
 
     execution_id: str
-    status: Literal["active", "completed", "rejected", "cancelled", "failed"]
+    status: Literal[
+        "active", "completed", "rejected", "cancelled", "failed", "abandoned"
+    ]
     steps_completed: int = 0
     error: str | None = None
 
@@ -185,11 +193,18 @@ class StartExecution(msgspec.Struct, frozen=True, kw_only=True):
     deadline: float | None
 
 
+class RecordLoaded(msgspec.Struct, frozen=True, kw_only=True):
+    """The key's durable record was read (before writing ``active``)."""
+
+    command: StartExecution
+    loaded: outcome.Outcome[Any]
+
+
 class DurableStarted(msgspec.Struct, frozen=True, kw_only=True):
     """The durable ``active`` record was written (or refused)."""
 
     command: StartExecution
-    saved: ResultHandle[Any]
+    saved: SaveOutcome
 
 
 class StepResult(msgspec.Struct, frozen=True, kw_only=True):
@@ -226,4 +241,11 @@ class TerminalSaved(msgspec.Struct, frozen=True, kw_only=True):
     """The durable terminal record came back (classified)."""
 
     execution_id: str
-    saved: ResultHandle[Any]
+    saved: SaveOutcome
+
+
+class ResolveExecution(msgspec.Struct, frozen=True, kw_only=True):
+    """Clear a recovery-required admission of a key (operator resolution)."""
+
+    agent_id: str
+    done: ResultHandle[bool]

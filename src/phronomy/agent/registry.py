@@ -11,9 +11,11 @@ import trio
 from phronomy.engine import ExecutionReceiver
 from phronomy.errors import (
     AgentBusyError,
+    BackpressureError,
     ExecutionRehydrationRequiredError,
     InvalidIdentifierError,
     PhronomyError,
+    RecoveryRequiredError,
     StaleAdmissionError,
 )
 
@@ -26,7 +28,7 @@ from .messages import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from phronomy.engine import Engine, ResultHandle
 
@@ -60,13 +62,36 @@ class AgentRegistry(ExecutionReceiver):
         release(token: pre-durable failure | execution_id: known terminal) --> (absent)
 
     Suspended and recovery-required admissions do not keep the runtime busy; in-flight
-    supervised work and deferred terminals do.
+    supervised work and deferred terminals do. At most *capacity* admissions are busy
+    at once: a start beyond that is refused before it touches anything.
     """
 
-    def __init__(self, engine: Engine, deliver: Callable[[Any], None]) -> None:
-        """Create the registry; *deliver* handles execution commands on the dispatcher."""
+    def __init__(
+        self,
+        engine: Engine,
+        deliver: Callable[[Any], None],
+        *,
+        capacity: int,
+        cut_off: Callable[[ExecutionEntry, bool], str] | None = None,
+        flush: Callable[[], Awaitable[None]] | None = None,
+    ) -> None:
+        """Create the registry.
+
+        Args:
+            engine: the engine it is registered on.
+            deliver: handles execution commands on the dispatcher.
+            capacity: executions that may be busy at once.
+            cut_off: called at a clean shutdown for each live execution with whether it
+                is quiescent; returns what happened to its durable record (a sentence
+                for its caller's error).
+            flush: waits for the executions' store writes (at shutdown).
+        """
         super().__init__(engine)
         self._deliver = deliver
+        self._capacity = capacity
+        self._cut_off = cut_off
+        self._flush = flush
+        self._busy = 0
         self._admissions: dict[str, AgentAdmission] = {}
         self._entries: dict[str, ExecutionEntry] = {}
         self._inflight: dict[str, set[object]] = {}
@@ -78,9 +103,7 @@ class AgentRegistry(ExecutionReceiver):
     def idle(self) -> bool:
         """No supervised work, no deferred terminal, no busy admission."""
         return (
-            not any(self._inflight.values())
-            and not self._deferred
-            and not any(a.state in _BUSY for a in self._admissions.values())
+            not any(self._inflight.values()) and not self._deferred and not self._busy
         )
 
     def deliver(self, message: Any) -> None:
@@ -94,20 +117,36 @@ class AgentRegistry(ExecutionReceiver):
                 entry.deadline_timer.cancel()
             if entry.caller.done:
                 continue
+            if error is not None:
+                entry.caller.fail(error)
+                continue
+            record = (
+                self._cut_off(entry, self.quiescent(entry.execution_id))
+                if self._cut_off is not None
+                else ""
+            )
             entry.caller.fail(
-                error
-                or ExecutionRehydrationRequiredError(
-                    f"execution {entry.execution_id!r} of agent {entry.agent_id!r} lost its "
-                    f"live owner ({entry.status}) when the runtime shut down; reload it to continue"
+                ExecutionRehydrationRequiredError(
+                    f"execution {entry.execution_id!r} of agent {entry.agent_id!r} was "
+                    f"cut off when the runtime shut down ({entry.status}); it cannot "
+                    f"continue.{record} Start the agent again to run it anew."
                 )
             )
         self._admissions.clear()
+        self._busy = 0
         self._entries.clear()
         self._inflight.clear()
         self._deferred.clear()
         for event in self._changed.values():
             event.set()
         self._changed.clear()
+
+    async def flush(self) -> None:
+        """Wait for the store writes the executions owe (abandoned records)."""
+        if self._flush is not None:
+            await self._flush()
+        else:
+            await super().flush()
 
     def describe_live(self) -> list[str]:
         """Describe busy executions (for the shutdown report)."""
@@ -127,6 +166,7 @@ class AgentRegistry(ExecutionReceiver):
             InvalidIdentifierError: empty id or no token.
             RuntimeShutdownError: new admissions are closed.
             AgentBusyError: the key has an admission in any state.
+            BackpressureError: *capacity* executions are already busy.
         """
         self.assert_dispatcher()
         if not agent_id:
@@ -138,9 +178,23 @@ class AgentRegistry(ExecutionReceiver):
         if current is not None:
             raise AgentBusyError(
                 f"Agent {agent_id!r} already has a nonterminal top-level execution ({current.state})"
+                + (
+                    "; resolve it with runtime.executions.resolve("
+                    f"{agent_id!r}, action='release')"
+                    if current.state == "recovery_required"
+                    else ""
+                )
             )
-        self._admissions[agent_id] = AgentAdmission(
-            agent_id=agent_id, owner=owner, execution_id=None, state="admitting"
+        if self._busy >= self._capacity:
+            raise BackpressureError(
+                f"runtime.executions has {self._busy} executions starting or running, "
+                f"its capacity (pool_size + queue_size); agent {agent_id!r} was not "
+                "started, start it again later"
+            )
+        self._set(
+            AgentAdmission(
+                agent_id=agent_id, owner=owner, execution_id=None, state="admitting"
+            )
         )
 
     def bind_agent_execution_admission(
@@ -157,8 +211,10 @@ class AgentRegistry(ExecutionReceiver):
             raise StaleAdmissionError(f"Agent {agent_id!r} has no Runtime admission")
         if current.owner is not owner or current.execution_id is not None:
             raise StaleAdmissionError(f"stale Agent admission bind for {agent_id!r}")
-        self._admissions[agent_id] = msgspec.structs.replace(
-            current, execution_id=execution_id, state="executing"
+        self._set(
+            msgspec.structs.replace(
+                current, execution_id=execution_id, state="executing"
+            )
         )
 
     def mark_agent_execution_admission(
@@ -180,7 +236,7 @@ class AgentRegistry(ExecutionReceiver):
             raise StaleAdmissionError(
                 f"stale Agent admission state update for {agent_id!r}"
             )
-        self._admissions[agent_id] = msgspec.structs.replace(current, state=state)
+        self._set(msgspec.structs.replace(current, state=state))
 
     def mark_agent_admission_recovery_required(
         self, agent_id: str, owner: object
@@ -198,9 +254,7 @@ class AgentRegistry(ExecutionReceiver):
             raise StaleAdmissionError(
                 f"stale Agent admission recovery update for {agent_id!r}"
             )
-        self._admissions[agent_id] = msgspec.structs.replace(
-            current, state="recovery_required"
-        )
+        self._set(msgspec.structs.replace(current, state="recovery_required"))
 
     def release_agent_execution_admission(
         self,
@@ -222,8 +276,53 @@ class AgentRegistry(ExecutionReceiver):
         else:
             authoritative = False
         if authoritative:
-            del self._admissions[agent_id]
+            self._delete(agent_id)
         return authoritative
+
+    def resolve(self, agent_id: str) -> bool:
+        """Clear a recovery-required admission (operator resolution).
+
+        Its execution (if any) is removed and its pending caller fails with a
+        :class:`~phronomy.RecoveryRequiredError` that says it was resolved.
+
+        Returns:
+            Whether the key had a recovery-required admission here.
+        """
+        self.assert_dispatcher()
+        current = self._admissions.get(agent_id)
+        if current is None or current.state != "recovery_required":
+            return False
+        self._delete(agent_id)
+        entry = self._entries.pop(current.execution_id or "", None)
+        if entry is not None:
+            self.notify(entry.execution_id)
+        if entry is not None and not entry.caller.done:
+            entry.caller.fail(
+                RecoveryRequiredError(
+                    f"execution {entry.execution_id!r} of agent {agent_id!r} was resolved "
+                    "by an operator; its result is unavailable",
+                    instance_id=agent_id,
+                )
+            )
+        return True
+
+    def recovery_keys(self) -> list[str]:
+        """Keys whose admission requires recovery in this runtime."""
+        return sorted(
+            a.agent_id
+            for a in self._admissions.values()
+            if a.state == "recovery_required"
+        )
+
+    def _set(self, admission: AgentAdmission) -> None:
+        previous = self._admissions.get(admission.agent_id)
+        self._busy += (admission.state in _BUSY) - (
+            previous is not None and previous.state in _BUSY
+        )
+        self._admissions[admission.agent_id] = admission
+
+    def _delete(self, agent_id: str) -> None:
+        self._busy -= self._admissions.pop(agent_id).state in _BUSY
 
     # --- live entries (dispatcher only) ----------------------------------------------------
 

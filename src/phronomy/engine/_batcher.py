@@ -6,6 +6,7 @@ import logging
 from typing import TYPE_CHECKING, Generic, TypeVar, final
 
 import outcome
+import trio
 
 from phronomy.errors import PhronomyInternalError
 
@@ -52,6 +53,7 @@ class Batcher(Generic[I, O]):
         self._max_batch = max_batch
         self._pending: list[tuple[I, Callable[[outcome.Outcome[O]], object]]] = []
         self._in_flight = False
+        self._idle_waiters = trio.lowlevel.ParkingLot()
         self.batches = 0
         self.items = 0
 
@@ -59,6 +61,16 @@ class Batcher(Generic[I, O]):
     def idle(self) -> bool:
         """No batch is running and nothing is waiting."""
         return not self._in_flight and not self._pending
+
+    async def wait_idle(self) -> None:
+        """Wait until no batch runs and nothing waits (the caller bounds the wait).
+
+        Cancellation:
+            Safe: the batches are not affected.
+        """
+        while not self.idle:
+            await self._idle_waiters.park()
+        await trio.lowlevel.checkpoint()
 
     def submit(self, item: I, callback: Callable[[outcome.Outcome[O]], object]) -> None:
         """Queue *item*; ``callback(outcome)`` runs once its batch ran."""
@@ -104,6 +116,8 @@ class Batcher(Generic[I, O]):
                     _call(callback, result)
         if self._pending:
             self._flush()
+        elif not self._in_flight:
+            self._idle_waiters.unpark_all()
 
     @staticmethod
     def _fail(

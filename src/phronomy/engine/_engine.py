@@ -1050,6 +1050,8 @@ class Engine:
         await self._stop_dispatcher(graceful=True)
         cut_off = self._teardown()
         stop_deadline = trio.current_time() + max(grace, _MIN_STOP_GRACE)
+        with trio.move_on_at(stop_deadline):
+            await self._flush_receivers()
         threads, tasks_left = await self._stop_resources(stop_deadline, wait=True)
         return self._finish(status, cut_off, threads, tasks_left, participants_idle)
 
@@ -1155,6 +1157,16 @@ class Engine:
             logger.exception("%s failed during shutdown", what)
             exc.add_note(f"phronomy: raised while {what} during runtime shutdown")
             self._errors.append(exc)
+
+    async def _flush_receivers(self) -> None:
+        """Let receivers finish the writes they owe (the caller's scope bounds it)."""
+        for receiver in list(self._receivers.values()):
+            try:
+                await receiver.flush()
+            except Exception as exc:
+                logger.exception("receiver flush failed")
+                exc.add_note("phronomy: raised while flushing a receiver at shutdown")
+                self._errors.append(exc)
 
     async def _stop_resources(self, deadline: float, *, wait: bool) -> tuple[int, int]:
         self._pools_closed = True

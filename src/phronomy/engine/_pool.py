@@ -163,6 +163,11 @@ class OffloadPool:
         return self._limiter.borrowed_tokens
 
     @property
+    def capacity(self) -> int:
+        """Operations it holds at most, running and queued (``pool_size + queue_size``)."""
+        return self._pool_size + self._queue_size
+
+    @property
     def queue_depth(self) -> int:
         """Operations admitted and not started."""
         return self._queued

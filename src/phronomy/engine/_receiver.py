@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+import trio
+
 if TYPE_CHECKING:
     from ._engine import Engine
     from ._handle import ResultHandle
@@ -62,6 +64,15 @@ class ExecutionReceiver:
         The engine hands over the session's unsettled *waiter* and the *error* that made
         the outcome unknown; the receiver decides when (and how) its caller settles.
         """
+
+    async def flush(self) -> None:
+        """Finish the writes the receiver owes before the runtime's pools close.
+
+        Called once at shutdown, after :meth:`shutdown` and before the offload pools
+        close (for example status marks of work that was cut off). The runtime's
+        cancel scope bounds the wait with the shutdown's grace deadline.
+        """
+        await trio.lowlevel.checkpoint()
 
     def describe_live(self) -> list[str]:
         """Describe live work that keeps the receiver busy (for shutdown reports)."""

@@ -18,10 +18,13 @@ from ._codec import (
 )
 from ._memory import MemoryStore as MemoryStore
 from ._records import (
+    EXECUTION_KIND as EXECUTION_KIND,
+    READ_OPS as READ_OPS,
     BeginOp as BeginOp,
     DeleteOp as DeleteOp,
     InstancePage as InstancePage,
     InstanceStatus as InstanceStatus,
+    ListOp as ListOp,
     LoadOp as LoadOp,
     MarkOp as MarkOp,
     SaveOp as SaveOp,
@@ -43,8 +46,10 @@ from ._store import (
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_BYTES",
+    "EXECUTION_KIND",
     "FINISH_PHASE",
     "KNOWN_FAILURES",
+    "READ_OPS",
     "RECORD_TYPE",
     "SAVE_LOG_DEPTH",
     "SCHEMA_VERSION",
@@ -55,6 +60,7 @@ __all__ = [
     "DeleteOp",
     "InstancePage",
     "InstanceStatus",
+    "ListOp",
     "LoadOp",
     "MarkOp",
     "MemoryStore",

@@ -7,10 +7,13 @@ from typing import Literal
 import msgspec
 
 __all__ = [
+    "EXECUTION_KIND",
+    "READ_OPS",
     "BeginOp",
     "DeleteOp",
     "InstancePage",
     "InstanceStatus",
+    "ListOp",
     "LoadOp",
     "MarkOp",
     "SaveOp",
@@ -19,6 +22,10 @@ __all__ = [
     "StoreOp",
     "StoredRecord",
 ]
+
+EXECUTION_KIND = "phronomy.execution"
+"""The ``workflow`` column of supervised executions' per-key records (workflow names
+may not start with ``phronomy.``)."""
 
 InstanceStatus = Literal["running", "halted", "finished", "failed", "recovery_required"]
 """What operators see for an instance.
@@ -117,6 +124,14 @@ class LoadOp(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
     workflow_instance_id: str
 
 
+class ListOp(msgspec.Struct, frozen=True, kw_only=True, tag="list"):
+    """List rows without snapshots (one :class:`InstancePage`); a read."""
+
+    status: InstanceStatus | None = None
+    limit: int = 100
+    after: str | None = None
+
+
 class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
     """Mark an instance ``running`` if it is still at *expected_revision*.
 
@@ -157,4 +172,7 @@ class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
     expected_revision: int
 
 
-StoreOp = LoadOp | BeginOp | SaveOp | MarkOp | DeleteOp
+StoreOp = LoadOp | ListOp | BeginOp | SaveOp | MarkOp | DeleteOp
+
+READ_OPS = (LoadOp, ListOp)
+"""Operations that only read (they run on the read lane, outside write transactions)."""

@@ -15,10 +15,12 @@ import outcome
 from phronomy.errors import ConflictError, UnsupportedBackendError
 
 from ._records import (
+    READ_OPS,
     BeginOp,
     DeleteOp,
     InstancePage,
     InstanceStatus,
+    ListOp,
     LoadOp,
     MarkOp,
     SaveOp,
@@ -468,9 +470,9 @@ class SQLiteStore(BaseStore):
         A conflict fails only its own operation. If the transaction as a whole fails
         with an unknown outcome, each save in it is reconciled on its own.
         """
-        loads = [op for op in ops if isinstance(op, LoadOp)]
-        if len(loads) == len(ops):  # reads only: the read connection, no transaction
-            return [outcome.capture(self.load, op.workflow_instance_id) for op in loads]
+        if all(isinstance(op, READ_OPS) for op in ops):
+            # reads only: the read connection, no transaction
+            return [outcome.capture(self._run_op, op) for op in ops]
         with self._lock:
             results: list[outcome.Outcome[Any]] = []
             try:
@@ -491,7 +493,7 @@ class SQLiteStore(BaseStore):
     ) -> outcome.Outcome[Any]:
         if isinstance(op, SaveOp):
             return outcome.Value(self.reconcile(op.request, error))
-        if isinstance(op, LoadOp) and index < len(results):
+        if isinstance(op, READ_OPS) and index < len(results):
             return results[index]  # a read that already completed stays valid
         return outcome.Error(error)
 
@@ -515,11 +517,17 @@ class SQLiteStore(BaseStore):
                 results.append(self._apply_one(conn, op))
 
     def _apply_one(
-        self, conn: sqlite3.Connection, op: LoadOp | BeginOp | MarkOp | DeleteOp
+        self,
+        conn: sqlite3.Connection,
+        op: LoadOp | ListOp | BeginOp | MarkOp | DeleteOp,
     ) -> outcome.Outcome[Any]:
         if isinstance(op, LoadOp):
             row = conn.execute(_SQL_LOAD, (op.workflow_instance_id,)).fetchone()
             return outcome.Value(None if row is None else _record(row))
+        if isinstance(op, ListOp):
+            return outcome.capture(
+                self.list_instances, status=op.status, limit=op.limit, after=op.after
+            )
         if isinstance(op, BeginOp):
             return outcome.capture(
                 self._begin,

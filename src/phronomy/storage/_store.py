@@ -22,6 +22,7 @@ from ._records import (
     DeleteOp,
     InstancePage,
     InstanceStatus,
+    ListOp,
     LoadOp,
     MarkOp,
     SaveOp,
@@ -317,6 +318,8 @@ class BaseStore:
         match op:
             case LoadOp(workflow_instance_id=iid):
                 return self.load(iid)
+            case ListOp(status=status, limit=limit, after=after):
+                return self.list_instances(status=status, limit=limit, after=after)
             case BeginOp(workflow_instance_id=iid, workflow=workflow):
                 return self.begin(iid, workflow, expected_revision=op.expected_revision)
             case SaveOp(request=request):

@@ -259,13 +259,19 @@ class Workflow(Generic[S]):
                 record it and refuse to be resumed by another workflow.
 
         Raises:
-            DefinitionError: *state_type* is not a State subclass or *name* is empty.
+            DefinitionError: *state_type* is not a State subclass, or *name* is empty
+                or starts with ``phronomy.`` (reserved).
         """
         state_spec(state_type)
         self._state_type = state_type
         self._name = name if name is not None else state_type.__name__
         if not self._name:
             raise DefinitionError("a workflow name must not be empty")
+        if self._name.startswith("phronomy."):
+            raise DefinitionError(
+                f"workflow name {self._name!r} is reserved: names starting with "
+                "'phronomy.' belong to the runtime's own records"
+            )
         self._initial: str | None = None
         self._states: list[str] = []
         self._wait_states: list[str] = []

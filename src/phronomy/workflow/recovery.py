@@ -9,7 +9,13 @@ import trio
 
 from phronomy.engine import ResultHandle
 from phronomy.errors import NotFoundError, RuntimeShutdownError
-from phronomy.storage import StoredRecord, decode_snapshot_builtins, resolve_stored
+from phronomy.storage import (
+    EXECUTION_KIND,
+    LoadOp,
+    StoredRecord,
+    decode_snapshot_builtins,
+    resolve_stored,
+)
 
 from .messages import RecoveryEntry, ResolveCommand, validate_instance_id
 
@@ -67,17 +73,11 @@ class RecoveryClient:
         stored: dict[str, StoredRecord] = {}
         gateway = self._runner.gateway
         if gateway is not None:
-            after: str | None = None
-            while True:
-                page = await gateway.pool.run(
-                    lambda a=after: gateway.store.list_instances(
-                        status="recovery_required", after=a, limit=500
-                    )
-                )
-                stored.update((r.workflow_instance_id, r) for r in page.records)
-                if page.next_after is None:
-                    break
-                after = page.next_after
+            stored = {
+                r.workflow_instance_id: r
+                for r in await gateway.list_all("recovery_required")
+                if r.workflow != EXECUTION_KIND  # supervised executions: see executions
+            }
         return [
             RecoveryEntry(
                 workflow_instance_id=iid,
@@ -104,7 +104,7 @@ class RecoveryClient:
         phase: str | None = None
         gateway = self._runner.gateway
         if gateway is not None:
-            record = await gateway.pool.run(gateway.store.load, iid)
+            record = await gateway.run(LoadOp(workflow_instance_id=iid))
             if record is not None and record.snapshot is not None:
                 decoded = decode_snapshot_builtins(
                     record.snapshot, workflow_instance_id=iid, revision=record.revision

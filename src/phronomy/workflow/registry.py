@@ -18,7 +18,7 @@ from phronomy.errors import (
 from .messages import Admission, AdmissionState
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
     from phronomy.engine import Engine, ResultHandle
 
@@ -55,6 +55,7 @@ class WorkflowRegistry(ExecutionReceiver):
         deliver: Callable[[Any], None],
         *,
         on_retired: Callable[[str, BaseException | None], None] | None = None,
+        flush: Callable[[], Awaitable[None]] | None = None,
     ) -> None:
         """Create the registry.
 
@@ -62,10 +63,12 @@ class WorkflowRegistry(ExecutionReceiver):
             engine: the engine it is registered on.
             deliver: handles workflow commands on the dispatcher.
             on_retired: told when an instance becomes recovery-required.
+            flush: waits for the store writes of the workflows (at shutdown).
         """
         super().__init__(engine)
         self._deliver = deliver
         self._on_retired = on_retired
+        self._flush = flush
         self._records: dict[str, Admission] = {}
         self._by_session: dict[str, str] = {}
         self._busy = 0
@@ -103,6 +106,13 @@ class WorkflowRegistry(ExecutionReceiver):
         self._records.clear()
         self._by_session.clear()
         self._busy = 0
+
+    async def flush(self) -> None:
+        """Wait for the store writes the workflows owe (cut-off marks, failures)."""
+        if self._flush is not None:
+            await self._flush()
+        else:
+            await super().flush()
 
     def session_retired(
         self,

@@ -5,6 +5,8 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, cast, final
 
+import msgspec
+
 from phronomy.errors import (
     ConflictError,
     EventRejectedError,
@@ -15,6 +17,7 @@ from phronomy.errors import (
 )
 from phronomy.storage import (
     BeginOp,
+    InstanceStatus,
     LoadOp,
     check_startable,
     decode_snapshot,
@@ -31,7 +34,7 @@ from .messages import (
     StartCommand,
     WorkflowResult,
 )
-from .persistence import StoreGateway, TerminalPersistence, mark_op
+from .persistence import TerminalPersistence, mark_op
 from .registry import WorkflowRegistry
 from .resolution import resolve_event
 from .session import WorkflowSession
@@ -41,9 +44,10 @@ if TYPE_CHECKING:
     import outcome
 
     from phronomy.engine import Engine, ResultHandle
-    from phronomy.storage import StoredRecord, WorkflowStore
+    from phronomy.storage import StoredRecord
 
     from .definition import WorkflowDefinition
+    from .persistence import StoreGateway
     from .state import State
 
 __all__ = ["WorkflowRunner"]
@@ -53,6 +57,25 @@ logger = logging.getLogger(__name__)
 Command = StartCommand | ResumeCommand
 
 _UNCHANGED = (RuntimeShutdownError, RecoveryRequiredError, EventRejectedError)
+
+
+@final
+class _DurableBase(msgspec.Struct, frozen=True, kw_only=True):
+    """What a durable segment started from: the revision it read and what it says."""
+
+    expected: int | None
+    status: InstanceStatus
+
+    @classmethod
+    def of(cls, record: StoredRecord | None) -> _DurableBase:
+        if record is None or record.revision == 0 or record.phase is None:
+            return cls(expected=None, status="failed")  # nothing durable yet
+        return cls(
+            expected=record.revision,
+            status="finished" if record.phase == FINISH else "halted",
+        )
+
+
 """Segment errors that leave the durable instance as it was (its status is not
 touched): a cut-off at shutdown, an unknown save outcome (marked separately), a
 rejected event."""
@@ -68,15 +91,24 @@ class WorkflowRunner:
     """
 
     def __init__(
-        self, engine: Engine, store: WorkflowStore | None, *, max_snapshot_bytes: int
+        self,
+        engine: Engine,
+        gateway: StoreGateway | None,
+        *,
+        max_snapshot_bytes: int,
     ) -> None:
         """Create the runner and register its admission registry on *engine*."""
         self.engine = engine
-        self.gateway = StoreGateway(engine, store) if store is not None else None
+        self.gateway = gateway
         self.max_snapshot_bytes = max_snapshot_bytes
         self.registry: WorkflowRegistry = engine.receiver(
             WorkflowRegistry,
-            lambda e: WorkflowRegistry(e, self.deliver, on_retired=self._retired),
+            lambda e: WorkflowRegistry(
+                e,
+                self.deliver,
+                on_retired=self._retired,
+                flush=gateway.wait_idle if gateway is not None else None,
+            ),
         )
 
     # --- dispatch ----------------------------------------------------------------------
@@ -112,8 +144,7 @@ class WorkflowRunner:
                 self._register(
                     cmd,
                     _overlay(cmd.definition, cmd.input, None),
-                    durable=False,
-                    expected=None,
+                    base=None,
                     resume=None,
                 )
             else:
@@ -124,8 +155,7 @@ class WorkflowRunner:
                 self._register(
                     cmd,
                     state,
-                    durable=False,
-                    expected=None,
+                    base=None,
                     resume=(cmd.halted.phase, cmd.event, cmd.payload),
                 )
         except Exception as exc:  # noqa: BLE001 - the caller's error
@@ -174,19 +204,13 @@ class WorkflowRunner:
             definition = cmd.definition
             if record is not None:
                 check_startable(record, definition.name)
-            expected = (
-                record.revision if record is not None and record.revision > 0 else None
-            )
+            base = _DurableBase.of(record)
             if isinstance(cmd, StartCommand):
                 # Start hydration: stored fields, overridden by the input; the stored
                 # phase is ignored (the segment restarts at the entry point).
-                base = decoded.fields if decoded is not None else None
+                stored = decoded.fields if decoded is not None else None
                 self._register(
-                    cmd,
-                    _overlay(definition, cmd.input, base),
-                    durable=True,
-                    expected=expected,
-                    resume=None,
+                    cmd, _overlay(definition, cmd.input, stored), base=base, resume=None
                 )
                 return
             if cmd.halted is not None:
@@ -202,7 +226,7 @@ class WorkflowRunner:
                 )
                 state = _merge_input(cmd.input, decoded.fields)
                 resume = (phase, event, cmd.payload)
-            self._register(cmd, state, durable=True, expected=expected, resume=resume)
+            self._register(cmd, state, base=base, resume=resume)
         except Exception as exc:  # noqa: BLE001 - the caller's error
             self._abort(cmd, exc)
 
@@ -213,11 +237,13 @@ class WorkflowRunner:
         cmd: Command,
         state: State,
         *,
-        durable: bool,
-        expected: int | None,
+        base: _DurableBase | None,
         resume: tuple[str, str, Any] | None,
     ) -> None:
+        """Create the segment's session; *base* is what a durable segment started from."""
         iid = cmd.workflow_instance_id
+        durable = base is not None
+        expected = base.expected if base is not None else None
         policy = None
         if durable:
             assert self.gateway is not None
@@ -258,13 +284,17 @@ class WorkflowRunner:
         )
         self.registry.bind_workflow_session(iid, cmd.owner, session.id, cmd.caller)
         waiter = self.engine.register_session(session, receiver=self.registry)
-        waiter.on_complete(lambda done: self._finalize(cmd, durable, expected, done))
+        waiter.on_complete(lambda done: self._finalize(cmd, base, session, done))
 
     def _finalize(
-        self, cmd: Command, durable: bool, expected: int | None, done: ResultHandle[Any]
+        self,
+        cmd: Command,
+        base: _DurableBase | None,
+        session: WorkflowSession[Any],
+        done: ResultHandle[Any],
     ) -> None:
-        # Release before settling the caller (ADR-026): a caller that immediately
-        # starts the same instance again is admitted.
+        # Release before settling the caller: a caller that immediately starts the
+        # same instance again is admitted.
         iid = cmd.workflow_instance_id
         self.registry.release_workflow(iid, cmd.owner)
         if done.status == "completed":
@@ -274,7 +304,7 @@ class WorkflowRunner:
                     state=segment.state,
                     phase=segment.phase,
                     workflow_instance_id=iid,
-                    revision=segment.revision if durable else None,
+                    revision=segment.revision if base is not None else None,
                     halted=segment.phase != FINISH,
                     workflow=cmd.definition.name,
                 )
@@ -282,17 +312,35 @@ class WorkflowRunner:
             return
         error = done.error
         assert error is not None
-        if durable and self.gateway is not None and not isinstance(error, _UNCHANGED):
-            self.gateway.submit_quietly(
-                mark_op(
+        if base is not None and self.gateway is not None:
+            mark = None
+            if isinstance(error, RuntimeShutdownError) and session.parked:
+                # The row says "running" but nothing runs it any more: back to what
+                # its last durable revision says.
+                mark = mark_op(
+                    iid,
+                    base.status,
+                    expected_revision=base.expected or 0,
+                    detail="its segment was cut off when the runtime shut down; "
+                    + (
+                        f"revision {base.expected} is unchanged"
+                        if base.expected
+                        else "it had not saved yet"
+                    ),
+                    workflow=cmd.definition.name,
+                )
+            elif not isinstance(error, _UNCHANGED):
+                mark = mark_op(
                     iid,
                     "failed",
-                    expected_revision=expected or 0,
+                    expected_revision=base.expected or 0,
                     detail=f"{type(error).__name__}: {error}",
                     workflow=cmd.definition.name,
-                ),
-                f"mark workflow instance {iid!r} failed",
-            )
+                )
+            if mark is not None:
+                self.gateway.submit_quietly(
+                    mark, f"mark workflow instance {iid!r} {mark.status}"
+                )
         cmd.caller.fail(error)
 
     def _retired(self, workflow_instance_id: str, error: BaseException | None) -> None:

@@ -80,6 +80,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.steps = 0
         self.effects = Effects(self)
         self._on_park = on_park
+        self.parked = False
 
     def __repr__(self) -> str:
         return (
@@ -193,9 +194,10 @@ class WorkflowSession(GatedSession, Generic[S]):
                     )
             case "wait":
                 self._notify()
-                if self._on_park is not None:
-                    on_park, self._on_park = self._on_park, None
-                    on_park()
+                if not self.parked:
+                    self.parked = True
+                    if self._on_park is not None:
+                        self._on_park()
             case "leaf":
                 self.request_terminal("finished", notify_stable=True)
 

@@ -1,0 +1,231 @@
+"""Durable per-key records of supervised executions: storing, reading and resolving them.
+
+One row per agent key (``agent:<agent_id>``, kind :data:`~phronomy.storage.EXECUTION_KIND`)
+holds the latest execution's :class:`ExecutionRecord`. While an execution runs its
+record says ``active`` and a second start of the key is refused. A record that stays
+``active`` although nothing runs it any more (its runtime stopped while it waited for an
+approval, or its process crashed) is *stale*: :func:`stale_records` lists such records
+and :func:`resolve_record` closes them, for the runtime and for the command line.
+
+The functions here block (they call the store); the runtime runs them in its store's
+worker threads.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Literal
+
+import msgspec
+
+from phronomy.engine import random_hex
+from phronomy.errors import ConflictError, NotFoundError
+from phronomy.storage import (
+    EXECUTION_KIND,
+    FINISH_PHASE,
+    SaveRequest,
+    decode_snapshot,
+    encode_snapshot,
+)
+
+from .messages import ExecutionRecord
+
+if TYPE_CHECKING:
+    from phronomy.storage import InstanceStatus, StoredRecord, WorkflowStore
+
+__all__ = [
+    "StaleExecution",
+    "agent_key",
+    "decode_record",
+    "record_request",
+    "resolve_record",
+    "stale_records",
+]
+
+_PREFIX = "agent:"
+_STALE_ROWS: tuple[InstanceStatus, ...] = ("running", "recovery_required")
+
+
+def agent_key(agent_id: str) -> str:
+    """The store key of an agent's execution record."""
+    return f"{_PREFIX}{agent_id}"
+
+
+class StaleExecution(msgspec.Struct, frozen=True, kw_only=True):
+    """An execution record that may have no live owner any more.
+
+    Attributes:
+        agent_id: the key.
+        execution_id: the execution the record describes.
+        status: ``active`` (the record says the execution runs, but no runtime that
+            asked holds it) or ``recovery_required`` (the outcome of its last write is
+            unknown).
+        steps_completed: steps the record says finished.
+        detail: why, when the store knows.
+        updated_at_ms: wall-clock milliseconds of the record's last change.
+        in_process: this runtime holds the key's admission as recovery-required.
+    """
+
+    agent_id: str
+    execution_id: str | None
+    status: Literal["active", "recovery_required"]
+    steps_completed: int = 0
+    detail: str | None = None
+    updated_at_ms: int = 0
+    in_process: bool = False
+
+
+def decode_record(
+    row: StoredRecord | None,
+) -> tuple[StoredRecord | None, ExecutionRecord | None]:
+    """Decode the record in *row* (in a worker thread).
+
+    Raises:
+        CorruptRecordError: the stored snapshot does not decode.
+    """
+    if row is None or row.snapshot is None:
+        return row, None
+    record = decode_snapshot(
+        row.snapshot,
+        workflow_instance_id=row.workflow_instance_id,
+        revision=row.revision,
+        state_type=ExecutionRecord,
+    ).fields
+    return row, record
+
+
+def record_request(
+    agent_id: str, record: ExecutionRecord, expected_revision: int | None
+) -> SaveRequest:
+    """The revision-checked save of *record* for *agent_id* (a new ``write_id`` each)."""
+    key = agent_key(agent_id)
+    revision = (expected_revision or 0) + 1
+    active = record.status == "active"
+    phase = "active" if active else FINISH_PHASE
+    status: InstanceStatus = (
+        "running"
+        if active
+        else ("failed" if record.status == "abandoned" else "finished")
+    )
+    return SaveRequest(
+        workflow_instance_id=key,
+        expected_revision=expected_revision,
+        snapshot=encode_snapshot(
+            record,
+            workflow_instance_id=key,
+            revision=revision,
+            phase=phase,
+            workflow=EXECUTION_KIND,
+        ),
+        write_id=random_hex(),
+        status=status,
+        phase=phase,
+        workflow=EXECUTION_KIND,
+    )
+
+
+def _stale(row: StoredRecord, record: ExecutionRecord | None) -> StaleExecution | None:
+    if row.status == "recovery_required":
+        status: Literal["active", "recovery_required"] = "recovery_required"
+    elif record is not None and record.status == "active":
+        status = "active"
+    else:
+        return None
+    return StaleExecution(
+        agent_id=row.workflow_instance_id.removeprefix(_PREFIX),
+        execution_id=None if record is None else record.execution_id,
+        status=status,
+        steps_completed=0 if record is None else record.steps_completed,
+        detail=row.detail,
+        updated_at_ms=row.updated_at_ms,
+    )
+
+
+def stale_records(store: WorkflowStore) -> list[StaleExecution]:
+    """Every execution record that says ``active`` or requires recovery (blocking).
+
+    Without leases a record that says ``active`` may still belong to an execution that
+    runs in *another* process sharing the store; only the caller can know.
+
+    Raises:
+        CorruptRecordError: a stored record does not decode.
+    """
+    found: list[StaleExecution] = []
+    for status in _STALE_ROWS:
+        after: str | None = None
+        while True:
+            page = store.list_instances(status=status, after=after, limit=500)
+            for listed in page.records:
+                if listed.workflow != EXECUTION_KIND:
+                    continue
+                row, record = decode_record(store.load(listed.workflow_instance_id))
+                stale = None if row is None else _stale(row, record)
+                if stale is not None:
+                    found.append(stale)
+            if page.next_after is None:
+                break
+            after = page.next_after
+    return sorted(found, key=lambda s: s.agent_id)
+
+
+def resolve_record(
+    store: WorkflowStore,
+    agent_id: str,
+    action: Literal["adopt", "release"],
+    *,
+    by: str = "an operator",
+    missing_ok: bool = False,
+) -> ExecutionRecord | None:
+    """Close a stale execution record so the key can start again (blocking).
+
+    ``adopt`` keeps what the store recorded: a record with a terminal status stays as
+    it is (only a ``recovery_required`` mark is cleared), and one that still says
+    ``active`` is closed as ``abandoned``, since the store recorded no outcome.
+    ``release`` closes the record as ``abandoned`` whatever it says. Either way the
+    execution does not continue; what its steps did before is not known here.
+
+    Args:
+        store: the store holding the record.
+        agent_id: the key.
+        action: ``"adopt"`` or ``"release"``.
+        by: who resolved it, recorded in the record.
+        missing_ok: return ``None`` instead of raising when nothing is stale.
+
+    Returns:
+        The record after the resolution (``None`` when *missing_ok* and nothing was
+        stale).
+
+    Raises:
+        NotFoundError: the key has no stale record.
+        ConflictError: the record changed during the resolution (try again).
+        CorruptRecordError: the stored record does not decode.
+    """
+    key = agent_key(agent_id)
+    row, record = decode_record(store.load(key))
+    stale = None if row is None else _stale(row, record)
+    if row is None or stale is None:
+        if missing_ok:
+            return None
+        raise NotFoundError(f"agent {agent_id!r} has no stale execution record")
+    if action == "adopt" and record is not None and record.status != "active":
+        marked = store.mark(
+            key,
+            "finished",
+            expected_revision=row.revision,
+            detail=f"recorded {record.status} outcome adopted by {by}",
+        )
+        if not marked:
+            raise ConflictError(f"the record of agent {agent_id!r} changed; retry")
+        return record
+    closed = ExecutionRecord(
+        execution_id=record.execution_id if record is not None else "",
+        status="abandoned",
+        steps_completed=record.steps_completed if record is not None else 0,
+        error=f"{'released' if action == 'release' else 'adopted'} by {by}: "
+        + (
+            "the store recorded no outcome"
+            if record is None or record.status == "active"
+            else f"its recorded outcome was {record.status}"
+        ),
+    )
+    store.save(record_request(agent_id, closed, row.revision or None))
+    return closed
