@@ -131,6 +131,11 @@ class FaultyStore(BaseStore):
 
     # --- the store contract -------------------------------------------------------------
 
+    @property
+    def identity(self) -> str:
+        """The wrapped store's identity (the same database)."""
+        return self.inner.identity
+
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         self._record("load")

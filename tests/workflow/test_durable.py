@@ -1046,3 +1046,39 @@ async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
         assert not result.cleanup_complete  # the blocked loads are still in threads
     finally:
         gate.set()
+
+
+async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fails(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # Before: when the recovery_required mark could not be written either, a second
+    # runtime of the same process (on the same database) was admitted and saved
+    # revision 2 while the first caller was still pending.
+    inner = make_store()
+    first = FaultyStore(inner)
+    first.fail("save.after", OSError("lost")).fail("readback.before", OSError("gone"))
+    first.fail("mark.before", OSError("mark lost"), times=None)
+    second = make_store()  # a second store object on the same database
+    assert second.identity == first.identity
+    flow = counter_flow()
+    async with (
+        runtime_on(first, shutdown_timeout=0.5) as a,
+        runtime_on(second, shutdown_timeout=0.5) as b,
+    ):
+        pending = a.start(flow, workflow_instance_id="q")
+        await until(lambda: admission_state(a, "q") == "recovery_required")
+        assert status_of(inner, "q") == "finished"  # the save landed, unknown to a
+        with pytest.raises(phronomy.RecoveryRequiredError, match="requires recovery"):
+            await b.invoke(flow, workflow_instance_id="q")
+        listed = await b.recovery.list()
+        assert [(e.workflow_instance_id, e.in_process) for e in listed] == [
+            ("q", False)
+        ]
+        assert "unknown" in (listed[0].error or "")
+        assert not pending.done
+        await b.recovery.resolve("q", action="adopt")  # from the other runtime
+        assert (await b.invoke(flow, workflow_instance_id="q")).revision == 2
+        first.clear()
+        await a.recovery.resolve("q", action="adopt")  # its own admission
+        with pytest.raises(phronomy.RecoveryRequiredError, match="resolved"):
+            await pending.result()

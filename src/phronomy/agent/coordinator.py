@@ -20,7 +20,12 @@ from phronomy.errors import (
     RecoveryRequiredError,
     RuntimeShutdownError,
 )
-from phronomy.storage import LoadOp, SaveOp
+from phronomy.storage import (
+    LoadOp,
+    SaveOp,
+    check_not_quarantined,
+    quarantine,
+)
 from phronomy.workflow.persistence import mark_op, save_outcome
 
 from .context import StepContext
@@ -174,6 +179,7 @@ class ExecutionCoordinator:
         agent = cmd.agent_id
         try:
             row, current = message.loaded.unwrap()
+            check_not_quarantined(self.gateway.store.identity, agent_key(agent))
             request = record_request(
                 agent,
                 ExecutionRecord(execution_id=cmd.execution_id, status="active"),
@@ -245,6 +251,11 @@ class ExecutionCoordinator:
         self, agent_id: str, error: BaseException | None
     ) -> None:
         if self.gateway is not None:
+            quarantine(
+                self.gateway.store.identity,
+                agent_key(agent_id),
+                f"the outcome of a write is unknown: {error!r}",
+            )
             self.gateway.submit_quietly(
                 mark_op(
                     agent_key(agent_id),

@@ -20,11 +20,14 @@ import msgspec
 from phronomy.engine import random_hex
 from phronomy.errors import ConflictError, NotFoundError
 from phronomy.storage import (
+    EXECUTION_KEY_PREFIX,
     EXECUTION_KIND,
     FINISH_PHASE,
     SaveRequest,
     decode_snapshot,
     encode_snapshot,
+    quarantined,
+    release_quarantine,
 )
 
 from .messages import ExecutionRecord
@@ -41,13 +44,12 @@ __all__ = [
     "stale_records",
 ]
 
-_PREFIX = "agent:"
 _STALE_ROWS: tuple[InstanceStatus, ...] = ("running", "recovery_required")
 
 
 def agent_key(agent_id: str) -> str:
     """The store key of an agent's execution record."""
-    return f"{_PREFIX}{agent_id}"
+    return f"{EXECUTION_KEY_PREFIX}{agent_id}"
 
 
 class StaleExecution(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,7 +133,7 @@ def _stale(row: StoredRecord, record: ExecutionRecord | None) -> StaleExecution 
     else:
         return None
     return StaleExecution(
-        agent_id=row.workflow_instance_id.removeprefix(_PREFIX),
+        agent_id=row.workflow_instance_id.removeprefix(EXECUTION_KEY_PREFIX),
         execution_id=None if record is None else record.execution_id,
         status=status,
         steps_completed=0 if record is None else record.steps_completed,
@@ -202,6 +204,12 @@ def resolve_record(
     key = agent_key(agent_id)
     row, record = decode_record(store.load(key))
     stale = None if row is None else _stale(row, record)
+    if row is not None and stale is None and quarantined(store.identity, key):
+        stale = StaleExecution(  # the recovery mark could not be written
+            agent_id=agent_id,
+            execution_id=None if record is None else record.execution_id,
+            status="recovery_required",
+        )
     if row is None or stale is None:
         if missing_ok:
             return None
@@ -215,6 +223,7 @@ def resolve_record(
         )
         if not marked:
             raise ConflictError(f"the record of agent {agent_id!r} changed; retry")
+        release_quarantine(store.identity, key)
         return record
     closed = ExecutionRecord(
         execution_id=record.execution_id if record is not None else "",
@@ -228,4 +237,5 @@ def resolve_record(
         ),
     )
     store.save(record_request(agent_id, closed, row.revision or None))
+    release_quarantine(store.identity, key)
     return closed

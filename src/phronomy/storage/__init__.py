@@ -17,7 +17,14 @@ from ._codec import (
     normalize as normalize,
 )
 from ._memory import MemoryStore as MemoryStore
+from ._quarantine import (
+    quarantine as quarantine,
+    quarantined as quarantined,
+    quarantined_instances as quarantined_instances,
+    release_quarantine as release_quarantine,
+)
 from ._records import (
+    EXECUTION_KEY_PREFIX as EXECUTION_KEY_PREFIX,
     EXECUTION_KIND as EXECUTION_KIND,
     READ_OPS as READ_OPS,
     BeginOp as BeginOp,
@@ -40,12 +47,14 @@ from ._store import (
     SAVE_LOG_DEPTH as SAVE_LOG_DEPTH,
     BaseStore as BaseStore,
     WorkflowStore as WorkflowStore,
+    check_not_quarantined as check_not_quarantined,
     check_startable as check_startable,
     classify_uncertain_save as classify_uncertain_save,
 )
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_BYTES",
+    "EXECUTION_KEY_PREFIX",
     "EXECUTION_KIND",
     "FINISH_PHASE",
     "KNOWN_FAILURES",
@@ -72,12 +81,17 @@ __all__ = [
     "StoredRecord",
     "WorkflowStore",
     "check_json_domain",
+    "check_not_quarantined",
     "check_startable",
     "classify_uncertain_save",
     "decode_snapshot",
     "decode_snapshot_builtins",
     "encode_snapshot",
     "normalize",
+    "quarantine",
+    "quarantined",
+    "quarantined_instances",
+    "release_quarantine",
     "resolve_stored",
 ]
 

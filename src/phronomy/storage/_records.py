@@ -7,6 +7,7 @@ from typing import Literal
 import msgspec
 
 __all__ = [
+    "EXECUTION_KEY_PREFIX",
     "EXECUTION_KIND",
     "READ_OPS",
     "BeginOp",
@@ -26,6 +27,8 @@ __all__ = [
 EXECUTION_KIND = "phronomy.execution"
 """The ``workflow`` column of supervised executions' per-key records (workflow names
 may not start with ``phronomy.``)."""
+EXECUTION_KEY_PREFIX = "agent:"
+"""Supervised executions' records are stored under ``agent:<agent_id>``."""
 
 InstanceStatus = Literal["running", "halted", "finished", "failed", "recovery_required"]
 """What operators see for an instance.

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Literal
 from phronomy.errors import ConflictError, NotFoundError
 
 from ._codec import FINISH_PHASE
+from ._quarantine import quarantined, release_quarantine
 
 if TYPE_CHECKING:
     from ._records import InstanceStatus, StoredRecord
@@ -23,6 +24,9 @@ def resolve_stored(
     by: str = "an operator",
 ) -> StoredRecord:
     """Settle a ``recovery_required`` row in *store* (blocking).
+
+    An instance this process quarantined (its ``recovery_required`` mark could not be
+    written) counts as requiring recovery too; resolving it lifts the quarantine.
 
     ``adopt`` takes the durable record as the truth: ``finished`` or ``halted`` from its
     phase (``failed`` if it never saved a phase). ``release`` marks it ``failed`` so the
@@ -43,7 +47,8 @@ def resolve_stored(
     """
     iid = workflow_instance_id
     record = store.load(iid)
-    if record is None or record.status != "recovery_required":
+    fenced = quarantined(store.identity, iid) is not None
+    if record is None or (record.status != "recovery_required" and not fenced):
         raise NotFoundError(f"workflow instance {iid!r} does not require recovery")
     status: InstanceStatus
     if action == "release":
@@ -62,4 +67,5 @@ def resolve_stored(
     resolved = store.load(iid)
     if resolved is None:
         raise ConflictError(f"workflow instance {iid!r} was deleted during resolution")
+    release_quarantine(store.identity, iid)
     return resolved

@@ -258,6 +258,13 @@ class SQLiteStore(BaseStore):
         """The database file."""
         return self._path
 
+    @property
+    def identity(self) -> str:
+        """``sqlite:`` and the file's real path (one database per file)."""
+        if self._path == ":memory:":
+            return super().identity
+        return f"sqlite:{os.path.realpath(self._path)}"
+
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"
 

@@ -17,6 +17,7 @@ from phronomy.errors import (
     UnsupportedBackendError,
 )
 
+from ._quarantine import quarantined
 from ._records import (
     BeginOp,
     DeleteOp,
@@ -41,6 +42,7 @@ __all__ = [
     "SAVE_LOG_DEPTH",
     "BaseStore",
     "WorkflowStore",
+    "check_not_quarantined",
     "check_startable",
     "classify_uncertain_save",
 ]
@@ -70,6 +72,11 @@ class WorkflowStore(Protocol):
     """
 
     max_concurrency: int
+
+    @property
+    def identity(self) -> str:
+        """Names the database: equal for two store objects on the same data."""
+        ...
 
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """Return the row, or ``None`` if there is none."""
@@ -172,7 +179,7 @@ def check_startable(row: StoredRecord, workflow: str) -> None:
 
     Raises:
         RecoveryRequiredError: the instance requires recovery (fail-closed across
-            processes).
+            processes; see also :func:`check_not_quarantined`).
         InstanceStateError: the instance belongs to another workflow.
     """
     if row.status == "recovery_required":
@@ -188,6 +195,21 @@ def check_startable(row: StoredRecord, workflow: str) -> None:
         )
 
 
+def check_not_quarantined(identity: str, instance_id: str) -> None:
+    """Raise if this process saw an unresolved unknown outcome of *instance_id*.
+
+    Raises:
+        RecoveryRequiredError: the instance requires recovery.
+    """
+    reason = quarantined(identity, instance_id)
+    if reason is not None:
+        raise RecoveryRequiredError(
+            f"{instance_id!r} requires recovery ({reason}); resolve it first "
+            "(runtime.recovery.resolve, or `python -m phronomy instances resolve`)",
+            instance_id=instance_id,
+        )
+
+
 class BaseStore:
     """Shared behaviour of stores: the batch loop and the reconciliation of uncertain saves.
 
@@ -197,6 +219,11 @@ class BaseStore:
     """
 
     max_concurrency = 1
+
+    @property
+    def identity(self) -> str:
+        """See :attr:`~phronomy.storage.WorkflowStore.identity` (this object)."""
+        return f"{type(self).__name__}:{id(self):x}"
 
     # --- to implement --------------------------------------------------------------
 

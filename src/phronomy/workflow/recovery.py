@@ -10,10 +10,13 @@ import trio
 from phronomy.engine import ResultHandle
 from phronomy.errors import NotFoundError, RuntimeShutdownError
 from phronomy.storage import (
+    EXECUTION_KEY_PREFIX,
     EXECUTION_KIND,
     LoadOp,
     StoredRecord,
     decode_snapshot_builtins,
+    quarantined_instances,
+    release_quarantine,
     resolve_stored,
 )
 
@@ -71,8 +74,14 @@ class RecoveryClient:
             r.workflow_instance_id: r for r in self._runner.registry.recovery_records()
         }
         stored: dict[str, StoredRecord] = {}
+        fenced: dict[str, str] = {}
         gateway = self._runner.gateway
         if gateway is not None:
+            fenced = {
+                iid: reason
+                for iid, reason in quarantined_instances(gateway.store.identity).items()
+                if not iid.startswith(EXECUTION_KEY_PREFIX)  # see runtime.executions
+            }
             stored = {
                 r.workflow_instance_id: r
                 for r in await gateway.list_all("recovery_required")
@@ -82,13 +91,15 @@ class RecoveryClient:
             RecoveryEntry(
                 workflow_instance_id=iid,
                 workflow=(
-                    local[iid].workflow if iid in local else stored[iid].workflow
+                    local[iid].workflow
+                    if iid in local
+                    else (stored[iid].workflow if iid in stored else "")
                 ),
                 in_process=iid in local,
                 stored=stored.get(iid),
-                error=_describe(local.get(iid)),
+                error=_describe(local.get(iid)) or fenced.get(iid),
             )
-            for iid in sorted(set(local) | set(stored))
+            for iid in sorted(set(local) | set(stored) | set(fenced))
         ]
 
     async def inspect(self, workflow_instance_id: str) -> InstanceView:
@@ -179,9 +190,10 @@ def _resolve_stored(
     try:
         record = resolve_stored(store, iid, action)
     except NotFoundError:
-        if not resolved_locally:
+        # nothing durable to settle: only this process's admission or quarantine
+        if not (release_quarantine(store.identity, iid) or resolved_locally):
             raise
-        record = store.load(iid)  # only this process's admission needed resolving
+        record = store.load(iid)
     return None if record is None else msgspec.structs.replace(record, snapshot=None)
 
 

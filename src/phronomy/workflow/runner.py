@@ -19,9 +19,11 @@ from phronomy.storage import (
     BeginOp,
     InstanceStatus,
     LoadOp,
+    check_not_quarantined,
     check_startable,
     decode_snapshot,
     normalize,
+    quarantine,
 )
 
 from .definition import FINISH
@@ -202,6 +204,8 @@ class WorkflowRunner:
         try:
             record, decoded = message.loaded.unwrap()
             definition = cmd.definition
+            assert self.gateway is not None
+            check_not_quarantined(self.gateway.store.identity, cmd.workflow_instance_id)
             if record is not None:
                 check_startable(record, definition.name)
             base = _DurableBase.of(record)
@@ -345,6 +349,11 @@ class WorkflowRunner:
 
     def _retired(self, workflow_instance_id: str, error: BaseException | None) -> None:
         if self.gateway is not None:
+            quarantine(
+                self.gateway.store.identity,
+                workflow_instance_id,
+                f"the outcome of its terminal save is unknown: {error!r}",
+            )
             self.gateway.submit_quietly(
                 mark_op(
                     workflow_instance_id,
