@@ -7,7 +7,6 @@ import logging
 import os
 import sqlite3
 import threading
-import time
 from typing import TYPE_CHECKING, Any, final
 
 import outcome
@@ -28,6 +27,24 @@ from ._records import (
     SaveRequest,
     StoredRecord,
 )
+from ._sqlite_schema import (
+    MIGRATIONS,
+    NETWORK_FILESYSTEMS,
+    SCHEMA_VERSION,
+    SQL_BEGIN,
+    SQL_CREATE,
+    SQL_DELETE,
+    SQL_FIND_WRITE,
+    SQL_LIST,
+    SQL_LOAD,
+    SQL_MARK,
+    SQL_MARK_OR_CREATE,
+    SQL_RESUME,
+    SQL_UPDATE,
+    filesystem_type,
+    now_ms,
+    record_from_row,
+)
 from ._store import BaseStore
 
 if TYPE_CHECKING:
@@ -38,167 +55,6 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 logger = logging.getLogger(__name__)
-
-SCHEMA_VERSION = 1
-"""``PRAGMA user_version`` of the newest schema this release writes."""
-
-_NETWORK_FILESYSTEMS = frozenset({
-    "nfs", "nfs4", "cifs", "smb", "smbfs", "smb3", "lustre", "9p", "afs", "ceph",
-    "glusterfs", "fuse.sshfs", "fuse.glusterfs", "fuse.s3fs", "gpfs", "ocfs2", "beegfs",
-})  # fmt: skip
-
-# Each migration brings the schema from version i to i + 1. Later releases append
-# (for example the lease and fencing columns of cross-process admission); they never
-# rewrite an earlier step.
-_MIGRATIONS: tuple[tuple[str, ...], ...] = (
-    (  # version 1
-        """CREATE TABLE phronomy_workflow_instances (
-            instance_id     TEXT    PRIMARY KEY,
-            workflow        TEXT    NOT NULL DEFAULT '',
-            revision        INTEGER NOT NULL CHECK (revision >= 0),
-            status          TEXT    NOT NULL CHECK (status IN
-                              ('running', 'halted', 'finished', 'failed', 'recovery_required')),
-            phase           TEXT,
-            snapshot        BLOB,
-            snapshot_format INTEGER NOT NULL DEFAULT 1,
-            last_write_id   TEXT,
-            detail          TEXT,
-            created_at_ms   INTEGER NOT NULL,
-            updated_at_ms   INTEGER NOT NULL
-        ) STRICT""",
-        """CREATE INDEX phronomy_workflow_instances_status
-            ON phronomy_workflow_instances (status, instance_id)""",
-        """CREATE TABLE phronomy_save_log (
-            instance_id     TEXT    NOT NULL,
-            revision        INTEGER NOT NULL,
-            write_id        TEXT    NOT NULL,
-            status          TEXT    NOT NULL,
-            committed_at_ms INTEGER NOT NULL,
-            PRIMARY KEY (instance_id, revision)
-        ) STRICT, WITHOUT ROWID""",
-        """CREATE TRIGGER phronomy_log_insert AFTER INSERT ON phronomy_workflow_instances
-        WHEN NEW.revision > 0 BEGIN
-            INSERT INTO phronomy_save_log VALUES (NEW.instance_id, NEW.revision,
-                NEW.last_write_id, NEW.status, NEW.updated_at_ms);
-        END""",
-        # keeps the last 32 saves per instance (SAVE_LOG_DEPTH; frozen in this step)
-        """CREATE TRIGGER phronomy_log_update AFTER UPDATE OF revision
-        ON phronomy_workflow_instances WHEN NEW.revision > OLD.revision BEGIN
-            INSERT INTO phronomy_save_log VALUES (NEW.instance_id, NEW.revision,
-                NEW.last_write_id, NEW.status, NEW.updated_at_ms);
-            DELETE FROM phronomy_save_log WHERE instance_id = NEW.instance_id
-                AND revision <= NEW.revision - 32;
-        END""",
-        """CREATE TRIGGER phronomy_log_delete AFTER DELETE ON phronomy_workflow_instances
-        BEGIN
-            DELETE FROM phronomy_save_log WHERE instance_id = OLD.instance_id;
-        END""",
-    ),
-)
-
-_COLUMNS = "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, updated_at_ms"
-_LIST_COLUMNS = "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, updated_at_ms"
-
-_SQL_LOAD = f"SELECT {_COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = ?"  # noqa: S608 - constant
-_SQL_BEGIN = """
-    INSERT INTO phronomy_workflow_instances
-        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
-    VALUES (:id, :workflow, 0, 'running', :now, :now)
-    ON CONFLICT (instance_id) DO UPDATE SET
-        status = 'running',
-        updated_at_ms = excluded.updated_at_ms,
-        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
-    WHERE revision = coalesce(:expected, 0) AND status != 'recovery_required'
-"""
-# An upsert cannot express "the row must exist at revision N": resuming updates only.
-_SQL_RESUME = """
-    UPDATE phronomy_workflow_instances SET
-        status = 'running', updated_at_ms = :now,
-        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
-    WHERE instance_id = :id AND revision = :expected AND status != 'recovery_required'
-"""
-_SQL_CREATE = """
-    INSERT INTO phronomy_workflow_instances
-        (instance_id, workflow, revision, status, phase, snapshot, last_write_id,
-         created_at_ms, updated_at_ms)
-    VALUES (:id, :workflow, 1, :status, :phase, :snapshot, :write_id, :now, :now)
-    ON CONFLICT (instance_id) DO UPDATE SET
-        revision = 1, status = excluded.status, phase = excluded.phase,
-        snapshot = excluded.snapshot, last_write_id = excluded.last_write_id,
-        detail = NULL, updated_at_ms = excluded.updated_at_ms,
-        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
-    WHERE revision = 0
-"""
-_SQL_UPDATE = """
-    UPDATE phronomy_workflow_instances SET
-        revision = revision + 1, status = :status, phase = :phase, snapshot = :snapshot,
-        last_write_id = :write_id, detail = NULL, updated_at_ms = :now,
-        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
-    WHERE instance_id = :id AND revision = :expected
-"""
-_SQL_MARK = """
-    UPDATE phronomy_workflow_instances SET status = :status, detail = :detail, updated_at_ms = :now
-    WHERE instance_id = :id AND (:expected IS NULL OR revision = :expected)
-"""
-_SQL_MARK_OR_CREATE = """
-    INSERT INTO phronomy_workflow_instances
-        (instance_id, workflow, revision, status, detail, created_at_ms, updated_at_ms)
-    VALUES (:id, :workflow, 0, :status, :detail, :now, :now)
-    ON CONFLICT (instance_id) DO UPDATE SET
-        status = excluded.status, detail = excluded.detail,
-        updated_at_ms = excluded.updated_at_ms
-    WHERE :expected IS NULL OR revision = :expected
-"""
-_SQL_DELETE = (
-    "DELETE FROM phronomy_workflow_instances WHERE instance_id = ? AND revision = ?"
-)
-_SQL_FIND_WRITE = (
-    "SELECT revision FROM phronomy_save_log WHERE instance_id = ? AND write_id = ?"
-)
-_SQL_LIST = f"""
-    SELECT {_LIST_COLUMNS} FROM phronomy_workflow_instances
-    WHERE (:status IS NULL OR status = :status) AND (:after IS NULL OR instance_id > :after)
-    ORDER BY instance_id LIMIT :limit
-"""  # noqa: S608 - constant
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _record(row: tuple[Any, ...]) -> StoredRecord:
-    return StoredRecord(
-        workflow_instance_id=row[0],
-        workflow=row[1],
-        revision=row[2],
-        status=row[3],
-        phase=row[4],
-        snapshot=row[5],
-        write_id=row[6],
-        detail=row[7],
-        updated_at_ms=row[8],
-    )
-
-
-def filesystem_type(path: str) -> str | None:
-    """The type of the filesystem holding *path* (Linux ``/proc/self/mounts``), or ``None``."""
-    try:
-        with open("/proc/self/mounts", encoding="utf-8") as mounts:
-            entries = [line.split() for line in mounts]
-    except OSError:
-        return None
-    target = os.path.realpath(path)
-    best, best_type = "", None
-    for entry in entries:
-        if len(entry) < 3:
-            continue
-        mount_point = entry[1].replace("\\040", " ")
-        inside = target == mount_point or target.startswith(
-            mount_point.rstrip("/") + "/"
-        )
-        if inside and len(mount_point) >= len(best):
-            best, best_type = mount_point, entry[2]
-    return best_type
 
 
 @final
@@ -297,7 +153,7 @@ class SQLiteStore(BaseStore):
             fstype = filesystem_type(
                 os.path.dirname(os.path.abspath(self._path)) or "."
             )
-            if fstype in _NETWORK_FILESYSTEMS:
+            if fstype in NETWORK_FILESYSTEMS:
                 message = (
                     f"{self._path!r} is on a {fstype} network filesystem, where SQLite's "
                     "locking and WAL do not work; use a local disk (or PostgreSQL)"
@@ -341,7 +197,7 @@ class SQLiteStore(BaseStore):
                 conn.execute("PRAGMA user_version").fetchone()[0]
             )
             for step in range(version, SCHEMA_VERSION):
-                for statement in _MIGRATIONS[step]:
+                for statement in MIGRATIONS[step]:
                     conn.execute(statement)
                 conn.execute(f"PRAGMA user_version = {step + 1}")
             conn.execute("COMMIT")
@@ -392,8 +248,8 @@ class SQLiteStore(BaseStore):
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         with self._reading() as conn:
-            row = conn.execute(_SQL_LOAD, (workflow_instance_id,)).fetchone()
-        return None if row is None else _record(row)
+            row = conn.execute(SQL_LOAD, (workflow_instance_id,)).fetchone()
+        return None if row is None else record_from_row(row)
 
     def begin(
         self,
@@ -444,7 +300,7 @@ class SQLiteStore(BaseStore):
         """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
         with self._reading() as conn:
             row = conn.execute(
-                _SQL_FIND_WRITE, (workflow_instance_id, write_id)
+                SQL_FIND_WRITE, (workflow_instance_id, write_id)
             ).fetchone()
         return None if row is None else int(row[0])
 
@@ -460,9 +316,9 @@ class SQLiteStore(BaseStore):
             raise ValueError("limit must be >= 1")
         with self._reading() as conn:
             rows = conn.execute(
-                _SQL_LIST, {"status": status, "after": after, "limit": limit + 1}
+                SQL_LIST, {"status": status, "after": after, "limit": limit + 1}
             ).fetchall()
-        records = tuple(_record(row) for row in rows[:limit])
+        records = tuple(record_from_row(row) for row in rows[:limit])
         more = len(rows) > limit
         return InstancePage(
             records=records,
@@ -529,8 +385,8 @@ class SQLiteStore(BaseStore):
         op: LoadOp | ListOp | BeginOp | MarkOp | DeleteOp,
     ) -> outcome.Outcome[Any]:
         if isinstance(op, LoadOp):
-            row = conn.execute(_SQL_LOAD, (op.workflow_instance_id,)).fetchone()
-            return outcome.Value(None if row is None else _record(row))
+            row = conn.execute(SQL_LOAD, (op.workflow_instance_id,)).fetchone()
+            return outcome.Value(None if row is None else record_from_row(row))
         if isinstance(op, ListOp):
             return outcome.capture(
                 self.list_instances, status=op.status, limit=op.limit, after=op.after
@@ -555,13 +411,13 @@ class SQLiteStore(BaseStore):
     @staticmethod
     def _mark(conn: sqlite3.Connection, op: MarkOp) -> bool:
         cursor = conn.execute(
-            _SQL_MARK_OR_CREATE if op.create else _SQL_MARK,
+            SQL_MARK_OR_CREATE if op.create else SQL_MARK,
             {
                 "id": op.workflow_instance_id,
                 "workflow": op.workflow,
                 "status": op.status,
                 "detail": op.detail,
-                "now": _now_ms(),
+                "now": now_ms(),
                 "expected": op.expected_revision,
             },
         )
@@ -570,7 +426,7 @@ class SQLiteStore(BaseStore):
     def _delete(
         self, conn: sqlite3.Connection, workflow_instance_id: str, expected: int
     ) -> None:
-        if conn.execute(_SQL_DELETE, (workflow_instance_id, expected)).rowcount != 1:
+        if conn.execute(SQL_DELETE, (workflow_instance_id, expected)).rowcount != 1:
             raise self._conflict(conn, workflow_instance_id, expected, "delete")
 
     @staticmethod
@@ -583,10 +439,10 @@ class SQLiteStore(BaseStore):
         params = {
             "id": workflow_instance_id,
             "workflow": workflow,
-            "now": _now_ms(),
+            "now": now_ms(),
             "expected": expected,
         }
-        cursor = conn.execute(_SQL_RESUME if expected else _SQL_BEGIN, params)
+        cursor = conn.execute(SQL_RESUME if expected else SQL_BEGIN, params)
         return cursor.rowcount == 1
 
     def _save(self, conn: sqlite3.Connection, request: SaveRequest) -> int:
@@ -598,10 +454,10 @@ class SQLiteStore(BaseStore):
             "phase": request.phase,
             "snapshot": request.snapshot,
             "write_id": request.write_id,
-            "now": _now_ms(),
+            "now": now_ms(),
             "expected": expected,
         }
-        cursor = conn.execute(_SQL_UPDATE if expected else _SQL_CREATE, params)
+        cursor = conn.execute(SQL_UPDATE if expected else SQL_CREATE, params)
         self._hook("save.statement")
         if cursor.rowcount != 1:
             raise self._conflict(conn, request.workflow_instance_id, expected, "save")

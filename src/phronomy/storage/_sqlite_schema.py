@@ -1,0 +1,197 @@
+"""The SQLite store's schema, its migrations and its SQL statements.
+
+Every statement is a constant (no SQL is built from values). Each migration brings the
+schema from version i to i + 1; later releases append steps, they never rewrite one.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from typing import Any
+
+from ._records import StoredRecord
+
+__all__ = [
+    "COLUMNS",
+    "LIST_COLUMNS",
+    "MIGRATIONS",
+    "NETWORK_FILESYSTEMS",
+    "SCHEMA_VERSION",
+    "SQL_BEGIN",
+    "SQL_CREATE",
+    "SQL_DELETE",
+    "SQL_FIND_WRITE",
+    "SQL_LIST",
+    "SQL_LOAD",
+    "SQL_MARK",
+    "SQL_MARK_OR_CREATE",
+    "SQL_RESUME",
+    "SQL_UPDATE",
+    "filesystem_type",
+    "now_ms",
+    "record_from_row",
+]
+
+SCHEMA_VERSION = 1
+"""``PRAGMA user_version`` of the newest schema this release writes."""
+
+NETWORK_FILESYSTEMS = frozenset({
+    "nfs", "nfs4", "cifs", "smb", "smbfs", "smb3", "lustre", "9p", "afs", "ceph",
+    "glusterfs", "fuse.sshfs", "fuse.glusterfs", "fuse.s3fs", "gpfs", "ocfs2", "beegfs",
+})  # fmt: skip
+
+# Each migration brings the schema from version i to i + 1. Later releases append
+# (for example the lease and fencing columns of cross-process admission); they never
+# rewrite an earlier step.
+MIGRATIONS: tuple[tuple[str, ...], ...] = (
+    (  # version 1
+        """CREATE TABLE phronomy_workflow_instances (
+            instance_id     TEXT    PRIMARY KEY,
+            workflow        TEXT    NOT NULL DEFAULT '',
+            revision        INTEGER NOT NULL CHECK (revision >= 0),
+            status          TEXT    NOT NULL CHECK (status IN
+                              ('running', 'halted', 'finished', 'failed', 'recovery_required')),
+            phase           TEXT,
+            snapshot        BLOB,
+            snapshot_format INTEGER NOT NULL DEFAULT 1,
+            last_write_id   TEXT,
+            detail          TEXT,
+            created_at_ms   INTEGER NOT NULL,
+            updated_at_ms   INTEGER NOT NULL
+        ) STRICT""",
+        """CREATE INDEX phronomy_workflow_instances_status
+            ON phronomy_workflow_instances (status, instance_id)""",
+        """CREATE TABLE phronomy_save_log (
+            instance_id     TEXT    NOT NULL,
+            revision        INTEGER NOT NULL,
+            write_id        TEXT    NOT NULL,
+            status          TEXT    NOT NULL,
+            committed_at_ms INTEGER NOT NULL,
+            PRIMARY KEY (instance_id, revision)
+        ) STRICT, WITHOUT ROWID""",
+        """CREATE TRIGGER phronomy_log_insert AFTER INSERT ON phronomy_workflow_instances
+        WHEN NEW.revision > 0 BEGIN
+            INSERT INTO phronomy_save_log VALUES (NEW.instance_id, NEW.revision,
+                NEW.last_write_id, NEW.status, NEW.updated_at_ms);
+        END""",
+        # keeps the last 32 saves per instance (SAVE_LOG_DEPTH; frozen in this step)
+        """CREATE TRIGGER phronomy_log_update AFTER UPDATE OF revision
+        ON phronomy_workflow_instances WHEN NEW.revision > OLD.revision BEGIN
+            INSERT INTO phronomy_save_log VALUES (NEW.instance_id, NEW.revision,
+                NEW.last_write_id, NEW.status, NEW.updated_at_ms);
+            DELETE FROM phronomy_save_log WHERE instance_id = NEW.instance_id
+                AND revision <= NEW.revision - 32;
+        END""",
+        """CREATE TRIGGER phronomy_log_delete AFTER DELETE ON phronomy_workflow_instances
+        BEGIN
+            DELETE FROM phronomy_save_log WHERE instance_id = OLD.instance_id;
+        END""",
+    ),
+)
+
+COLUMNS = "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, updated_at_ms"
+LIST_COLUMNS = "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, updated_at_ms"
+
+SQL_LOAD = f"SELECT {COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = ?"  # noqa: S608 - constant
+SQL_BEGIN = """
+    INSERT INTO phronomy_workflow_instances
+        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
+    VALUES (:id, :workflow, 0, 'running', :now, :now)
+    ON CONFLICT (instance_id) DO UPDATE SET
+        status = 'running',
+        updated_at_ms = excluded.updated_at_ms,
+        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
+    WHERE revision = coalesce(:expected, 0) AND status != 'recovery_required'
+"""
+# An upsert cannot express "the row must exist at revision N": resuming updates only.
+SQL_RESUME = """
+    UPDATE phronomy_workflow_instances SET
+        status = 'running', updated_at_ms = :now,
+        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
+    WHERE instance_id = :id AND revision = :expected AND status != 'recovery_required'
+"""
+SQL_CREATE = """
+    INSERT INTO phronomy_workflow_instances
+        (instance_id, workflow, revision, status, phase, snapshot, last_write_id,
+         created_at_ms, updated_at_ms)
+    VALUES (:id, :workflow, 1, :status, :phase, :snapshot, :write_id, :now, :now)
+    ON CONFLICT (instance_id) DO UPDATE SET
+        revision = 1, status = excluded.status, phase = excluded.phase,
+        snapshot = excluded.snapshot, last_write_id = excluded.last_write_id,
+        detail = NULL, updated_at_ms = excluded.updated_at_ms,
+        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
+    WHERE revision = 0
+"""
+SQL_UPDATE = """
+    UPDATE phronomy_workflow_instances SET
+        revision = revision + 1, status = :status, phase = :phase, snapshot = :snapshot,
+        last_write_id = :write_id, detail = NULL, updated_at_ms = :now,
+        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
+    WHERE instance_id = :id AND revision = :expected
+"""
+SQL_MARK = """
+    UPDATE phronomy_workflow_instances SET status = :status, detail = :detail, updated_at_ms = :now
+    WHERE instance_id = :id AND (:expected IS NULL OR revision = :expected)
+"""
+SQL_MARK_OR_CREATE = """
+    INSERT INTO phronomy_workflow_instances
+        (instance_id, workflow, revision, status, detail, created_at_ms, updated_at_ms)
+    VALUES (:id, :workflow, 0, :status, :detail, :now, :now)
+    ON CONFLICT (instance_id) DO UPDATE SET
+        status = excluded.status, detail = excluded.detail,
+        updated_at_ms = excluded.updated_at_ms
+    WHERE :expected IS NULL OR revision = :expected
+"""
+SQL_DELETE = (
+    "DELETE FROM phronomy_workflow_instances WHERE instance_id = ? AND revision = ?"
+)
+SQL_FIND_WRITE = (
+    "SELECT revision FROM phronomy_save_log WHERE instance_id = ? AND write_id = ?"
+)
+SQL_LIST = f"""
+    SELECT {LIST_COLUMNS} FROM phronomy_workflow_instances
+    WHERE (:status IS NULL OR status = :status) AND (:after IS NULL OR instance_id > :after)
+    ORDER BY instance_id LIMIT :limit
+"""  # noqa: S608 - constant
+
+
+def now_ms() -> int:
+    """Wall-clock milliseconds (stored timestamps)."""
+    return time.time_ns() // 1_000_000
+
+
+def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
+    """A row of the instances table (columns in ``COLUMNS`` order) as a record."""
+    return StoredRecord(
+        workflow_instance_id=row[0],
+        workflow=row[1],
+        revision=row[2],
+        status=row[3],
+        phase=row[4],
+        snapshot=row[5],
+        write_id=row[6],
+        detail=row[7],
+        updated_at_ms=row[8],
+    )
+
+
+def filesystem_type(path: str) -> str | None:
+    """The type of the filesystem holding *path* (Linux ``/proc/self/mounts``), or ``None``."""
+    try:
+        with open("/proc/self/mounts", encoding="utf-8") as mounts:
+            entries = [line.split() for line in mounts]
+    except OSError:
+        return None
+    target = os.path.realpath(path)
+    best, best_type = "", None
+    for entry in entries:
+        if len(entry) < 3:
+            continue
+        mount_point = entry[1].replace("\\040", " ")
+        inside = target == mount_point or target.startswith(
+            mount_point.rstrip("/") + "/"
+        )
+        if inside and len(mount_point) >= len(best):
+            best, best_type = mount_point, entry[2]
+    return best_type
