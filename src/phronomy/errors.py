@@ -45,6 +45,7 @@ __all__ = [
     "StaleAdmissionError",
     "StateValidationError",
     "StorageError",
+    "StoreUnavailableError",
     "TransitionError",
     "UnknownEventError",
     "UnsupportedBackendError",
@@ -270,6 +271,22 @@ class CorruptRecordError(SerializationError):
         super().__init__(message)
         self.instance_id = instance_id
         self.revision = revision
+
+
+class StoreUnavailableError(StorageError):
+    """The store cannot be used: it cannot be opened or written, is not a phronomy
+    database, or its disk failed. The message names the store and what to do.
+
+    A save that fails this way has an unknown outcome until it is reconciled; it is
+    never reported as a conflict.
+
+    Attributes:
+        path: the database file (or address) concerned.
+    """
+
+    def __init__(self, message: str, *, path: str) -> None:
+        super().__init__(message)
+        self.path = path
 
 
 class UnsupportedBackendError(StorageError):

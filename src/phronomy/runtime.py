@@ -14,6 +14,7 @@ import trio
 from phronomy._portal import ThreadPortal
 from phronomy.agent import ExecutionCoordinator, Executions
 from phronomy.engine import open_engine
+from phronomy.errors import ConfigurationError
 from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
 from phronomy.workflow import (
     RecoveryClient,
@@ -183,6 +184,9 @@ async def open_runtime(
 
     Raises:
         ConfigurationError: invalid settings.
+        StoreUnavailableError: the store cannot be used (for example a file that is
+            not a phronomy database, or a read-only one); raised before the body runs.
+        UnsupportedBackendError: the store's schema is newer than this release.
     """
     engines: list[Engine] = []
     try:
@@ -196,11 +200,16 @@ async def open_runtime(
             dispatch_threshold=dispatch_threshold,
         ) as engine:
             engines.append(engine)
-            gateway = (
-                StoreGateway(engine, store, queue_size=queue_size)
-                if store is not None
-                else None
-            )
+            gateway = None
+            if store is not None:
+                if getattr(store, "read_only", False):
+                    raise ConfigurationError(
+                        f"{store!r} was opened with read_only=True; a runtime writes to "
+                        "its store (read-only stores are for inspecting a database)"
+                    )
+                gateway = StoreGateway(engine, store, queue_size=queue_size)
+                # a broken, foreign or read-only file is refused before anything runs
+                await gateway.pool.run(store.open)
             runner = WorkflowRunner(
                 engine, gateway, max_snapshot_bytes=max_snapshot_bytes
             )

@@ -136,6 +136,12 @@ class FaultyStore(BaseStore):
         """The wrapped store's identity (the same database)."""
         return self.inner.identity
 
+    def open(self) -> None:
+        """Fire ``open.before``, then open the wrapped store."""
+        self._record("open")
+        self._fire("open.before")
+        self.inner.open()
+
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """See :meth:`~phronomy.storage.WorkflowStore.load`."""
         self._record("load")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import os
 import sqlite3
 import subprocess
 import sys
@@ -12,6 +13,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import phronomy
 from phronomy import errors
 from phronomy.storage import (
     SCHEMA_VERSION,
@@ -27,7 +29,7 @@ from phronomy.testing import FaultyStore
 from .test_contract import request
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     OpenSQLite = Callable[..., SQLiteStore]
@@ -235,6 +237,7 @@ def test_writers_wait_for_another_connections_lock(
 
 _RACER = """
 import sys
+import phronomy
 from phronomy import errors
 from phronomy.storage import SaveRequest, SQLiteStore
 store = SQLiteStore(sys.argv[1])
@@ -285,11 +288,124 @@ def test_busy_lock_timeout_is_reported_not_called_a_conflict(
     other = sqlite3.connect(path, isolation_level=None)
     other.execute("BEGIN IMMEDIATE")
     try:
-        with pytest.raises(sqlite3.OperationalError, match="locked"):
+        with pytest.raises(
+            errors.StoreUnavailableError, match="stayed locked"
+        ) as caught:
             store.save(request("locked", None))
+        assert isinstance(caught.value.__cause__, sqlite3.OperationalError)
+        assert str(path) in str(caught.value)
         outcome = store.save_classified(request("locked", None))
         assert outcome.outcome == "known_failure"  # proven pre-state after the rollback
-        assert isinstance(outcome.error, sqlite3.OperationalError)
+        assert isinstance(outcome.error, errors.StoreUnavailableError)
+        assert not isinstance(outcome.error, errors.ConflictError)
     finally:
         other.execute("ROLLBACK")
         other.close()
+
+
+# --- unusable files are refused when the store opens, with errors that say what to do
+
+
+@pytest.fixture
+def read_only_file() -> Iterator[Callable[[Path], None]]:
+    """Make a file read-only for this process (root included, through chattr +i)."""
+    made: list[Path] = []
+
+    def make(path: Path) -> None:
+        if os.geteuid() != 0:
+            path.chmod(0o444)
+        else:
+            done = subprocess.run(["chattr", "+i", str(path)], check=False)
+            if done.returncode != 0:
+                pytest.skip("chattr +i is unavailable here: no read-only file for root")
+        made.append(path)
+
+    yield make
+    for path in made:
+        if os.geteuid() == 0:
+            subprocess.run(["chattr", "-i", str(path)], check=False)
+        path.chmod(0o644)
+
+
+async def _open_runtime_with(store: SQLiteStore) -> list[str]:
+    ran: list[str] = []
+    async with phronomy.open_runtime(store=store, shutdown_timeout=0.5):
+        ran.append("body")
+    return ran
+
+
+@pytest.mark.parametrize("kind", ["garbage", "missing-dir", "foreign", "read-only"])
+async def test_an_unusable_file_is_refused_before_anything_runs(
+    kind: str,
+    tmp_path: Path,
+    open_sqlite: OpenSQLite,
+    read_only_file: Callable[[Path], None],
+) -> None:
+    # Before: raw sqlite3 errors ("file is not a database", "unable to open database
+    # file", "attempt to write a readonly database") from the first action.
+    path = tmp_path / f"{kind}.db"
+    expected = {
+        "garbage": "is not an SQLite database",
+        "missing-dir": "cannot be opened; check that its directory exists",
+        "foreign": "belongs to another application",
+        "read-only": "is read-only for this store",
+    }[kind]
+    if kind == "garbage":
+        path.write_bytes(b"not a database " * 100)
+    elif kind == "missing-dir":
+        path = tmp_path / "no" / "such" / "dir" / "x.db"
+    elif kind == "foreign":
+        raw = sqlite3.connect(path)
+        raw.execute("CREATE TABLE invoices (id INTEGER)")
+        raw.commit()
+        raw.close()
+    else:
+        open_sqlite(path).open()
+        read_only_file(path)
+    before = path.read_bytes() if path.exists() else None
+    with pytest.raises(errors.StoreUnavailableError, match=expected) as caught:
+        await _open_runtime_with(open_sqlite(path))
+    assert caught.value.path == str(path)
+    assert str(path) in str(caught.value)
+    assert isinstance(caught.value.__cause__, sqlite3.Error) or kind == "foreign"
+    assert (path.read_bytes() if path.exists() else None) == before  # untouched
+    assert not (tmp_path / "no").exists()
+
+
+def test_a_read_only_store_reads_and_refuses_writes_clearly(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
+    path = tmp_path / "inspect.db"
+    writer = open_sqlite(path)
+    writer.save(request("one", None))
+    reader = open_sqlite(path, read_only=True)
+    reader.open()
+    assert reader.read_only
+    record = reader.load("one")
+    assert record is not None
+    assert record.revision == 1
+    with pytest.raises(errors.StoreUnavailableError, match="read-only") as caught:
+        reader.save(request("two", None))
+    assert not isinstance(caught.value, errors.ConflictError)
+    outcome = reader.save_classified(request("two", None))
+    assert (outcome.outcome, type(outcome.error)) == (
+        "known_failure",
+        errors.StoreUnavailableError,
+    )
+    missing = tmp_path / "missing.db"
+    with pytest.raises(errors.StoreUnavailableError, match="does not exist"):
+        open_sqlite(missing, read_only=True).load("x")
+    assert not missing.exists()  # a read-only store never creates one
+    empty = tmp_path / "empty.db"
+    sqlite3.connect(empty).close()
+    with pytest.raises(errors.StoreUnavailableError, match="no phronomy schema"):
+        open_sqlite(empty, read_only=True).open()
+
+
+async def test_a_runtime_refuses_a_read_only_store(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
+    path = tmp_path / "ro.db"
+    open_sqlite(path).open()
+    with pytest.raises(errors.ConfigurationError, match="read_only=True"):
+        await _open_runtime_with(open_sqlite(path, read_only=True))

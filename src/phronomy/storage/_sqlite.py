@@ -7,11 +7,16 @@ import logging
 import os
 import sqlite3
 import threading
+import urllib.parse
 from typing import TYPE_CHECKING, Any, final
 
 import outcome
 
-from phronomy.errors import ConflictError, UnsupportedBackendError
+from phronomy.errors import (
+    ConflictError,
+    StoreUnavailableError,
+    UnsupportedBackendError,
+)
 
 from ._records import (
     READ_OPS,
@@ -27,6 +32,7 @@ from ._records import (
     SaveRequest,
     StoredRecord,
 )
+from ._sqlite_errors import translate
 from ._sqlite_schema import (
     MIGRATIONS,
     NETWORK_FILESYSTEMS,
@@ -35,6 +41,7 @@ from ._sqlite_schema import (
     SQL_CREATE,
     SQL_DELETE,
     SQL_FIND_WRITE,
+    SQL_FOREIGN_TABLES,
     SQL_LIST,
     SQL_LOAD,
     SQL_MARK,
@@ -79,6 +86,11 @@ class SQLiteStore(BaseStore):
     Several processes on one host may share the file. A path on a network filesystem
     is refused (SQLite's locking does not work there) unless
     ``allow_network_filesystem=True``, which logs a warning instead.
+
+    SQLite errors become :class:`~phronomy.StoreUnavailableError` naming the file and
+    what to do; :meth:`open` (called by :func:`~phronomy.open_runtime` before anything
+    runs) refuses a file that is not a phronomy database, cannot be opened or written,
+    or has a newer schema.
     """
 
     max_concurrency = 1
@@ -89,18 +101,23 @@ class SQLiteStore(BaseStore):
         *,
         busy_timeout: float = 30.0,
         allow_network_filesystem: bool = False,
+        read_only: bool = False,
         fault_hook: Callable[[str], None] | None = None,
     ) -> None:
-        """Configure a store; the file is opened on first use (in a worker thread).
+        """Configure a store; the file is opened by :meth:`open` or on first use.
 
         Args:
-            path: the database file.
+            path: the database file (created on first use unless *read_only*).
             busy_timeout: seconds to wait for another process's write lock.
             allow_network_filesystem: open a file on NFS/SMB/... with a warning.
+            read_only: open an existing database for reading only (operators'
+                tools): a missing file is an error, nothing is created or migrated,
+                and writes fail with :class:`~phronomy.StoreUnavailableError`.
             fault_hook: test hook called with a fault point name (``"save.statement"``,
                 ``"commit.before"``, ``"commit.after"``); it may raise or delay.
         """
         self._path = os.fspath(path)
+        self._read_only = read_only
         self._busy_timeout = busy_timeout
         self._allow_network_fs = allow_network_filesystem
         self._fault = fault_hook
@@ -115,6 +132,11 @@ class SQLiteStore(BaseStore):
         return self._path
 
     @property
+    def read_only(self) -> bool:
+        """Whether the store was opened for reading only."""
+        return self._read_only
+
+    @property
     def identity(self) -> str:
         """``sqlite:`` and the file's real path (one database per file)."""
         if self._path == ":memory:":
@@ -126,6 +148,26 @@ class SQLiteStore(BaseStore):
 
     # --- connection ----------------------------------------------------------------
 
+    def open(self) -> None:
+        """Open the database now and check that this store can use it (blocking).
+
+        Raises:
+            StoreUnavailableError: the file is not a phronomy database, cannot be
+                opened, or cannot be written (unless *read_only*); for *read_only*,
+                also when it does not exist.
+            UnsupportedBackendError: a newer schema, an old SQLite, or a network
+                filesystem.
+        """
+        with self._lock, self._translated():
+            self._connection()
+
+    @contextlib.contextmanager
+    def _translated(self) -> Iterator[None]:
+        try:
+            yield
+        except sqlite3.Error as exc:
+            raise translate(exc, self._path) from exc
+
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = self._open()
@@ -135,10 +177,10 @@ class SQLiteStore(BaseStore):
     def _reading(self) -> Iterator[sqlite3.Connection]:
         """The read connection (autocommit: each statement sees the latest commit)."""
         if self._path == ":memory:":  # another connection would be another database
-            with self._lock:
+            with self._lock, self._translated():
                 yield self._connection()
             return
-        with self._read_lock:
+        with self._read_lock, self._translated():
             if self._read_conn is None:
                 self._read_conn = self._open()
             yield self._read_conn
@@ -161,14 +203,27 @@ class SQLiteStore(BaseStore):
                 if not self._allow_network_fs:
                     raise UnsupportedBackendError(message)
                 logger.warning("%s (allowed by allow_network_filesystem=True)", message)
+        if self._read_only and not os.path.exists(self._path):
+            raise StoreUnavailableError(
+                f"SQLite database {self._path!r} does not exist (a read-only store never "
+                "creates one; check the path)",
+                path=self._path,
+            )
         conn = sqlite3.connect(
-            self._path,
+            f"file:{urllib.parse.quote(self._path)}?mode=ro"
+            if self._read_only
+            else self._path,
+            uri=self._read_only,
             timeout=self._busy_timeout,
             isolation_level=None,  # autocommit: this store issues BEGIN IMMEDIATE itself
             check_same_thread=False,  # serialized by self._lock and the single-worker pool
         )
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
+            # Checked before anything changes the file (WAL mode rewrites its header).
+            self._check_schema(conn.execute("PRAGMA user_version").fetchone()[0], conn)
+            if self._read_only:
+                return conn
             self._check_wal(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
@@ -182,24 +237,40 @@ class SQLiteStore(BaseStore):
         if mode != "wal" and self._path != ":memory:":
             raise UnsupportedBackendError(f"{self._path!r} refused WAL mode ({mode})")
 
-    def _check_schema(self, version: int) -> int:
+    def _check_schema(self, version: int, conn: sqlite3.Connection) -> int:
         if version > SCHEMA_VERSION:
             raise UnsupportedBackendError(
                 f"{self._path!r} has schema version {version}; this release "
-                f"understands up to {SCHEMA_VERSION}"
+                f"understands up to {SCHEMA_VERSION} (upgrade phronomy to use it)"
+            )
+        if version == 0 and self._read_only:
+            raise StoreUnavailableError(
+                f"SQLite database {self._path!r} has no phronomy schema (no runtime "
+                "ever wrote to it); check the path",
+                path=self._path,
+            )
+        if version == 0 and conn.execute(SQL_FOREIGN_TABLES).fetchone()[0]:
+            raise StoreUnavailableError(
+                f"SQLite database {self._path!r} belongs to another application (it "
+                "has tables but no phronomy schema); phronomy does not add its tables "
+                "to it: use a file of its own",
+                path=self._path,
             )
         return version
 
     def _migrate(self, conn: sqlite3.Connection) -> None:
         conn.execute("BEGIN IMMEDIATE")
         try:
+            # again under the write lock: another process may have migrated meanwhile
             version = self._check_schema(
-                conn.execute("PRAGMA user_version").fetchone()[0]
+                conn.execute("PRAGMA user_version").fetchone()[0], conn
             )
             for step in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[step]:
                     conn.execute(statement)
-                conn.execute(f"PRAGMA user_version = {step + 1}")
+            # Always a real write: an empty transaction commits even on a file this
+            # process cannot write, which would only fail at the first save.
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
             conn.execute("COMMIT")
         except BaseException:
             if conn.in_transaction:
@@ -219,7 +290,7 @@ class SQLiteStore(BaseStore):
 
     def fence(self) -> None:
         """Roll back a transaction left open by a failed write, so it can never commit."""
-        with self._lock:
+        with self._lock, self._translated():
             conn = self._conn
             if conn is not None and conn.in_transaction:
                 logger.info("rolling back the open transaction before reconciliation")
@@ -227,16 +298,17 @@ class SQLiteStore(BaseStore):
 
     @contextlib.contextmanager
     def _transaction(self) -> Iterator[sqlite3.Connection]:
-        conn = self._connection()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield conn
-            self._hook("commit.before")
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            raise
+        with self._translated():
+            conn = self._connection()
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                yield conn
+                self._hook("commit.before")
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.rollback()
+                raise
         self._hook("commit.after")
 
     def _hook(self, point: str) -> None:

@@ -22,6 +22,7 @@ __all__ = [
     "SQL_CREATE",
     "SQL_DELETE",
     "SQL_FIND_WRITE",
+    "SQL_FOREIGN_TABLES",
     "SQL_LIST",
     "SQL_LOAD",
     "SQL_MARK",
@@ -93,6 +94,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 COLUMNS = "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, updated_at_ms"
 LIST_COLUMNS = "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, updated_at_ms"
 
+SQL_FOREIGN_TABLES = (
+    "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
+    "AND name NOT LIKE 'phronomy_%'"
+)
 SQL_LOAD = f"SELECT {COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = ?"  # noqa: S608 - constant
 SQL_BEGIN = """
     INSERT INTO phronomy_workflow_instances

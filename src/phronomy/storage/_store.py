@@ -78,6 +78,14 @@ class WorkflowStore(Protocol):
         """Names the database: equal for two store objects on the same data."""
         ...
 
+    def open(self) -> None:
+        """Open the store and check that it can be used (the runtime calls it first).
+
+        Raises:
+            StoreUnavailableError: the store cannot be used (the message says why).
+        """
+        ...
+
     def load(self, workflow_instance_id: str) -> StoredRecord | None:
         """Return the row, or ``None`` if there is none."""
         ...
@@ -224,6 +232,9 @@ class BaseStore:
     def identity(self) -> str:
         """See :attr:`~phronomy.storage.WorkflowStore.identity` (this object)."""
         return f"{type(self).__name__}:{id(self):x}"
+
+    def open(self) -> None:
+        """See :meth:`~phronomy.storage.WorkflowStore.open` (nothing to check here)."""
 
     # --- to implement --------------------------------------------------------------
 
