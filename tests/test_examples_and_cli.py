@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import subprocess
 import sys
 from pathlib import Path
@@ -10,7 +11,9 @@ from typing import TYPE_CHECKING
 import pytest
 
 import phronomy
-from phronomy.cli import main
+from phronomy.agent.messages import ExecutionRecord
+from phronomy.agent.records import record_request
+from phronomy.cli import build_parser, main
 from phronomy.storage import SaveRequest
 
 if TYPE_CHECKING:
@@ -106,3 +109,114 @@ def test_instances_commands(
     assert main(["instances", "resolve", "--db", db, "stuck", "adopt"]) == 0
     assert "recovery_required -> halted" in capsys.readouterr().out
     assert open_sqlite(db).load("stuck").status == "halted"  # type: ignore[union-attr]
+
+
+def test_operator_commands_refuse_a_missing_database(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: a mistyped --db silently created an empty database.
+    missing = str(tmp_path / "mistyped.db")
+    for argv in (
+        ["instances", "list", "--db", missing],
+        ["instances", "show", "--db", missing, "x"],
+        ["instances", "resolve", "--db", missing, "x", "adopt"],
+        ["executions", "list", "--db", missing],
+        ["executions", "resolve", "--db", missing, "a", "release"],
+    ):
+        assert main(argv) == 1
+        err = capsys.readouterr().err
+        assert err.startswith("phronomy: error: ")
+        assert "does not exist" in err
+        assert "Traceback" not in err
+    assert not (tmp_path / "mistyped.db").exists()
+
+
+def test_usage_errors_help_and_version(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as caught:
+        main(["instances", "list", "--db", "x.db", "--limit", "0"])
+    assert caught.value.code == 2
+    assert "must be at least 1" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as caught:
+        main(["--version"])
+    assert caught.value.code == 0
+    assert capsys.readouterr().out.strip() == f"phronomy {phronomy.__version__}"
+    # every option and argument of every command explains itself
+    parsers = [build_parser()]
+    missing_help: list[str] = []
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                parsers.extend(action.choices.values())
+                continue
+            if not action.help:
+                missing_help.append(f"{parser.prog} {action.dest}")
+    assert missing_help == []
+
+
+def test_listing_pages_escapes_and_corrupt_rows(
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = str(tmp_path / "ops.db")
+    store = open_sqlite(db)
+    for iid, snapshot in (
+        ("a\tfake\nline", b""),
+        ("b-corrupt", b"{not json"),
+        ("c", b""),
+    ):
+        store.save(
+            SaveRequest(
+                workflow_instance_id=iid,
+                expected_revision=None,
+                snapshot=snapshot,
+                write_id=f"w-{iid}",
+                status="halted",
+                phase="p\x1b[31m",
+                workflow="wf",
+            )
+        )
+    store.close()
+    assert main(["instances", "list", "--db", db, "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    lines = out.splitlines()
+    assert lines[0].startswith("a\\x09fake\\x0aline\twf\thalted\trev 1\tp\\x1b[31m")
+    assert lines[-1] == "... more: add --after b-corrupt"
+    assert "\x1b" not in out
+    assert main(["instances", "list", "--db", db, "--after", "b-corrupt"]) == 0
+    assert capsys.readouterr().out.startswith("c\t")
+    assert main(["instances", "show", "--db", db, "b-corrupt"]) == 1
+    shown = capsys.readouterr()
+    assert '"snapshot_error": "stored snapshot of workflow instance' in shown.out
+    assert "Traceback" not in shown.err
+
+
+def test_executions_commands(
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = str(tmp_path / "agents.db")
+    store = open_sqlite(db)
+    store.save(
+        record_request(
+            "crashed", ExecutionRecord(execution_id="e-1", status="active"), None
+        )
+    )
+    store.save(
+        record_request(
+            "done", ExecutionRecord(execution_id="e-2", status="completed"), None
+        )
+    )
+    store.close()
+    assert main(["executions", "list", "--db", db]) == 0
+    assert capsys.readouterr().out == "crashed\te-1\tactive\tsteps 0\n"
+    assert main(["executions", "show", "--db", db, "done"]) == 0
+    assert '"status": "completed"' in capsys.readouterr().out
+    assert main(["executions", "resolve", "--db", db, "done", "release"]) == 1
+    assert "no stale execution record" in capsys.readouterr().err
+    assert main(["executions", "resolve", "--db", db, "crashed", "release"]) == 0
+    assert capsys.readouterr().out == "crashed: execution record -> abandoned\n"
+    assert main(["executions", "list", "--db", db]) == 0
+    assert capsys.readouterr().out == ""

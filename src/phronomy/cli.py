@@ -1,202 +1,285 @@
-"""The ``phronomy`` command line: the durable demo and operator commands.
+"""The ``phronomy`` command line: the durable demo and operators' commands.
 
 ::
 
-    python -m phronomy demo [--db PATH]                 # the README's main job
-    python -m phronomy instances list --db PATH [--status STATUS]
+    python -m phronomy demo [--db PATH]
+    python -m phronomy instances list --db PATH [--status STATUS] [--limit N] [--after ID]
     python -m phronomy instances show --db PATH ID
     python -m phronomy instances resolve --db PATH ID {adopt,release}
+    python -m phronomy executions list --db PATH
+    python -m phronomy executions show --db PATH AGENT_ID
+    python -m phronomy executions resolve --db PATH AGENT_ID {adopt,release}
+
+Inspecting commands open the database read-only; no command ever creates one. Errors
+print one line on stderr and exit with status 1 (2 for a usage error).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import re
 import sys
-from typing import TYPE_CHECKING, Annotated, Any, Literal
+from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 import trio
 
-import phronomy
-from phronomy.errors import ConflictError, NotFoundError
-from phronomy.storage import SQLiteStore, decode_snapshot_builtins, resolve_stored
+from phronomy import __version__
+from phronomy._demo import run_demo
+from phronomy.agent.records import (
+    agent_key,
+    decode_record,
+    resolve_record,
+    stale_records,
+)
+from phronomy.errors import PhronomyError, StoreUnavailableError
+from phronomy.storage import (
+    InstanceStatus,
+    SQLiteStore,
+    decode_snapshot_builtins,
+    resolve_stored,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
-__all__ = ["main"]
+__all__ = ["build_parser", "main"]
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
-# --- the demo: a durable order approval on the embedded SQLite default --------------------------
+def _safe(value: object) -> str:
+    """*value* as one line of text: control characters (tabs, newlines) escaped."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
 
 
-class Order(phronomy.State):
-    """An order that needs a person's approval before it ships."""
-
-    item: str = ""
-    approved_by: str = ""
-    log: Annotated[list[str], phronomy.APPEND] = []  # noqa: RUF012 - msgspec copies it
-
-
-def _draft(order: Order) -> Order:
-    return order.merge(log=[f"drafted {order.item}"])
+def _positive(text: str) -> int:
+    try:
+        number = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    return number
 
 
-def _ship(order: Order, event: Any) -> Order:
-    return order.merge(
-        approved_by=event.payload or "someone", log=["approved", "shipped"]
-    )
-
-
-def demo_workflow() -> phronomy.WorkflowDefinition[Order]:
-    """draft → awaiting_approval (wait state) → ship → FINISH."""
-    wf = phronomy.Workflow(Order, name="orders")
-    wf.state("draft", entry=_draft)
-    wf.wait_state("awaiting_approval")
-    wf.state("ship")
-    wf.transition("draft", "awaiting_approval")
-    wf.transition("awaiting_approval", "ship", on="approve", action=_ship)
-    wf.transition("ship", phronomy.FINISH)
-    return wf.build()
-
-
-async def run_demo(db: str) -> None:
-    """One demo run on *db*.
-
-    1. Approve (by id) every order an earlier process left halted.
-    2. Start an order: it halts at ``awaiting_approval`` and is saved.
-    3. Close that runtime, open a new one, and approve the order by id alone.
-    4. Start one more order and leave it halted for the next run.
-    """
-    flow = demo_workflow()
-    async with phronomy.open_runtime(store=SQLiteStore(db)) as runtime:
-        store = runtime.store
-        assert store is not None
-        page = await runtime.pool("cli").run(lambda: store.list_instances(limit=1000))
-        leftovers = [
-            r.workflow_instance_id for r in page.records if r.status == "halted"
-        ]
-        print(
-            f"{db}: {len(page.records)} order(s) from earlier runs, {len(leftovers)} waiting for approval"
+def _open(path: str, *, write: bool = False) -> SQLiteStore:
+    """The store at *path*; it must exist (a mistyped path is an error, not a new file)."""
+    if write and not os.path.exists(path):
+        raise StoreUnavailableError(
+            f"SQLite database {path!r} does not exist (check the path)", path=path
         )
-        for iid in leftovers:
-            done = await runtime.send_event(
-                flow, event="approve", workflow_instance_id=iid, payload="next run"
-            )
-            print(
-                f"  approved {iid} (halted by an earlier process): {done.phase}, revision {done.revision}"
-            )
-        first = f"order-{len(page.records) + 1}"
-        halted = await runtime.invoke(
-            flow, {"item": "desk lamp"}, workflow_instance_id=first
-        )
-        print(
-            f"  started {first}: halted at {halted.phase!r}, revision {halted.revision}"
-        )
-    async with phronomy.open_runtime(
-        store=SQLiteStore(db)
-    ) as runtime:  # a fresh runtime
-        done = await runtime.send_event(
-            flow, event="approve", workflow_instance_id=first, payload="demo user"
-        )
-        print(
-            f"  approved {first} by id from a new runtime: {done.phase}, revision {done.revision}, log {done.state.log}"
-        )
-        second = f"order-{len(page.records) + 2}"
-        halted = await runtime.invoke(
-            flow, {"item": "floor lamp"}, workflow_instance_id=second
-        )
-        print(
-            f"  started {second}: halted at {halted.phase!r}, revision {halted.revision} (left for the next run)"
-        )
-    print(f"Run the demo again: a new process will approve {second} from {db}.")
+    store = SQLiteStore(path, read_only=not write)
+    store.open()
+    return store
 
 
-# --- operator commands --------------------------------------------------------------------------
+# --- instances -------------------------------------------------------------------------
 
 
-def _list(store: SQLiteStore, status: str | None, limit: int) -> int:
-    page = store.list_instances(status=status, limit=limit)  # type: ignore[arg-type]
+def _list(store: SQLiteStore, args: argparse.Namespace) -> int:
+    page = store.list_instances(status=args.status, limit=args.limit, after=args.after)
     for r in page.records:
-        detail = f"  ({r.detail})" if r.detail else ""
+        detail = f"  ({_safe(r.detail)})" if r.detail else ""
         print(
-            f"{r.workflow_instance_id}\t{r.workflow}\t{r.status}\trev {r.revision}\t{r.phase or '-'}{detail}"
+            f"{_safe(r.workflow_instance_id)}\t{_safe(r.workflow)}\t{r.status}\t"
+            f"rev {r.revision}\t{_safe(r.phase or '-')}{detail}"
         )
-    if page.next_after:
-        print(f"... more after {page.next_after}")
+    if page.next_after is not None:
+        print(f"... more: add --after {_safe(page.next_after)}")
     return 0
 
 
-def _show(store: SQLiteStore, iid: str) -> int:
-    record = store.load(iid)
+def _show(store: SQLiteStore, args: argparse.Namespace) -> int:
+    record = store.load(args.id)
     if record is None:
-        print(f"no instance {iid!r}", file=sys.stderr)
+        print(f"phronomy: no instance {_safe(args.id)}", file=sys.stderr)
         return 1
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(record, snapshot=None)
     )
+    status = 0
     if record.snapshot is not None:
-        decoded = decode_snapshot_builtins(
-            record.snapshot, workflow_instance_id=iid, revision=record.revision
+        try:
+            decoded = decode_snapshot_builtins(
+                record.snapshot, workflow_instance_id=args.id, revision=record.revision
+            )
+        except PhronomyError as exc:  # a corrupt row: say so, show what is readable
+            view["snapshot_error"] = str(exc)
+            status = 1
+        else:
+            view["fields"] = decoded.fields
+    print(json.dumps(view, indent=2, sort_keys=True))
+    return status
+
+
+def _resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
+    record = resolve_stored(store, args.id, args.resolution, by="an operator (cli)")
+    print(f"{_safe(args.id)}: recovery_required -> {record.status}")
+    return 0
+
+
+# --- executions ------------------------------------------------------------------------
+
+
+def _executions_list(store: SQLiteStore, args: argparse.Namespace) -> int:
+    for stale in stale_records(store):
+        detail = f"  ({_safe(stale.detail)})" if stale.detail else ""
+        print(
+            f"{_safe(stale.agent_id)}\t{_safe(stale.execution_id or '-')}\t"
+            f"{stale.status}\tsteps {stale.steps_completed}{detail}"
         )
-        view["fields"] = decoded.fields
+    return 0
+
+
+def _executions_show(store: SQLiteStore, args: argparse.Namespace) -> int:
+    row, record = decode_record(store.load(agent_key(args.agent_id)))
+    if row is None:
+        print(
+            f"phronomy: no execution record for {_safe(args.agent_id)}", file=sys.stderr
+        )
+        return 1
+    view: dict[str, Any] = msgspec.to_builtins(
+        msgspec.structs.replace(row, snapshot=None)
+    )
+    view["record"] = msgspec.to_builtins(record)
     print(json.dumps(view, indent=2, sort_keys=True))
     return 0
 
 
-def _resolve(store: SQLiteStore, iid: str, action: Literal["adopt", "release"]) -> int:
-    try:
-        record = resolve_stored(store, iid, action, by="an operator (cli)")
-    except (NotFoundError, ConflictError) as exc:
-        print(exc, file=sys.stderr)
-        return 1
-    print(f"{iid}: recovery_required -> {record.status}")
+def _executions_resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
+    record = resolve_record(
+        store, args.agent_id, args.resolution, by="an operator (cli)"
+    )
+    assert record is not None
+    print(f"{_safe(args.agent_id)}: execution record -> {record.status}")
     return 0
 
 
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of ``python -m phronomy``."""
+# --- the parser ------------------------------------------------------------------------
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``python -m phronomy``."""
     parser = argparse.ArgumentParser(
-        prog="phronomy", description=__doc__.splitlines()[0]
+        prog="phronomy",
+        description="Durable workflows for trio: the demo and operators' commands.",
     )
-    commands = parser.add_subparsers(dest="command", required=True)
+    parser.add_argument(
+        "--version", action="version", version=f"phronomy {__version__}"
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     demo = commands.add_parser(
         "demo", help="run a durable order approval on SQLite (run it twice)"
     )
     demo.add_argument(
-        "--db", default="phronomy-demo.db", help="SQLite file (default: %(default)s)"
+        "--db",
+        default="phronomy-demo.db",
+        help="the SQLite file to use (created if missing; default: %(default)s)",
     )
+
+    def command(
+        group: argparse._SubParsersAction[argparse.ArgumentParser],
+        name: str,
+        help_text: str,
+        *,
+        write: bool = False,
+    ) -> argparse.ArgumentParser:
+        sub = group.add_parser(name, help=help_text, description=help_text)
+        sub.add_argument(
+            "--db",
+            required=True,
+            metavar="PATH",
+            help="an existing phronomy SQLite database"
+            + ("" if write else " (opened read-only)"),
+        )
+        sub.set_defaults(write=write)
+        return sub
+
     instances = commands.add_parser(
-        "instances", help="inspect and resolve stored instances"
+        "instances", help="inspect and resolve stored workflow instances"
     )
-    actions = instances.add_subparsers(dest="action", required=True)
-    listing = actions.add_parser("list")
-    listing.add_argument("--db", required=True)
+    actions = instances.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = command(actions, "list", "list instances, ordered by id")
     listing.add_argument(
         "--status",
-        choices=["running", "halted", "finished", "failed", "recovery_required"],
+        choices=get_args(InstanceStatus),
+        help="only instances with this status",
     )
-    listing.add_argument("--limit", type=int, default=100)
-    show = actions.add_parser("show")
-    show.add_argument("--db", required=True)
-    show.add_argument("id")
-    resolve = actions.add_parser("resolve")
-    resolve.add_argument("--db", required=True)
-    resolve.add_argument("id")
-    resolve.add_argument("resolution", choices=["adopt", "release"])
-    args = parser.parse_args(argv)
+    listing.add_argument(
+        "--limit",
+        type=_positive,
+        default=100,
+        help="at most this many instances (default: %(default)s)",
+    )
+    listing.add_argument(
+        "--after",
+        metavar="ID",
+        help="start after this instance id (the next page of an earlier listing)",
+    )
+    listing.set_defaults(run=_list)
+    show = command(actions, "show", "show one instance: its row and stored fields")
+    show.add_argument("id", help="the workflow instance id")
+    show.set_defaults(run=_show)
+    resolve = command(
+        actions, "resolve", "resolve a recovery_required instance", write=True
+    )
+    resolve.add_argument("id", help="the workflow instance id")
+    resolve.add_argument(
+        "resolution",
+        choices=["adopt", "release"],
+        help="adopt: the stored state is the truth; release: mark it failed to retry",
+    )
+    resolve.set_defaults(run=_resolve)
+
+    executions = commands.add_parser(
+        "executions", help="inspect and resolve supervised executions' records"
+    )
+    actions = executions.add_subparsers(dest="action", required=True, metavar="ACTION")
+    command(
+        actions, "list", "list stale execution records (active or recovery_required)"
+    ).set_defaults(run=_executions_list)
+    show = command(actions, "show", "show one agent's execution record")
+    show.add_argument("agent_id", help="the agent id (the execution's key)")
+    show.set_defaults(run=_executions_show)
+    resolve = command(
+        actions,
+        "resolve",
+        "close a stale execution record so its key can start",
+        write=True,
+    )
+    resolve.add_argument("agent_id", help="the agent id (the execution's key)")
+    resolve.add_argument(
+        "resolution",
+        choices=["adopt", "release"],
+        help="adopt: keep a recorded outcome; release: close the record as abandoned",
+    )
+    resolve.set_defaults(run=_executions_resolve)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of ``python -m phronomy``.
+
+    Returns:
+        The exit status: 0, 1 for an error, 2 for a usage error.
+    """
+    args = build_parser().parse_args(argv)
     if args.command == "demo":
         trio.run(run_demo, args.db)
         return 0
-    store = SQLiteStore(args.db)
     try:
-        match args.action:
-            case "list":
-                return _list(store, args.status, args.limit)
-            case "show":
-                return _show(store, args.id)
-            case _:
-                return _resolve(store, args.id, args.resolution)
+        store = _open(args.db, write=args.write)
+    except PhronomyError as exc:
+        print(f"phronomy: error: {_safe(exc)}", file=sys.stderr)
+        return 1
+    try:
+        status: int = args.run(store, args)
+    except PhronomyError as exc:
+        print(f"phronomy: error: {_safe(exc)}", file=sys.stderr)
+        return 1
     finally:
         store.close()
+    return status
