@@ -112,7 +112,7 @@ async def test_unregistered_and_foreign_receivers(engine: Engine) -> None:
     assert not engine.post_execution(loose, "x", admission=True)
     async with open_engine() as other_engine:
         foreign = Recorder(other_engine)
-        with pytest.raises(ValueError, match="this EventLoop"):
+        with pytest.raises(ValueError, match="another runtime"):
             engine.register_receiver("k", foreign)
 
 
@@ -243,7 +243,7 @@ async def test_mutation_off_the_dispatcher_is_refused(engine: Engine) -> None:
     # scenario 60 (generic part)
     recorder = engine.receiver(Recorder, Recorder)
     with pytest.raises(
-        errors.DispatcherOnlyError, match="only be mutated on EventLoop"
+        errors.DispatcherOnlyError, match="only be mutated on the runtime's dispatcher"
     ):
         recorder.deliver(("admit", 1))
     assert recorder.idle()

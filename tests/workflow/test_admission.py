@@ -133,7 +133,8 @@ async def test_mutations_off_the_dispatcher_are_refused(
     # scenario 60
     registry = runtime._runner.registry
     with pytest.raises(
-        phronomy.DispatcherOnlyError, match="only be mutated on EventLoop"
+        phronomy.DispatcherOnlyError,
+        match="only be mutated on the runtime's dispatcher",
     ):
         registry.admit_workflow("x", object(), "wf")
     assert registry.idle()

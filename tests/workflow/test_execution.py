@@ -587,3 +587,58 @@ async def test_a_rejected_resume_of_an_ephemeral_halt_fails_at_once() -> None:
             assert done.phase == FINISH
         assert rt.shutdown_result is not None
         assert rt.shutdown_result.clean
+
+
+class _Hooked(Value):
+    def handle_event(self, event: Any) -> Any:
+        if event.type == "hook":
+            raise KeyError("hook failed")
+        return False
+
+
+@pytest.mark.parametrize(
+    ("where", "note"),
+    [
+        (
+            "entry",
+            "raised by the entry action of 'draft' of workflow 'noted' (event 'start')",
+        ),
+        ("guard", "raised by the guard of draft --go--> done of workflow 'noted'"),
+        (
+            "action",
+            "raised by the transition action draft --go--> done of workflow 'noted'",
+        ),
+        ("hook", "raised by _Hooked.handle_event in state 'draft' of workflow 'noted'"),
+        ("observer", "raised by the on_step observer at state 'draft'"),
+    ],
+)
+async def test_errors_from_user_code_say_where_they_were_raised(
+    runtime: phronomy.Runtime, where: str, note: str
+) -> None:
+    def fail(*args: Any) -> Any:
+        raise RuntimeError(f"{where} failed")
+
+    wf = phronomy.Workflow(_Hooked, name="noted")
+    wf.state("draft", entry=fail if where == "entry" else None)
+    wf.state("done")
+    wf.transition(
+        "draft",
+        "done",
+        on="go",
+        guard=fail if where == "guard" else None,
+        action=fail if where == "action" else None,
+    )
+    wf.transition("draft", "done", on="hook")
+    wf.transition("done", FINISH)
+    flow = wf.build()
+    observer = fail if where == "observer" else None
+    handle = runtime.start(flow, workflow_instance_id="n-1", on_step=observer)
+    if where in ("guard", "action", "hook"):
+        await until(
+            lambda: runtime.signal(flow, "n-1", "hook" if where == "hook" else "go")
+        )
+    with pytest.raises((RuntimeError, KeyError)) as caught:
+        await handle.result()
+    notes = getattr(caught.value, "__notes__", [])
+    assert any(note in n for n in notes), notes
+    assert "phronomy: workflow 'noted' instance 'n-1' failed at state 'draft'" in notes

@@ -267,8 +267,8 @@ class Engine:
         """
         if not self._exclusive and trio.lowlevel.current_task() is not self._task:
             raise DispatcherOnlyError(
-                "Phronomy-managed live execution state may only be mutated on EventLoop "
-                "(the runtime's dispatcher task)"
+                "phronomy-managed live execution state may only be mutated on the "
+                "runtime's dispatcher task"
             )
 
     def check_thread(self, what: str) -> None:
@@ -418,7 +418,7 @@ class Engine:
         check_thread(self._thread_id, "Engine.register_session()")
         if self._state not in _ACCEPTING_EVENTS:
             raise RuntimeShutdownError(
-                f"EventLoop is {self._state}; new sessions are not accepted"
+                f"the runtime is {self._state}; new sessions are not accepted"
             )
         sid = session.id
         if sid in self._admitted or sid in self._sessions or sid in self._starting:
@@ -463,12 +463,10 @@ class Engine:
         if existing is not None:
             return existing  # type: ignore[return-value]
         if receiver.engine is not self:
-            raise ValueError(
-                "the receiver is bound to another engine, not this EventLoop"
-            )
+            raise ValueError("the receiver is bound to another runtime, not this one")
         if self._state != "running":
             raise RuntimeShutdownError(
-                f"EventLoop is {self._state}; execution receivers cannot be registered"
+                f"the runtime is {self._state}; execution receivers cannot be registered"
             )
         self._receivers[key] = receiver
         self._receiver_ids.add(id(receiver))
@@ -537,7 +535,7 @@ class Engine:
         ):
             return
         raise RuntimeShutdownError(
-            f"EventLoop is {self._state}; new executions are not accepted"
+            f"the runtime is {self._state}; new executions are not accepted"
         )
 
     def route_execution_event(

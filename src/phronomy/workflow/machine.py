@@ -127,14 +127,28 @@ def decide(definition: WorkflowDefinition[Any], current: str) -> Decision:
     return "leaf"
 
 
-def _invoke(callback: Callback, state: Any, event: EventLike, effects: Any) -> Any:
-    match callback.arity:
-        case 1:
-            return callback.fn(state)
-        case 2:
-            return callback.fn(state, event)
-        case _:
-            return callback.fn(state, event, effects)
+def _invoke(
+    definition: WorkflowDefinition[Any],
+    callback: Callback,
+    state: Any,
+    event: EventLike,
+    effects: Any,
+) -> Any:
+    """Call a user callable; what it raises carries a note saying where it ran."""
+    try:
+        match callback.arity:
+            case 1:
+                return callback.fn(state)
+            case 2:
+                return callback.fn(state, event)
+            case _:
+                return callback.fn(state, event, effects)
+    except Exception as exc:
+        exc.add_note(
+            f"phronomy: raised by the {callback.label} of workflow "
+            f"{definition.name!r} (event {event.type!r})"
+        )
+        raise
 
 
 def _is_async_result(value: Any) -> bool:
@@ -210,7 +224,7 @@ def _run_actions(
     for callback in actions:
         state = _adopt(
             definition,
-            _invoke(callback, state, event, effects),
+            _invoke(definition, callback, state, event, effects),
             state,
             callback,
             InvalidAsyncEntryActionError,
@@ -240,7 +254,7 @@ def select(
         guard = transition.guard
         if guard is None:
             return transition
-        verdict = _invoke(guard, state, event, None)
+        verdict = _invoke(definition, guard, state, event, None)
         if _is_async_result(verdict):
             if inspect.iscoroutine(verdict):
                 verdict.close()
@@ -288,7 +302,7 @@ def fire(
     if transition.action is not None:
         state = _adopt(
             definition,
-            _invoke(transition.action, state, event, effects),
+            _invoke(definition, transition.action, state, event, effects),
             state,
             transition.action,
             InvalidAsyncTransitionActionError,
@@ -305,7 +319,14 @@ def apply_hook(
     hook = getattr(state, "handle_event", None)
     if hook is None or event.type == AUTO_EVENT:
         return HookOutcome(state=state)
-    verdict = hook(event)
+    try:
+        verdict = hook(event)
+    except Exception as exc:
+        exc.add_note(
+            f"phronomy: raised by {type(state).__name__}.handle_event in state "
+            f"{current!r} of workflow {definition.name!r} (event {event.type!r})"
+        )
+        raise
     if verdict is CONSUME:
         return HookOutcome(state=state, consumed=True)
     if isinstance(verdict, definition.state_type):

@@ -243,7 +243,7 @@ class TerminalPersistence:
             result = save_outcome(saved)
             if not sink.post(TERMINAL_RESULT, result):
                 logger.warning(
-                    "EventLoop rejected Workflow terminal persistence result for %r (%s); "
+                    "the runtime rejected Workflow terminal persistence result for %r (%s); "
                     "the save is not retried",
                     iid,
                     result.outcome,

@@ -125,6 +125,15 @@ class WorkflowSession(GatedSession, Generic[S]):
                 return
         self._fire(event)
 
+    def finish_with_error(self, error: BaseException) -> None:
+        """End the segment with *error*, noting which instance and state it ended in."""
+        if not self.done and not isinstance(error, EventRejectedError):
+            error.add_note(
+                f"phronomy: workflow {self.definition.name!r} instance "
+                f"{self.workflow_instance_id!r} failed at state {self.current!r}"
+            )
+        super().finish_with_error(error)
+
     def prepare_terminal(self, terminal_type: TerminalType) -> None:
         """Set the phase before any snapshot: FINISH, or the wait state's name."""
         self.phase = FINISH if terminal_type == "finished" else self.current
@@ -189,7 +198,7 @@ class WorkflowSession(GatedSession, Generic[S]):
                 self._notify()
                 if not self.sink.post(AUTO_EVENT):
                     raise RuntimeShutdownError(
-                        f"EventLoop rejected {AUTO_EVENT} for workflow instance "
+                        f"the runtime rejected {AUTO_EVENT} for workflow instance "
                         f"{self.workflow_instance_id!r}"
                     )
             case "wait":
@@ -202,11 +211,17 @@ class WorkflowSession(GatedSession, Generic[S]):
                 self.request_terminal("finished", notify_stable=True)
 
     def _notify(self) -> None:
-        if self.observer is not None:
-            self.observer(
-                Step(
-                    name=self.current,
-                    state=self.state,
-                    workflow_instance_id=self.workflow_instance_id,
-                )
+        if self.observer is None:
+            return
+        step = Step(
+            name=self.current,
+            state=self.state,
+            workflow_instance_id=self.workflow_instance_id,
+        )
+        try:
+            self.observer(step)
+        except Exception as exc:
+            exc.add_note(
+                f"phronomy: raised by the on_step observer at state {self.current!r}"
             )
+            raise
