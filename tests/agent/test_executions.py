@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+import trio.testing
 
 import phronomy
 from phronomy.agent.messages import ExecutionRecord, StepResult
@@ -146,51 +147,63 @@ async def test_approval_errors_are_clear(runtime: phronomy.Runtime) -> None:
     await execution.result()
 
 
-async def test_cancel_waits_for_the_blocking_tool(runtime: phronomy.Runtime) -> None:
-    # scenario 126 and the issue's 0.5 s case
-    entered = threading.Event()
+class _BlockingTool:
+    """A step that blocks its worker thread until released; records when it returned."""
 
-    def tool(value: Any) -> str:
-        entered.set()
-        time.sleep(0.5)
+    def __init__(self) -> None:
+        self.entered = threading.Event()
+        self.release = threading.Event()
+        self.returned = threading.Event()
+
+    def __call__(self, value: Any) -> str:
+        self.entered.set()
+        self.release.wait(10)
+        self.returned.set()
         return "late result"
 
-    execution = runtime.executions.start("agent-q", [tool, lambda v: "never"])
-    await _until(entered.is_set)
-    started = trio.current_time()
-    assert execution.cancel("operator")
-    await trio.sleep(0.1)
-    assert not execution.done  # still not settled: the tool is running
-    competitor = runtime.executions.start("agent-q", [lambda v: v])
+    def returned_when_settled(self, handle: phronomy.ExecutionHandle) -> list[bool]:
+        seen: list[bool] = []
+        handle.handle.on_complete(lambda _: seen.append(self.returned.is_set()))
+        return seen
+
+
+def _revoked(execution: phronomy.ExecutionHandle) -> bool:
+    owner = execution.owner()
+    return owner is not None and owner.status in ("cancelling", "terminalizing")
+
+
+@pytest.mark.parametrize("how", ["cancel", "deadline"])
+async def test_cancel_and_deadline_settle_only_after_the_tool_returned(
+    runtime: phronomy.Runtime, how: str
+) -> None:
+    # scenario 126: result authority is revoked at once, but the caller settles (and
+    # the key frees) only once the tool's thread has physically returned.
+    tool = _BlockingTool()
+    deadline = trio.current_time() + 0.05 if how == "deadline" else None
+    execution = runtime.executions.start(
+        "agent-q", [tool, lambda v: "never"], deadline=deadline
+    )
+    settled_after_return = tool.returned_when_settled(execution)
+    await _until(tool.entered.is_set)
+    if how == "cancel":
+        assert execution.cancel("operator")
+    await _until(lambda: _revoked(execution))  # the cancel/deadline was applied
+    assert not execution.done  # the tool still runs
     with pytest.raises(phronomy.AgentBusyError):
-        await competitor.result()
-    with pytest.raises(phronomy.CancellationError, match="cancelled: operator"):
+        await runtime.executions.run("agent-q", [lambda v: v])
+    tool.release.set()
+    error = (
+        phronomy.DeadlineExceededError
+        if how == "deadline"
+        else phronomy.CancellationError
+    )
+    with pytest.raises(error, match=r"passed its deadline|cancelled: operator"):
         await execution.result()
-    elapsed = trio.current_time() - started
-    assert 0.3 <= elapsed < 1.0
+    assert settled_after_return == [True]
     assert execution.status == "cancelled"
+    assert execution.owner() is None
     assert not runtime.executions.is_admitted("agent-q")
     assert (await runtime.executions.run("agent-q", [lambda v: "free"])).value == "free"
-
-
-async def test_deadline_cancels_with_the_same_quiescence(
-    runtime: phronomy.Runtime,
-) -> None:
-    entered = threading.Event()
-
-    def tool(value: Any) -> str:
-        entered.set()
-        time.sleep(0.4)
-        return "late"
-
-    execution = runtime.executions.start(
-        "agent-d", [tool], deadline=trio.current_time() + 0.1
-    )
-    await _until(entered.is_set)
-    with pytest.raises(phronomy.DeadlineExceededError, match="passed its deadline"):
-        await execution.result()
-    owner_gone = execution.owner() is None
-    assert owner_gone
 
 
 async def test_cancelling_an_async_step_cancels_its_task_and_waits_for_its_threads(
@@ -199,18 +212,24 @@ async def test_cancelling_an_async_step_cancels_its_task_and_waits_for_its_threa
     released = threading.Event()
     events: list[str] = []
 
+    entered = threading.Event()
+
+    def tool() -> str:
+        entered.set()
+        released.wait(5)
+        return "tool done"
+
     async def agentic(value: Any, ctx: phronomy.StepContext) -> str:
         try:
-            return await ctx.offload(lambda: (released.wait(5), "tool done")[1])
+            return await ctx.offload(tool)
         finally:
             events.append("step left")
 
     execution = runtime.executions.start("agent-a", [agentic])
-    await _until(lambda: execution.owner() is not None)
-    await trio.sleep(0.05)
+    await trio.to_thread.run_sync(entered.wait)
     execution.cancel()
     await _until(lambda: events == ["step left"])
-    await trio.sleep(0.05)
+    await trio.testing.wait_all_tasks_blocked()  # everything but the thread settled
     assert not execution.done  # the offloaded thread still runs
     released.set()
     with pytest.raises(phronomy.CancellationError):
@@ -244,7 +263,7 @@ async def test_stale_step_results_are_dropped(runtime: phronomy.Runtime) -> None
         done=ResultHandle.completed("stale"),
     )
     assert registry.post_message(stale)
-    await trio.sleep(0.05)
+    await trio.testing.wait_all_tasks_blocked()  # the stale result was dispatched
     owner = execution.owner()
     assert owner is not None
     assert owner.step_index == 0

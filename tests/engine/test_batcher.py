@@ -31,11 +31,10 @@ async def test_items_arriving_during_a_batch_form_the_next_one(engine: Engine) -
     for i in range(5):
         batcher.submit(i, lambda r, i=i: results.__setitem__(i, r))
     assert not batcher.idle
-    await trio.sleep(0.02)
     gate.set()
     with trio.fail_after(5):
-        while len(results) < 5:  # noqa: ASYNC110 - callbacks run from the pool's task
-            await trio.sleep(0.005)
+        await batcher.wait_idle()
+    assert len(results) == 5
     assert batches == [[0], [1, 2, 3, 4]]  # order kept; the waiting items went together
     assert [results[i].unwrap() for i in (0, 1, 2, 4)] == [0, 10, 20, 40]
     with pytest.raises(KeyError):

@@ -182,7 +182,7 @@ async def test_backlog_warning_at_most_once_per_interval(
         for _ in range(2):
             for _ in range(25):
                 eng.post(Event(type="flood", target_id="nobody"))
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()  # the flood was dispatched
     warnings = [r for r in caplog.records if "dispatcher backlog" in r.getMessage()]
     assert len(warnings) == 1
     assert "threshold=10" in warnings[0].getMessage()
@@ -206,7 +206,7 @@ async def test_starvation_and_long_dispatch_warnings(
         # another task hogs the trio thread: the queued event starves
         eng.post(Event(type="starved", target_id="gone"))
         time.sleep(0.03)  # noqa: ASYNC251 - deliberately hog the trio thread
-        await trio.sleep(0.02)
+        await trio.testing.wait_all_tasks_blocked()
     text = caplog.text
     assert "dispatch of one took" in text
     assert "move blocking work to an offload pool" in text
@@ -299,7 +299,6 @@ async def test_gate_waits_for_the_policy_and_ignores_events_meanwhile(
     engine.post(Event(type="go", target_id=session.id))
     engine.post(Event(type="ignored-while-awaiting", target_id=session.id))
     await trio.testing.wait_all_tasks_blocked()
-    await trio.sleep(0.01)
     assert policy.started == ["finished"]
     assert session.lifecycle == "awaiting_terminal"
     assert not waiter.done
@@ -313,7 +312,7 @@ async def test_gate_fail_decision_and_default_error(engine: Engine) -> None:
     session = CountingSession(engine, n=1, policy=Policy())
     waiter = engine.register_session(session)
     engine.post(Event(type="go", target_id=session.id))
-    await trio.sleep(0.01)
+    await trio.testing.wait_all_tasks_blocked()
     session.sink.post("persisted", TerminalDecision(action="fail"))
     session.sink.post(
         "persisted", TerminalDecision(action="fail", error=ValueError("second"))
@@ -327,7 +326,7 @@ async def test_gate_unknown_outcome_becomes_the_session_error(engine: Engine) ->
     session = CountingSession(engine, n=1, policy=Policy())
     waiter = engine.register_session(session)
     engine.post(Event(type="go", target_id=session.id))
-    await trio.sleep(0.01)
+    await trio.testing.wait_all_tasks_blocked()
     session.sink.post("persisted", "weird")
     with pytest.raises(
         errors.PhronomyError, match="unknown terminal persistence outcome"
@@ -340,10 +339,10 @@ async def test_gate_retire_hands_the_waiter_to_the_receiver(engine: Engine) -> N
     session = CountingSession(engine, n=1, policy=Policy())
     waiter = engine.register_session(session, receiver=owner)
     engine.post(Event(type="go", target_id=session.id))
-    await trio.sleep(0.01)
+    await trio.testing.wait_all_tasks_blocked()
     uncertain = OSError("connection lost mid-commit")
     session.sink.post("persisted", TerminalDecision(action="retire", error=uncertain))
-    await trio.sleep(0.01)
+    await trio.testing.wait_all_tasks_blocked()
     assert session.lifecycle == "retired"
     assert owner.retired == [(session.id, "recovery_required", waiter)]
     assert owner.errors == [uncertain]

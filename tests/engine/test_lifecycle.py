@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import random
 import threading
 import time
@@ -10,6 +11,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from phronomy import errors
 from phronomy.engine import Engine, Event, open_engine
@@ -167,7 +169,7 @@ async def test_dispatcher_failure_closes_participants() -> None:
         recorder = eng.receiver(Recorder, Recorder)
         boom = RuntimeError("dispatcher bug")
         eng.post_execution(recorder, ("raise", boom), admission=False)
-        await trio.sleep(0.02)
+        await trio.testing.wait_all_tasks_blocked()
         assert log[0] == "drain:p"
     result = eng.shutdown_result
     assert result is not None
@@ -215,7 +217,7 @@ async def test_body_exception_propagates_unwrapped_and_cuts_off_work() -> None:
         async with open_engine() as eng:
             engines.append(eng)
             waiters.append(eng.register_session(CountingSession(eng, n=2)))
-            await trio.sleep(0.01)
+            await trio.testing.wait_all_tasks_blocked()  # the session started
             raise KeyError("body failed")
 
     with pytest.raises(KeyError) as caught:
@@ -255,8 +257,7 @@ async def test_stuck_worker_makes_cleanup_incomplete() -> None:
 
     async with open_engine(shutdown_timeout=0.05, cancel_grace=0.1) as eng:
         handle = eng.default_pool.submit_nowait(stuck)
-        while not entered.is_set():  # noqa: ASYNC110 - thread-side state
-            await trio.sleep(0.005)
+        await trio.to_thread.run_sync(entered.wait)
     result = eng.shutdown_result
     assert result is not None
     assert not result.cleanup_complete
@@ -281,48 +282,86 @@ async def test_queued_operations_are_cancelled_when_the_drain_deadline_passes() 
     assert result.cleanup_complete
 
 
-@pytest.mark.parametrize("seed", range(6))
-async def test_no_offloaded_write_runs_once_terminated_is_reported(seed: int) -> None:
-    """RELIABILITY.md T11: writes are never running after a clean 'terminated' report."""
-    rng = random.Random(seed)
-    journal: list[tuple[str, str, float]] = []
-    lock = threading.Lock()
+class _Journal:
+    """Offloaded 'writes' that record when they start and end (RELIABILITY.md T11)."""
 
-    def write(write_id: str, seconds: float) -> str:
-        with lock:
-            journal.append((write_id, "start", time.monotonic()))
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: list[tuple[str, str, float]] = []
+        self.started = threading.Semaphore(0)
+
+    def write(self, write_id: str, seconds: float, gate: threading.Event | None) -> str:
+        with self.lock:
+            self.entries.append((write_id, "start", time.monotonic()))
+        self.started.release()
+        if gate is not None:
+            gate.wait(10)
         time.sleep(seconds)
-        with lock:
-            journal.append((write_id, "end", time.monotonic()))
+        with self.lock:
+            self.entries.append((write_id, "end", time.monotonic()))
         return write_id
 
-    deadline = rng.uniform(0, 0.4)
-    async with open_engine(shutdown_timeout=deadline, cancel_grace=deadline) as eng:
+    def ids(self, kind: str, *, until: float = math.inf) -> set[str]:
+        with self.lock:
+            return {w for w, k, t in self.entries if k == kind and t <= until}
+
+    async def wait_started(self, n: int) -> None:
+        for _ in range(n):
+            await trio.to_thread.run_sync(self.started.acquire)
+
+
+@pytest.mark.parametrize("seed", range(4))
+async def test_terminated_is_reported_only_after_every_offloaded_write_returned(
+    seed: int,
+) -> None:
+    # RELIABILITY.md T11: after a clean report, no write starts or finishes.
+    rng = random.Random(seed)
+    journal = _Journal()
+    async with open_engine(shutdown_timeout=0, cancel_grace=5) as eng:
         handles = [
-            eng.default_pool.submit_nowait(write, f"w{i}", rng.uniform(0, 0.5))
+            eng.default_pool.submit_nowait(
+                journal.write, f"w{i}", rng.uniform(0, 0.3), None
+            )
             for i in range(8)
         ]
-        await trio.sleep(0.01)
+        await journal.wait_started(8)
     reported_at = time.monotonic()
     result = eng.shutdown_result
     assert result is not None
-    with lock:
-        snapshot = list(journal)
-    started = {w for w, kind, _ in snapshot if kind == "start"}
-    ended = {w for w, kind, t in snapshot if kind == "end" and t <= reported_at}
-    if result.cleanup_complete:
-        assert result.threads_running == 0
-        assert started == ended, (
-            "a write was still running when terminated was reported"
-        )
-        assert eng.state == "terminated"
-    else:
-        assert result.threads_running == len(started - ended) > 0
-        assert eng.state == "failed"
-    for handle in handles:
+    assert result.cleanup_complete
+    assert result.threads_running == 0
+    assert eng.state == "terminated"
+    assert (
+        journal.ids("start")
+        == journal.ids("end", until=reported_at)
+        == {f"w{i}" for i in range(8)}
+    )
+    assert all(h.physically_complete for h in handles)
+
+
+async def test_writes_still_running_at_the_deadline_are_reported_honestly() -> None:
+    # The other outcome of T11: the report says how many writes still run.
+    journal = _Journal()
+    gate = threading.Event()
+    async with open_engine(shutdown_timeout=0, cancel_grace=0.1) as eng:
+        pool = eng.pool("writes", size=3, queue_size=2)
+        running = [
+            pool.submit_nowait(journal.write, f"r{i}", 0, gate) for i in range(3)
+        ]
+        queued = [pool.submit_nowait(journal.write, f"q{i}", 0, None) for i in range(2)]
+        await journal.wait_started(3)
+    result = eng.shutdown_result
+    assert result is not None
+    assert not result.cleanup_complete
+    assert result.threads_running == 3
+    assert eng.state == "failed"
+    assert journal.ids("end") == set()  # nothing had finished when it reported
+    for handle in queued:  # queued writes never start once the runtime closed
+        assert isinstance(handle.error, errors.RuntimeShutdownError)
+    gate.set()
+    for handle in running:
         await handle.wait_physical()
-    with lock:
-        assert {w for w, kind, _ in journal if kind == "end"} == started
+    assert journal.ids("start") == journal.ids("end") == {"r0", "r1", "r2"}
 
 
 async def test_shutdown_arguments_are_validated(engine: Engine) -> None:

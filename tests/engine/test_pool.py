@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import outcome
 import pytest
 import trio
+import trio.testing
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
@@ -71,7 +72,7 @@ async def test_timeout_before_start_never_runs_and_is_not_abandoned(
     gate.set()
     assert await first.result() == "first"
     await second.wait_physical()
-    await trio.sleep(0.05)
+    await pool.wait_idle()  # had the skipped operation started, it would run first
     assert not ran.is_set()
     assert pool.statistics().abandoned_total == 0
 
@@ -134,7 +135,7 @@ async def test_non_positive_timeout_settles_immediately(engine: Engine) -> None:
     ran = threading.Event()
     handle = engine.default_pool.submit_nowait(ran.set, timeout=0)
     assert isinstance(handle.error, errors.OperationTimeoutError)
-    await trio.sleep(0.02)
+    await engine.default_pool.wait_idle()
     assert not ran.is_set()
 
 
@@ -195,7 +196,7 @@ async def test_on_full_wait_waits_for_space(engine: Engine) -> None:
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(waiter)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()  # parked, waiting for space
         assert admitted == []
         gate.set()
     assert await first.result() == "a"

@@ -7,6 +7,7 @@ from typing import Any
 import pytest
 import trio
 import trio.lowlevel
+import trio.testing
 
 from phronomy import errors
 from phronomy.engine import Engine, Event, ExecutionReceiver, ResultHandle, open_engine
@@ -127,7 +128,7 @@ async def test_queued_admission_survives_drain_and_blocks_idleness() -> None:
         )
         done = await _shutdown_in_background(eng, nursery, timeout=2)
         assert not eng.post_execution(recorder, ("admit", 2), admission=True)
-        await trio.sleep(0.05)
+        await trio.testing.wait_all_tasks_blocked()
         assert recorder.admitted == [("admit", 1)]
         assert not done.is_set()  # the admitted work keeps the engine busy
         assert eng.post_execution(recorder, ("done", 1), admission=False)
@@ -255,7 +256,7 @@ async def test_cut_off_work_is_described_in_the_shutdown_result() -> None:
         eng.post_execution(recorder, ("admit", 1), admission=True)
         session = CountingSession(eng, n=5)
         waiter = eng.register_session(session)
-        await trio.sleep(0.01)
+        await trio.testing.wait_all_tasks_blocked()
     result = eng.shutdown_result
     assert result is not None
     assert result.dispatcher_status == "cancel_timeout"

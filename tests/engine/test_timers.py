@@ -34,11 +34,13 @@ async def test_timers_fire_in_deadline_order_and_are_isolated(
 
 async def test_cancelled_timer_does_not_fire(engine: Engine) -> None:
     fired: list[str] = []
-    timer = engine.timers.schedule(0.01, lambda: fired.append("x"))
-    assert engine.timers.pending_count == 1
+    timer = engine.timers.schedule(0.01, lambda: fired.append("cancelled"))
+    later = trio.Event()
+    engine.timers.schedule(0.02, later.set)  # timers fire in deadline order
+    assert engine.timers.pending_count == 2
     timer.cancel()
-    assert engine.timers.pending_count == 0
-    await trio.sleep(0.05)
+    assert engine.timers.pending_count == 1
+    await later.wait()  # the cancelled timer's deadline passed before this one's
     assert fired == []
 
 

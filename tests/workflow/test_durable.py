@@ -362,25 +362,30 @@ async def test_stray_events_while_persisting_are_discarded(
 async def test_competitors_are_refused_while_loading_and_saving(
     make_store: Callable[[], phronomy.WorkflowStore],
 ) -> None:
-    # scenarios 53, 55, 56
+    # scenarios 53, 54, 55, 56. One workflow throughout, which declares the signalled
+    # event: each False below comes from the admission's state, not from a name check.
     store = FaultyStore(make_store())
-    flow = counter_flow()
+    flow = live_flow()
     async with runtime_on(store) as rt:
         load_gate = store.block("load.before")
-        first = rt.start(flow, workflow_instance_id="c", input={"count": 0})
+        first = rt.start(flow, workflow_instance_id="c")
         await until(lambda: admission_state(rt, "c") == "admitting")
-        assert not rt.signal(live_flow(), "c", "finish")
+        assert not rt.signal(flow, "c", "mark")  # 53: still loading, no session bound
         with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
-            await rt.invoke(flow, workflow_instance_id="c")
-        save_gate = store.block("save.before")
+            await rt.invoke(flow, workflow_instance_id="c")  # 55
         load_gate.set()
+        await until(lambda: rt.signal(flow, "c", "mark"))  # executing: delivered
+        save_gate = store.block("save.before")
+        assert rt.signal(flow, "c", "finish")
         await until(lambda: admission_state(rt, "c") == "persisting_terminal")
+        assert not rt.signal(flow, "c", "mark")  # 54: saving, no more events
         with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
-            await rt.invoke(flow, workflow_instance_id="c")
+            await rt.invoke(flow, workflow_instance_id="c")  # 56
         save_gate.set()
-        assert (await first.result()).state.count == 1
+        done = await first.result()
+        assert (done.phase, done.state.count) == (FINISH, 1)
         assert admission_state(rt, "c") is None
-    assert store.count("load") == 1
+    assert store.count("load") == 1  # the competitors never touched the store
 
 
 async def test_load_errors_fail_the_caller_and_release(
