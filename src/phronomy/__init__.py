@@ -6,6 +6,7 @@ The public API is re-exported here; implementation lives in the layered packages
 
 import logging
 
+from ._portal import ThreadPortal as ThreadPortal
 from .agent import (
     Approval as Approval,
     ApprovalRequest as ApprovalRequest,
@@ -14,6 +15,7 @@ from .agent import (
     ExecutionRecord as ExecutionRecord,
     ExecutionResult as ExecutionResult,
     Executions as Executions,
+    StaleExecution as StaleExecution,
     StepContext as StepContext,
 )
 from .engine import (
@@ -157,6 +159,7 @@ __all__ = [
     "Settled",
     "ShutdownResult",
     "StaleAdmissionError",
+    "StaleExecution",
     "State",
     "StateValidationError",
     "Step",
@@ -164,6 +167,7 @@ __all__ = [
     "StorageError",
     "StoreUnavailableError",
     "StoredRecord",
+    "ThreadPortal",
     "TransitionError",
     "UnknownEventError",
     "UnsupportedBackendError",

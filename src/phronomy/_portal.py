@@ -53,7 +53,7 @@ class ThreadPortal:
         input: Mapping[str, Any] | Any = None,  # noqa: A002 - the workflow's input
         **options: Any,
     ) -> WorkflowResult[Any]:
-        """Blocking :meth:`~phronomy.Runtime.invoke`.
+        """Blocking :meth:`~phronomy.workflow.WorkflowClient.invoke`.
 
         Raises:
             ReentrancyError: called from a thread that runs a trio loop.
@@ -69,7 +69,7 @@ class ThreadPortal:
         event: str,
         **options: Any,
     ) -> WorkflowResult[Any]:
-        """Blocking :meth:`~phronomy.Runtime.send_event`.
+        """Blocking :meth:`~phronomy.workflow.WorkflowClient.send_event`.
 
         Raises:
             ReentrancyError: called from a thread that runs a trio loop.
@@ -82,7 +82,7 @@ class ThreadPortal:
     def resume(
         self, workflow: WorkflowDefinition[Any], **options: Any
     ) -> WorkflowResult[Any]:
-        """Blocking :meth:`~phronomy.Runtime.resume`.
+        """Blocking :meth:`~phronomy.workflow.WorkflowClient.resume`.
 
         Raises:
             ReentrancyError: called from a thread that runs a trio loop.
@@ -97,7 +97,7 @@ class ThreadPortal:
         event: str,
         payload: Any = None,
     ) -> bool:
-        """:meth:`~phronomy.Runtime.signal` from a thread (waits only for the enqueue).
+        """:meth:`~phronomy.workflow.WorkflowClient.signal` from a thread (waits only for the enqueue).
 
         Raises:
             ReentrancyError: called from a thread that runs a trio loop.

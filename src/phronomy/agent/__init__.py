@@ -15,6 +15,7 @@ from .messages import (
     ExecutionRecord as ExecutionRecord,
     ExecutionResult as ExecutionResult,
 )
+from .records import StaleExecution as StaleExecution
 
 __all__ = [
     "Approval",
@@ -25,6 +26,7 @@ __all__ = [
     "ExecutionRecord",
     "ExecutionResult",
     "Executions",
+    "StaleExecution",
     "Step",
     "StepContext",
 ]

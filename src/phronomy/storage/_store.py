@@ -75,7 +75,7 @@ class WorkflowStore(Protocol):
 
     @property
     def identity(self) -> str:
-        """Names the database: equal for two store objects on the same data."""
+        """The name of the database (the same for two store objects on the same data)."""
         ...
 
     def open(self) -> None:
