@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import phronomy
-from phronomy.storage import SQLiteStore
+from phronomy.storage import ListOp, SQLiteStore, run_op
 
 __all__ = ["Order", "demo_workflow", "run_demo"]
 
@@ -56,7 +56,7 @@ async def run_demo(db: str) -> None:
     async with phronomy.open_runtime(store=SQLiteStore(db)) as runtime:
         store = runtime.store
         assert store is not None
-        page = await runtime.pool("cli").run(lambda: store.list_instances(limit=1000))
+        page = await runtime.pool("cli").run(run_op, store, ListOp(limit=1000))
         leftovers = [
             r.workflow_instance_id for r in page.records if r.status == "halted"
         ]

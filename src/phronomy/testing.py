@@ -4,31 +4,31 @@ Example::
 
     store = FaultyStore(SQLiteStore(path))
     store.fail("save.after", OSError("connection lost"))   # commits, then raises
-    gate = store.block("load.before")                        # holds loads until gate.set()
+    gate = store.block("load.before")                       # holds loads until gate.set()
 
-Points are ``<operation>.before`` (raise or wait before the inner store runs: nothing
-is written) and ``<operation>.after`` (the inner store ran and committed, then the
-fault fires: the caller sees an error although the write landed). Operations: ``load``,
-``begin``, ``save``, ``mark``, ``delete``, ``find_write``; ``readback`` fires
-when an uncertain save is being reconciled, before the store is read back.
+The faults fire inside the wrapped store's own batches (group commit included), at the
+points :class:`~phronomy.storage.BaseStore` defines: ``<op>.before`` (nothing of the
+operation ran; a failing write abandons its whole transaction), ``<op>.applied`` (it
+ran, not committed), ``commit.before``, ``commit.after`` and ``<op>.after`` (committed,
+then the caller sees an error), ``readback.before`` (the read of a reconciliation) and
+``open.before``. ``<op>`` is ``load``, ``list``, ``find_write``, ``begin``, ``save``,
+``mark`` or ``delete``.
 """
 
 from __future__ import annotations
 
 import threading
 import time
-from typing import TYPE_CHECKING, Self, final
+from typing import TYPE_CHECKING, Any, Self, final
 
-from phronomy.storage import BaseStore, SaveOutcome
+from phronomy.storage import BaseStore
 
 if TYPE_CHECKING:
-    from phronomy.storage import (
-        InstancePage,
-        InstanceStatus,
-        SaveRequest,
-        StoredRecord,
-        WorkflowStore,
-    )
+    from collections.abc import Sequence
+
+    import outcome
+
+    from phronomy.storage import StoreOp
 
 __all__ = ["FaultyStore"]
 
@@ -51,20 +51,25 @@ class _Fault:
 
 
 @final
-class FaultyStore(BaseStore):
-    """Wrap *inner* and fire faults at named points (thread-safe).
+class FaultyStore(BaseStore[Any]):
+    """Wrap a :class:`~phronomy.storage.BaseStore` and fire faults at named points.
+
+    The wrapped store keeps running every operation itself; this object only installs
+    its hook there (thread-safe) and counts the operations.
 
     Attributes:
-        calls: every operation called, in order (for example ``"save"``).
+        calls: every operation started, in order (for example ``"save"``).
     """
 
-    def __init__(self, inner: WorkflowStore) -> None:
-        """Wrap *inner*; no faults are armed yet."""
+    def __init__(self, inner: BaseStore[Any]) -> None:
+        """Wrap *inner* (its ``fault_hook`` is taken over); no faults are armed yet."""
+        super().__init__()
         self.inner = inner
         self.max_concurrency = inner.max_concurrency
         self.calls: list[str] = []
         self._faults: dict[str, list[_Fault]] = {}
         self._lock = threading.Lock()
+        inner.fault_hook = self._fire
 
     # --- arming -----------------------------------------------------------------------
 
@@ -98,6 +103,11 @@ class FaultyStore(BaseStore):
         with self._lock:
             self._faults.clear()
 
+    def count(self, operation: str) -> int:
+        """How many times *operation* started (``"load"``, ``"save"``, ...)."""
+        with self._lock:
+            return self.calls.count(operation)
+
     def _arm(self, point: str, fault: _Fault) -> Self:
         with self._lock:
             self._faults.setdefault(point, []).append(fault)
@@ -105,6 +115,8 @@ class FaultyStore(BaseStore):
 
     def _fire(self, point: str) -> None:
         with self._lock:
+            if point.endswith(".before"):
+                self.calls.append(point.removesuffix(".before"))
             queue = self._faults.get(point)
             if not queue:
                 return
@@ -120,16 +132,7 @@ class FaultyStore(BaseStore):
         if fault.error is not None:
             raise fault.error
 
-    def _record(self, operation: str) -> None:
-        with self._lock:
-            self.calls.append(operation)
-
-    def count(self, operation: str) -> int:
-        """How many times *operation* was called."""
-        with self._lock:
-            return self.calls.count(operation)
-
-    # --- the store contract -------------------------------------------------------------
+    # --- the store contract: the wrapped store's -----------------------------------------
 
     @property
     def identity(self) -> str:
@@ -137,106 +140,17 @@ class FaultyStore(BaseStore):
         return self.inner.identity
 
     def open(self) -> None:
-        """Fire ``open.before``, then open the wrapped store."""
-        self._record("open")
-        self._fire("open.before")
+        """Open the wrapped store (``open.before`` fires there)."""
         self.inner.open()
 
-    def load(self, workflow_instance_id: str) -> StoredRecord | None:
-        """See :meth:`~phronomy.storage.WorkflowStore.load`."""
-        self._record("load")
-        self._fire("load.before")
-        result = self.inner.load(workflow_instance_id)
-        self._fire("load.after")
-        return result
-
-    def begin(
-        self,
-        workflow_instance_id: str,
-        workflow: str,
-        *,
-        expected_revision: int | None = None,
-    ) -> bool:
-        """See :meth:`~phronomy.storage.WorkflowStore.begin`."""
-        self._record("begin")
-        self._fire("begin.before")
-        result = self.inner.begin(
-            workflow_instance_id, workflow, expected_revision=expected_revision
-        )
-        self._fire("begin.after")
-        return result
-
-    def save(self, request: SaveRequest) -> int:
-        """See :meth:`~phronomy.storage.WorkflowStore.save`."""
-        self._record("save")
-        self._fire("save.before")
-        revision = self.inner.save(request)
-        self._fire("save.after")
-        return revision
-
-    def mark(
-        self,
-        workflow_instance_id: str,
-        status: InstanceStatus,
-        *,
-        expected_revision: int | None = None,
-        detail: str | None = None,
-        create: bool = False,
-        workflow: str = "",
-    ) -> bool:
-        """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
-        self._record("mark")
-        self._fire("mark.before")
-        result = self.inner.mark(
-            workflow_instance_id,
-            status,
-            expected_revision=expected_revision,
-            detail=detail,
-            create=create,
-            workflow=workflow,
-        )
-        self._fire("mark.after")
-        return result
-
-    def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
-        """See :meth:`~phronomy.storage.WorkflowStore.delete`."""
-        self._record("delete")
-        self._fire("delete.before")
-        self.inner.delete(workflow_instance_id, expected_revision)
-        self._fire("delete.after")
-
-    def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
-        self._record("find_write")
-        self._fire("find_write.before")
-        return self.inner.find_write(workflow_instance_id, write_id)
-
-    def list_instances(
-        self,
-        *,
-        status: InstanceStatus | None = None,
-        limit: int = 100,
-        after: str | None = None,
-    ) -> InstancePage:
-        """See :meth:`~phronomy.storage.WorkflowStore.list_instances`."""
-        self._record("list_instances")
-        return self.inner.list_instances(status=status, limit=limit, after=after)
-
-    def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
-        """Fire ``readback.before``, then reconcile like any store."""
-        self._record("reconcile")
-        try:
-            self._fire("readback.before")
-        except Exception as read_error:  # noqa: BLE001 - a failing read-back is the test
-            return SaveOutcome(outcome="outcome_unknown", error=read_error)
-        return super().reconcile(request, error)
+    def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
+        """Run the batch in the wrapped store, where the faults fire."""
+        return self.inner.execute(ops)
 
     def fence(self) -> None:
-        """Delegate to the inner store."""
-        fence = getattr(self.inner, "fence", None)
-        if fence is not None:
-            fence()
+        """Fence the wrapped store."""
+        self.inner.fence()
 
     def close(self) -> None:
-        """Close the inner store."""
+        """Close the wrapped store."""
         self.inner.close()

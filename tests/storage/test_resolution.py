@@ -2,12 +2,23 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import pytest
 
 from phronomy import errors
-from phronomy.storage import FINISH_PHASE, MemoryStore, SaveRequest, resolve_stored
+from phronomy.storage import (
+    FINISH_PHASE,
+    MemoryStore,
+    SaveRequest,
+    SQLiteStore,
+    resolve_stored,
+)
 
 from .test_contract import request
+
+if TYPE_CHECKING:
+    from pathlib import Path
 
 
 def _stuck(store: MemoryStore, iid: str, phase: str | None) -> None:
@@ -49,15 +60,24 @@ def test_release_marks_failed_and_refuses_rows_that_need_nothing() -> None:
         resolve_stored(store, "nobody", "adopt")
 
 
-def test_a_row_that_changes_during_resolution_is_a_conflict() -> None:
-    class Racing(MemoryStore):
-        def mark(self, *args: object, **kwargs: object) -> bool:
-            self.save(request("x", 1))  # another writer got there first
-            return super().mark(*args, **kwargs)  # type: ignore[arg-type]
+def test_a_row_that_changes_during_resolution_is_a_conflict(tmp_path: Path) -> None:
+    path = tmp_path / "race.db"
+    other = SQLiteStore(path)  # another writer on the same database
+    raced: list[bool] = []
 
-    store = Racing()
-    store.save(request("x", None))
-    MemoryStore.mark(store, "x", "recovery_required")
-    with pytest.raises(errors.ConflictError, match="changed during resolution"):
-        resolve_stored(store, "x", "adopt")
-    assert store.load("x").status == "halted"  # type: ignore[union-attr]
+    def race(point: str) -> None:
+        if (
+            point == "load.after" and not raced
+        ):  # between the resolution's read and mark
+            raced.append(True)
+            other.save(request("x", 1))
+
+    with SQLiteStore(path, fault_hook=race) as store, other:
+        other.save(request("x", None))
+        other.mark("x", "recovery_required")
+        with pytest.raises(errors.ConflictError, match="changed during resolution"):
+            resolve_stored(store, "x", "adopt")
+        assert raced == [True]
+        row = store.load("x")
+        assert row is not None
+        assert (row.revision, row.status) == (2, "halted")

@@ -90,7 +90,7 @@ class StoreModel(RuleBasedStateMachine):
 
     @rule(
         iid=st.sampled_from(["a", "b"]),
-        point=st.sampled_from(["save.statement", "commit.before", "commit.after"]),
+        point=st.sampled_from(["save.applied", "commit.before", "commit.after"]),
     )
     def uncertain_save(self, iid: str, point: str) -> None:
         current = self._current(iid)

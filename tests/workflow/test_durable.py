@@ -505,8 +505,7 @@ async def test_unknown_outcome_requires_recovery(
     async with runtime_on(store) as rt:
         handle = await start_live(rt, flow, "u")
         owner = rt._runner.registry.owner("u")
-        store.fail("save.before", OSError("connection reset"))
-        if readback == "third-state":
+        if readback == "third-state":  # another writer created the row meanwhile
             inner.save(
                 SaveRequest(
                     workflow_instance_id="u",
@@ -519,6 +518,7 @@ async def test_unknown_outcome_requires_recovery(
             )
         else:
             store.fail("readback.before", OSError("cannot read back"))
+        store.fail("save.before", OSError("connection reset"))
         rt.signal(flow, "u", "finish")
         await until(lambda: admission_state(rt, "u") == "recovery_required")
         record = rt._runner.registry.record("u")
@@ -1072,6 +1072,8 @@ async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fai
     ):
         pending = a.start(flow, workflow_instance_id="q")
         await until(lambda: admission_state(a, "q") == "recovery_required")
+        await until(lambda: first.count("mark") >= 1)  # the mark was tried, and failed
+        first.clear()  # (for MemoryStore both runtimes share one store object)
         assert status_of(inner, "q") == "finished"  # the save landed, unknown to a
         with pytest.raises(phronomy.RecoveryRequiredError, match="requires recovery"):
             await b.invoke(flow, workflow_instance_id="q")
@@ -1083,7 +1085,24 @@ async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fai
         assert not pending.done
         await b.recovery.resolve("q", action="adopt")  # from the other runtime
         assert (await b.invoke(flow, workflow_instance_id="q")).revision == 2
-        first.clear()
         await a.recovery.resolve("q", action="adopt")  # its own admission
         with pytest.raises(phronomy.RecoveryRequiredError, match="resolved"):
             await pending.result()
+
+
+async def test_faults_inside_group_commits_are_reconciled_save_by_save(
+    make_store: Callable[[], phronomy.WorkflowStore],
+) -> None:
+    # Every commit lands but its acknowledgement fails: each save of each batch is
+    # reconciled on its own (FaultyStore fires inside the store's batched execute).
+    store = FaultyStore(make_store())
+    store.fail("commit.after", OSError("ack lost"), times=None)
+    flow = counter_flow()
+    async with runtime_on(store) as rt:
+        handles = [rt.start(flow, workflow_instance_id=f"g{i}") for i in range(40)]
+        results = [await h.result() for h in handles]
+    assert [r.revision for r in results] == [1] * 40
+    assert store.count("save") == 40
+    assert store.count("commit") < 40  # saves shared transactions
+    for i in range(40):
+        assert status_of(store, f"g{i}") == "finished"

@@ -23,17 +23,28 @@ from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
     EXECUTION_KIND,
     FINISH_PHASE,
+    ListOp,
+    LoadOp,
+    MarkOp,
+    SaveOp,
     SaveRequest,
     decode_snapshot,
     encode_snapshot,
     quarantined,
     release_quarantine,
+    run_op,
 )
 
 from .messages import ExecutionRecord
 
 if TYPE_CHECKING:
-    from phronomy.storage import InstanceStatus, StoredRecord, WorkflowStore
+    from phronomy.storage import (
+        InstancePage,
+        InstanceStatus,
+        SaveOutcome,
+        StoredRecord,
+        WorkflowStore,
+    )
 
 __all__ = [
     "StaleExecution",
@@ -155,11 +166,17 @@ def stale_records(store: WorkflowStore) -> list[StaleExecution]:
     for status in _STALE_ROWS:
         after: str | None = None
         while True:
-            page = store.list_instances(status=status, after=after, limit=500)
+            page: InstancePage = run_op(
+                store, ListOp(status=status, after=after, limit=500)
+            )
             for listed in page.records:
                 if listed.workflow != EXECUTION_KIND:
                     continue
-                row, record = decode_record(store.load(listed.workflow_instance_id))
+                row, record = decode_record(
+                    run_op(
+                        store, LoadOp(workflow_instance_id=listed.workflow_instance_id)
+                    )
+                )
                 stale = None if row is None else _stale(row, record)
                 if stale is not None:
                     found.append(stale)
@@ -202,7 +219,7 @@ def resolve_record(
         CorruptRecordError: the stored record does not decode.
     """
     key = agent_key(agent_id)
-    row, record = decode_record(store.load(key))
+    row, record = decode_record(run_op(store, LoadOp(workflow_instance_id=key)))
     stale = None if row is None else _stale(row, record)
     if row is not None and stale is None and quarantined(store.identity, key):
         stale = StaleExecution(  # the recovery mark could not be written
@@ -215,11 +232,14 @@ def resolve_record(
             return None
         raise NotFoundError(f"agent {agent_id!r} has no stale execution record")
     if action == "adopt" and record is not None and record.status != "active":
-        marked = store.mark(
-            key,
-            "finished",
-            expected_revision=row.revision,
-            detail=f"recorded {record.status} outcome adopted by {by}",
+        marked = run_op(
+            store,
+            MarkOp(
+                workflow_instance_id=key,
+                status="finished",
+                expected_revision=row.revision,
+                detail=f"recorded {record.status} outcome adopted by {by}",
+            ),
         )
         if not marked:
             raise ConflictError(f"the record of agent {agent_id!r} changed; retry")
@@ -236,6 +256,12 @@ def resolve_record(
             else f"its recorded outcome was {record.status}"
         ),
     )
-    store.save(record_request(agent_id, closed, row.revision or None))
+    saved: SaveOutcome = run_op(
+        store, SaveOp(request=record_request(agent_id, closed, row.revision or None))
+    )
+    if saved.outcome != "success":
+        raise saved.error or ConflictError(
+            f"the record of agent {agent_id!r} could not be closed; retry"
+        )
     release_quarantine(store.identity, key)
     return closed

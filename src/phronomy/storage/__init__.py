@@ -4,6 +4,7 @@ This layer is synchronous and imports no trio: the runtime calls stores from wor
 threads.
 """
 
+from ._base import BaseStore as BaseStore
 from ._codec import (
     DEFAULT_MAX_SNAPSHOT_BYTES as DEFAULT_MAX_SNAPSHOT_BYTES,
     FINISH_PHASE as FINISH_PHASE,
@@ -17,6 +18,18 @@ from ._codec import (
     normalize as normalize,
 )
 from ._memory import MemoryStore as MemoryStore
+from ._ops import (
+    READ_OPS as READ_OPS,
+    BeginOp as BeginOp,
+    DeleteOp as DeleteOp,
+    FindWriteOp as FindWriteOp,
+    ListOp as ListOp,
+    LoadOp as LoadOp,
+    MarkOp as MarkOp,
+    SaveOp as SaveOp,
+    StoreOp as StoreOp,
+    op_name as op_name,
+)
 from ._quarantine import (
     quarantine as quarantine,
     quarantined as quarantined,
@@ -26,30 +39,22 @@ from ._quarantine import (
 from ._records import (
     EXECUTION_KEY_PREFIX as EXECUTION_KEY_PREFIX,
     EXECUTION_KIND as EXECUTION_KIND,
-    READ_OPS as READ_OPS,
-    BeginOp as BeginOp,
-    DeleteOp as DeleteOp,
     InstancePage as InstancePage,
     InstanceStatus as InstanceStatus,
-    ListOp as ListOp,
-    LoadOp as LoadOp,
-    MarkOp as MarkOp,
-    SaveOp as SaveOp,
     SaveOutcome as SaveOutcome,
     SaveRequest as SaveRequest,
     StoredRecord as StoredRecord,
-    StoreOp as StoreOp,
 )
-from ._resolution import resolve_stored as resolve_stored
+from ._recovery import resolve_stored as resolve_stored
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION, SQLiteStore as SQLiteStore
 from ._store import (
     KNOWN_FAILURES as KNOWN_FAILURES,
     SAVE_LOG_DEPTH as SAVE_LOG_DEPTH,
-    BaseStore as BaseStore,
     WorkflowStore as WorkflowStore,
     check_not_quarantined as check_not_quarantined,
     check_startable as check_startable,
     classify_uncertain_save as classify_uncertain_save,
+    run_op as run_op,
 )
 
 __all__ = [
@@ -67,6 +72,7 @@ __all__ = [
     "BeginOp",
     "DecodedSnapshot",
     "DeleteOp",
+    "FindWriteOp",
     "InstancePage",
     "InstanceStatus",
     "ListOp",
@@ -88,11 +94,13 @@ __all__ = [
     "decode_snapshot_builtins",
     "encode_snapshot",
     "normalize",
+    "op_name",
     "quarantine",
     "quarantined",
     "quarantined_instances",
     "release_quarantine",
     "resolve_stored",
+    "run_op",
 ]
 
 from phronomy._metadata import fixup_module_metadata

@@ -2,16 +2,32 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from typing import final
+from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 
 from phronomy.errors import ConflictError
 
-from ._records import InstancePage, InstanceStatus, SaveRequest, StoredRecord
-from ._store import SAVE_LOG_DEPTH, BaseStore
+from ._base import BaseStore
+from ._ops import (
+    BeginOp,
+    DeleteOp,
+    FindWriteOp,
+    ListOp,
+    LoadOp,
+    MarkOp,
+    SaveOp,
+)
+from ._records import InstancePage, StoredRecord
+from ._store import SAVE_LOG_DEPTH
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from ._ops import StoreOp
 
 __all__ = ["MemoryStore"]
 
@@ -20,73 +36,163 @@ def _now_ms() -> int:
     return time.time_ns() // 1_000_000
 
 
-@final
-class MemoryStore(BaseStore):
-    """A thread-safe store in a dict, with the same contract as :class:`SQLiteStore`.
-
-    Snapshots are immutable bytes, so callers can never mutate what is stored.
-    """
-
-    max_concurrency = 1
+class _Tables:
+    """The rows and the save log; writes note what they replace, to undo a batch."""
 
     def __init__(self) -> None:
+        self.rows: dict[str, StoredRecord] = {}
+        self.log: dict[str, dict[str, int]] = {}  # id -> write id -> revision
+        self.undo: (
+            list[tuple[str, StoredRecord | None, dict[str, int] | None]] | None
+        ) = None
+
+    def put(
+        self, iid: str, row: StoredRecord | None, log: dict[str, int] | None
+    ) -> None:
+        """Replace (or with ``None``, remove) the row and save log of *iid*."""
+        if self.undo is not None:
+            self.undo.append((iid, self.rows.get(iid), self.log.get(iid)))
+        _set(self.rows, iid, row)
+        _set(self.log, iid, log)
+
+    def rollback(self) -> None:
+        """Undo every write of the batch, newest first."""
+        undo, self.undo = self.undo or [], None
+        for iid, row, log in reversed(undo):
+            _set(self.rows, iid, row)
+            _set(self.log, iid, log)
+
+
+def _set(table: dict[str, Any], key: str, value: Any) -> None:
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = value
+
+
+@final
+class MemoryStore(BaseStore[_Tables]):
+    """A thread-safe store in memory, with the same contract as :class:`SQLiteStore`.
+
+    A batch of writes is applied atomically (undone on failure). Snapshots are
+    immutable bytes, so callers can never mutate what is stored.
+    """
+
+    def __init__(self, *, fault_hook: Callable[[str], None] | None = None) -> None:
         """Create an empty store."""
+        super().__init__(fault_hook=fault_hook)
         self._lock = threading.Lock()
-        self._rows: dict[str, StoredRecord] = {}
-        self._log: dict[str, dict[str, int]] = {}  # id -> write id -> revision
+        self._tables = _Tables()
 
-    def load(self, workflow_instance_id: str) -> StoredRecord | None:
-        """See :meth:`~phronomy.storage.WorkflowStore.load`."""
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[_Tables]:
         with self._lock:
-            return self._rows.get(workflow_instance_id)
+            yield self._tables
 
-    def begin(
-        self,
-        workflow_instance_id: str,
-        workflow: str,
-        *,
-        expected_revision: int | None = None,
-    ) -> bool:
-        """See :meth:`~phronomy.storage.WorkflowStore.begin`."""
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[_Tables]:
         with self._lock:
-            row = self._rows.get(workflow_instance_id)
-            if row is None:
-                if expected_revision:
-                    return False
-                self._rows[workflow_instance_id] = StoredRecord(
-                    workflow_instance_id=workflow_instance_id,
-                    workflow=workflow,
-                    revision=0,
-                    status="running",
-                    updated_at_ms=_now_ms(),
+            tables = self._tables
+            tables.undo = []
+            try:
+                yield tables
+            except BaseException:
+                tables.rollback()
+                raise
+            tables.undo = None
+
+    def apply(self, conn: _Tables, op: StoreOp) -> Any:
+        """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
+        match op:
+            case LoadOp(workflow_instance_id=iid):
+                return conn.rows.get(iid)
+            case ListOp():
+                rows = sorted(
+                    (
+                        r
+                        for r in conn.rows.values()
+                        if (op.status is None or r.status == op.status)
+                        and (op.after is None or r.workflow_instance_id > op.after)
+                    ),
+                    key=lambda r: r.workflow_instance_id,
                 )
-                return True
-            if (
-                row.revision != (expected_revision or 0)
-                or row.status == "recovery_required"
-            ):
+                page = tuple(
+                    msgspec.structs.replace(r, snapshot=None) for r in rows[: op.limit]
+                )
+                more = len(rows) > op.limit
+                return InstancePage(
+                    records=page,
+                    next_after=page[-1].workflow_instance_id if more else None,
+                )
+            case FindWriteOp(workflow_instance_id=iid, write_id=write_id):
+                return conn.log.get(iid, {}).get(write_id)
+            case BeginOp():
+                return self._begin(conn, op)
+            case SaveOp(request=request):
+                return self._save(conn, request)
+            case MarkOp():
+                return self._mark(conn, op)
+            case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
+                row = conn.rows.get(iid)
+                if row is None or row.revision != expected:
+                    raise ConflictError(
+                        f"cannot delete workflow instance {iid!r}: at revision "
+                        f"{row.revision if row else None}, expected {expected}"
+                    )
+                conn.put(iid, None, None)
+                return None
+        raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
+
+    @staticmethod
+    def _begin(conn: _Tables, op: BeginOp) -> bool:
+        iid = op.workflow_instance_id
+        row = conn.rows.get(iid)
+        if row is None:
+            if op.expected_revision:
                 return False
-            self._rows[workflow_instance_id] = msgspec.structs.replace(
+            row = StoredRecord(
+                workflow_instance_id=iid,
+                workflow=op.workflow,
+                revision=0,
+                status="running",
+            )
+        elif (
+            row.revision != (op.expected_revision or 0)
+            or row.status == "recovery_required"
+        ):
+            return False
+        conn.put(
+            iid,
+            msgspec.structs.replace(
                 row,
                 status="running",
-                workflow=row.workflow or workflow,
+                workflow=row.workflow or op.workflow,
                 updated_at_ms=_now_ms(),
-            )
-            return True
+            ),
+            conn.log.get(iid),
+        )
+        return True
 
-    def save(self, request: SaveRequest) -> int:
-        """See :meth:`~phronomy.storage.WorkflowStore.save`."""
+    @staticmethod
+    def _save(conn: _Tables, request: Any) -> int:
         iid = request.workflow_instance_id
-        with self._lock:
-            row = self._rows.get(iid)
-            current = 0 if row is None else row.revision
-            if current != (request.expected_revision or 0):
-                raise ConflictError(
-                    f"workflow instance {iid!r} is at revision {current if row else None}, "
-                    f"expected {request.expected_revision}"
-                )
-            revision = current + 1
-            self._rows[iid] = StoredRecord(
+        row = conn.rows.get(iid)
+        current = 0 if row is None else row.revision
+        if current != (request.expected_revision or 0):
+            raise ConflictError(
+                f"workflow instance {iid!r} is at revision {current if row else None}, "
+                f"expected {request.expected_revision}"
+            )
+        revision = current + 1
+        log = {
+            w: r
+            for w, r in conn.log.get(iid, {}).items()
+            if r > revision - SAVE_LOG_DEPTH
+        }
+        log[request.write_id] = revision
+        conn.put(
+            iid,
+            StoredRecord(
                 workflow_instance_id=iid,
                 workflow=request.workflow or (row.workflow if row else ""),
                 revision=revision,
@@ -95,82 +201,31 @@ class MemoryStore(BaseStore):
                 snapshot=request.snapshot,
                 write_id=request.write_id,
                 updated_at_ms=_now_ms(),
-            )
-            log = self._log.setdefault(iid, {})
-            log[request.write_id] = revision
-            if len(log) > SAVE_LOG_DEPTH:
-                self._log[iid] = {
-                    w: r for w, r in log.items() if r > revision - SAVE_LOG_DEPTH
-                }
-            return revision
-
-    def mark(
-        self,
-        workflow_instance_id: str,
-        status: InstanceStatus,
-        *,
-        expected_revision: int | None = None,
-        detail: str | None = None,
-        create: bool = False,
-        workflow: str = "",
-    ) -> bool:
-        """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
-        with self._lock:
-            row = self._rows.get(workflow_instance_id)
-            if row is None and create:
-                row = StoredRecord(
-                    workflow_instance_id=workflow_instance_id,
-                    workflow=workflow,
-                    revision=0,
-                    status=status,
-                )
-            if row is None or (
-                expected_revision is not None and row.revision != expected_revision
-            ):
-                return False
-            self._rows[workflow_instance_id] = msgspec.structs.replace(
-                row, status=status, detail=detail, updated_at_ms=_now_ms()
-            )
-            return True
-
-    def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
-        """See :meth:`~phronomy.storage.WorkflowStore.delete`."""
-        with self._lock:
-            row = self._rows.get(workflow_instance_id)
-            if row is None or row.revision != expected_revision:
-                raise ConflictError(
-                    f"cannot delete workflow instance {workflow_instance_id!r}: at revision "
-                    f"{row.revision if row else None}, expected {expected_revision}"
-                )
-            del self._rows[workflow_instance_id]
-            self._log.pop(workflow_instance_id, None)
-
-    def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
-        with self._lock:
-            return self._log.get(workflow_instance_id, {}).get(write_id)
-
-    def list_instances(
-        self,
-        *,
-        status: InstanceStatus | None = None,
-        limit: int = 100,
-        after: str | None = None,
-    ) -> InstancePage:
-        """See :meth:`~phronomy.storage.WorkflowStore.list_instances`."""
-        with self._lock:
-            rows = sorted(
-                (
-                    r
-                    for r in self._rows.values()
-                    if status is None or r.status == status
-                ),
-                key=lambda r: r.workflow_instance_id,
-            )
-        if after is not None:
-            rows = [r for r in rows if r.workflow_instance_id > after]
-        page = tuple(msgspec.structs.replace(r, snapshot=None) for r in rows[:limit])
-        more = len(rows) > limit
-        return InstancePage(
-            records=page, next_after=page[-1].workflow_instance_id if more else None
+            ),
+            log,
         )
+        return revision
+
+    @staticmethod
+    def _mark(conn: _Tables, op: MarkOp) -> bool:
+        iid = op.workflow_instance_id
+        row = conn.rows.get(iid)
+        if row is None and op.create:
+            row = StoredRecord(
+                workflow_instance_id=iid,
+                workflow=op.workflow,
+                revision=0,
+                status=op.status,
+            )
+        if row is None or (
+            op.expected_revision is not None and row.revision != op.expected_revision
+        ):
+            return False
+        conn.put(
+            iid,
+            msgspec.structs.replace(
+                row, status=op.status, detail=op.detail, updated_at_ms=_now_ms()
+            ),
+            conn.log.get(iid),
+        )
+        return True

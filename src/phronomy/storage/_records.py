@@ -9,18 +9,10 @@ import msgspec
 __all__ = [
     "EXECUTION_KEY_PREFIX",
     "EXECUTION_KIND",
-    "READ_OPS",
-    "BeginOp",
-    "DeleteOp",
     "InstancePage",
     "InstanceStatus",
-    "ListOp",
-    "LoadOp",
-    "MarkOp",
-    "SaveOp",
     "SaveOutcome",
     "SaveRequest",
-    "StoreOp",
     "StoredRecord",
 ]
 
@@ -116,66 +108,3 @@ class InstancePage(msgspec.Struct, frozen=True, kw_only=True):
 
     records: tuple[StoredRecord, ...]
     next_after: str | None = None
-
-
-# --- batched operations (group commit) --------------------------------------------------
-
-
-class LoadOp(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
-    """Read one row (``None`` when absent or still at revision 0)."""
-
-    workflow_instance_id: str
-
-
-class ListOp(msgspec.Struct, frozen=True, kw_only=True, tag="list"):
-    """List rows without snapshots (one :class:`InstancePage`); a read."""
-
-    status: InstanceStatus | None = None
-    limit: int = 100
-    after: str | None = None
-
-
-class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
-    """Mark an instance ``running`` if it is still at *expected_revision*.
-
-    Creates a revision-0 placeholder row when the instance has none yet.
-    """
-
-    workflow_instance_id: str
-    workflow: str
-    expected_revision: int | None = None
-
-
-class SaveOp(msgspec.Struct, frozen=True, kw_only=True, tag="save"):
-    """A revision-checked save; its result is a classified :class:`SaveOutcome`."""
-
-    request: SaveRequest
-
-
-class MarkOp(msgspec.Struct, frozen=True, kw_only=True, tag="mark"):
-    """Set the status of a row still at *expected_revision* (metadata only).
-
-    With ``create=True`` a missing row becomes a revision-0 placeholder of *workflow*
-    with that status, so a failure or an unknown outcome stays visible (and
-    fail-closed) even for an instance that never saved.
-    """
-
-    workflow_instance_id: str
-    status: InstanceStatus
-    expected_revision: int | None = None
-    detail: str | None = None
-    create: bool = False
-    workflow: str = ""
-
-
-class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
-    """Delete a row at *expected_revision*."""
-
-    workflow_instance_id: str
-    expected_revision: int
-
-
-StoreOp = LoadOp | ListOp | BeginOp | SaveOp | MarkOp | DeleteOp
-
-READ_OPS = (LoadOp, ListOp)
-"""Operations that only read (they run on the read lane, outside write transactions)."""

@@ -10,28 +10,23 @@ import threading
 import urllib.parse
 from typing import TYPE_CHECKING, Any, final
 
-import outcome
-
 from phronomy.errors import (
     ConflictError,
     StoreUnavailableError,
     UnsupportedBackendError,
 )
 
-from ._records import (
-    READ_OPS,
+from ._base import BaseStore
+from ._ops import (
     BeginOp,
     DeleteOp,
-    InstancePage,
-    InstanceStatus,
+    FindWriteOp,
     ListOp,
     LoadOp,
     MarkOp,
     SaveOp,
-    SaveOutcome,
-    SaveRequest,
-    StoredRecord,
 )
+from ._records import InstancePage
 from ._sqlite_errors import translate
 from ._sqlite_schema import (
     MIGRATIONS,
@@ -47,17 +42,18 @@ from ._sqlite_schema import (
     SQL_MARK,
     SQL_MARK_OR_CREATE,
     SQL_RESUME,
+    SQL_REVISION,
     SQL_UPDATE,
     filesystem_type,
     now_ms,
     record_from_row,
 )
-from ._store import BaseStore
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator, Sequence
+    from collections.abc import Callable, Iterator
 
-    from ._records import StoreOp
+    from ._ops import StoreOp
+    from ._records import SaveRequest
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -65,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 
 @final
-class SQLiteStore(BaseStore):
+class SQLiteStore(BaseStore[sqlite3.Connection]):
     """A :class:`WorkflowStore` in one SQLite file (the embedded default).
 
     * WAL journal, ``synchronous=FULL`` (a saved terminal state survives power loss),
@@ -113,14 +109,14 @@ class SQLiteStore(BaseStore):
             read_only: open an existing database for reading only (operators'
                 tools): a missing file is an error, nothing is created or migrated,
                 and writes fail with :class:`~phronomy.StoreUnavailableError`.
-            fault_hook: test hook called with a fault point name (``"save.statement"``,
-                ``"commit.before"``, ``"commit.after"``); it may raise or delay.
+            fault_hook: test hook called at each fault point (see
+                :class:`~phronomy.storage.BaseStore`); it may raise or delay.
         """
+        super().__init__(fault_hook=fault_hook)
         self._path = os.fspath(path)
         self._read_only = read_only
         self._busy_timeout = busy_timeout
         self._allow_network_fs = allow_network_filesystem
-        self._fault = fault_hook
         self._lock = threading.RLock()
         self._conn: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
@@ -158,6 +154,7 @@ class SQLiteStore(BaseStore):
             UnsupportedBackendError: a newer schema, an old SQLite, or a network
                 filesystem.
         """
+        super().open()
         with self._lock, self._translated():
             self._connection()
 
@@ -278,7 +275,7 @@ class SQLiteStore(BaseStore):
             raise
 
     def close(self) -> None:
-        """Close the connection (the next call reopens it)."""
+        """Close the connections (the next call reopens them)."""
         with self._lock:
             if self._conn is not None:
                 self._conn.close()
@@ -297,227 +294,72 @@ class SQLiteStore(BaseStore):
                 conn.rollback()
 
     @contextlib.contextmanager
-    def _transaction(self) -> Iterator[sqlite3.Connection]:
-        with self._translated():
+    def _writing(self) -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction on the write connection."""
+        with self._lock, self._translated():
             conn = self._connection()
             conn.execute("BEGIN IMMEDIATE")
             try:
                 yield conn
-                self._hook("commit.before")
                 conn.execute("COMMIT")
             except BaseException:
                 if conn.in_transaction:
                     conn.rollback()
                 raise
-        self._hook("commit.after")
 
-    def _hook(self, point: str) -> None:
-        if self._fault is not None:
-            self._fault(point)
+    # --- operations ----------------------------------------------------------------
 
-    # --- single operations ---------------------------------------------------------
-
-    def load(self, workflow_instance_id: str) -> StoredRecord | None:
-        """See :meth:`~phronomy.storage.WorkflowStore.load`."""
-        with self._reading() as conn:
-            row = conn.execute(SQL_LOAD, (workflow_instance_id,)).fetchone()
-        return None if row is None else record_from_row(row)
-
-    def begin(
-        self,
-        workflow_instance_id: str,
-        workflow: str,
-        *,
-        expected_revision: int | None = None,
-    ) -> bool:
-        """See :meth:`~phronomy.storage.WorkflowStore.begin`."""
-        with self._lock, self._transaction() as conn:
-            return self._begin(conn, workflow_instance_id, workflow, expected_revision)
-
-    def save(self, request: SaveRequest) -> int:
-        """See :meth:`~phronomy.storage.WorkflowStore.save`."""
-        with self._lock, self._transaction() as conn:
-            return self._save(conn, request)
-
-    def mark(
-        self,
-        workflow_instance_id: str,
-        status: InstanceStatus,
-        *,
-        expected_revision: int | None = None,
-        detail: str | None = None,
-        create: bool = False,
-        workflow: str = "",
-    ) -> bool:
-        """See :meth:`~phronomy.storage.WorkflowStore.mark`."""
-        with self._lock, self._transaction() as conn:
-            return self._mark(
-                conn,
-                MarkOp(
-                    workflow_instance_id=workflow_instance_id,
-                    status=status,
-                    expected_revision=expected_revision,
-                    detail=detail,
-                    create=create,
-                    workflow=workflow,
-                ),
-            )
-
-    def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
-        """See :meth:`~phronomy.storage.WorkflowStore.delete`."""
-        with self._lock, self._transaction() as conn:
-            self._delete(conn, workflow_instance_id, expected_revision)
-
-    def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """See :meth:`~phronomy.storage.WorkflowStore.find_write`."""
-        with self._reading() as conn:
-            row = conn.execute(
-                SQL_FIND_WRITE, (workflow_instance_id, write_id)
-            ).fetchone()
-        return None if row is None else int(row[0])
-
-    def list_instances(
-        self,
-        *,
-        status: InstanceStatus | None = None,
-        limit: int = 100,
-        after: str | None = None,
-    ) -> InstancePage:
-        """See :meth:`~phronomy.storage.WorkflowStore.list_instances`."""
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
-        with self._reading() as conn:
-            rows = conn.execute(
-                SQL_LIST, {"status": status, "after": after, "limit": limit + 1}
-            ).fetchall()
-        records = tuple(record_from_row(row) for row in rows[:limit])
-        more = len(rows) > limit
-        return InstancePage(
-            records=records,
-            next_after=records[-1].workflow_instance_id if more else None,
-        )
-
-    # --- group commit --------------------------------------------------------------
-
-    def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
-        """Run a batch in order; all of it in one ``BEGIN IMMEDIATE`` transaction.
-
-        A conflict fails only its own operation. If the transaction as a whole fails
-        with an unknown outcome, each save in it is reconciled on its own.
-        """
-        if all(isinstance(op, READ_OPS) for op in ops):
-            # reads only: the read connection, no transaction
-            return [outcome.capture(self._run_op, op) for op in ops]
-        with self._lock:
-            results: list[outcome.Outcome[Any]] = []
-            try:
-                with self._transaction() as conn:
-                    self._apply_batch(conn, ops, results)
-            except Exception as exc:  # noqa: BLE001 - the whole transaction's outcome is unknown
-                return [
-                    self._uncertain(op, exc, results, i) for i, op in enumerate(ops)
-                ]
-            return results
-
-    def _uncertain(
-        self,
-        op: StoreOp,
-        error: Exception,
-        results: list[outcome.Outcome[Any]],
-        index: int,
-    ) -> outcome.Outcome[Any]:
-        if isinstance(op, SaveOp):
-            return outcome.Value(self.reconcile(op.request, error))
-        if isinstance(op, READ_OPS) and index < len(results):
-            return results[index]  # a read that already completed stays valid
-        return outcome.Error(error)
-
-    def _apply_batch(
-        self,
-        conn: sqlite3.Connection,
-        ops: Sequence[StoreOp],
-        results: list[outcome.Outcome[Any]],
-    ) -> None:
-        """Append each op's outcome to *results*, in order."""
-        for op in ops:
-            if isinstance(op, SaveOp):
-                try:
-                    revision = self._save(conn, op.request)
-                except ConflictError as exc:
-                    done = SaveOutcome(outcome="known_failure", error=exc)
-                else:
-                    done = SaveOutcome(outcome="success", revision=revision)
-                results.append(outcome.Value(done))
-            else:
-                results.append(self._apply_one(conn, op))
-
-    def _apply_one(
-        self,
-        conn: sqlite3.Connection,
-        op: LoadOp | ListOp | BeginOp | MarkOp | DeleteOp,
-    ) -> outcome.Outcome[Any]:
-        if isinstance(op, LoadOp):
-            row = conn.execute(SQL_LOAD, (op.workflow_instance_id,)).fetchone()
-            return outcome.Value(None if row is None else record_from_row(row))
-        if isinstance(op, ListOp):
-            return outcome.capture(
-                self.list_instances, status=op.status, limit=op.limit, after=op.after
-            )
-        if isinstance(op, BeginOp):
-            return outcome.capture(
-                self._begin,
-                conn,
-                op.workflow_instance_id,
-                op.workflow,
-                op.expected_revision,
-            )
-        if isinstance(op, MarkOp):
-            return outcome.capture(self._mark, conn, op)
-        result: outcome.Outcome[Any] = outcome.capture(
-            self._delete, conn, op.workflow_instance_id, op.expected_revision
-        )
-        return result
-
-    # --- statements (called with the lock held, inside a transaction) ------------------
+    def apply(self, conn: sqlite3.Connection, op: StoreOp) -> Any:
+        """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
+        match op:
+            case LoadOp(workflow_instance_id=iid):
+                row = conn.execute(SQL_LOAD, (iid,)).fetchone()
+                return None if row is None else record_from_row(row)
+            case ListOp(status=status, limit=limit, after=after):
+                rows = conn.execute(
+                    SQL_LIST, {"status": status, "after": after, "limit": limit + 1}
+                ).fetchall()
+                records = tuple(record_from_row(row) for row in rows[:limit])
+                more = len(rows) > limit
+                return InstancePage(
+                    records=records,
+                    next_after=records[-1].workflow_instance_id if more else None,
+                )
+            case FindWriteOp(workflow_instance_id=iid, write_id=write_id):
+                row = conn.execute(SQL_FIND_WRITE, (iid, write_id)).fetchone()
+                return None if row is None else int(row[0])
+            case BeginOp():
+                params = {
+                    "id": op.workflow_instance_id,
+                    "workflow": op.workflow,
+                    "now": now_ms(),
+                    "expected": op.expected_revision,
+                }
+                sql = SQL_RESUME if op.expected_revision else SQL_BEGIN
+                return conn.execute(sql, params).rowcount == 1
+            case SaveOp(request=request):
+                return self._save(conn, request)
+            case MarkOp():
+                cursor = conn.execute(
+                    SQL_MARK_OR_CREATE if op.create else SQL_MARK,
+                    {
+                        "id": op.workflow_instance_id,
+                        "workflow": op.workflow,
+                        "status": op.status,
+                        "detail": op.detail,
+                        "now": now_ms(),
+                        "expected": op.expected_revision,
+                    },
+                )
+                return cursor.rowcount == 1
+            case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
+                if conn.execute(SQL_DELETE, (iid, expected)).rowcount != 1:
+                    raise _conflict(conn, iid, expected, "delete")
+                return None
+        raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
     @staticmethod
-    def _mark(conn: sqlite3.Connection, op: MarkOp) -> bool:
-        cursor = conn.execute(
-            SQL_MARK_OR_CREATE if op.create else SQL_MARK,
-            {
-                "id": op.workflow_instance_id,
-                "workflow": op.workflow,
-                "status": op.status,
-                "detail": op.detail,
-                "now": now_ms(),
-                "expected": op.expected_revision,
-            },
-        )
-        return cursor.rowcount == 1
-
-    def _delete(
-        self, conn: sqlite3.Connection, workflow_instance_id: str, expected: int
-    ) -> None:
-        if conn.execute(SQL_DELETE, (workflow_instance_id, expected)).rowcount != 1:
-            raise self._conflict(conn, workflow_instance_id, expected, "delete")
-
-    @staticmethod
-    def _begin(
-        conn: sqlite3.Connection,
-        workflow_instance_id: str,
-        workflow: str,
-        expected: int | None,
-    ) -> bool:
-        params = {
-            "id": workflow_instance_id,
-            "workflow": workflow,
-            "now": now_ms(),
-            "expected": expected,
-        }
-        cursor = conn.execute(SQL_RESUME if expected else SQL_BEGIN, params)
-        return cursor.rowcount == 1
-
-    def _save(self, conn: sqlite3.Connection, request: SaveRequest) -> int:
+    def _save(conn: sqlite3.Connection, request: SaveRequest) -> int:
         expected = request.expected_revision
         params = {
             "id": request.workflow_instance_id,
@@ -530,24 +372,20 @@ class SQLiteStore(BaseStore):
             "expected": expected,
         }
         cursor = conn.execute(SQL_UPDATE if expected else SQL_CREATE, params)
-        self._hook("save.statement")
         if cursor.rowcount != 1:
-            raise self._conflict(conn, request.workflow_instance_id, expected, "save")
+            raise _conflict(conn, request.workflow_instance_id, expected, "save")
         return (expected or 0) + 1
 
-    @staticmethod
-    def _conflict(
-        conn: sqlite3.Connection,
-        workflow_instance_id: str,
-        expected: int | None,
-        action: str,
-    ) -> ConflictError:
-        row = conn.execute(
-            "SELECT revision FROM phronomy_workflow_instances WHERE instance_id = ?",
-            (workflow_instance_id,),
-        ).fetchone()
-        found = None if row is None else row[0]
-        return ConflictError(
-            f"cannot {action} workflow instance {workflow_instance_id!r}: expected revision "
-            f"{expected}, the store has {found or 'no saved revision'}"
-        )
+
+def _conflict(
+    conn: sqlite3.Connection,
+    workflow_instance_id: str,
+    expected: int | None,
+    action: str,
+) -> ConflictError:
+    row = conn.execute(SQL_REVISION, (workflow_instance_id,)).fetchone()
+    found = None if row is None else row[0]
+    return ConflictError(
+        f"cannot {action} workflow instance {workflow_instance_id!r}: expected revision "
+        f"{expected}, the store has {found or 'no saved revision'}"
+    )

@@ -28,6 +28,7 @@ __all__ = [
     "SQL_MARK",
     "SQL_MARK_OR_CREATE",
     "SQL_RESUME",
+    "SQL_REVISION",
     "SQL_UPDATE",
     "filesystem_type",
     "now_ms",
@@ -98,6 +99,7 @@ SQL_FOREIGN_TABLES = (
     "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
     "AND name NOT LIKE 'phronomy_%'"
 )
+SQL_REVISION = "SELECT revision FROM phronomy_workflow_instances WHERE instance_id = ?"
 SQL_LOAD = f"SELECT {COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = ?"  # noqa: S608 - constant
 SQL_BEGIN = """
     INSERT INTO phronomy_workflow_instances

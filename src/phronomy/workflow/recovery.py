@@ -18,6 +18,7 @@ from phronomy.storage import (
     quarantined_instances,
     release_quarantine,
     resolve_stored,
+    run_op,
 )
 
 from .messages import RecoveryEntry, ResolveCommand, validate_instance_id
@@ -193,7 +194,7 @@ def _resolve_stored(
         # nothing durable to settle: only this process's admission or quarantine
         if not (release_quarantine(store.identity, iid) or resolved_locally):
             raise
-        record = store.load(iid)
+        record = run_op(store, LoadOp(workflow_instance_id=iid))
     return None if record is None else msgspec.structs.replace(record, snapshot=None)
 
 

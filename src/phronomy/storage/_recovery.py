@@ -7,7 +7,9 @@ from typing import TYPE_CHECKING, Literal
 from phronomy.errors import ConflictError, NotFoundError
 
 from ._codec import FINISH_PHASE
+from ._ops import LoadOp, MarkOp
 from ._quarantine import quarantined, release_quarantine
+from ._store import run_op
 
 if TYPE_CHECKING:
     from ._records import InstanceStatus, StoredRecord
@@ -46,7 +48,7 @@ def resolve_stored(
         ConflictError: the row changed during the resolution (try again).
     """
     iid = workflow_instance_id
-    record = store.load(iid)
+    record: StoredRecord | None = run_op(store, LoadOp(workflow_instance_id=iid))
     fenced = quarantined(store.identity, iid) is not None
     if record is None or (record.status != "recovery_required" and not fenced):
         raise NotFoundError(f"workflow instance {iid!r} does not require recovery")
@@ -60,11 +62,20 @@ def resolve_stored(
             else ("halted" if record.phase else "failed")
         )
         detail = f"durable revision {record.revision} adopted by {by}"
-    if not store.mark(iid, status, expected_revision=record.revision, detail=detail):
+    marked = run_op(
+        store,
+        MarkOp(
+            workflow_instance_id=iid,
+            status=status,
+            expected_revision=record.revision,
+            detail=detail,
+        ),
+    )
+    if not marked:
         raise ConflictError(
             f"workflow instance {iid!r} changed during resolution; retry"
         )
-    resolved = store.load(iid)
+    resolved: StoredRecord | None = run_op(store, LoadOp(workflow_instance_id=iid))
     if resolved is None:
         raise ConflictError(f"workflow instance {iid!r} was deleted during resolution")
     release_quarantine(store.identity, iid)

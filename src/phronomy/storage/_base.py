@@ -1,0 +1,317 @@
+"""The store contract written once: batches, fault points, reconciliation, one-op helpers."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+
+import outcome
+
+from phronomy.errors import ConflictError
+
+from ._ops import (
+    READ_OPS,
+    BeginOp,
+    DeleteOp,
+    FindWriteOp,
+    ListOp,
+    LoadOp,
+    MarkOp,
+    SaveOp,
+    op_name,
+)
+from ._records import SaveOutcome
+from ._store import KNOWN_FAILURES, classify_uncertain_save
+
+if TYPE_CHECKING:
+    import contextlib
+    from collections.abc import Callable, Sequence
+
+    from ._ops import StoreOp
+    from ._records import InstancePage, InstanceStatus, SaveRequest, StoredRecord
+
+__all__ = ["BaseStore"]
+
+logger = logging.getLogger(__name__)
+
+C = TypeVar("C")
+
+
+class BaseStore(Generic[C]):
+    """A store: the batch logic of the contract around one backend ``apply``.
+
+    A backend implements :meth:`_reading` (a connection that sees committed data),
+    :meth:`_writing` (one transaction: committed when the block ends, rolled back when it
+    raises) and :meth:`apply` (one operation on that connection), and may override
+    :meth:`open`, :meth:`close`, :meth:`fence` and :attr:`identity`.
+
+    :meth:`execute` runs a batch: reads on the read connection; writes in one
+    transaction, where a conflict fails only its own operation. If the transaction as a
+    whole fails, or an error arrives after its commit, its outcome is unknown: each save
+    in it is reconciled on its own (:meth:`reconcile`), every other write fails with
+    the error.
+
+    Fault points (``fault_hook(name)`` may raise or delay, for tests):
+    ``<op>.before`` (nothing of the operation ran; for a write, the whole transaction
+    is abandoned), ``<op>.applied`` (it ran, not committed), ``commit.before``,
+    ``commit.after`` (the batch committed, then an error), ``<op>.after`` (likewise, for
+    one operation), ``readback.before`` (the reconciliation read), ``open.before``.
+    ``<op>`` is the operation's name: ``load``, ``list``, ``find_write``, ``begin``,
+    ``save``, ``mark``, ``delete``.
+    """
+
+    max_concurrency = 1
+
+    def __init__(self, *, fault_hook: Callable[[str], None] | None = None) -> None:
+        """Set the test hook called at each fault point (see the class docstring)."""
+        self.fault_hook = fault_hook
+
+    # --- the backend ---------------------------------------------------------------
+
+    def _reading(self) -> contextlib.AbstractContextManager[C]:
+        raise NotImplementedError
+
+    def _writing(self) -> contextlib.AbstractContextManager[C]:
+        raise NotImplementedError
+
+    def apply(self, conn: C, op: StoreOp) -> Any:
+        """Run one operation on *conn* (backend).
+
+        Raises:
+            ConflictError: a revision precondition failed (that operation only).
+        """
+        raise NotImplementedError
+
+    @property
+    def identity(self) -> str:
+        """See :attr:`~phronomy.storage.WorkflowStore.identity` (this object)."""
+        return f"{type(self).__name__}:{id(self):x}"
+
+    def open(self) -> None:
+        """See :meth:`~phronomy.storage.WorkflowStore.open`."""
+        self._hook("open.before")
+
+    def close(self) -> None:
+        """See :meth:`~phronomy.storage.WorkflowStore.close`."""
+
+    def fence(self) -> None:
+        """Make sure no earlier failed transaction of this store can still commit."""
+
+    def __enter__(self) -> Self:
+        """Use the store in a ``with`` block that closes it at the end."""
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        """Close the store."""
+        self.close()
+
+    # --- batches -------------------------------------------------------------------
+
+    def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
+        """See :meth:`~phronomy.storage.WorkflowStore.execute`."""
+        if all(isinstance(op, READ_OPS) for op in ops):
+            with self._reading() as conn:
+                return [outcome.capture(self._read, conn, op) for op in ops]
+        results: list[outcome.Outcome[Any]] = []
+        try:
+            with self._writing() as conn:
+                results.extend(self._write(conn, op) for op in ops)
+                self._hook("commit.before")
+            self._hook("commit.after")
+        except Exception as exc:  # noqa: BLE001 - the transaction's outcome is unknown
+            return [self._uncertain(op, exc, results, i) for i, op in enumerate(ops)]
+        for i, op in enumerate(ops):
+            try:
+                self._hook(f"{op_name(op)}.after")
+            except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
+                results[i] = self._uncertain(op, exc, results, i)
+        return results
+
+    def _read(self, conn: C, op: StoreOp) -> Any:
+        name = op_name(op)
+        self._hook(f"{name}.before")
+        value = self.apply(conn, op)
+        self._hook(f"{name}.after")
+        return value
+
+    def _write(self, conn: C, op: StoreOp) -> outcome.Outcome[Any]:
+        """Apply one operation inside the batch's transaction.
+
+        A known failure (a conflict) is that operation's result; any other error
+        abandons the whole transaction.
+        """
+        name = op_name(op)
+        self._hook(f"{name}.before")
+        try:
+            value = self.apply(conn, op)
+        except KNOWN_FAILURES as exc:
+            self._hook(f"{name}.applied")
+            if isinstance(op, SaveOp):
+                return outcome.Value(SaveOutcome(outcome="known_failure", error=exc))
+            return outcome.Error(exc)
+        self._hook(f"{name}.applied")
+        if isinstance(op, SaveOp):
+            return outcome.Value(SaveOutcome(outcome="success", revision=value))
+        return outcome.Value(value)
+
+    def _uncertain(
+        self,
+        op: StoreOp,
+        error: Exception,
+        results: list[outcome.Outcome[Any]],
+        index: int,
+    ) -> outcome.Outcome[Any]:
+        if isinstance(op, SaveOp):
+            return outcome.Value(self.reconcile(op.request, error))
+        if isinstance(op, READ_OPS) and index < len(results):
+            return results[index]  # a read that already completed stays valid
+        return outcome.Error(error)
+
+    def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
+        """Classify a save with an unknown outcome once it can no longer commit.
+
+        Never saves again. The failed transaction is fenced first (:meth:`fence`), then
+        the row and the save log are read back.
+
+        Returns:
+            ``success`` with the logged revision (post-state), ``known_failure`` with
+            the original *error* (pre-state), or ``outcome_unknown`` (neither, or the
+            read-back failed).
+        """
+        iid = request.workflow_instance_id
+        try:
+            self._hook("readback.before")
+            self.fence()
+            with self._reading() as conn:
+                record = self.apply(conn, LoadOp(workflow_instance_id=iid))
+                logged = self.apply(
+                    conn,
+                    FindWriteOp(workflow_instance_id=iid, write_id=request.write_id),
+                )
+        except Exception as read_error:  # noqa: BLE001 - reported as the unknown outcome
+            logger.warning("reconciliation read of %r failed: %r", iid, read_error)
+            return SaveOutcome(outcome="outcome_unknown", error=read_error)
+        verdict = classify_uncertain_save(record, logged, request)
+        if verdict == "post":
+            revision = logged if logged is not None else record.revision
+            logger.info(
+                "uncertain save of %r had committed (revision %s)", iid, revision
+            )
+            return SaveOutcome(outcome="success", revision=revision)
+        if verdict == "pre":
+            return SaveOutcome(outcome="known_failure", error=error)
+        conflict = ConflictError(
+            "Workflow terminal Persistence outcome conflicts with both expected pre-state "
+            f"and intended post-state for workflow instance {iid!r} (expected revision "
+            f"{request.expected_revision}, found {record.revision if record else None})"
+        )
+        conflict.__cause__ = error
+        return SaveOutcome(outcome="outcome_unknown", error=conflict)
+
+    def _hook(self, point: str) -> None:
+        if self.fault_hook is not None:
+            self.fault_hook(point)
+
+    # --- one operation at a time (operators, tests) ----------------------------------
+
+    def run(self, op: StoreOp) -> Any:
+        """Run one operation and return its result (or raise its error)."""
+        return self.execute([op])[0].unwrap()
+
+    def load(self, workflow_instance_id: str) -> StoredRecord | None:
+        """The row of *workflow_instance_id*, or ``None``."""
+        record: StoredRecord | None = self.run(
+            LoadOp(workflow_instance_id=workflow_instance_id)
+        )
+        return record
+
+    def list_instances(
+        self,
+        *,
+        status: InstanceStatus | None = None,
+        limit: int = 100,
+        after: str | None = None,
+    ) -> InstancePage:
+        """One page of rows (without snapshots), ordered by id.
+
+        Raises:
+            ValueError: *limit* is below 1.
+        """
+        if limit < 1:
+            raise ValueError("limit must be >= 1")
+        page: InstancePage = self.run(ListOp(status=status, limit=limit, after=after))
+        return page
+
+    def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
+        """The revision the save *write_id* committed, or ``None``."""
+        revision: int | None = self.run(
+            FindWriteOp(workflow_instance_id=workflow_instance_id, write_id=write_id)
+        )
+        return revision
+
+    def save_classified(self, request: SaveRequest) -> SaveOutcome:
+        """Save and classify the result; never raises for store errors."""
+        result: SaveOutcome = self.run(SaveOp(request=request))
+        return result
+
+    def save(self, request: SaveRequest) -> int:
+        """Save and return the new revision.
+
+        Raises:
+            ConflictError: the revision check failed.
+            Exception: the error of a failed save, or of one whose outcome is unknown.
+        """
+        result = self.save_classified(request)
+        if result.outcome != "success" or result.revision is None:
+            assert result.error is not None
+            raise result.error
+        return result.revision
+
+    def begin(
+        self,
+        workflow_instance_id: str,
+        workflow: str,
+        *,
+        expected_revision: int | None = None,
+    ) -> bool:
+        """See :class:`~phronomy.storage.BeginOp`."""
+        marked: bool = self.run(
+            BeginOp(
+                workflow_instance_id=workflow_instance_id,
+                workflow=workflow,
+                expected_revision=expected_revision,
+            )
+        )
+        return marked
+
+    def mark(
+        self,
+        workflow_instance_id: str,
+        status: InstanceStatus,
+        *,
+        expected_revision: int | None = None,
+        detail: str | None = None,
+        create: bool = False,
+        workflow: str = "",
+    ) -> bool:
+        """See :class:`~phronomy.storage.MarkOp`."""
+        changed: bool = self.run(
+            MarkOp(
+                workflow_instance_id=workflow_instance_id,
+                status=status,
+                expected_revision=expected_revision,
+                detail=detail,
+                create=create,
+                workflow=workflow,
+            )
+        )
+        return changed
+
+    def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
+        """See :class:`~phronomy.storage.DeleteOp`."""
+        self.run(
+            DeleteOp(
+                workflow_instance_id=workflow_instance_id,
+                expected_revision=expected_revision,
+            )
+        )

@@ -1,0 +1,110 @@
+"""The operations of the store contract: everything a runtime asks of a store.
+
+A store runs a batch of operations with :meth:`~phronomy.storage.WorkflowStore.execute`:
+reads on a connection that sees committed data, writes in one transaction (group
+commit), each write still revision-checked on its own. Each backend implements one
+``apply(connection, op)``; the batch logic around it is written once
+(:class:`~phronomy.storage.BaseStore`).
+"""
+
+from __future__ import annotations
+
+import msgspec
+
+from ._records import InstanceStatus, SaveRequest
+
+__all__ = [
+    "READ_OPS",
+    "BeginOp",
+    "DeleteOp",
+    "FindWriteOp",
+    "ListOp",
+    "LoadOp",
+    "MarkOp",
+    "SaveOp",
+    "StoreOp",
+    "op_name",
+]
+
+
+class LoadOp(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
+    """Read one row; the result is a :class:`StoredRecord` or ``None``."""
+
+    workflow_instance_id: str
+
+
+class ListOp(msgspec.Struct, frozen=True, kw_only=True, tag="list"):
+    """List rows without snapshots, ordered by id; the result is an :class:`InstancePage`."""
+
+    status: InstanceStatus | None = None
+    limit: int = 100
+    after: str | None = None
+
+
+class FindWriteOp(msgspec.Struct, frozen=True, kw_only=True, tag="find_write"):
+    """The revision a save with *write_id* committed, or ``None`` if it never did.
+
+    Stores remember at least the last :data:`SAVE_LOG_DEPTH` saves of an instance; an
+    older one may be reported as ``None`` (reconciliation then fails closed).
+    """
+
+    workflow_instance_id: str
+    write_id: str
+
+
+class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
+    """Mark an instance ``running`` if it is still at *expected_revision*.
+
+    Creates a revision-0 placeholder row when the instance has none yet. The result
+    says whether a row was marked (``False`` if it moved on or requires recovery).
+    """
+
+    workflow_instance_id: str
+    workflow: str
+    expected_revision: int | None = None
+
+
+class SaveOp(msgspec.Struct, frozen=True, kw_only=True, tag="save"):
+    """A revision-checked save; the result is a classified :class:`SaveOutcome`.
+
+    ``expected_revision=None`` creates revision 1 (also over a revision-0 placeholder);
+    ``expected_revision=N`` on revision N creates N+1; anything else is a conflict.
+    """
+
+    request: SaveRequest
+
+
+class MarkOp(msgspec.Struct, frozen=True, kw_only=True, tag="mark"):
+    """Set the status of a row still at *expected_revision* (any revision if ``None``).
+
+    Metadata only; the result says whether a row changed. With ``create=True`` a missing
+    row becomes a revision-0 placeholder of *workflow* with that status, so a failure or
+    an unknown outcome stays visible (and fail-closed) even for an instance that never
+    saved.
+    """
+
+    workflow_instance_id: str
+    status: InstanceStatus
+    expected_revision: int | None = None
+    detail: str | None = None
+    create: bool = False
+    workflow: str = ""
+
+
+class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
+    """Delete a row at *expected_revision* (a conflict otherwise)."""
+
+    workflow_instance_id: str
+    expected_revision: int
+
+
+StoreOp = LoadOp | ListOp | FindWriteOp | BeginOp | SaveOp | MarkOp | DeleteOp
+"""Every operation a store runs."""
+
+READ_OPS = (LoadOp, ListOp, FindWriteOp)
+"""Operations that only read (they run on the read lane, outside write transactions)."""
+
+
+def op_name(op: StoreOp) -> str:
+    """The operation's name (``"load"``, ``"save"``, ...), used by fault points."""
+    return type(op).__struct_config__.tag  # type: ignore[return-value]
