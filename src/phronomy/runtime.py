@@ -13,15 +13,11 @@ import trio
 
 from phronomy._portal import ThreadPortal
 from phronomy.agent import ExecutionCoordinator, Executions
+from phronomy.durability import DurabilityService
 from phronomy.engine import open_engine
 from phronomy.errors import ConfigurationError
 from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
-from phronomy.workflow import (
-    RecoveryClient,
-    StoreGateway,
-    WorkflowClient,
-    WorkflowRunner,
-)
+from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowRunner
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -207,9 +203,9 @@ async def open_runtime(
                         f"{store!r} was opened with read_only=True; a runtime writes to "
                         "its store (read-only stores are for inspecting a database)"
                     )
-                gateway = StoreGateway(engine, store, queue_size=queue_size)
+                gateway = DurabilityService(engine, store, queue_size=queue_size)
                 # a broken, foreign or read-only file is refused before anything runs
-                await gateway.pool.run(store.open)
+                await gateway.open()
             runner = WorkflowRunner(
                 engine, gateway, max_snapshot_bytes=max_snapshot_bytes
             )

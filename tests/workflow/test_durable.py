@@ -663,7 +663,7 @@ async def test_refused_save_submission_is_a_known_failure(
     flow = live_flow()
     async with runtime_on(store) as rt:
         handle = await start_live(rt, flow, "ref")
-        rt._runner.gateway.pool.close()  # type: ignore[union-attr]
+        rt.pool("phronomy.store").close()  # the store refuses the terminal save
         rt.signal(flow, "ref", "finish")
         with pytest.raises(phronomy.PoolShutdownError):
             await handle.result()

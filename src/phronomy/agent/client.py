@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, final
@@ -21,7 +20,7 @@ from phronomy.errors import (
     NotFoundError,
     RuntimeShutdownError,
 )
-from phronomy.storage import DeleteOp, LoadOp
+from phronomy.storage import DeleteOp, LoadOp, quarantined, release_quarantine
 from phronomy.workflow.messages import validate_instance_id
 
 from .messages import (
@@ -38,8 +37,9 @@ from .records import (
     StaleExecution,
     agent_key,
     decode_record,
-    resolve_record,
-    stale_records,
+    record_resolution,
+    stale_entry,
+    written,
 )
 
 if TYPE_CHECKING:
@@ -399,16 +399,24 @@ class Executions:
             Safe: nothing is changed.
         """
         local = set(self._registry.recovery_keys())
-        gateway = self._coordinator.gateway
+        service = self._coordinator.gateway
         found: dict[str, StaleExecution] = {}
-        if gateway is not None:
-            listed = await gateway.pool.run(stale_records, gateway.store)
-            found = {
-                s.agent_id: s
-                for s in listed
-                if s.agent_id in local
-                or not self._registry.agent_execution_admitted(s.agent_id)
-            }
+        if service is not None:
+            identity = service.store.identity
+            for status in ("running", "recovery_required"):
+                for listed in await service.list_all("execution", status):
+                    key = listed.workflow_instance_id
+                    row, record = await service.run(
+                        LoadOp(workflow_instance_id=key), finish=decode_record
+                    )
+                    entry = stale_entry(
+                        row, record, quarantined=quarantined(identity, key) is not None
+                    )
+                    if entry is not None and (
+                        entry.agent_id in local
+                        or not self._registry.agent_execution_admitted(entry.agent_id)
+                    ):
+                        found[entry.agent_id] = entry
         for key in local:
             found[key] = msgspec.structs.replace(
                 found.get(key)
@@ -466,21 +474,32 @@ class Executions:
                 "Runtime rejected the resolution while shutting down"
             )
         local = await done.result()
-        gateway = self._coordinator.gateway
-        if gateway is None:
+        service = self._coordinator.gateway
+        if service is None:
             if not local:
                 raise NotFoundError(f"agent {key!r} has no stale execution")
             return None
-        return await gateway.pool.run(
-            functools.partial(
-                resolve_record,
-                gateway.store,
+        store_key = agent_key(key)
+        identity = service.store.identity
+        row, record = await service.run(
+            LoadOp(workflow_instance_id=store_key), finish=decode_record
+        )
+        try:
+            op, resolved = record_resolution(
                 key,
+                row,
+                record,
                 action,
                 by="runtime.executions.resolve()",
-                missing_ok=local,
+                quarantined=quarantined(identity, store_key) is not None,
             )
-        )
+        except NotFoundError:
+            if local:  # only this runtime's admission needed resolving
+                return None
+            raise
+        written(await service.run(op), key)
+        release_quarantine(identity, store_key)
+        return resolved
 
     def _decide(self, execution_id: str, *, approved: bool, response: Any) -> None:
         self._coordinator.engine.check_thread(

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, final
 import msgspec
 import trio
 
+from phronomy.durability import mark_op, save_outcome
 from phronomy.engine import random_hex
 from phronomy.errors import (
     AgentBusyError,
@@ -26,7 +27,6 @@ from phronomy.storage import (
     check_not_quarantined,
     quarantine,
 )
-from phronomy.workflow.persistence import mark_op, save_outcome
 
 from .context import StepContext
 from .messages import (
@@ -52,9 +52,9 @@ from .registry import AgentRegistry
 if TYPE_CHECKING:
     import outcome
 
+    from phronomy.durability import DurabilityService
     from phronomy.engine import Engine, OffloadPool, ResultHandle
     from phronomy.storage import StoredRecord
-    from phronomy.workflow.persistence import StoreGateway
 
 __all__ = ["ExecutionCoordinator"]
 
@@ -82,7 +82,7 @@ class ExecutionCoordinator:
         engine: Engine,
         *,
         pool: OffloadPool,
-        gateway: StoreGateway | None,
+        gateway: DurabilityService | None,
     ) -> None:
         """Create the coordinator and register its registry on *engine*.
 

@@ -27,6 +27,7 @@ from phronomy.storage import (
     LoadOp,
     MarkOp,
     SaveOp,
+    SaveOutcome,
     SaveRequest,
     decode_snapshot,
     encode_snapshot,
@@ -41,7 +42,6 @@ if TYPE_CHECKING:
     from phronomy.storage import (
         InstancePage,
         InstanceStatus,
-        SaveOutcome,
         StoredRecord,
         WorkflowStore,
     )
@@ -51,8 +51,11 @@ __all__ = [
     "agent_key",
     "decode_record",
     "record_request",
+    "record_resolution",
     "resolve_record",
+    "stale_entry",
     "stale_records",
+    "written",
 ]
 
 _STALE_ROWS: tuple[InstanceStatus, ...] = ("running", "recovery_required")
@@ -136,8 +139,20 @@ def record_request(
     )
 
 
-def _stale(row: StoredRecord, record: ExecutionRecord | None) -> StaleExecution | None:
-    if row.status == "recovery_required":
+def stale_entry(
+    row: StoredRecord | None, record: ExecutionRecord | None, *, quarantined: bool
+) -> StaleExecution | None:
+    """What is stale about an execution key's row, or ``None``.
+
+    Args:
+        row: the key's row, as read.
+        record: its decoded record.
+        quarantined: whether this process refuses the key (an unknown outcome whose
+            ``recovery_required`` mark could not be written).
+    """
+    if row is None:
+        return None
+    if row.status == "recovery_required" or quarantined:
         status: Literal["active", "recovery_required"] = "recovery_required"
     elif record is not None and record.status == "active":
         status = "active"
@@ -153,8 +168,70 @@ def _stale(row: StoredRecord, record: ExecutionRecord | None) -> StaleExecution 
     )
 
 
+def record_resolution(
+    agent_id: str,
+    row: StoredRecord | None,
+    record: ExecutionRecord | None,
+    action: Literal["adopt", "release"],
+    *,
+    by: str,
+    quarantined: bool,
+) -> tuple[MarkOp | SaveOp, ExecutionRecord]:
+    """The revision-checked write that closes a stale record, and the record after it.
+
+    ``adopt`` keeps what the store recorded: a record with a terminal status stays as
+    it is (only a ``recovery_required`` mark is cleared), and one that still says
+    ``active`` is closed as ``abandoned``, since the store recorded no outcome.
+    ``release`` closes the record as ``abandoned`` whatever it says. Either way the
+    execution does not continue; what its steps did before is not known here.
+
+    Raises:
+        NotFoundError: the key has no stale record.
+    """
+    if row is None or stale_entry(row, record, quarantined=quarantined) is None:
+        raise NotFoundError(f"agent {agent_id!r} has no stale execution record")
+    if action == "adopt" and record is not None and record.status != "active":
+        op = MarkOp(
+            workflow_instance_id=row.workflow_instance_id,
+            status="finished",
+            expected_revision=row.revision,
+            detail=f"recorded {record.status} outcome adopted by {by}",
+        )
+        return op, record
+    closed = ExecutionRecord(
+        execution_id=record.execution_id if record is not None else "",
+        status="abandoned",
+        steps_completed=record.steps_completed if record is not None else 0,
+        error=f"{'released' if action == 'release' else 'adopted'} by {by}: "
+        + (
+            "the store recorded no outcome"
+            if record is None or record.status == "active"
+            else f"its recorded outcome was {record.status}"
+        ),
+    )
+    return SaveOp(
+        request=record_request(agent_id, closed, row.revision or None)
+    ), closed
+
+
+def written(result: bool | SaveOutcome, agent_id: str) -> None:
+    """Raise unless the write of a resolution (its result *result*) changed the record.
+
+    Raises:
+        ConflictError: the record changed meanwhile (try again).
+    """
+    if isinstance(result, SaveOutcome):
+        if result.outcome == "success":
+            return
+        if result.error is not None:
+            raise result.error
+    elif result:
+        return
+    raise ConflictError(f"the record of agent {agent_id!r} changed; retry")
+
+
 def stale_records(store: WorkflowStore) -> list[StaleExecution]:
-    """Every execution record that says ``active`` or requires recovery (blocking).
+    """Every execution record that is stale in this process's view (blocking).
 
     Without leases a record that says ``active`` may still belong to an execution that
     runs in *another* process sharing the store; only the caller can know.
@@ -172,14 +249,17 @@ def stale_records(store: WorkflowStore) -> list[StaleExecution]:
             for listed in page.records:
                 if listed.workflow != EXECUTION_KIND:
                     continue
+                key = listed.workflow_instance_id
                 row, record = decode_record(
-                    run_op(
-                        store, LoadOp(workflow_instance_id=listed.workflow_instance_id)
-                    )
+                    run_op(store, LoadOp(workflow_instance_id=key))
                 )
-                stale = None if row is None else _stale(row, record)
-                if stale is not None:
-                    found.append(stale)
+                entry = stale_entry(
+                    row,
+                    record,
+                    quarantined=quarantined(store.identity, key) is not None,
+                )
+                if entry is not None:
+                    found.append(entry)
             if page.next_after is None:
                 break
             after = page.next_after
@@ -192,26 +272,8 @@ def resolve_record(
     action: Literal["adopt", "release"],
     *,
     by: str = "an operator",
-    missing_ok: bool = False,
-) -> ExecutionRecord | None:
-    """Close a stale execution record so the key can start again (blocking).
-
-    ``adopt`` keeps what the store recorded: a record with a terminal status stays as
-    it is (only a ``recovery_required`` mark is cleared), and one that still says
-    ``active`` is closed as ``abandoned``, since the store recorded no outcome.
-    ``release`` closes the record as ``abandoned`` whatever it says. Either way the
-    execution does not continue; what its steps did before is not known here.
-
-    Args:
-        store: the store holding the record.
-        agent_id: the key.
-        action: ``"adopt"`` or ``"release"``.
-        by: who resolved it, recorded in the record.
-        missing_ok: return ``None`` instead of raising when nothing is stale.
-
-    Returns:
-        The record after the resolution (``None`` when *missing_ok* and nothing was
-        stale).
+) -> ExecutionRecord:
+    """Close a stale execution record (blocking; see :func:`record_resolution`).
 
     Raises:
         NotFoundError: the key has no stale record.
@@ -220,48 +282,14 @@ def resolve_record(
     """
     key = agent_key(agent_id)
     row, record = decode_record(run_op(store, LoadOp(workflow_instance_id=key)))
-    stale = None if row is None else _stale(row, record)
-    if row is not None and stale is None and quarantined(store.identity, key):
-        stale = StaleExecution(  # the recovery mark could not be written
-            agent_id=agent_id,
-            execution_id=None if record is None else record.execution_id,
-            status="recovery_required",
-        )
-    if row is None or stale is None:
-        if missing_ok:
-            return None
-        raise NotFoundError(f"agent {agent_id!r} has no stale execution record")
-    if action == "adopt" and record is not None and record.status != "active":
-        marked = run_op(
-            store,
-            MarkOp(
-                workflow_instance_id=key,
-                status="finished",
-                expected_revision=row.revision,
-                detail=f"recorded {record.status} outcome adopted by {by}",
-            ),
-        )
-        if not marked:
-            raise ConflictError(f"the record of agent {agent_id!r} changed; retry")
-        release_quarantine(store.identity, key)
-        return record
-    closed = ExecutionRecord(
-        execution_id=record.execution_id if record is not None else "",
-        status="abandoned",
-        steps_completed=record.steps_completed if record is not None else 0,
-        error=f"{'released' if action == 'release' else 'adopted'} by {by}: "
-        + (
-            "the store recorded no outcome"
-            if record is None or record.status == "active"
-            else f"its recorded outcome was {record.status}"
-        ),
+    op, result = record_resolution(
+        agent_id,
+        row,
+        record,
+        action,
+        by=by,
+        quarantined=quarantined(store.identity, key) is not None,
     )
-    saved: SaveOutcome = run_op(
-        store, SaveOp(request=record_request(agent_id, closed, row.revision or None))
-    )
-    if saved.outcome != "success":
-        raise saved.error or ConflictError(
-            f"the record of agent {agent_id!r} could not be closed; retry"
-        )
+    written(run_op(store, op), agent_id)
     release_quarantine(store.identity, key)
-    return closed
+    return result

@@ -45,7 +45,10 @@ from ._records import (
     SaveRequest as SaveRequest,
     StoredRecord as StoredRecord,
 )
-from ._recovery import resolve_stored as resolve_stored
+from ._recovery import (
+    resolution as resolution,
+    resolve_stored as resolve_stored,
+)
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION, SQLiteStore as SQLiteStore
 from ._store import (
     KNOWN_FAILURES as KNOWN_FAILURES,
@@ -99,6 +102,7 @@ __all__ = [
     "quarantined",
     "quarantined_instances",
     "release_quarantine",
+    "resolution",
     "resolve_stored",
     "run_op",
 ]

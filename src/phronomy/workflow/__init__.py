@@ -17,7 +17,6 @@ from .messages import (
     Step as Step,
     WorkflowResult as WorkflowResult,
 )
-from .persistence import StoreGateway as StoreGateway
 from .recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
 from .runner import WorkflowRunner as WorkflowRunner
 from .state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
@@ -37,7 +36,6 @@ __all__ = [
     "RecoveryEntry",
     "State",
     "Step",
-    "StoreGateway",
     "Transition",
     "Workflow",
     "WorkflowClient",

@@ -8,24 +8,21 @@ import msgspec
 import trio
 
 from phronomy.engine import ResultHandle
-from phronomy.errors import NotFoundError, RuntimeShutdownError
+from phronomy.errors import ConflictError, NotFoundError, RuntimeShutdownError
 from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
-    EXECUTION_KIND,
     LoadOp,
     StoredRecord,
     decode_snapshot_builtins,
+    quarantined,
     quarantined_instances,
     release_quarantine,
-    resolve_stored,
-    run_op,
+    resolution,
 )
 
 from .messages import RecoveryEntry, ResolveCommand, validate_instance_id
 
 if TYPE_CHECKING:
-    from phronomy.storage import WorkflowStore
-
     from .messages import Admission
     from .runner import WorkflowRunner
 
@@ -85,8 +82,7 @@ class RecoveryClient:
             }
             stored = {
                 r.workflow_instance_id: r
-                for r in await gateway.list_all("recovery_required")
-                if r.workflow != EXECUTION_KIND  # supervised executions: see executions
+                for r in await gateway.list_all("workflow", "recovery_required")
             }
         return [
             RecoveryEntry(
@@ -176,26 +172,30 @@ class RecoveryClient:
                     f"workflow instance {iid!r} does not require recovery"
                 )
             return None
-        return await gateway.pool.run(
-            _resolve_stored, gateway.store, iid, action, local is not None
+        record = await gateway.run(LoadOp(workflow_instance_id=iid))
+        identity = gateway.store.identity
+        try:
+            op = resolution(
+                record,
+                iid,
+                action,
+                by="runtime.recovery.resolve()",
+                quarantined=quarantined(identity, iid) is not None,
+            )
+        except NotFoundError:
+            # nothing durable to settle: only this process's admission or quarantine
+            if not (release_quarantine(identity, iid) or local is not None):
+                raise
+        else:
+            if not await gateway.run(op):
+                raise ConflictError(
+                    f"workflow instance {iid!r} changed during resolution; retry"
+                )
+            release_quarantine(identity, iid)
+            record = await gateway.run(LoadOp(workflow_instance_id=iid))
+        return (
+            None if record is None else msgspec.structs.replace(record, snapshot=None)
         )
-
-
-def _resolve_stored(
-    store: WorkflowStore,
-    iid: str,
-    action: Literal["adopt", "release"],
-    resolved_locally: bool,
-) -> StoredRecord | None:
-    record: StoredRecord | None
-    try:
-        record = resolve_stored(store, iid, action)
-    except NotFoundError:
-        # nothing durable to settle: only this process's admission or quarantine
-        if not (release_quarantine(store.identity, iid) or resolved_locally):
-            raise
-        record = run_op(store, LoadOp(workflow_instance_id=iid))
-    return None if record is None else msgspec.structs.replace(record, snapshot=None)
 
 
 def _describe(admission: Admission | None) -> str | None:

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 import msgspec
 
+from phronomy.durability import mark_op
 from phronomy.errors import (
     ConflictError,
     EventRejectedError,
@@ -36,7 +37,7 @@ from .messages import (
     StartCommand,
     WorkflowResult,
 )
-from .persistence import TerminalPersistence, mark_op
+from .persistence import TerminalPersistence
 from .registry import WorkflowRegistry
 from .resolution import resolve_event
 from .session import WorkflowSession
@@ -45,11 +46,11 @@ from .state import build_state
 if TYPE_CHECKING:
     import outcome
 
+    from phronomy.durability import DurabilityService
     from phronomy.engine import Engine, ResultHandle
     from phronomy.storage import StoredRecord
 
     from .definition import WorkflowDefinition
-    from .persistence import StoreGateway
     from .state import State
 
 __all__ = ["WorkflowRunner"]
@@ -95,7 +96,7 @@ class WorkflowRunner:
     def __init__(
         self,
         engine: Engine,
-        gateway: StoreGateway | None,
+        gateway: DurabilityService | None,
         *,
         max_snapshot_bytes: int,
     ) -> None:

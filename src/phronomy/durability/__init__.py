@@ -1,0 +1,24 @@
+"""Durability: the runtime's one service between its features and its store."""
+
+from ._service import (
+    DurabilityService as DurabilityService,
+    DurabilityStatistics as DurabilityStatistics,
+    RecordKind as RecordKind,
+    kind_of as kind_of,
+    mark_op as mark_op,
+    save_outcome as save_outcome,
+)
+
+__all__ = [
+    "DurabilityService",
+    "DurabilityStatistics",
+    "RecordKind",
+    "kind_of",
+    "mark_op",
+    "save_outcome",
+]
+
+from phronomy._metadata import fixup_module_metadata
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -1,0 +1,253 @@
+"""The durability service: the runtime's one path to its store.
+
+Workflows and supervised executions both reach the store through one
+:class:`DurabilityService`: one batched write path with group commit, one read lane, and
+typed record kinds (a workflow instance's row, or an execution key's record).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, Literal, final
+
+import msgspec
+import outcome
+
+from phronomy.engine import Batcher, ResultHandle
+from phronomy.errors import BackpressureError, PoolShutdownError, RuntimeShutdownError
+from phronomy.storage import (
+    EXECUTION_KIND,
+    READ_OPS,
+    ListOp,
+    MarkOp,
+    SaveOutcome,
+    StoreOp,
+)
+
+if TYPE_CHECKING:
+    from phronomy.engine import Engine
+    from phronomy.storage import InstanceStatus, StoredRecord, WorkflowStore
+
+__all__ = [
+    "DurabilityService",
+    "DurabilityStatistics",
+    "RecordKind",
+    "kind_of",
+    "mark_op",
+    "save_outcome",
+]
+
+logger = logging.getLogger(__name__)
+
+RecordKind = Literal["workflow", "execution"]
+"""What a row holds: a workflow instance, or the record of a supervised execution key."""
+
+_NEVER_SUBMITTED = (BackpressureError, PoolShutdownError, RuntimeShutdownError)
+
+
+@final
+class DurabilityStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """What the durability service did so far.
+
+    Attributes:
+        write_batches: write transactions run (group commits).
+        writes: write operations in them.
+        read_batches: read batches run.
+        reads: read operations in them.
+    """
+
+    write_batches: int
+    writes: int
+    read_batches: int
+    reads: int
+
+
+@final
+class _Request(msgspec.Struct, frozen=True, kw_only=True):
+    """One store operation, with an optional step run in the worker on its result."""
+
+    op: StoreOp
+    finish: Callable[[Any], Any] | None = None
+
+
+@final
+class DurabilityService:
+    """The runtime's only path to its store: two pools, each with a group-commit batcher.
+
+    Writes run in submission order in the ``phronomy.store`` pool; concurrent writes
+    share one transaction. Reads (loads, listings) run in their own
+    ``phronomy.store.reads`` lane, so a read never waits for a commit's fsync; it sees
+    committed data only, which is all a read may rely on (a segment's own writes are
+    committed before it is released).
+
+    A batcher keeps at most one batch in its pool and queues the rest itself, so the
+    store is never refused for backpressure: the runtime bounds the work it admits
+    instead (sessions, executions), and the pools' queue sizes follow its
+    configuration.
+    """
+
+    def __init__(
+        self, engine: Engine, store: WorkflowStore, *, queue_size: int
+    ) -> None:
+        """Create the service's pools on *engine* (the store is opened by :meth:`open`)."""
+        self.store = store
+        self._pool = engine.pool(
+            "phronomy.store", size=store.max_concurrency, queue_size=queue_size
+        )
+        self._writes: Batcher[_Request, Any] = Batcher(self._pool, self._run_batch)
+        self._reads: Batcher[_Request, Any] = Batcher(
+            engine.pool("phronomy.store.reads", size=1, queue_size=queue_size),
+            self._run_batch,
+        )
+
+    async def open(self) -> None:
+        """Open the store and check it (in the write lane), before anything else runs.
+
+        Raises:
+            StoreUnavailableError: the store cannot be used.
+
+        Cancellation:
+            The caller waits for the opening thread (it is never abandoned).
+        """
+        await self._pool.run(self.store.open)
+
+    @property
+    def idle(self) -> bool:
+        """No store operation is queued or running."""
+        return self._writes.idle and self._reads.idle
+
+    def statistics(self) -> DurabilityStatistics:
+        """Batches and operations so far (group commit: operations per write batch)."""
+        return DurabilityStatistics(
+            write_batches=self._writes.batches,
+            writes=self._writes.items,
+            read_batches=self._reads.batches,
+            reads=self._reads.items,
+        )
+
+    async def wait_idle(self) -> None:
+        """Wait until every submitted operation has run (the caller bounds the wait).
+
+        Cancellation:
+            Safe: the operations are not affected.
+        """
+        while not self.idle:
+            await self._writes.wait_idle()
+            await self._reads.wait_idle()
+
+    async def run(self, op: StoreOp, finish: Callable[[Any], Any] | None = None) -> Any:
+        """Run *op* through the batched path and return its result (or raise its error).
+
+        Cancellation:
+            Cancelling the caller stops the wait only: a submitted write still runs
+            (and is classified as usual).
+        """
+        done: ResultHandle[Any] = ResultHandle(f"store:{type(op).__name__}")
+
+        def settle(result: outcome.Outcome[Any]) -> None:
+            if isinstance(result, outcome.Error):
+                done.fail(result.error)
+            else:
+                assert isinstance(result, outcome.Value)
+                done.complete(result.value)
+
+        self.submit(op, settle, finish)
+        return await done.result()
+
+    async def list_all(
+        self, kind: RecordKind, status: InstanceStatus | None = None
+    ) -> list[StoredRecord]:
+        """Every row of *kind* (snapshots omitted) with *status*, on the read lane.
+
+        Cancellation:
+            Safe: nothing is changed.
+        """
+        rows: list[StoredRecord] = []
+        after: str | None = None
+        while True:
+            page = await self.run(ListOp(status=status, after=after, limit=500))
+            rows.extend(r for r in page.records if kind_of(r) == kind)
+            if page.next_after is None:
+                return rows
+            after = page.next_after
+
+    def submit(
+        self,
+        op: StoreOp,
+        callback: Callable[[outcome.Outcome[Any]], object],
+        finish: Callable[[Any], Any] | None = None,
+    ) -> None:
+        """Queue *op*; *finish* (if any) maps its result in the worker thread, then
+        ``callback(outcome)`` runs on the trio thread."""
+        batcher = self._reads if isinstance(op, READ_OPS) else self._writes
+        batcher.submit(_Request(op=op, finish=finish), callback)
+
+    def submit_quietly(self, op: StoreOp, what: str) -> None:
+        """Queue a best-effort metadata write; a failure is only logged."""
+
+        def report(result: outcome.Outcome[Any]) -> None:
+            if isinstance(result, outcome.Error):
+                logger.warning("could not %s: %r", what, result.error)
+            elif (
+                isinstance(result, outcome.Value)
+                and isinstance(result.value, SaveOutcome)
+                and result.value.outcome != "success"
+            ):
+                logger.warning(
+                    "could not %s (%s): %r",
+                    what,
+                    result.value.outcome,
+                    result.value.error,
+                )
+
+        self.submit(op, report)
+
+    def _run_batch(self, requests: list[_Request]) -> list[outcome.Outcome[Any]]:
+        results = self.store.execute([r.op for r in requests])
+        for index, request in enumerate(requests):
+            result = results[index]
+            if request.finish is not None and isinstance(result, outcome.Value):
+                results[index] = outcome.capture(request.finish, result.value)
+        return results
+
+
+def kind_of(row: StoredRecord) -> RecordKind:
+    """The kind of record a row holds."""
+    return "execution" if row.workflow == EXECUTION_KIND else "workflow"
+
+
+def save_outcome(saved: outcome.Outcome[Any]) -> SaveOutcome:
+    """What a submitted :class:`SaveOp` did, from the outcome its batch delivered.
+
+    The store classifies each save itself; when the batch as a whole never ran (the
+    pool refused it) nothing was written, and when the offloaded call itself failed
+    nobody knows what was written.
+    """
+    if isinstance(saved, outcome.Error):
+        if isinstance(saved.error, _NEVER_SUBMITTED):
+            return SaveOutcome(outcome="known_failure", error=saved.error)
+        return SaveOutcome(outcome="outcome_unknown", error=saved.error)
+    assert isinstance(saved, outcome.Value)
+    result: SaveOutcome = saved.value
+    return result
+
+
+def mark_op(
+    workflow_instance_id: str,
+    status: InstanceStatus,
+    *,
+    expected_revision: int | None,
+    detail: str,
+    workflow: str = "",
+) -> MarkOp:
+    """A status-only write (``detail`` truncated to 1000 characters) that creates a
+    placeholder row for an instance that never saved (so operators see it)."""
+    return MarkOp(
+        workflow_instance_id=workflow_instance_id,
+        status=status,
+        expected_revision=expected_revision,
+        detail=detail[:1000],
+        create=not expected_revision,
+        workflow=workflow,
+    )
