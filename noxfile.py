@@ -39,7 +39,7 @@ def lint(session: nox.Session) -> None:
     session.run(
         "flake8-async",
         "--enable=ASYNC1,ASYNC9",
-        "--startable-in-context-manager=_dispatch_main",
+        "--startable-in-context-manager=run",
         *session.posargs,
         *map(str, Path("src").rglob("*.py")),
     )

@@ -69,7 +69,7 @@ async def test_sync_entry_points_refuse_foreign_threads_and_the_runtime_survives
                 "ResultHandle.on_complete()": lambda: handle.on_complete(print),
                 "OffloadPool.submit_nowait()": lambda: pool.submit_nowait(print),
                 "TimerQueue.schedule()": lambda: rt.engine.timers.schedule(0, print),
-                "Engine.post()": lambda: rt.engine.post(
+                "Engine.post_nowait(Event)": lambda: rt.engine.post_nowait(
                     Event(type="mark", target_id="nobody")
                 ),
                 "Engine.pool()": lambda: rt.pool("new-pool"),

@@ -20,13 +20,11 @@ from .agent import (
 )
 from .engine import (
     CancellationToken as CancellationToken,
-    Deadline as Deadline,
     Engine as Engine,
     EngineStatistics as EngineStatistics,
     OffloadPool as OffloadPool,
     PoolStatistics as PoolStatistics,
     ResultHandle as ResultHandle,
-    Settled as Settled,
     ShutdownResult as ShutdownResult,
     open_engine as open_engine,
 )
@@ -115,7 +113,6 @@ __all__ = [
     "ConfigurationError",
     "ConflictError",
     "CorruptRecordError",
-    "Deadline",
     "DeadlineExceededError",
     "DefinitionError",
     "DispatcherOnlyError",
@@ -156,7 +153,6 @@ __all__ = [
     "RuntimeShutdownError",
     "SQLiteStore",
     "SerializationError",
-    "Settled",
     "ShutdownResult",
     "StaleAdmissionError",
     "StaleExecution",

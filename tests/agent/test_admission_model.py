@@ -29,7 +29,7 @@ class _Engine:
     def assert_dispatcher(self) -> None:
         pass
 
-    def admit_execution(self, receiver: object) -> None:
+    def admit(self, receiver: object) -> None:
         pass
 
 

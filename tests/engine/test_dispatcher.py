@@ -1,4 +1,4 @@
-"""The dispatcher: posting, sessions, management events, diagnostics (spec §2.6, §2.8.7)."""
+"""The dispatcher: posting, sessions, management messages, the terminal gate, diagnostics."""
 
 from __future__ import annotations
 
@@ -13,13 +13,12 @@ import trio.testing
 
 from phronomy import errors
 from phronomy.engine import (
-    SYSTEM_CHANNEL,
     Engine,
     Event,
+    EventSink,
     ExecutionReceiver,
-    GatedSession,
     ResultHandle,
-    SessionOutcome,
+    SessionEnded,
     TerminalDecision,
     TerminalType,
     open_engine,
@@ -34,11 +33,11 @@ async def test_session_receives_events_in_fifo_order_and_finishes(
     session = CountingSession(engine, n=3)
     waiter = engine.register_session(session)
     for name in ("a", "b", "c"):
-        assert engine.post(Event(type=name, target_id=session.id))
+        assert engine.post_nowait(Event(type=name, target_id=session.id))
     assert await waiter.result() == ["a", "b", "c"]
     assert session.started
     assert session.lifecycle == "completed"
-    assert not engine.is_session_admitted(session.id)
+    assert not engine.post_nowait(Event(type="probe", target_id=session.id))
     # a finished session's sink is refused
     assert not session.sink.post("late")
 
@@ -46,7 +45,7 @@ async def test_session_receives_events_in_fifo_order_and_finishes(
 async def test_halted_session_reports_its_result(engine: Engine) -> None:
     session = CountingSession(engine, n=10)
     waiter = engine.register_session(session)
-    engine.post(Event(type="halt", target_id=session.id))
+    engine.post_nowait(Event(type="halt", target_id=session.id))
     assert await waiter.result() == ["halt"]
     assert session.lifecycle == "halted"
 
@@ -57,8 +56,8 @@ async def test_session_error_fails_only_that_session(engine: Engine) -> None:
     good = CountingSession(engine)
     bad_waiter = engine.register_session(bad)
     good_waiter = engine.register_session(good)
-    engine.post(Event(type="boom", target_id=bad.id))
-    engine.post(Event(type="ok", target_id=good.id))
+    engine.post_nowait(Event(type="boom", target_id=bad.id))
+    engine.post_nowait(Event(type="ok", target_id=good.id))
     with pytest.raises(RuntimeError, match="deliberate error"):
         await bad_waiter.result()
     assert await good_waiter.result() == ["ok"]
@@ -67,39 +66,26 @@ async def test_session_error_fails_only_that_session(engine: Engine) -> None:
     assert engine.state == "running"
 
 
-async def test_unknown_target_is_dropped_with_a_warning(
-    engine: Engine, caplog: pytest.LogCaptureFixture
-) -> None:
-    # scenario 98
-    assert engine.post(Event(type="ping", target_id="nobody-here"))
+async def test_events_reach_only_admitted_sessions(engine: Engine) -> None:
+    # scenario 98, adapted: an event for a session that is not (or no longer) admitted
+    # is refused when posted, instead of being queued and dropped later
+    assert not engine.post_nowait(Event(type="ping", target_id="nobody-here"))
     session = CountingSession(engine)
     waiter = engine.register_session(session)
-    engine.post(Event(type="after", target_id=session.id))
+    assert engine.post_nowait(Event(type="after", target_id=session.id))
     assert await waiter.result() == ["after"]
-    assert "'ping'" in caplog.text
-    assert "'nobody-here'" in caplog.text
-    assert engine.statistics().dropped_total == 1
+    assert not engine.post_nowait(Event(type="late", target_id=session.id))
+    assert engine.statistics().dropped_total == 0
 
 
-async def test_post_to_session_requires_an_admitted_target(engine: Engine) -> None:
-    assert not engine.post_to_session(Event(type="x", target_id="unknown"))
-    with pytest.raises(ValueError, match="system channel"):
-        engine.post_to_session(Event(type="x", target_id=SYSTEM_CHANNEL))
-
-
-async def test_terminal_management_event_unadmits_at_post_time(engine: Engine) -> None:
+async def test_ending_a_session_unadmits_it_at_once(engine: Engine) -> None:
     session = CountingSession(engine, n=5)
     waiter = engine.register_session(session)
-    assert engine.is_session_admitted(session.id)
-    engine.post(
-        Event(
-            type="finished",
-            target_id=SYSTEM_CHANNEL,
-            payload=SessionOutcome(session_id=session.id, result="forced"),
-        )
+    assert session.sink.post("one")
+    engine.end_session(
+        SessionEnded(session_id=session.id, outcome="finished", result="forced")
     )
-    assert not engine.is_session_admitted(session.id)
-    assert not session.sink.post("x")
+    assert not session.sink.post("x")  # refused now, before the dispatcher runs
     assert await waiter.result() == "forced"
 
 
@@ -124,7 +110,7 @@ async def test_is_dispatcher_distinguishes_tasks(engine: Engine) -> None:
 
     class Probe(CountingSession):
         def start(self) -> None:
-            seen.append(self.engine.is_dispatcher())
+            seen.append(engine.is_dispatcher())
             self.request_terminal("finished", notify_stable=False)
 
     await engine.register_session(Probe(engine)).result()
@@ -140,38 +126,19 @@ async def test_foreign_threads_post_through_the_trio_token(engine: Engine) -> No
     session = CountingSession(engine, n=2)
     waiter = engine.register_session(session)
     event = Event(type="from-thread", target_id=session.id)
-    errors_seen: list[BaseException] = []
 
     def worker() -> list[bool]:
-        try:
-            engine.post(event)
-        except errors.ReentrancyError as exc:
-            errors_seen.append(exc)
-        return [engine.post_from_thread(event), engine.post_from_thread(event)]
+        with pytest.raises(errors.ReentrancyError, match=r"Engine\.post_nowait"):
+            engine.post_nowait(event)
+        return [
+            trio.from_thread.run_sync(
+                engine.post_nowait, event, trio_token=engine.trio_token
+            )
+            for _ in range(2)
+        ]
 
     assert await trio.to_thread.run_sync(worker) == [True, True]
     assert await waiter.result() == ["from-thread", "from-thread"]
-    assert len(errors_seen) == 1
-    with pytest.raises(errors.ReentrancyError, match="use post"):
-        engine.post_from_thread(event)
-
-
-async def test_post_from_thread_after_the_run_returns_false() -> None:
-    holder: dict[str, Engine] = {}
-
-    async def main() -> None:
-        async with open_engine() as eng:
-            holder["engine"] = eng
-
-    await trio.to_thread.run_sync(trio.run, main)
-    results: list[bool] = []
-    event = Event(type="x", target_id="y")
-    thread = threading.Thread(
-        target=lambda: results.append(holder["engine"].post_from_thread(event))
-    )
-    thread.start()
-    await trio.to_thread.run_sync(thread.join)
-    assert results == [False]
 
 
 async def test_backlog_warning_at_most_once_per_interval(
@@ -179,9 +146,11 @@ async def test_backlog_warning_at_most_once_per_interval(
 ) -> None:
     # scenario 99
     async with open_engine(backlog_threshold=10, backlog_interval=60) as eng:
+        sink = CountingSession(eng, n=100)
+        eng.register_session(sink)
         for _ in range(2):
             for _ in range(25):
-                eng.post(Event(type="flood", target_id="nobody"))
+                eng.post_nowait(Event(type="flood", target_id=sink.id))
             await trio.testing.wait_all_tasks_blocked()  # the flood was dispatched
     warnings = [r for r in caplog.records if "dispatcher backlog" in r.getMessage()]
     assert len(warnings) == 1
@@ -200,24 +169,27 @@ async def test_starvation_and_long_dispatch_warnings(
     async with open_engine(starvation_threshold=0.01, dispatch_threshold=0.01) as eng:
         session = Slow(eng, n=2)
         waiter = eng.register_session(session)
-        eng.post(Event(type="one", target_id=session.id))
-        eng.post(Event(type="two", target_id=session.id))
+        eng.post_nowait(Event(type="one", target_id=session.id))
+        eng.post_nowait(Event(type="two", target_id=session.id))
         await waiter.result()
         # another task hogs the trio thread: the queued event starves
-        eng.post(Event(type="starved", target_id="gone"))
+        other = CountingSession(eng, n=1)
+        eng.register_session(other)
+        await trio.testing.wait_all_tasks_blocked()
+        eng.post_nowait(Event(type="starved", target_id=other.id))
         time.sleep(0.03)  # noqa: ASYNC251 - deliberately hog the trio thread
         await trio.testing.wait_all_tasks_blocked()
     text = caplog.text
     assert "dispatch of one took" in text
     assert "move blocking work to an offload pool" in text
-    assert "dispatcher starvation: starved for gone waited" in text
+    assert f"dispatcher starvation: starved for {other.id} waited" in text
 
 
 async def test_statistics_count_dispatches_and_lag(engine: Engine) -> None:
     session = CountingSession(engine, n=50)
     waiter = engine.register_session(session)
     for i in range(50):
-        engine.post(Event(type=f"e{i}", target_id=session.id))
+        engine.post_nowait(Event(type=f"e{i}", target_id=session.id))
     before = engine.statistics()
     assert before.queue_depth >= 50
     await waiter.result()
@@ -238,11 +210,13 @@ class Policy:
 
     def __init__(self) -> None:
         self.started: list[TerminalType] = []
-        self.sessions: list[GatedSession] = []
+        self.values: list[Any] = []
 
-    def start(self, *, terminal_type: TerminalType, session: GatedSession) -> None:
+    def start(
+        self, *, terminal_type: TerminalType, value: Any, sink: EventSink
+    ) -> None:
         self.started.append(terminal_type)
-        self.sessions.append(session)
+        self.values.append(value)
 
     def handles(self, event: Event) -> bool:
         return event.type == "persisted"
@@ -256,7 +230,7 @@ class Policy:
 class Retirees(ExecutionReceiver):
     def __init__(self, engine: Engine) -> None:
         super().__init__(engine)
-        self.retired: list[tuple[str, str, ResultHandle[Any] | None]] = []
+        self.retired: list[tuple[str, ResultHandle[Any] | None]] = []
         self.errors: list[BaseException | None] = []
 
     def idle(self) -> bool:
@@ -266,7 +240,7 @@ class Retirees(ExecutionReceiver):
         raise AssertionError("unused")
 
     def shutdown(self, error: BaseException | None) -> None:
-        for _, _, waiter in self.retired:
+        for _, waiter in self.retired:
             if waiter is not None:
                 waiter.fail(errors.RecoveryRequiredError("cleared at shutdown"))
 
@@ -274,11 +248,10 @@ class Retirees(ExecutionReceiver):
         self,
         session_id: str,
         *,
-        reason: str,
         waiter: ResultHandle[Any] | None,
         error: BaseException | None,
     ) -> None:
-        self.retired.append((session_id, reason, waiter))
+        self.retired.append((session_id, waiter))
         self.errors.append(error)
 
 
@@ -289,15 +262,15 @@ async def test_gate_waits_for_the_policy_and_ignores_events_meanwhile(
     session = CountingSession(engine, n=1, policy=policy)
     waiter = engine.register_session(session)
     # a policy result before any terminal request is ignored (scenario 86)
-    engine.post(
+    engine.post_nowait(
         Event(
             type="persisted",
             target_id=session.id,
             payload=TerminalDecision(action="complete"),
         )
     )
-    engine.post(Event(type="go", target_id=session.id))
-    engine.post(Event(type="ignored-while-awaiting", target_id=session.id))
+    engine.post_nowait(Event(type="go", target_id=session.id))
+    engine.post_nowait(Event(type="ignored-while-awaiting", target_id=session.id))
     await trio.testing.wait_all_tasks_blocked()
     assert policy.started == ["finished"]
     assert session.lifecycle == "awaiting_terminal"
@@ -311,7 +284,7 @@ async def test_gate_fail_decision_and_default_error(engine: Engine) -> None:
     # scenario 88: a fail decision without error becomes a PhronomyError
     session = CountingSession(engine, n=1, policy=Policy())
     waiter = engine.register_session(session)
-    engine.post(Event(type="go", target_id=session.id))
+    engine.post_nowait(Event(type="go", target_id=session.id))
     await trio.testing.wait_all_tasks_blocked()
     session.sink.post("persisted", TerminalDecision(action="fail"))
     session.sink.post(
@@ -325,7 +298,7 @@ async def test_gate_unknown_outcome_becomes_the_session_error(engine: Engine) ->
     # scenario 87
     session = CountingSession(engine, n=1, policy=Policy())
     waiter = engine.register_session(session)
-    engine.post(Event(type="go", target_id=session.id))
+    engine.post_nowait(Event(type="go", target_id=session.id))
     await trio.testing.wait_all_tasks_blocked()
     session.sink.post("persisted", "weird")
     with pytest.raises(
@@ -335,30 +308,32 @@ async def test_gate_unknown_outcome_becomes_the_session_error(engine: Engine) ->
 
 
 async def test_gate_retire_hands_the_waiter_to_the_receiver(engine: Engine) -> None:
-    owner = engine.register_receiver("retirees", Retirees(engine))
+    owner = engine.receiver("retirees", Retirees)
     session = CountingSession(engine, n=1, policy=Policy())
     waiter = engine.register_session(session, receiver=owner)
-    engine.post(Event(type="go", target_id=session.id))
+    engine.post_nowait(Event(type="go", target_id=session.id))
     await trio.testing.wait_all_tasks_blocked()
     uncertain = OSError("connection lost mid-commit")
     session.sink.post("persisted", TerminalDecision(action="retire", error=uncertain))
     await trio.testing.wait_all_tasks_blocked()
     assert session.lifecycle == "retired"
-    assert owner.retired == [(session.id, "recovery_required", waiter)]
+    assert owner.retired == [(session.id, waiter)]
     assert owner.errors == [uncertain]
     assert not waiter.done
-    assert not engine.is_session_admitted(session.id)
+    assert not engine.post_nowait(Event(type="probe", target_id=session.id))
     assert engine.statistics().sessions == 0
 
 
 async def test_gate_policy_start_failure_fails_the_session(engine: Engine) -> None:
     class Refusing(Policy):
-        def start(self, *, terminal_type: TerminalType, session: GatedSession) -> None:
+        def start(
+            self, *, terminal_type: TerminalType, value: Any, sink: EventSink
+        ) -> None:
             raise errors.BackpressureError("OffloadPool queue is full (depth: 1)")
 
     session = CountingSession(engine, n=1, policy=Refusing())
     waiter = engine.register_session(session)
-    engine.post(Event(type="go", target_id=session.id))
+    engine.post_nowait(Event(type="go", target_id=session.id))
     with pytest.raises(errors.BackpressureError):
         await waiter.result()
 
@@ -370,7 +345,7 @@ async def test_register_after_shutdown_is_refused() -> None:
         errors.RuntimeShutdownError, match="new sessions are not accepted"
     ):
         eng.register_session(CountingSession(eng))
-    assert not eng.post(Event(type="x", target_id="y"))
+    assert not eng.post_nowait(Event(type="x", target_id="y"))
     with pytest.raises(errors.RuntimeShutdownError):
         eng.start_task(trio.sleep, 0)
 
@@ -421,7 +396,7 @@ async def test_a_session_retired_without_a_receiver_settles_its_waiter(
     policy = Policy()
     session = CountingSession(engine, n=1, policy=policy)
     waiter = engine.register_session(session)
-    engine.post(Event(type="go", target_id=session.id))
+    engine.post_nowait(Event(type="go", target_id=session.id))
     await trio.testing.wait_all_tasks_blocked()
     uncertain = OSError("commit outcome unknown")
     session.sink.post("persisted", TerminalDecision(action="retire", error=uncertain))

@@ -1,4 +1,4 @@
-"""Result handles (spec §2.2, scenarios 112-115) and a stateful model of them."""
+"""Result handles and a stateful model of them."""
 
 from __future__ import annotations
 
@@ -15,7 +15,6 @@ from phronomy.engine import ResultHandle
 async def test_waiter_timeout_leaves_handle_pending_and_later_completion_is_seen() -> (
     None
 ):
-    # scenario 112
     handle: ResultHandle[str] = ResultHandle("slow")
     with pytest.raises(trio.TooSlowError):
         with trio.fail_after(0.01):
@@ -67,8 +66,7 @@ def test_fail_requires_an_exception() -> None:
     assert handle.status == "pending"
 
 
-def test_parent_cancel_cascades_and_map_propagates() -> None:
-    # scenario 115
+def test_parent_cancel_cascades() -> None:
     parent: ResultHandle[int] = ResultHandle("parent")
     child: ResultHandle[int] = ResultHandle("child", parent=parent)
     assert parent.cancel()
@@ -77,19 +75,6 @@ def test_parent_cancel_cascades_and_map_propagates() -> None:
     # a child registered after the parent was cancelled is cancelled at once
     late: ResultHandle[int] = ResultHandle("late", parent=parent)
     assert late.status == "cancelled"
-
-    source: ResultHandle[int] = ResultHandle()
-    mapped = source.map(lambda v: v * 2)
-    failing = source.map(lambda v: 1 // 0)
-    source.complete(21)
-    assert mapped.result_nowait() == 42
-    assert isinstance(failing.error, ZeroDivisionError)
-
-    broken: ResultHandle[int] = ResultHandle()
-    propagated = broken.map(lambda v: v + 1)
-    err = OSError("disk")
-    broken.fail(err)
-    assert propagated.error is err
 
 
 def test_cancel_after_completion_does_not_reach_children() -> None:
@@ -126,40 +111,6 @@ async def test_wait_always_checkpoints() -> None:
         await handle.wait_physical()
 
 
-def test_flat_map_adopts_inner_outcome_and_rejects_non_handles() -> None:
-    source: ResultHandle[int] = ResultHandle()
-    inner: ResultHandle[str] = ResultHandle()
-    flat = source.flat_map(lambda v: inner)
-    wrong = source.flat_map(lambda v: "not a handle")  # type: ignore[arg-type,return-value]
-    source.complete(1)
-    assert flat.status == "pending"
-    inner.complete("x")
-    assert flat.result_nowait() == "x"
-    assert isinstance(wrong.error, TypeError)
-
-
-def test_all_settled_reports_in_input_order_and_validates_first() -> None:
-    a: ResultHandle[int] = ResultHandle()
-    b: ResultHandle[int] = ResultHandle()
-    c: ResultHandle[int] = ResultHandle()
-    with pytest.raises(TypeError):
-        ResultHandle.all_settled([a, "x"])  # type: ignore[list-item]
-    out = ResultHandle.all_settled([a, b, c])
-    c.cancel()
-    b.fail(ValueError("b"))
-    assert out.status == "pending"
-    a.complete(1)
-    settled = out.result_nowait()
-    assert [(s.index, s.status) for s in settled] == [
-        (0, "completed"),
-        (1, "failed"),
-        (2, "cancelled"),
-    ]
-    assert settled[0].value == 1
-    assert isinstance(settled[1].error, ValueError)
-    assert ResultHandle.all_settled([]).result_nowait() == []
-
-
 def test_physical_completion_is_separate_for_tracking_handles() -> None:
     handle: ResultHandle[int] = ResultHandle(tracks_physical=True)
     order: list[str] = []
@@ -168,11 +119,8 @@ def test_physical_completion_is_separate_for_tracking_handles() -> None:
     handle.cancel()
     assert handle.done
     assert not handle.physically_complete
-    mapped = handle.map(lambda v: v)
-    assert not mapped.physically_complete
     handle.mark_physically_complete()
     assert order == ["logical", "physical"]
-    assert mapped.physically_complete
 
     plain: ResultHandle[int] = ResultHandle()
     assert not plain.physically_complete

@@ -1,4 +1,4 @@
-"""Runtime lifecycle: shutdown, participants, body errors, physical quiescence (spec §5)."""
+"""Runtime lifecycle: shutdown, receivers' cleanup, body errors, physical quiescence."""
 
 from __future__ import annotations
 
@@ -16,40 +16,7 @@ import trio.testing
 from phronomy import errors
 from phronomy.engine import Engine, Event, open_engine
 
-from .helpers import CountingSession
-
-
-class Participant:
-    def __init__(
-        self,
-        log: list[str],
-        name: str,
-        *,
-        idle: bool = True,
-        finalize_error: bool = False,
-    ) -> None:
-        self.log = log
-        self.name = name
-        self.idle = idle
-        self.finalize_error = finalize_error
-        self.states_seen: list[str] = []
-        self.engine: Engine | None = None
-
-    def begin_draining(self) -> None:
-        self.log.append(f"drain:{self.name}")
-
-    async def wait_until_idle(self) -> bool:
-        assert self.engine is not None
-        self.states_seen.append(self.engine.state)
-        self.log.append(f"wait:{self.name}")
-        await trio.lowlevel.checkpoint()
-        return self.idle
-
-    def after_runtime_shutdown(self) -> None:
-        assert self.engine is not None
-        self.log.append(f"finalize:{self.name}:{self.engine.state}")
-        if self.finalize_error:
-            raise RuntimeError(f"finalizer {self.name} failed")
+from .helpers import CountingSession, Other, Recorder, post
 
 
 async def test_shutdown_from_the_dispatcher_is_refused(engine: Engine) -> None:
@@ -58,7 +25,7 @@ async def test_shutdown_from_the_dispatcher_is_refused(engine: Engine) -> None:
 
     class Reentrant(CountingSession):
         def start(self) -> None:
-            coro = self.engine.shutdown()
+            coro = engine.shutdown()
             try:
                 coro.send(None)
             except errors.ReentrancyError as exc:
@@ -72,110 +39,33 @@ async def test_shutdown_from_the_dispatcher_is_refused(engine: Engine) -> None:
     assert engine.state == "running"
 
 
-async def test_participant_must_implement_the_protocol(engine: Engine) -> None:
-    # scenario 101
-    class Half:
-        def begin_draining(self) -> None:
-            pass
+async def test_a_failing_flush_is_reported_and_later_receivers_still_flush() -> None:
+    # A receiver's flush (the writes it owes at shutdown) raising does not stop the
+    # others; the result says cleanup is incomplete.
+    flushed: list[str] = []
 
-    with pytest.raises(TypeError, match="begin_draining and wait_until_idle"):
-        engine.register_shutdown_participant("half", Half())  # type: ignore[arg-type]
-
-
-async def test_participant_lookup_and_late_registration() -> None:
-    # scenarios 102, 103, 107
-    log: list[str] = []
-    async with open_engine() as eng:
-        first = Participant(log, "a")
-        second = Participant(log, "b")
-        first.engine = second.engine = eng
-        assert eng.register_shutdown_participant("a", first) is first
-        assert eng.register_shutdown_participant("a", second) is first  # first wins
-        eng.register_shutdown_participant("b", second)
-        assert eng.shutdown_participant("a") is first
-        assert eng.shutdown_participant("missing") is None
-    assert eng.shutdown_participant("a") is first
-    with pytest.raises(errors.RuntimeShutdownError):
-        eng.register_shutdown_participant("a", first)
-    # both begin_draining calls happen before any wait, waits see "draining"
-    assert log[:4] == ["drain:a", "drain:b", "wait:a", "wait:b"]
-    assert first.states_seen == second.states_seen == ["draining"]
-    assert log[4:] == ["finalize:a:stopping", "finalize:b:stopping"]
-    result = eng.shutdown_result
-    assert result is not None
-    assert result.clean
-    assert (
-        await eng.shutdown() is result
-    )  # repeated shutdown returns the identical result
-    assert log.count("finalize:a:stopping") == 1
-
-
-async def test_a_busy_participant_prevents_finalization() -> None:
-    # scenario 104
-    log: list[str] = []
-    async with open_engine(shutdown_timeout=0.05) as eng:
-        busy = Participant(log, "busy", idle=False)
-        calm = Participant(log, "calm")
-        busy.engine = calm.engine = eng
-        eng.register_shutdown_participant("busy", busy)
-        eng.register_shutdown_participant("calm", calm)
-    assert not any(entry.startswith("finalize") for entry in log)
-    result = eng.shutdown_result
-    assert result is not None
-    assert not result.cleanup_complete
-    assert eng.state == "failed"
-
-
-async def test_a_raising_finalizer_does_not_stop_the_others() -> None:
-    # scenario 106
-    log: list[str] = []
-    async with open_engine() as eng:
-        bad = Participant(log, "bad", finalize_error=True)
-        good = Participant(log, "good")
-        bad.engine = good.engine = eng
-        eng.register_shutdown_participant("bad", bad)
-        eng.register_shutdown_participant("good", good)
-    assert "finalize:good:stopping" in log
-    result = eng.shutdown_result
-    assert result is not None
-    assert not result.cleanup_complete
-    assert result.outcome == "failed"
-    assert "finalizer bad failed" in str(result.error)
-
-
-async def test_registration_racing_with_shutdown_is_refused_cleanly() -> None:
-    # scenario 108
-    log: list[str] = []
-    async with open_engine() as eng, trio.open_nursery() as nursery:
-        nursery.start_soon(eng.shutdown)
-        while eng.state == "running":  # noqa: ASYNC110 - until the shutdown task ran
+    class Flushing(Recorder):
+        async def flush(self) -> None:
             await trio.lowlevel.checkpoint()
-        with pytest.raises(errors.RuntimeShutdownError):
-            eng.register_shutdown_participant("late", Participant(log, "late"))
-    result = eng.shutdown_result
-    assert result is not None
-    assert result.clean
+            flushed.append(type(self).__name__)
 
+    class Broken(Flushing):
+        async def flush(self) -> None:
+            await super().flush()
+            raise OSError("disk gone")
 
-async def test_dispatcher_failure_closes_participants() -> None:
-    # scenario 109
-    from .test_receivers import Recorder
-
-    log: list[str] = []
     async with open_engine() as eng:
-        participant = Participant(log, "p")
-        participant.engine = eng
-        eng.register_shutdown_participant("p", participant)
-        recorder = eng.receiver(Recorder, Recorder)
-        boom = RuntimeError("dispatcher bug")
-        eng.post_execution(recorder, ("raise", boom), admission=False)
-        await trio.testing.wait_all_tasks_blocked()
-        assert log[0] == "drain:p"
+        eng.receiver(Broken, Broken)
+        eng.receiver(Flushing, Flushing)
+    assert flushed == ["Broken", "Flushing"]
     result = eng.shutdown_result
     assert result is not None
     assert result.outcome == "failed"
-    assert result.error is boom
-    assert result.cleanup_complete
+    assert not result.cleanup_complete
+    assert isinstance(result.error, OSError)
+    assert any("flushing a receiver" in note for note in result.error.__notes__)
+    with pytest.raises(errors.RuntimeShutdownError):
+        eng.receiver(Other, Other)
 
 
 async def test_live_session_is_cut_off_at_the_deadline() -> None:
@@ -202,7 +92,7 @@ async def test_graceful_exit_waits_for_live_work_to_finish() -> None:
         session = CountingSession(eng, n=1)
         waiter = eng.register_session(session)
         eng.timers.schedule(
-            0.05, lambda: eng.post(Event(type="late", target_id=session.id))
+            0.05, lambda: eng.post_nowait(Event(type="late", target_id=session.id))
         )
     assert await waiter.result() == ["late"]
     assert eng.shutdown_result is not None
@@ -411,8 +301,6 @@ async def test_an_internal_failure_keeps_its_cause(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Before: raise ... from None wiped the cause, leaving nothing to report.
-    from .test_receivers import Recorder
-
     def broken_fail(self: Engine, error: BaseException) -> None:
         raise RuntimeError("a bug in the failure path") from error
 
@@ -421,9 +309,7 @@ async def test_an_internal_failure_keeps_its_cause(
     async def run() -> None:
         async with open_engine(shutdown_timeout=0.5) as eng:
             recorder = eng.receiver(Recorder, Recorder)
-            eng.post_execution(
-                recorder, ("raise", KeyError("original")), admission=False
-            )
+            post(eng, recorder, ("raise", KeyError("original")))
             await trio.sleep_forever()
 
     with pytest.raises(errors.PhronomyInternalError, match="please report") as caught:

@@ -1,4 +1,4 @@
-"""Execution receivers (spec §2.6.4, §2.7, scenarios 90-96)."""
+"""Execution receivers: registration, deliveries, the admission gate, cleanup."""
 
 from __future__ import annotations
 
@@ -10,48 +10,14 @@ import trio.lowlevel
 import trio.testing
 
 from phronomy import errors
-from phronomy.engine import Engine, Event, ExecutionReceiver, ResultHandle, open_engine
+from phronomy.engine import (
+    Engine,
+    Event,
+    ResultHandle,
+    open_engine,
+)
 
-from .helpers import CountingSession
-
-
-class Recorder(ExecutionReceiver):
-    """Records deliveries; can hold the engine busy and admit on demand."""
-
-    def __init__(self, engine: Engine) -> None:
-        super().__init__(engine)
-        self.delivered: list[Any] = []
-        self.busy = 0
-        self.shutdown_calls: list[tuple[BaseException | None, bool]] = []
-        self.admitted: list[Any] = []
-
-    def idle(self) -> bool:
-        return self.busy == 0
-
-    def deliver(self, message: Any) -> None:
-        self.assert_dispatcher()
-        self.delivered.append(message)
-        match message:
-            case ("admit", _):
-                self.admit()
-                self.admitted.append(message)
-                self.busy += 1
-            case ("done", _):
-                self.busy -= 1
-            case ("raise", error):
-                raise error
-            case _:
-                pass
-
-    def shutdown(self, error: BaseException | None) -> None:
-        self.shutdown_calls.append((error, self.engine.is_dispatcher()))
-
-    def describe_live(self) -> list[str]:
-        return [f"recorder busy={self.busy}"] if self.busy else []
-
-
-class Other(Recorder):
-    pass
+from .helpers import CountingSession, Other, Recorder, post
 
 
 async def _shutdown_in_background(
@@ -95,26 +61,22 @@ async def test_one_receiver_per_key_and_registration_closes_at_drain() -> None:
             match="execution receivers cannot be registered",
         ):
             eng.receiver(Other, Other)
-        eng.post(Event(type="finish", target_id=session.id))
+        eng.post_nowait(Event(type="finish", target_id=session.id))
         await waiter.result()
     assert eng.shutdown_result is not None
     assert eng.shutdown_result.clean
 
 
-async def test_lookup_never_creates(engine: Engine) -> None:
-    # scenario 91
-    assert engine.existing_receiver(Recorder) is None
-    assert engine.existing_receiver(Recorder) is None
-
-
 async def test_unregistered_and_foreign_receivers(engine: Engine) -> None:
     # scenario 92
     loose = Recorder(engine)
-    assert not engine.post_execution(loose, "x", admission=True)
+    assert not post(engine, loose, "x", admission=True)
     async with open_engine() as other_engine:
-        foreign = Recorder(other_engine)
-        with pytest.raises(ValueError, match="another runtime"):
-            engine.register_receiver("k", foreign)
+        foreign = other_engine.receiver(Recorder, Recorder)
+        assert not post(engine, foreign, "x")
+        with pytest.raises(ValueError, match="not registered on this engine"):
+            engine.register_session(CountingSession(engine), receiver=foreign)
+    assert engine.statistics().sessions == 0
 
 
 async def test_queued_admission_survives_drain_and_blocks_idleness() -> None:
@@ -123,18 +85,16 @@ async def test_queued_admission_survives_drain_and_blocks_idleness() -> None:
         recorder = eng.receiver(Recorder, Recorder)
         completion: ResultHandle[Any] = ResultHandle("admission")
         # queued while running, dispatched after draining began
-        assert eng.post_execution(
-            recorder, ("admit", 1), admission=True, completion=completion
-        )
+        assert post(eng, recorder, ("admit", 1), admission=True, caller=completion)
         done = await _shutdown_in_background(eng, nursery, timeout=2)
-        assert not eng.post_execution(recorder, ("admit", 2), admission=True)
+        assert not post(eng, recorder, ("admit", 2), admission=True)
         await trio.testing.wait_all_tasks_blocked()
         assert recorder.admitted == [("admit", 1)]
         assert not done.is_set()  # the admitted work keeps the engine busy
-        assert eng.post_execution(recorder, ("done", 1), admission=False)
+        assert post(eng, recorder, ("done", 1), admission=False)
         with trio.fail_after(2):
             await done.wait()
-    assert not eng.post_execution(recorder, "late", admission=False)
+    assert not post(eng, recorder, "late", admission=False)
     # receiver shutdown ran once, with no error, off the dispatcher, after it ended
     assert recorder.shutdown_calls == [(None, False)]
     assert eng.shutdown_result is not None
@@ -149,9 +109,7 @@ async def test_continuation_cannot_admit_while_draining() -> None:
         waiter = eng.register_session(session)
         await _shutdown_in_background(eng, nursery, timeout=2)
         completion: ResultHandle[Any] = ResultHandle("continuation")
-        assert eng.post_execution(
-            recorder, ("admit", 9), admission=False, completion=completion
-        )
+        assert post(eng, recorder, ("admit", 9), admission=False, caller=completion)
         with pytest.raises(
             errors.RuntimeShutdownError, match="new executions are not accepted"
         ):
@@ -172,10 +130,8 @@ async def test_delivery_error_fails_the_dispatcher_and_everything_queued() -> No
         first: ResultHandle[Any] = ResultHandle("first")
         second: ResultHandle[Any] = ResultHandle("second")
         io_error = OSError("broken pipe")
-        eng.post_execution(
-            recorder, ("raise", io_error), admission=False, completion=first
-        )
-        eng.post_execution(recorder, "queued", admission=False, completion=second)
+        post(eng, recorder, ("raise", io_error), admission=False, caller=first)
+        post(eng, recorder, "queued", admission=False, caller=second)
         with pytest.raises(OSError) as caught:
             await first.result()
         assert caught.value is io_error
@@ -186,8 +142,8 @@ async def test_delivery_error_fails_the_dispatcher_and_everything_queued() -> No
         assert recorder.shutdown_calls == [
             (io_error, True)
         ]  # on the failing dispatcher
-        assert not eng.post(Event(type="x", target_id="y"))
-        assert not eng.post_execution(recorder, "later", admission=False)
+        assert not eng.post_nowait(Event(type="x", target_id="y"))
+        assert not post(eng, recorder, "later", admission=False)
     result = eng.shutdown_result
     assert result is not None
     assert result.outcome == "failed"
@@ -218,28 +174,6 @@ async def test_receiver_cleanup_failure_is_reported_and_later_receivers_still_ru
     assert len(later.shutdown_calls) == 1
 
 
-async def test_route_execution_event_only_reaches_admitted_sessions(
-    engine: Engine,
-) -> None:
-    recorder = engine.receiver(Recorder, Recorder)
-    session = CountingSession(engine)
-    waiter = engine.register_session(session)
-    assert engine.route_execution_event(
-        recorder, lambda: Event(type="routed", target_id=session.id)
-    )
-    assert not engine.route_execution_event(recorder, lambda: None)
-    assert not engine.route_execution_event(
-        recorder, lambda: Event(type="x", target_id="stale")
-    )
-    assert await waiter.result() == ["routed"]
-    assert not engine.route_execution_event(
-        recorder, lambda: Event(type="again", target_id=session.id)
-    )
-    assert not engine.route_execution_event(
-        Recorder(engine), lambda: Event(type="x", target_id=session.id)
-    )
-
-
 async def test_mutation_off_the_dispatcher_is_refused(engine: Engine) -> None:
     # scenario 60 (generic part)
     recorder = engine.receiver(Recorder, Recorder)
@@ -253,7 +187,7 @@ async def test_mutation_off_the_dispatcher_is_refused(engine: Engine) -> None:
 async def test_cut_off_work_is_described_in_the_shutdown_result() -> None:
     async with open_engine(shutdown_timeout=0.05) as eng:
         recorder = eng.receiver(Recorder, Recorder)
-        eng.post_execution(recorder, ("admit", 1), admission=True)
+        post(eng, recorder, ("admit", 1), admission=True)
         session = CountingSession(eng, n=5)
         waiter = eng.register_session(session)
         await trio.testing.wait_all_tasks_blocked()

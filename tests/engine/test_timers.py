@@ -1,12 +1,14 @@
-"""Dispatcher-driven timers, cancellation tokens and deadlines (spec §2.3-2.4, scenario 120)."""
+"""Dispatcher-driven timers, cancellation tokens and token deadlines."""
 
 from __future__ import annotations
+
+import threading
 
 import pytest
 import trio
 
 from phronomy import errors
-from phronomy.engine import CancellationToken, Deadline, Engine, TimerQueue
+from phronomy.engine import CancellationToken, Engine, TimerQueue
 
 
 async def test_timers_fire_in_deadline_order_and_are_isolated(
@@ -62,31 +64,25 @@ async def test_schedule_validates_and_refuses_after_shutdown() -> None:
         queue.schedule(1, lambda: None)
 
 
-async def test_deadline_attached_to_token_cancels_only_at_expiry(
+async def test_a_token_deadline_settles_a_watching_operation_only_at_expiry(
     engine: Engine, autojump_clock: trio.testing.MockClock
 ) -> None:
-    # scenario 120, second half: five seconds of (fake) time
-    token = CancellationToken()
-    ran: list[float] = []
-    token.on_cancel(lambda: ran.append(trio.current_time()))
+    # five seconds of (fake) time: the operation is blocked in its thread throughout
+    release = threading.Event()
+    token = CancellationToken.after(5)
     start = trio.current_time()
-    deadline = Deadline.after(5)
-    assert deadline.attach_to(token, engine.timers) is not None
+    handle = await engine.default_pool.submit(release.wait, cancellation=token)
     await trio.sleep(4.9)
     assert not token.cancelled
-    await trio.sleep(0.2)
+    assert not handle.done
+    with trio.fail_after(1):
+        with pytest.raises(errors.OperationTimeoutError):
+            await handle.result()
+    assert trio.current_time() - start == pytest.approx(5, abs=0.01)
     assert token.cancelled
-    assert ran
-    assert ran[0] - start == pytest.approx(5, abs=0.01)
-    assert token.reason == "deadline exceeded"
-    assert deadline.expired
-    assert deadline.remaining() == 0
-
-
-async def test_expired_deadline_schedules_nothing(engine: Engine) -> None:
-    token = CancellationToken()
-    assert Deadline(trio.current_time() - 1).attach_to(token, engine.timers) is None
-    assert not token.cancelled
+    assert token.remaining() == 0
+    release.set()
+    await handle.wait_physical()  # no fail_after: the fake clock jumps past threads
 
 
 async def test_token_cancel_is_idempotent_and_isolates_callbacks(

@@ -160,7 +160,7 @@ class _Engine:
     def assert_dispatcher(self) -> None:
         pass
 
-    def admit_execution(self, receiver: object) -> None:
+    def admit(self, receiver: object) -> None:
         pass
 
 
@@ -231,9 +231,7 @@ class RegistryModel(RuleBasedStateMachine):
 
     @rule(session=consumes(sessions))
     def retire(self, session: str) -> None:
-        self.registry.session_retired(
-            session, reason="recovery_required", waiter=None, error=None
-        )
+        self.registry.session_retired(session, waiter=None, error=None)
         for record in self.model.values():
             if record["session"] == session:
                 record.update(session=None, state="recovery_required")

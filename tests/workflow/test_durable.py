@@ -352,7 +352,7 @@ async def test_stray_events_while_persisting_are_discarded(
         await until(lambda: admission_state(rt, "stray") == "persisting_terminal")
         session_id = rt._runner.registry.record("stray").session_id
         assert session_id is not None
-        assert rt.engine.post_to_session(Event(type="approve", target_id=session_id))
+        assert rt.engine.post_nowait(Event(type="approve", target_id=session_id))
         await trio.sleep(0.02)
         assert admission_state(rt, "stray") == "persisting_terminal"
         gate.set()
@@ -705,7 +705,7 @@ async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
         stale = phronomy.engine.Event(
             type=TERMINAL_RESULT, target_id=old_session or "", payload=None
         )
-        assert not rt.engine.post_to_session(stale)
+        assert not rt.engine.post_nowait(stale)
         rt.signal(flow, "inc", "finish")
         assert (await second.result()).revision == 2
 

@@ -389,7 +389,7 @@ async def test_unknown_event_posted_directly_fails_the_workflow(
     await until(lambda: runtime._runner.registry.state("direct") == "executing")
     session_id = runtime._runner.registry.record("direct").session_id
     assert session_id is not None
-    runtime.engine.post_to_session(
+    runtime.engine.post_nowait(
         phronomy.engine.Event(type="nonsense", target_id=session_id)
     )
     with pytest.raises(phronomy.TransitionError, match="Unknown FSM event 'nonsense'"):

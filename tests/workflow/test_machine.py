@@ -147,9 +147,9 @@ def test_action_results_none_state_dict_and_other() -> None:
     [
         lambda: ResultHandle(),
         lambda: ResultHandle.completed(1),
-        lambda: ResultHandle.completed(1).map(lambda v: v),
+        lambda: ResultHandle.failed(OSError("x")),
     ],
-    ids=["pending", "completed", "mapped"],
+    ids=["pending", "completed", "failed"],
 )
 def test_transition_action_returning_a_handle_is_refused(make: Any) -> None:
     # scenario 28

@@ -1,30 +1,29 @@
-"""The generic runtime engine: dispatcher, offload pools, result handles, timers, sessions.
+"""The generic runtime engine: dispatcher, sessions, receivers, supervision, shutdown.
 
 The engine knows nothing about workflows or supervised executions; those features
-plug in as :class:`ExecutionReceiver` subclasses and :class:`GatedSession` sessions.
+plug in as :class:`ExecutionReceiver` subclasses and :class:`GatedSession` sessions,
+and reach the engine only through :class:`Host`. Its public face is
+:mod:`phronomy.lowlevel`.
 """
 
 from ._batcher import Batcher as Batcher
-from ._cancel import CancellationToken as CancellationToken, Deadline as Deadline
+from ._cancel import CancellationToken as CancellationToken
+from ._contracts import Host as Host, Receiver as Receiver, Session as Session
 from ._engine import (
     Engine as Engine,
     EngineConfig as EngineConfig,
-    ShutdownParticipant as ShutdownParticipant,
     open_engine as open_engine,
 )
-from ._handle import (
-    HandleStatus as HandleStatus,
-    ResultHandle as ResultHandle,
-    Settled as Settled,
-)
+from ._handle import HandleStatus as HandleStatus, ResultHandle as ResultHandle
 from ._ids import random_hex as random_hex, random_uuid as random_uuid
 from ._messages import (
-    SYSTEM_CHANNEL as SYSTEM_CHANNEL,
+    Delivery as Delivery,
     DispatcherStatus as DispatcherStatus,
     EngineStatistics as EngineStatistics,
     Event as Event,
     LifecycleState as LifecycleState,
     PoolStatistics as PoolStatistics,
+    SessionEnded as SessionEnded,
     SessionOutcome as SessionOutcome,
     ShutdownResult as ShutdownResult,
 )
@@ -33,7 +32,6 @@ from ._receiver import ExecutionReceiver as ExecutionReceiver
 from ._session import (
     EventSink as EventSink,
     GatedSession as GatedSession,
-    Session as Session,
     SessionLifecycle as SessionLifecycle,
     TerminalDecision as TerminalDecision,
     TerminalPolicy as TerminalPolicy,
@@ -42,10 +40,9 @@ from ._session import (
 from ._timers import Timer as Timer, TimerQueue as TimerQueue
 
 __all__ = [
-    "SYSTEM_CHANNEL",
     "Batcher",
     "CancellationToken",
-    "Deadline",
+    "Delivery",
     "DispatcherStatus",
     "Engine",
     "EngineConfig",
@@ -55,15 +52,16 @@ __all__ = [
     "ExecutionReceiver",
     "GatedSession",
     "HandleStatus",
+    "Host",
     "LifecycleState",
     "OffloadPool",
     "PoolStatistics",
+    "Receiver",
     "ResultHandle",
     "Session",
+    "SessionEnded",
     "SessionLifecycle",
     "SessionOutcome",
-    "Settled",
-    "ShutdownParticipant",
     "ShutdownResult",
     "TerminalDecision",
     "TerminalPolicy",

@@ -1,4 +1,4 @@
-"""Cancellation tokens and monotonic deadlines (trio clock)."""
+"""Cancellation tokens (with an optional deadline on the trio clock)."""
 
 from __future__ import annotations
 
@@ -12,9 +12,7 @@ from phronomy.errors import CancellationError
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._timers import Timer, TimerQueue
-
-__all__ = ["CancellationToken", "Deadline"]
+__all__ = ["CancellationToken"]
 
 logger = logging.getLogger(__name__)
 
@@ -27,8 +25,8 @@ class CancellationToken:
     the callback list and runs each callback once (a raising callback is logged and
     does not stop the others). A token may carry a deadline on the trio clock: once it
     has passed, :attr:`cancelled` is true, but callbacks only run when something calls
-    :meth:`cancel` (for example a :class:`Deadline` attached through the runtime's
-    timer queue).
+    :meth:`cancel` (an offload pool does, through its timer, for the operations that
+    watch the token).
 
     Cancelling a token never interrupts running code; it only settles the results of
     the operations that watch it.
@@ -105,43 +103,3 @@ class CancellationToken:
         """Raise :class:`~phronomy.CancellationError` when the token is cancelled."""
         if self.cancelled:
             raise CancellationError(message)
-
-
-@final
-class Deadline:
-    """An absolute instant on the trio clock."""
-
-    __slots__ = ("at",)
-
-    def __init__(self, at: float) -> None:
-        """Create a deadline at the absolute trio time *at*."""
-        self.at = at
-
-    @classmethod
-    def after(cls, seconds: float) -> Deadline:
-        """Return the deadline *seconds* from now."""
-        return cls(trio.current_time() + seconds)
-
-    @property
-    def expired(self) -> bool:
-        """Whether the deadline has passed."""
-        return trio.current_time() >= self.at
-
-    def remaining(self) -> float:
-        """Seconds until the deadline, floor 0."""
-        return max(self.at - trio.current_time(), 0.0)
-
-    def attach_to(self, token: CancellationToken, timers: TimerQueue) -> Timer | None:
-        """Cancel *token* when the deadline passes, using the runtime's timer queue.
-
-        A deadline that already passed schedules nothing and cancels nothing (the token
-        still reports :attr:`CancellationToken.cancelled` through its own deadline, if
-        it has one).
-
-        Returns:
-            The scheduled timer, or ``None`` when the deadline already passed.
-        """
-        remaining = self.at - trio.current_time()
-        if remaining <= 0:
-            return None
-        return timers.schedule(remaining, lambda: token.cancel("deadline exceeded"))

@@ -6,7 +6,6 @@ import logging
 import threading
 from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
 
-import msgspec
 import trio
 
 from phronomy.errors import CancellationError
@@ -14,32 +13,15 @@ from phronomy.errors import CancellationError
 from ._thread_guard import foreign_thread_error
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterable
+    from collections.abc import Callable
 
-__all__ = ["HandleStatus", "ResultHandle", "Settled"]
+__all__ = ["HandleStatus", "ResultHandle"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
-U = TypeVar("U")
 
 HandleStatus = Literal["pending", "completed", "failed", "cancelled"]
-
-
-class Settled(msgspec.Struct, frozen=True, kw_only=True):
-    """One input's outcome in :meth:`~phronomy.ResultHandle.all_settled`.
-
-    Attributes:
-        index: the input's position.
-        status: ``"completed"``, ``"failed"`` or ``"cancelled"``.
-        value: the value when completed, else ``None``.
-        error: the error when failed or cancelled, else ``None``.
-    """
-
-    index: int
-    status: HandleStatus
-    value: Any = None
-    error: BaseException | None = None
 
 
 @final
@@ -311,111 +293,6 @@ class ResultHandle(Generic[T]):
         callbacks, self._physical_callbacks = self._physical_callbacks, None
         for callback in callbacks or ():
             _run_callback(callback, self)
-
-    # --- derived handles -----------------------------------------------------------
-
-    def map(self, fn: Callable[[T], U]) -> ResultHandle[U]:
-        """Return a handle completed with ``fn(value)``.
-
-        A failure or cancellation of this handle propagates; an exception raised by
-        *fn* fails the mapped handle. The mapped handle is physically complete once
-        this one is physically complete and *fn* has run.
-        """
-        mapped: ResultHandle[U] = ResultHandle(
-            f"{self._name}.map", tracks_physical=self._tracks_physical
-        )
-        mapped_done = [False]
-
-        def maybe_physical(_: object) -> None:
-            if mapped_done[0] and self.physically_complete:
-                mapped.mark_physically_complete()
-
-        def on_source(source: ResultHandle[T]) -> None:
-            if source._status == "completed":
-                try:
-                    value = fn(source._value)
-                except Exception as exc:  # noqa: BLE001 - becomes the mapped failure
-                    mapped.fail(exc)
-                else:
-                    mapped.complete(value)
-            else:
-                mapped.settle_like(source)  # type: ignore[arg-type]
-            mapped_done[0] = True
-            maybe_physical(None)
-
-        self.on_complete(on_source)
-        self.on_physical_complete(maybe_physical)
-        return mapped
-
-    def flat_map(self, fn: Callable[[T], ResultHandle[U]]) -> ResultHandle[U]:
-        """Return a handle that adopts the outcome of the handle ``fn(value)`` returns.
-
-        Raises (through the returned handle):
-            TypeError: *fn* did not return a :class:`ResultHandle`.
-        """
-        out: ResultHandle[U] = ResultHandle(f"{self._name}.flat_map")
-
-        def on_source(source: ResultHandle[T]) -> None:
-            if source._status != "completed":
-                out.settle_like(source)  # type: ignore[arg-type]
-                return
-            try:
-                inner: object = fn(source._value)
-            except Exception as exc:  # noqa: BLE001 - becomes the handle's failure
-                out.fail(exc)
-                return
-            if not isinstance(inner, ResultHandle):
-                out.fail(
-                    TypeError(
-                        f"flat_map callback returned {inner!r}, not a ResultHandle"
-                    )
-                )
-                return
-            inner.on_complete(out.settle_like)
-
-        self.on_complete(on_source)
-        return out
-
-    @staticmethod
-    def all_settled(
-        handles: Iterable[ResultHandle[Any]],
-    ) -> ResultHandle[list[Settled]]:
-        """Return a handle completed, once every input settled, with their outcomes.
-
-        Raises:
-            TypeError: an input is not a :class:`ResultHandle` (checked before waiting).
-        """
-        items = list(handles)
-        for item in items:
-            if not isinstance(item, ResultHandle):
-                raise TypeError(
-                    f"all_settled expects ResultHandle values, got {item!r}"
-                )
-        out: ResultHandle[list[Settled]] = ResultHandle("all_settled")
-        remaining = [len(items)]
-
-        def on_item(_: object) -> None:
-            remaining[0] -= 1
-            if remaining[0] == 0:
-                out.complete(
-                    [
-                        Settled(
-                            index=i,
-                            status=h.status,
-                            value=h.result_nowait()
-                            if h.status == "completed"
-                            else None,
-                            error=h.error,
-                        )
-                        for i, h in enumerate(items)
-                    ]
-                )
-
-        if not items:
-            out.complete([])
-        for item in items:
-            item.on_complete(on_item)
-        return out
 
     # --- internals -----------------------------------------------------------------
 

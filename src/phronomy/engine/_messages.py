@@ -1,35 +1,38 @@
-"""Values the engine exchanges: events, session outcomes, statistics, shutdown results."""
+"""Values the engine exchanges: events, deliveries, management messages, statistics."""
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 import msgspec
 
+from ._contracts import Receiver
+from ._handle import ResultHandle
+
 __all__ = [
-    "SYSTEM_CHANNEL",
+    "Delivery",
     "DispatcherStatus",
     "EngineStatistics",
     "Event",
     "LifecycleState",
     "PoolStatistics",
+    "SessionEnded",
     "SessionOutcome",
+    "SessionStart",
     "ShutdownResult",
 ]
-
-SYSTEM_CHANNEL = "__event_loop__"
-"""Target id of management events handled by the dispatcher itself."""
 
 LifecycleState = Literal["running", "draining", "stopping", "terminated", "failed"]
 DispatcherStatus = Literal["not_started", "terminated", "failed", "cancel_timeout"]
 
 
+@final
 class Event(msgspec.Struct, frozen=True, kw_only=True):
-    """An event delivered by the dispatcher.
+    """An event for a live session, delivered by the dispatcher in FIFO order.
 
     Attributes:
         type: the event name.
-        target_id: a session id, or ``SYSTEM_CHANNEL`` for management events.
+        target_id: the session's id.
         payload: any application value, passed unchanged.
     """
 
@@ -38,16 +41,49 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     payload: Any = None
 
 
-class SessionOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """Payload of the terminal management events (finished, halted, error, retired).
+@final
+class Delivery(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """A message for a receiver, delivered by the dispatcher in FIFO order.
 
     Attributes:
-        session_id: the session that ended.
-        result: the session's result (finished/halted).
-        error: the error (error/recovery_required).
+        receiver: the registered receiver (its ``deliver`` gets *message*).
+        message: any value.
+        admission: whether the message may establish a new admission (refused once
+            the engine drains; those queued before still run).
+        caller: the handle of the caller waiting on the message's work: failed when
+            the delivery fails or is cut off, and settled before the engine exits.
+    """
+
+    receiver: Receiver
+    message: Any
+    admission: bool = False
+    caller: ResultHandle[Any] | None = None
+
+
+SessionOutcome = Literal["finished", "halted", "error", "retired"]
+"""How a session ended: ``retired`` means its terminal outcome is unknown."""
+
+
+@final
+class SessionStart(msgspec.Struct, frozen=True, kw_only=True):
+    """Management: start the registered session *session_id* (in FIFO order)."""
+
+    session_id: str
+
+
+@final
+class SessionEnded(msgspec.Struct, frozen=True, kw_only=True):
+    """Management: a session ended; its waiter settles (or its owner takes over).
+
+    Attributes:
+        session_id: the session.
+        outcome: how it ended.
+        result: its result (``finished``, ``halted``).
+        error: the error (``error``), or why the outcome is unknown (``retired``).
     """
 
     session_id: str
+    outcome: SessionOutcome
     result: Any = None
     error: BaseException | None = None
 

@@ -1,4 +1,4 @@
-"""The execution-receiver contract: feature-owned live state retained by one engine."""
+"""The execution-receiver base: feature-owned live state retained by one engine."""
 
 from __future__ import annotations
 
@@ -6,32 +6,35 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from ._messages import Delivery
+
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._contracts import Host
     from ._handle import ResultHandle
 
 __all__ = ["ExecutionReceiver"]
 
 
 class ExecutionReceiver:
-    """Base class of feature registries (workflow admissions, supervised executions).
+    """Base class of features' coordinators (workflows, supervised executions).
 
-    A receiver is registered once per key on an engine (:meth:`~phronomy.Engine.receiver`). The
-    engine delivers its messages on the dispatcher task (:meth:`deliver`), counts them
-    for idleness, asks :meth:`idle` before shutting down, and calls :meth:`shutdown`
-    exactly once: on the failing dispatcher (with the error) or after the dispatcher
-    stopped (with ``None``).
+    A receiver is registered once per key on an engine (:meth:`Engine.receiver
+    <phronomy.lowlevel.Engine.receiver>`). The engine delivers its messages on the
+    dispatcher task (:meth:`deliver`), counts them for idleness, asks :meth:`idle`
+    before shutting down, and calls :meth:`shutdown` exactly once: on the failing
+    dispatcher (with the error) or after the dispatcher stopped (with ``None``); then
+    :meth:`flush` before its pools close.
 
     Subclasses mutate their state only on the dispatcher; :meth:`assert_dispatcher`
-    enforces it. Reads are safe from any trio task of the runtime's thread.
+    enforces it. They reach the engine only through its :class:`Host` interface.
     """
 
-    def __init__(self, engine: Engine) -> None:
+    def __init__(self, engine: Host) -> None:
         """Bind the receiver to *engine* (registration is separate)."""
         self._engine = engine
 
     @property
-    def engine(self) -> Engine:
+    def engine(self) -> Host:
         """The engine this receiver is bound to."""
         return self._engine
 
@@ -51,20 +54,6 @@ class ExecutionReceiver:
 
     # --- optional ----------------------------------------------------------------------
 
-    def session_retired(
-        self,
-        session_id: str,
-        *,
-        reason: str,
-        waiter: ResultHandle[Any] | None,
-        error: BaseException | None,
-    ) -> None:
-        """A session owned by this receiver retired (``reason="recovery_required"``).
-
-        The engine hands over the session's unsettled *waiter* and the *error* that made
-        the outcome unknown; the receiver decides when (and how) its caller settles.
-        """
-
     async def flush(self) -> None:
         """Finish the writes the receiver owes before the runtime's pools close.
 
@@ -73,6 +62,19 @@ class ExecutionReceiver:
         cancel scope bounds the wait with the shutdown's grace deadline.
         """
         await trio.lowlevel.checkpoint()
+
+    def session_retired(
+        self,
+        session_id: str,
+        *,
+        waiter: ResultHandle[Any] | None,
+        error: BaseException | None,
+    ) -> None:
+        """A session owned by this receiver retired: its terminal outcome is unknown.
+
+        The engine hands over the session's unsettled *waiter* and the *error* that made
+        the outcome unknown; the receiver decides when (and how) its caller settles.
+        """
 
     def describe_live(self) -> list[str]:
         """Describe live work that keeps the receiver busy (for shutdown reports)."""
@@ -87,14 +89,25 @@ class ExecutionReceiver:
         admission: bool = False,
         completion: ResultHandle[Any] | None = None,
     ) -> bool:
-        """Queue *message* for :meth:`deliver`; see :meth:`~phronomy.Engine.post_execution`."""
-        return self._engine.post_execution(
-            self, message, admission=admission, completion=completion
+        """Queue *message* for :meth:`deliver` (see ``Engine.post_nowait``).
+
+        Args:
+            message: any value.
+            admission: ``True`` for requests that may establish a new admission.
+            completion: the caller's handle, failed if the delivery fails or is cut off.
+
+        Returns:
+            Whether the message was queued.
+        """
+        return self._engine.post_nowait(
+            Delivery(
+                receiver=self, message=message, admission=admission, caller=completion
+            )
         )
 
     def admit(self) -> None:
-        """Pass the engine's admission gate; see :meth:`~phronomy.Engine.admit_execution`."""
-        self._engine.admit_execution(self)
+        """Pass the engine's admission gate (see ``Engine.admit``)."""
+        self._engine.admit(self)
 
     def assert_dispatcher(self) -> None:
         """Raise :class:`~phronomy.DispatcherOnlyError` off the dispatcher task."""

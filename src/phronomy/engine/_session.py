@@ -1,9 +1,9 @@
-"""The generic session host contract and the terminal gate (spec §2.8.7, §2.9)."""
+"""Sessions whose terminal result waits for a policy: the terminal gate."""
 
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol, final
 
 import msgspec
 
@@ -15,15 +15,15 @@ from phronomy.errors import (
 )
 
 from ._ids import random_uuid
-from ._messages import SYSTEM_CHANNEL, Event, SessionOutcome
+from ._messages import Event, SessionEnded
 
 if TYPE_CHECKING:
-    from ._engine import Engine
+    from ._contracts import Host
+    from ._messages import SessionOutcome
 
 __all__ = [
     "EventSink",
     "GatedSession",
-    "Session",
     "SessionLifecycle",
     "TerminalDecision",
     "TerminalPolicy",
@@ -38,31 +38,7 @@ SessionLifecycle = Literal[
 ]
 
 
-class Session(Protocol):
-    """What the dispatcher needs from a session."""
-
-    @property
-    def id(self) -> str:
-        """The session id: a fresh UUID string per incarnation."""
-        ...
-
-    def start(self) -> None:
-        """Called once on the dispatcher when the session's ``start`` event is dispatched."""
-        ...
-
-    def handle(self, event: Event) -> None:
-        """Called on the dispatcher for every event targeted at the session."""
-        ...
-
-    def cut_off(self) -> BaseException:
-        """The runtime is closing with the session still live.
-
-        Stop the session (later events are ignored) and return the error its waiter
-        fails with.
-        """
-        ...
-
-
+@final
 class TerminalDecision(msgspec.Struct, frozen=True, kw_only=True):
     """What a terminal policy decided about a pending terminal request.
 
@@ -70,17 +46,21 @@ class TerminalDecision(msgspec.Struct, frozen=True, kw_only=True):
         action: ``complete`` (report the result), ``fail`` (report *error*) or
             ``retire`` (outcome unknown: retire the session, leave its caller pending).
         error: the error for ``fail`` and ``retire``.
+        revision: for ``complete``, the durable revision the terminal work produced.
     """
 
     action: Literal["complete", "fail", "retire"]
     error: BaseException | None = None
+    revision: int | None = None
 
 
 class TerminalPolicy(Protocol):
     """Feature code that must run before a session may report its terminal result."""
 
-    def start(self, *, terminal_type: TerminalType, session: GatedSession) -> None:
-        """Begin the terminal work; its result must come back through ``session.sink``."""
+    def start(
+        self, *, terminal_type: TerminalType, value: Any, sink: EventSink
+    ) -> None:
+        """Begin the terminal work on *value*; its result comes back through *sink*."""
         ...
 
     def handles(self, event: Event) -> bool:
@@ -99,11 +79,11 @@ class EventSink:
     incarnation, because the engine refuses posts to sessions that are not admitted.
     """
 
-    __slots__ = ("_engine", "_session_id")
+    __slots__ = ("_host", "_session_id")
 
-    def __init__(self, engine: Engine) -> None:
-        """Create an unbound sink for *engine*."""
-        self._engine = engine
+    def __init__(self, host: Host) -> None:
+        """Create an unbound sink for *host*."""
+        self._host = host
         self._session_id: str | None = None
 
     def bind(self, session_id: str) -> None:
@@ -129,7 +109,7 @@ class EventSink:
         """
         if self._session_id is None:
             raise PhronomyError("EventSink is not bound to a session")
-        return self._engine.post_to_session(
+        return self._host.post_nowait(
             Event(type=event_type, target_id=self._session_id, payload=payload)
         )
 
@@ -137,8 +117,9 @@ class EventSink:
 class GatedSession:
     """Base of sessions whose terminal result may wait for a :class:`TerminalPolicy`.
 
-    Subclasses implement :meth:`start`, :meth:`handle_live`, :meth:`terminal_result`,
-    and may override :meth:`notify_terminal_stable` and :meth:`on_done`.
+    Subclasses implement :meth:`start`, :meth:`handle_live`, :meth:`terminal_value`
+    and :meth:`terminal_result`, and may override :meth:`notify_terminal_stable` and
+    :meth:`on_done`.
 
     Lifecycle: ``running`` → (terminal request) ``awaiting_terminal`` when a policy is
     set → ``halted``/``completed``; or ``error``; or ``retired`` when the policy could
@@ -146,14 +127,12 @@ class GatedSession:
     """
 
     def __init__(
-        self, engine: Engine, *, terminal_policy: TerminalPolicy | None = None
+        self, host: Host, *, terminal_policy: TerminalPolicy | None = None
     ) -> None:
         """Create a session with a fresh UUID id and a sink bound to it."""
-        self._engine = engine
-        self._id = (
-            random_uuid()
-        )  # fresh per incarnation; never taken from domain objects
-        self.sink = EventSink(engine)
+        self._host = host
+        self._id = random_uuid()  # fresh per incarnation; never from domain objects
+        self.sink = EventSink(host)
         self.sink.bind(self._id)
         self._policy = terminal_policy
         self.lifecycle: SessionLifecycle = "running"
@@ -167,9 +146,9 @@ class GatedSession:
         return self._id
 
     @property
-    def engine(self) -> Engine:
+    def host(self) -> Host:
         """The engine the session runs on."""
-        return self._engine
+        return self._host
 
     # --- subclass hooks -------------------------------------------------------------
 
@@ -181,8 +160,13 @@ class GatedSession:
         """Handle an ordinary event while ``running``; exceptions fail the session."""
         raise NotImplementedError
 
-    def terminal_result(self) -> Any:
-        """The value reported when the session halts or finishes."""
+    def terminal_value(self) -> Any:
+        """What the terminal policy works on (for example a snapshot to save)."""
+        raise NotImplementedError
+
+    def terminal_result(self, revision: int | None) -> Any:
+        """The value reported when the session halts or finishes (*revision*: what the
+        policy's decision carried)."""
         raise NotImplementedError
 
     def notify_terminal_stable(self) -> None:
@@ -240,7 +224,9 @@ class GatedSession:
             return
         self.lifecycle = "awaiting_terminal"
         try:
-            self._policy.start(terminal_type=terminal_type, session=self)
+            self._policy.start(
+                terminal_type=terminal_type, value=self.terminal_value(), sink=self.sink
+            )
         except Exception as exc:  # noqa: BLE001 - e.g. the save could not be submitted
             self.finish_with_error(exc)
 
@@ -251,7 +237,7 @@ class GatedSession:
         self.done = True
         self.lifecycle = "error"
         self.on_done()
-        self._post_management("error", SessionOutcome(session_id=self._id, error=error))
+        self._end("error", error=error)
 
     def _handle_terminal_event(self, event: Event) -> None:
         if self.lifecycle != "awaiting_terminal":
@@ -265,7 +251,7 @@ class GatedSession:
         action: str = decision.action  # a user policy may return anything
         match action:
             case "complete":
-                self._complete_terminal()
+                self._complete_terminal(decision.revision)
             case "fail":
                 self.finish_with_error(
                     decision.error or PhronomyError("terminal persistence failed")
@@ -277,13 +263,13 @@ class GatedSession:
                     PhronomyInternalError(f"unknown FSM terminal decision {action!r}")
                 )
 
-    def _complete_terminal(self) -> None:
+    def _complete_terminal(self, revision: int | None = None) -> None:
         pending = self._pending_type
         assert pending is not None
         self.lifecycle = "halted" if pending == "halted" else "completed"
         if self._pending_notify:
-            # An observer failure here reaches finish_with_error (ADR-055): the caller
-            # gets that error even though the record was saved.
+            # An observer failure here reaches finish_with_error: the caller gets that
+            # error even though the record was saved.
             try:
                 self.notify_terminal_stable()
             except Exception as exc:  # noqa: BLE001 - reported to the caller
@@ -291,23 +277,23 @@ class GatedSession:
                 return
         self.done = True
         self.on_done()
-        self._post_management(
-            pending, SessionOutcome(session_id=self._id, result=self.terminal_result())
-        )
+        self._end(pending, result=self.terminal_result(revision))
 
     def _retire(self, error: BaseException | None) -> None:
         self.done = True
         self.lifecycle = "retired"
         self.on_done()
-        self._post_management(
-            "recovery_required", SessionOutcome(session_id=self._id, error=error)
-        )
+        self._end("retired", error=error)
 
-    def _post_management(self, event_type: str, outcome: SessionOutcome) -> None:
-        event = Event(type=event_type, target_id=SYSTEM_CHANNEL, payload=outcome)
-        if not self._engine.post(event):
-            logger.warning(
-                "engine rejected the %s management event of session %s",
-                event_type,
-                self._id,
+    def _end(
+        self,
+        outcome: SessionOutcome,
+        *,
+        result: Any = None,
+        error: BaseException | None = None,
+    ) -> None:
+        self._host.end_session(
+            SessionEnded(
+                session_id=self._id, outcome=outcome, result=result, error=error
             )
+        )

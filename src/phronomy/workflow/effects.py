@@ -70,7 +70,7 @@ class Effects:
             RuntimeShutdownError: the runtime is closing.
         """
         self._check_open()
-        handle = self._session.engine.start_task(fn, *args)
+        handle = self._session.host.start_task(fn, *args)
         self._watch(handle, on_done, on_error)
 
     def offload(
@@ -88,7 +88,7 @@ class Effects:
             PoolShutdownError: the pool is closed.
         """
         self._check_open()
-        target = pool if pool is not None else self._session.engine.default_pool
+        target = pool if pool is not None else self._session.host.default_pool
         self._watch(target.submit_nowait(fn, *args), on_done, on_error)
 
     def schedule(self, seconds: float, event: str, payload: Any = None) -> None:
@@ -101,7 +101,7 @@ class Effects:
                 self._timers.discard(timer)
             self._post(event, payload)
 
-        timer = self._session.engine.timers.schedule(seconds, fire)
+        timer = self._session.host.timers.schedule(seconds, fire)
         self._timers.add(timer)
 
     def close(self) -> None:

@@ -8,10 +8,7 @@ from typing import TYPE_CHECKING, Any, final
 from phronomy.durability import save_outcome
 from phronomy.engine import Event, TerminalDecision, random_hex
 from phronomy.errors import (
-    BackpressureError,
     PhronomyError,
-    PoolShutdownError,
-    RuntimeShutdownError,
 )
 from phronomy.storage import (
     SaveOp,
@@ -24,25 +21,22 @@ if TYPE_CHECKING:
     import outcome
 
     from phronomy.durability import DurabilityService
-    from phronomy.engine import GatedSession, TerminalType
+    from phronomy.engine import EventSink, TerminalType
     from phronomy.storage import InstanceStatus
 
     from .registry import WorkflowRegistry
-    from .session import WorkflowSession
 
 __all__ = ["TERMINAL_RESULT", "TerminalPersistence"]
 
 logger = logging.getLogger(__name__)
 
 TERMINAL_RESULT = "__phronomy.terminal_persistence_result__"
-
-_NEVER_SUBMITTED = (BackpressureError, PoolShutdownError, RuntimeShutdownError)
 """The event that carries a terminal save's classified outcome back to its session."""
 
 
 @final
 class TerminalPersistence:
-    """The terminal barrier of a durable segment (spec §2.10, §4.5).
+    """The terminal barrier of a durable segment.
 
     When the session halts or finishes, its admission becomes ``persisting_terminal``,
     one immutable snapshot is encoded and saved (in the next group commit), and the
@@ -56,6 +50,8 @@ class TerminalPersistence:
         gateway: DurabilityService,
         registry: WorkflowRegistry,
         owner: object,
+        instance_id: str,
+        workflow: str,
         expected_revision: int | None,
         max_snapshot_bytes: int,
     ) -> None:
@@ -63,28 +59,32 @@ class TerminalPersistence:
         self._gateway = gateway
         self._registry = registry
         self._owner = owner
+        self._instance_id = instance_id
+        self._workflow = workflow
         self._expected = expected_revision
         self._max_bytes = max_snapshot_bytes
-        self._session: WorkflowSession[Any] | None = None
 
-    def start(self, *, terminal_type: TerminalType, session: GatedSession) -> None:
+    def start(
+        self, *, terminal_type: TerminalType, value: Any, sink: EventSink
+    ) -> None:
         """Mark the admission, encode the snapshot and submit one save.
+
+        *value* is the segment's ``(state, phase)`` at its terminal request.
 
         Raises:
             SerializationError: the state holds values outside the JSON domain (the
                 session fails with it; nothing is written).
         """
-        workflow_session: WorkflowSession[Any] = session  # type: ignore[assignment]
-        self._session = workflow_session
-        iid = workflow_session.workflow_instance_id
+        state, phase = value
+        iid = self._instance_id
         self._registry.mark_workflow_admission(iid, self._owner, "persisting_terminal")
         revision = (self._expected or 0) + 1
         snapshot = encode_snapshot(
-            workflow_session.state,
+            state,
             workflow_instance_id=iid,
             revision=revision,
-            phase=workflow_session.phase,
-            workflow=workflow_session.definition.name,
+            phase=phase,
+            workflow=self._workflow,
             max_bytes=self._max_bytes,
         )
         status: InstanceStatus = "finished" if terminal_type == "finished" else "halted"
@@ -94,10 +94,9 @@ class TerminalPersistence:
             snapshot=snapshot,
             write_id=random_hex(),
             status=status,
-            phase=workflow_session.phase,
-            workflow=workflow_session.definition.name,
+            phase=phase,
+            workflow=self._workflow,
         )
-        sink = workflow_session.sink
 
         def deliver(saved: outcome.Outcome[Any]) -> None:
             result = save_outcome(saved)
@@ -128,9 +127,7 @@ class TerminalPersistence:
             )
         match result.outcome:
             case "success":
-                if self._session is not None:
-                    self._session.revision = result.revision
-                return TerminalDecision(action="complete")
+                return TerminalDecision(action="complete", revision=result.revision)
             case "known_failure":
                 return TerminalDecision(
                     action="fail",

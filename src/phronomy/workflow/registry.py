@@ -118,7 +118,6 @@ class WorkflowRegistry(ExecutionReceiver):
         self,
         session_id: str,
         *,
-        reason: str,
         waiter: ResultHandle[Any] | None,
         error: BaseException | None,
     ) -> None:
@@ -133,10 +132,10 @@ class WorkflowRegistry(ExecutionReceiver):
             )
         )
         logger.warning(
-            "workflow instance %r requires recovery (%s: %r); its caller stays pending "
-            "until an operator resolves it or the runtime shuts down",
+            "workflow instance %r requires recovery (the outcome of its terminal save is "
+            "unknown: %r); its caller stays pending until an operator resolves it or "
+            "the runtime shuts down",
             record.workflow_instance_id,
-            reason,
             error,
         )
         if self._on_retired is not None:
@@ -289,7 +288,8 @@ class WorkflowRegistry(ExecutionReceiver):
                 return None
             return Event(type=event, target_id=record.session_id, payload=payload)
 
-        return self.engine.route_execution_event(self, lookup)
+        found = lookup()  # no checkpoint between the lookup and the post
+        return found is not None and self.engine.post_nowait(found)
 
     # --- internals -----------------------------------------------------------------
 

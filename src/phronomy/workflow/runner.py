@@ -256,6 +256,8 @@ class WorkflowRunner:
                 gateway=self.gateway,
                 registry=self.registry,
                 owner=cmd.owner,
+                instance_id=iid,
+                workflow=cmd.definition.name,
                 expected_revision=expected,
                 max_snapshot_bytes=self.max_snapshot_bytes,
             )

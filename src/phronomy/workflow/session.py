@@ -20,7 +20,7 @@ from .state import State
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from phronomy.engine import Engine, TerminalPolicy, TerminalType
+    from phronomy.engine import Host, TerminalPolicy, TerminalType
 
     from .definition import WorkflowDefinition
 
@@ -39,7 +39,7 @@ class WorkflowSession(GatedSession, Generic[S]):
 
     def __init__(
         self,
-        engine: Engine,
+        engine: Host,
         definition: WorkflowDefinition[S],
         state: S,
         *,
@@ -138,10 +138,18 @@ class WorkflowSession(GatedSession, Generic[S]):
         """Set the phase before any snapshot: FINISH, or the wait state's name."""
         self.phase = FINISH if terminal_type == "finished" else self.current
 
-    def terminal_result(self) -> SegmentResult:
-        """The state, phase and revision reported to the caller."""
+    def terminal_value(self) -> tuple[S, str | None]:
+        """What the terminal policy saves: the state and its phase."""
+        return self.state, self.phase
+
+    def terminal_result(self, revision: int | None) -> SegmentResult:
+        """The state, phase and revision (the saved one, if any) for the caller."""
         assert self.phase is not None
-        return SegmentResult(state=self.state, phase=self.phase, revision=self.revision)
+        return SegmentResult(
+            state=self.state,
+            phase=self.phase,
+            revision=revision if revision is not None else self.revision,
+        )
 
     def notify_terminal_stable(self) -> None:
         """Publish the halted (or declared-leaf) state once the terminal save succeeded."""

@@ -1,0 +1,114 @@
+"""What the engine's parts and its features expect of each other (protocols only).
+
+Sessions and receivers are written by features (workflows, supervised executions); the
+engine only sees these shapes, and features only reach the engine through
+:class:`Host`. Keeping both directions here leaves the engine's modules free of import
+cycles.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from ._handle import ResultHandle
+    from ._messages import Delivery, Event, SessionEnded
+    from ._pool import OffloadPool
+    from ._timers import TimerQueue
+
+__all__ = ["Host", "Receiver", "Session"]
+
+
+class Session(Protocol):
+    """One incarnation of a state machine, run by the dispatcher."""
+
+    @property
+    def id(self) -> str:
+        """The session id: a fresh UUID string per incarnation."""
+        ...
+
+    def start(self) -> None:
+        """Called once on the dispatcher when the session starts (FIFO order)."""
+        ...
+
+    def handle(self, event: Event) -> None:
+        """Called on the dispatcher for every event targeted at the session."""
+        ...
+
+    def cut_off(self) -> BaseException:
+        """The runtime is closing with the session still live.
+
+        Stop the session (later events are ignored) and return the error its waiter
+        fails with.
+        """
+        ...
+
+
+class Receiver(Protocol):
+    """Feature-owned live state retained by one engine (see ``ExecutionReceiver``)."""
+
+    def idle(self) -> bool:
+        """Whether nothing of the receiver must finish before shutdown."""
+        ...
+
+    def deliver(self, message: Any) -> None:
+        """Handle a message on the dispatcher; an exception fails the dispatcher."""
+        ...
+
+    def shutdown(self, error: BaseException | None) -> None:
+        """Settle and clear everything (*error* on dispatcher failure, else ``None``)."""
+        ...
+
+    async def flush(self) -> None:
+        """Finish the store writes it owes, before the pools close (at shutdown)."""
+        ...
+
+    def session_retired(
+        self,
+        session_id: str,
+        *,
+        waiter: ResultHandle[Any] | None,
+        error: BaseException | None,
+    ) -> None:
+        """A session it owns retired: its outcome is unknown (it takes over *waiter*)."""
+        ...
+
+    def describe_live(self) -> list[str]:
+        """Live work that keeps it busy (for the shutdown report)."""
+        ...
+
+
+class Host(Protocol):
+    """What sessions and receivers may ask of the engine (one direction only)."""
+
+    @property
+    def timers(self) -> TimerQueue:
+        """The dispatcher-driven timer queue."""
+        ...
+
+    @property
+    def default_pool(self) -> OffloadPool:
+        """The default offload pool."""
+        ...
+
+    def post_nowait(self, item: Event | Delivery) -> bool:
+        """Queue *item* for the dispatcher; ``False`` when it is not accepted."""
+        ...
+
+    def end_session(self, ended: SessionEnded) -> None:
+        """A session reached its end (settles its waiter, FIFO after queued events)."""
+        ...
+
+    def admit(self, receiver: Receiver) -> None:
+        """Pass the admission gate for a new execution (raises when closed)."""
+        ...
+
+    def assert_dispatcher(self) -> None:
+        """Raise unless called on the dispatcher task."""
+        ...
+
+    def start_task(
+        self, fn: Any, *args: Any, name: str | None = None
+    ) -> ResultHandle[Any]:
+        """Run ``await fn(*args)`` as a supervised trio task."""
+        ...

@@ -1,0 +1,298 @@
+"""The dispatcher: one task draining a FIFO memory channel in batches."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import time
+from typing import TYPE_CHECKING, Any, final
+
+import trio
+
+from ._messages import Event
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._contracts import Session
+    from ._engine import EngineConfig
+    from ._lifecycle import Lifecycle
+    from ._timers import TimerQueue
+
+__all__ = ["Dispatcher"]
+
+logger = logging.getLogger(__name__)
+
+_NO_THRESHOLD = 1 << 62
+
+
+class _Marker:
+    """A dispatcher-internal queue item (stop, wake)."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __repr__(self) -> str:
+        return f"<{self.name}>"
+
+
+_STOP = _Marker("stop")
+_WAKE = _Marker("wake")
+
+
+@final
+class Dispatcher:
+    """Receives from the channel, then drains whatever else is queued before awaiting.
+
+    An :class:`Event` goes straight to its session (the hot path); every other item
+    goes to *route*. Timers fire between batches; *on_batch* runs after each batch.
+    It owns its channel and its metrics (queue depth, lag, dispatch counts), and warns
+    about backlog, starvation and long dispatches.
+    """
+
+    def __init__(
+        self,
+        config: EngineConfig,
+        lifecycle: Lifecycle,
+        timers: TimerQueue,
+        sessions: dict[str, Session],
+        *,
+        route: Callable[[Any], None],
+        on_batch: Callable[[], None],
+        on_failure: Callable[[Exception], None],
+    ) -> None:
+        """Create the dispatcher (the engine runs :meth:`run` in its nursery)."""
+        self._config = config
+        self._lifecycle = lifecycle
+        self._timers = timers
+        self._sessions = sessions
+        self._route = route
+        self._on_batch = on_batch
+        self._on_failure = on_failure
+        self._send, self._recv = trio.open_memory_channel[Any](math.inf)
+        self._scope = trio.CancelScope()
+        self.exited = trio.Event()
+        self._posted = 0
+        self._dispatched = 0
+        self.dropped = 0
+        self.max_depth = 0
+        self._oldest_post_ns = 0
+        self._last_backlog_warning = -math.inf
+        self._batches = 0
+        self._lag_last = 0
+        self._lag_max = 0
+        self._lag_sum = 0
+        self._starvation_ns = (
+            _NO_THRESHOLD
+            if config.starvation_threshold is None
+            else int(config.starvation_threshold * 1e9)
+        )
+
+    # --- posting ---------------------------------------------------------------------
+
+    def enqueue(self, item: Any) -> None:
+        """Queue *item* (the caller checked that the engine accepts it)."""
+        self._send.send_nowait(item)
+        self._posted += 1
+        depth = self._posted - self._dispatched
+        if depth == 1:
+            # The queue was empty: this is the oldest item of the next batch. Queue lag
+            # is measured per batch, on its oldest item (the batch's largest lag).
+            self._oldest_post_ns = time.perf_counter_ns()
+        elif depth >= self._config.backlog_threshold:
+            self._warn_backlog(depth, item)
+
+    def wake(self) -> None:
+        """Make the dispatcher recompute its wait (an earlier timer was scheduled)."""
+        if (
+            self._lifecycle.task is not None
+            and not self._lifecycle.is_dispatcher()
+            and not self.exited.is_set()
+        ):
+            self.enqueue(_WAKE)
+
+    def drain(self) -> list[Any]:
+        """Take every item still queued (the dispatcher has stopped)."""
+        items: list[Any] = []
+        while True:
+            try:
+                items.append(self._recv.receive_nowait())
+            except (trio.WouldBlock, trio.EndOfChannel, trio.ClosedResourceError):
+                return items
+
+    async def stop(self, *, graceful: bool) -> None:
+        """Stop after the items already queued (*graceful*), or at once; then wait."""
+        if not self.exited.is_set():
+            if graceful:
+                self.enqueue(_STOP)
+            else:
+                self._scope.cancel(reason="phronomy runtime aborted")
+            await self.exited.wait()
+
+    # --- statistics ----------------------------------------------------------------
+
+    @property
+    def queue_depth(self) -> int:
+        """Items posted and not dispatched yet."""
+        return max(self._posted - self._dispatched, 0)
+
+    @property
+    def dispatched(self) -> int:
+        """Items dispatched so far."""
+        return self._dispatched
+
+    @property
+    def lag(self) -> tuple[float, float, float]:
+        """Queue lag in seconds: the last batch's, the largest, and the mean."""
+        mean = self._lag_sum / self._batches / 1e9 if self._batches else 0.0
+        return self._lag_last / 1e9, self._lag_max / 1e9, mean
+
+    # --- the loop ----------------------------------------------------------------------
+
+    async def run(
+        self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
+    ) -> None:
+        """The dispatcher task: run until stopped (a failure goes to *on_failure*)."""
+        self._lifecycle.task = trio.lowlevel.current_task()
+        try:
+            with self._scope:
+                task_status.started()
+                try:
+                    await self._loop()
+                except Exception as exc:  # noqa: BLE001 - a dispatcher failure, reported
+                    self._on_failure(exc)
+        finally:
+            self.exited.set()
+
+    async def _loop(self) -> None:
+        recv = self._recv
+        timers = self._timers
+        while True:
+            deadline = timers.next_deadline()
+            if deadline is None:
+                item = await recv.receive()
+            else:
+                item = None
+                with trio.move_on_at(deadline):
+                    item = await recv.receive()
+                if item is None:
+                    timers.fire_due()
+                    self._on_batch()
+                    continue
+            keep_going = self._batch(item)
+            if timers.pending_count:
+                timers.fire_due()
+            self._on_batch()
+            if not keep_going:
+                return
+
+    def _batch(self, item: Any) -> bool:
+        """Dispatch *item*, then everything already queued; ``False`` after stop."""
+        lag = time.perf_counter_ns() - self._oldest_post_ns
+        depth = self._posted - self._dispatched
+        if depth > self.max_depth:
+            self.max_depth = depth
+        self._batches += 1
+        self._lag_last = lag
+        self._lag_sum += lag
+        if lag > self._lag_max:
+            self._lag_max = lag
+        if lag > self._starvation_ns:
+            self._warn_starvation(item, lag)
+        if self._config.dispatch_threshold is not None:
+            return self._timed_batch(item, self._config.dispatch_threshold)
+        recv_nowait = self._recv.receive_nowait
+        sessions_get = self._sessions.get
+        route = self._route
+        while True:
+            self._dispatched += 1
+            if type(item) is Event:
+                session = sessions_get(item.target_id)
+                if session is not None:
+                    session.handle(item)
+                else:
+                    self._drop(item)
+            elif item is _STOP:
+                return False
+            elif item is not _WAKE:
+                route(item)
+            try:
+                item = recv_nowait()
+            except trio.WouldBlock:
+                return True
+
+    def _timed_batch(self, item: Any, threshold: float) -> bool:
+        """The batch loop with long-dispatch warnings (``dispatch_threshold`` set)."""
+        while True:
+            started = time.perf_counter()
+            self._dispatched += 1
+            if type(item) is Event:
+                session = self._sessions.get(item.target_id)
+                if session is not None:
+                    session.handle(item)
+                else:
+                    self._drop(item)
+            elif item is _STOP:
+                return False
+            elif item is not _WAKE:
+                self._route(item)
+            took = time.perf_counter() - started
+            if took > threshold:
+                logger.warning(
+                    "dispatch of %s took %.3fs (threshold %.3fs); move blocking work "
+                    "to an offload pool",
+                    _describe(item)[0],
+                    took,
+                    threshold,
+                )
+            try:
+                item = self._recv.receive_nowait()
+            except trio.WouldBlock:
+                return True
+
+    # --- diagnostics -------------------------------------------------------------------
+
+    def _drop(self, event: Event) -> None:
+        self.dropped += 1
+        logger.warning(
+            "dropping event %r: no session has target_id %r (it ended meanwhile)",
+            event.type,
+            event.target_id,
+        )
+
+    def _warn_backlog(self, depth: int, item: Any) -> None:
+        now = time.monotonic()
+        if now - self._last_backlog_warning < self._config.backlog_interval:
+            return
+        self._last_backlog_warning = now
+        self.max_depth = max(self.max_depth, depth)
+        kind, target = _describe(item)
+        with contextlib.suppress(
+            Exception
+        ):  # a broken log handler must not break posting
+            logger.warning(
+                "dispatcher backlog: depth=%d max_depth=%d threshold=%d event=%s target=%s",
+                depth,
+                self.max_depth,
+                self._config.backlog_threshold,
+                kind,
+                target,
+            )
+
+    def _warn_starvation(self, item: Any, lag_ns: int) -> None:
+        kind, target = _describe(item)
+        logger.warning(
+            "dispatcher starvation: %s for %s waited %.3fs in the queue",
+            kind,
+            target,
+            lag_ns / 1e9,
+        )
+
+
+def _describe(item: Any) -> tuple[str, str]:
+    if isinstance(item, Event):
+        return item.type, item.target_id
+    return type(item).__name__, "-"

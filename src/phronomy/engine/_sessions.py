@@ -1,0 +1,151 @@
+"""The session table: registered sessions, their waiters and their owners."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, final
+
+from phronomy.errors import PhronomyError, RecoveryRequiredError, RuntimeShutdownError
+
+from ._handle import ResultHandle
+from ._messages import SessionStart
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._contracts import Receiver, Session
+    from ._lifecycle import Lifecycle
+    from ._messages import SessionEnded
+
+__all__ = ["SessionTable"]
+
+logger = logging.getLogger(__name__)
+
+
+@final
+class SessionTable:
+    """Every session from registration to its end, and who waits for it.
+
+    A session is *admitted* from registration until it ends: only then do events
+    posted to it get queued. Its ``SessionStart`` and ``SessionEnded`` messages go
+    through the FIFO like every event, so a session starts after what was queued
+    before it, and ends after the events it already received.
+    """
+
+    def __init__(self, lifecycle: Lifecycle, enqueue: Callable[[Any], None]) -> None:
+        """Create an empty table; *enqueue* queues management messages."""
+        self._lifecycle = lifecycle
+        self._enqueue = enqueue
+        self.live: dict[str, Session] = {}  # started sessions (the dispatcher's lookup)
+        self.admitted: set[str] = set()
+        self._starting: dict[str, tuple[Session, ResultHandle[Any]]] = {}
+        self._waiters: dict[str, ResultHandle[Any]] = {}
+        self._owners: dict[str, Receiver] = {}
+
+    @property
+    def idle(self) -> bool:
+        """No session is starting or live."""
+        return not self.live and not self._starting
+
+    def __len__(self) -> int:
+        return len(self.live) + len(self._starting)
+
+    def register(
+        self,
+        session: Session,
+        completion: ResultHandle[Any] | None,
+        owner: Receiver | None,
+    ) -> ResultHandle[Any]:
+        """Admit *session* and queue its start; returns its waiter.
+
+        Raises:
+            RuntimeShutdownError: the engine no longer accepts sessions.
+            PhronomyError: a session with that id is already registered.
+        """
+        if not self._lifecycle.accepting:
+            raise RuntimeShutdownError(
+                f"the runtime is {self._lifecycle.state}; new sessions are not accepted"
+            )
+        sid = session.id
+        if sid in self.admitted or sid in self.live or sid in self._starting:
+            raise PhronomyError(f"session {sid!r} is already registered")
+        waiter = (
+            completion if completion is not None else ResultHandle(f"session:{sid}")
+        )
+        self.admitted.add(sid)
+        self._starting[sid] = (session, waiter)
+        if owner is not None:
+            self._owners[sid] = owner
+        self._enqueue(SessionStart(session_id=sid))
+        return waiter
+
+    def start(self, message: SessionStart) -> None:
+        """Start a registered session (on the dispatcher)."""
+        entry = self._starting.pop(message.session_id, None)
+        if entry is not None:
+            session, waiter = entry
+            self.live[message.session_id] = session
+            self._waiters[message.session_id] = waiter
+            session.start()
+
+    def end(self, ended: SessionEnded) -> None:
+        """Forget an ended session and settle its waiter (on the dispatcher).
+
+        A retired session's waiter goes to its owner, which decides when its caller
+        settles; without an owner it fails with :class:`~phronomy.RecoveryRequiredError`.
+        """
+        sid = ended.session_id
+        self.admitted.discard(sid)
+        self.live.pop(sid, None)
+        owner = self._owners.pop(sid, None)
+        waiter = self._waiters.pop(sid, None)
+        if ended.outcome == "retired":
+            if owner is not None:
+                owner.session_retired(sid, waiter=waiter, error=ended.error)
+            elif waiter is not None:
+                error = RecoveryRequiredError(
+                    f"session {sid} retired: the outcome of its terminal work is "
+                    f"unknown ({ended.error!r})"
+                )
+                error.__cause__ = ended.error
+                waiter.fail(error)
+        elif waiter is not None:
+            if ended.error is not None:
+                waiter.fail(ended.error)
+            else:
+                waiter.complete(ended.result)
+
+    def cut_off(self) -> list[str]:
+        """The dispatcher stopped with sessions live: end each; describe the unowned."""
+        described: list[str] = []
+        for sid, session in list(self.live.items()):
+            waiter = self._waiters.pop(sid, None)
+            try:
+                error = session.cut_off()
+            except Exception as exc:  # noqa: BLE001 - the session's own failure
+                error = exc
+            if sid not in self._owners:
+                described.append(f"session {sid}")  # owners describe their own
+            if waiter is not None:
+                waiter.fail(error)
+        for _, waiter in self._starting.values():
+            waiter.fail(
+                RuntimeShutdownError("the runtime shut down before the session started")
+            )
+        self._clear()
+        return described
+
+    def fail(self, error: BaseException) -> None:
+        """The dispatcher failed: every waiter fails with *error*."""
+        for _, waiter in self._starting.values():
+            waiter.fail(error)
+        for waiter in self._waiters.values():
+            waiter.fail(error)
+        self._clear()
+
+    def _clear(self) -> None:
+        self.live.clear()
+        self.admitted.clear()
+        self._starting.clear()
+        self._waiters.clear()
+        self._owners.clear()

@@ -1,0 +1,214 @@
+"""Shutting the engine down: gracefully, at once, or after the dispatcher failed."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Literal, final
+
+import trio
+
+from phronomy.errors import RuntimeShutdownError
+
+from ._messages import ShutdownResult
+
+if TYPE_CHECKING:
+    from ._dispatcher import Dispatcher
+    from ._lifecycle import Lifecycle
+    from ._messages import DispatcherStatus
+    from ._receivers import ReceiverTable
+    from ._sessions import SessionTable
+    from ._supervision import Supervisor
+
+__all__ = ["Shutdown"]
+
+logger = logging.getLogger(__name__)
+
+_MIN_STOP_GRACE = 0.2
+
+
+@final
+class Shutdown:
+    """The shutdown sequence of one engine, run once; later calls share its result.
+
+    Graceful: stop admitting new work; wait until the drain deadline for live work;
+    stop the dispatcher after what is queued; cut off what is still live (callers get
+    :class:`~phronomy.RuntimeShutdownError`, or a more specific error from their
+    receiver); let receivers finish the writes they owe; close pools, cancel queued
+    operations, tasks and timers, and wait for worker threads until the grace deadline
+    (threads are never killed). A step that fails is recorded, never raised.
+    """
+
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        dispatcher: Dispatcher,
+        sessions: SessionTable,
+        receivers: ReceiverTable,
+        supervisor: Supervisor,
+    ) -> None:
+        """Bind the sequence to the engine's parts."""
+        self._lifecycle = lifecycle
+        self._dispatcher = dispatcher
+        self._sessions = sessions
+        self._receivers = receivers
+        self._supervisor = supervisor
+        self._idle: trio.Event | None = None
+        self.started = False
+        self.done = trio.Event()
+        self.result: ShutdownResult | None = None
+
+    # --- idleness ------------------------------------------------------------------
+
+    def is_idle(self) -> bool:
+        """No live work on the dispatcher (a failed engine counts as idle)."""
+        return self._lifecycle.state == "failed" or (
+            self._sessions.idle and self._receivers.idle
+        )
+
+    def after_batch(self) -> None:
+        """Called by the dispatcher after each batch: wake a waiting shutdown."""
+        if self._idle is not None and self.is_idle():
+            self._idle.set()
+            self._idle = None
+
+    async def _wait_idle(self) -> None:
+        while True:
+            while not self.is_idle():
+                if self._idle is None:
+                    self._idle = trio.Event()
+                await self._idle.wait()
+            await self._supervisor.wait_pools_idle()
+            if self.is_idle():
+                return
+
+    # --- the sequences -----------------------------------------------------------------
+
+    async def run(self, drain: float, grace: float) -> ShutdownResult:
+        """The graceful sequence; *drain* and *grace* are seconds."""
+        self.started = True
+        try:
+            self.result = await self._graceful(drain, grace)
+        except Exception as exc:  # a bug in a shutdown step: still end with a result
+            logger.exception("the graceful shutdown failed; stopping at once")
+            self._lifecycle.errors.append(exc)
+            await self.abort()
+        finally:
+            self.done.set()
+        assert self.result is not None
+        return self.result
+
+    async def _graceful(self, drain: float, grace: float) -> ShutdownResult:
+        drain_deadline = trio.current_time() + drain
+        if self._lifecycle.state == "running":
+            self._lifecycle.set("draining")
+        with trio.move_on_at(drain_deadline):
+            await self._wait_idle()
+        quiescent = self.is_idle() and self._supervisor.pools_idle
+        status: DispatcherStatus
+        if self._lifecycle.state == "failed":
+            status = "failed"
+        else:
+            self._lifecycle.set("stopping")
+            status = "terminated" if quiescent else "cancel_timeout"
+        await self._dispatcher.stop(graceful=True)
+        cut_off = self._teardown()
+        stop_deadline = trio.current_time() + max(grace, _MIN_STOP_GRACE)
+        with trio.move_on_at(stop_deadline):
+            await self._receivers.flush()
+        threads, tasks_left = await self._supervisor.stop(stop_deadline, wait=True)
+        return self._finish(status, cut_off, threads, tasks_left)
+
+    async def abort(self) -> None:
+        """The runtime block raised: stop at once, cut everything off, do not wait."""
+        if self.result is not None:
+            return
+        self.started = True
+        if self._lifecycle.accepting:
+            self._lifecycle.set("stopping")
+        status: DispatcherStatus = (
+            "failed"
+            if self._lifecycle.failure is not None
+            else (
+                "terminated"
+                if self.is_idle() and self._supervisor.pools_idle
+                else "cancel_timeout"
+            )
+        )
+        await self._dispatcher.stop(graceful=False)
+        cut_off = self._teardown()
+        threads, _ = await self._supervisor.stop(0.0, wait=False)
+        self.result = self._finish(status, cut_off, threads, 0)
+        self.done.set()
+
+    def fail(self, error: Exception) -> None:
+        """The dispatcher failed: everything pending fails with *error*."""
+        logger.error("phronomy dispatcher failed", exc_info=error)
+        lifecycle = self._lifecycle
+        if lifecycle.failure is None:
+            lifecycle.failure = error
+        lifecycle.set("failed")
+        lifecycle.exclusive = True
+        try:
+            self._sessions.fail(error)
+            self._receivers.fail_pending(self._dispatcher.drain(), error)
+            self._receivers.shutdown(error)
+            self._receivers.settle_callers(lambda _: error)
+        finally:
+            lifecycle.exclusive = False
+        if self._idle is not None:
+            self._idle.set()
+
+    # --- steps ---------------------------------------------------------------------
+
+    def _teardown(self) -> tuple[str, ...]:
+        """With the dispatcher stopped: cut off live work, shut receivers down."""
+        self._lifecycle.exclusive = True
+        try:
+            cut = self._receivers.describe_live()
+            cut.extend(self._sessions.cut_off())
+            self._receivers.fail_pending(
+                self._dispatcher.drain(),
+                RuntimeShutdownError(
+                    "the runtime shut down before the request was processed"
+                ),
+            )
+            self._receivers.shutdown(None)
+            self._receivers.settle_callers(
+                lambda h: RuntimeShutdownError(
+                    f"the runtime shut down before {h.name} finished"
+                )
+            )
+        finally:
+            self._lifecycle.exclusive = False
+        return tuple(cut)
+
+    def _finish(
+        self,
+        status: DispatcherStatus,
+        cut_off: tuple[str, ...],
+        threads: int,
+        tasks_left: int,
+    ) -> ShutdownResult:
+        lifecycle = self._lifecycle
+        cleanup_complete = not lifecycle.errors and threads == 0 and tasks_left == 0
+        error = lifecycle.failure or (lifecycle.errors[0] if lifecycle.errors else None)
+        outcome: Literal["terminated", "failed"] = (
+            "failed"
+            if (lifecycle.failure is not None or lifecycle.errors)
+            else "terminated"
+        )
+        lifecycle.set(outcome if cleanup_complete else "failed")
+        if threads:
+            logger.warning(
+                "phronomy runtime closed with %d worker thread(s) still running; "
+                "trio will wait for them before trio.run returns",
+                threads,
+            )
+        return ShutdownResult(
+            outcome=outcome,
+            cleanup_complete=cleanup_complete,
+            dispatcher_status=status,
+            error=error,
+            cut_off=cut_off,
+            threads_running=threads,
+        )
