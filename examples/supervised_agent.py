@@ -45,7 +45,7 @@ async def main() -> None:
         print(f"suspended, asking: {request.question} {request.details}")
         try:  # one live execution per key: a second start is refused before any work
             await executions.run("assistant-1", [search], "other")
-        except phronomy.AgentBusyError as exc:
+        except phronomy.BusyError as exc:
             print(f"second start refused: {exc}")
         execution.approve("ok by bob")
         print(await execution.result())

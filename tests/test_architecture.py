@@ -42,7 +42,7 @@ def test_layers_only_import_downwards(package: str, forbidden: tuple[str, ...]) 
 
 
 @pytest.mark.parametrize(
-    "module", ["workflow/machine.py", "workflow/definition.py", "workflow/state.py"]
+    "module", ["workflow/_machine.py", "workflow/_definition.py", "workflow/_state.py"]
 )
 def test_the_machine_core_is_sans_io(module: str) -> None:
     names = _imports(SRC / module)

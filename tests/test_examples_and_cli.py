@@ -11,8 +11,8 @@ from typing import TYPE_CHECKING
 import pytest
 
 import phronomy
-from phronomy.agent.messages import ExecutionRecord
-from phronomy.agent.records import record_request
+from phronomy.agent._messages import ExecutionRecord
+from phronomy.agent._records import record_request
 from phronomy.cli import build_parser, main
 from phronomy.storage import SaveRequest
 

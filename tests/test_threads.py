@@ -129,7 +129,7 @@ async def test_portal_runs_every_operation_from_threads() -> None:
         )
         assert result.value == 42
         # errors arrive as themselves
-        with pytest.raises(phronomy.UnknownEventError):
+        with pytest.raises(phronomy.InvalidInputError):
             await in_thread(
                 lambda: portal.send_event(flow, "bogus", workflow_instance_id="p1")
             )

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
     from phronomy.workflow import WorkflowDefinition, WorkflowResult
-    from phronomy.workflow.client import WorkflowClient
+    from phronomy.workflow._client import WorkflowClient
 
 __all__ = ["ThreadPortal"]
 

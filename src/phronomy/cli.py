@@ -28,7 +28,7 @@ import trio
 
 from phronomy import __version__
 from phronomy._demo import run_demo
-from phronomy.agent.records import (
+from phronomy.agent._records import (
     agent_key,
     decode_record,
     resolve_record,

@@ -1,8 +1,35 @@
-"""The error hierarchy of phronomy.
+"""The errors phronomy raises on purpose, as one small tree.
 
-Every error phronomy raises on purpose derives from :class:`PhronomyError`. Errors
-caused by bad input also derive from :class:`ValueError` (or :class:`TypeError`), so
-callers that only know the standard library still catch them.
+::
+
+    PhronomyError
+    ├── InvalidInputError (ValueError)      an argument is wrong: an id, an event name,
+    │                                       a state field, a setting (the message names it)
+    ├── DefinitionError (ValueError)        a workflow definition is invalid (at build)
+    ├── TransitionError (ValueError)        an event cannot fire from the current state,
+    │                                       or a chain of automatic transitions ran away
+    ├── EventRejectedError                  every guard rejected the event; nothing changed
+    ├── InvalidActionResultError (TypeError) an action or hook returned what it must not
+    ├── InstanceStateError (ValueError)     the instance or execution is not in a state
+    │                                       that accepts the request
+    ├── BusyError                           the id already has a live segment or execution
+    ├── RecoveryRequiredError               a durable write's outcome is unknown; an
+    │                                       operator must resolve it
+    ├── CancellationError                   cancelled before it produced its result
+    │   └── DeadlineExceededError (TimeoutError)  ... because its deadline passed
+    ├── RuntimeShutdownError                refused or cut off: the runtime is closing
+    ├── ReentrancyError                     called from a thread or task that may not
+    ├── BackpressureError                   a bounded queue is full
+    ├── StorageError
+    │   ├── ConflictError                   the stored revision moved on
+    │   ├── NotFoundError (LookupError)     nothing is stored (or live) under that id
+    │   ├── SerializationError (ValueError) a value cannot be stored faithfully
+    │   │   └── CorruptRecordError          a stored record does not decode
+    │   └── StoreUnavailableError           the store cannot be opened, read or written
+    └── PhronomyInternalError               a bug in phronomy: please report it
+
+Errors caused by bad input also derive from :class:`ValueError` (or
+:class:`TypeError`), so callers that only know the standard library still catch them.
 
 This module imports nothing from phronomy: every layer (storage, engine, workflow,
 agent) may raise these classes.
@@ -11,45 +38,27 @@ agent) may raise these classes.
 from __future__ import annotations
 
 __all__ = [
-    "AdmissionError",
-    "AgentBusyError",
-    "ApprovalStateError",
     "BackpressureError",
+    "BusyError",
     "CancellationError",
-    "ConfigurationError",
     "ConflictError",
     "CorruptRecordError",
     "DeadlineExceededError",
     "DefinitionError",
-    "DispatcherOnlyError",
     "EventRejectedError",
-    "ExecutionNotFoundError",
-    "ExecutionRehydrationRequiredError",
     "InstanceStateError",
     "InvalidActionResultError",
-    "InvalidAsyncActionError",
-    "InvalidAsyncEntryActionError",
-    "InvalidAsyncTransitionActionError",
-    "InvalidIdentifierError",
+    "InvalidInputError",
     "NotFoundError",
-    "OperationTimeoutError",
-    "PayloadTooLargeError",
     "PhronomyError",
     "PhronomyInternalError",
-    "PoolShutdownError",
     "RecoveryRequiredError",
-    "RecursionLimitError",
     "ReentrancyError",
     "RuntimeShutdownError",
     "SerializationError",
-    "StaleAdmissionError",
-    "StateValidationError",
     "StorageError",
     "StoreUnavailableError",
     "TransitionError",
-    "UnknownEventError",
-    "UnsupportedBackendError",
-    "WorkflowBusyError",
 ]
 
 
@@ -61,73 +70,31 @@ class PhronomyInternalError(PhronomyError):
     """A bug in phronomy itself: please report it with the traceback."""
 
 
-# --- runtime lifecycle and concurrency primitives -----------------------------------
+# --- bad input and definitions ---------------------------------------------------------
 
 
-class RuntimeShutdownError(PhronomyError):
-    """Work was refused or cut off because the runtime is draining, stopping or closed."""
+class InvalidInputError(PhronomyError, ValueError):
+    """An argument is wrong; the message names it.
 
-
-class ReentrancyError(PhronomyError):
-    """An API was called from a context where it would deadlock or break ownership.
-
-    For example a thread-only API called on the trio thread, or a blocking wait
-    requested from the dispatcher task.
+    For example an empty or over-long instance id, an event name the workflow does not
+    declare, input or an update that does not fit the state class (the message names
+    the field, such as ``$.item``), or invalid runtime, pool or store settings.
     """
-
-
-class DispatcherOnlyError(PhronomyError):
-    """Live execution state was mutated outside the dispatcher task."""
-
-
-class BackpressureError(PhronomyError):
-    """A bounded queue (an offload pool's) is full and the caller asked not to wait."""
-
-
-class PoolShutdownError(PhronomyError):
-    """An offload pool or the timer queue was used after it was shut down."""
-
-
-class OperationTimeoutError(PhronomyError, TimeoutError):
-    """An operation-wide timeout expired (for example an offloaded operation's)."""
-
-
-class CancellationError(PhronomyError):
-    """An operation or execution was cancelled before it produced its result."""
-
-
-class DeadlineExceededError(CancellationError):
-    """An execution's deadline passed; it was cancelled by the runtime."""
-
-
-class ConfigurationError(PhronomyError, ValueError):
-    """A runtime, pool or store was configured with invalid or missing settings."""
-
-
-# --- bad input ----------------------------------------------------------------------
-
-
-class InvalidIdentifierError(PhronomyError, ValueError):
-    """An identifier (workflow instance id, agent id, ...) is empty, too long or not text."""
 
 
 class DefinitionError(PhronomyError, ValueError):
     """A workflow definition or state class is invalid (detected at build time)."""
 
 
-class StateValidationError(PhronomyError, ValueError):
-    """Input or an update does not fit the workflow's state class.
-
-    The message names the offending field (for example ``$.item`` or ``scor``).
-    """
-
-
-class UnknownEventError(PhronomyError, ValueError):
-    """An event name is not declared by the workflow."""
+# --- running a workflow -------------------------------------------------------------------
 
 
 class TransitionError(PhronomyError, ValueError):
-    """An event cannot fire from the current state (or names no known machine event)."""
+    """An event cannot fire from the current state.
+
+    Also raised when every automatic transition's guard rejects (the state could never
+    be left) and when a segment exceeds its recursion limit.
+    """
 
 
 class EventRejectedError(PhronomyError):
@@ -159,54 +126,29 @@ class EventRejectedError(PhronomyError):
         self.revision = revision
 
 
-class InstanceStateError(PhronomyError, ValueError):
-    """The workflow instance is in a state that does not accept the request.
-
-    For example an event sent to a finished instance.
-    """
-
-
-class RecursionLimitError(PhronomyError):
-    """A segment made more transitions than its recursion limit allows."""
-
-
 class InvalidActionResultError(PhronomyError, TypeError):
-    """An entry, exit or transition action returned something it must not return.
+    """An action, guard or hook returned something it must not return.
 
-    Actions return a new state or ``None``. A returned ``dict`` is rejected with this
-    error instead of being silently ignored.
+    Actions return a new state or ``None``: a returned ``dict`` is rejected instead of
+    being silently ignored, and so is an awaitable or a result handle (callbacks are
+    synchronous; start async work with effects).
     """
 
 
-class InvalidAsyncActionError(InvalidActionResultError):
-    """An action returned an awaitable or a result handle; actions are synchronous."""
+class InstanceStateError(PhronomyError, ValueError):
+    """The instance or execution is not in a state that accepts the request.
+
+    For example an event sent to a finished instance, an approval for an execution
+    that is not waiting for one, or an effect started after its segment ended.
+    """
 
 
-class InvalidAsyncEntryActionError(InvalidAsyncActionError):
-    """An entry or exit action returned an awaitable or a result handle."""
+# --- admission and recovery ----------------------------------------------------------------
 
 
-class InvalidAsyncTransitionActionError(InvalidAsyncActionError):
-    """A transition action returned an awaitable or a result handle."""
-
-
-# --- admission ----------------------------------------------------------------------
-
-
-class AdmissionError(PhronomyError):
-    """Base class of admission failures (a logical identity is already owned)."""
-
-
-class WorkflowBusyError(AdmissionError):
-    """The workflow instance already has a live execution segment."""
-
-
-class StaleAdmissionError(AdmissionError):
-    """An owner token that does not (or no longer) own the admission tried to use it."""
-
-
-class AgentBusyError(AdmissionError):
-    """The agent already has a nonterminal top-level execution."""
+class BusyError(PhronomyError):
+    """The id already has a live execution segment (a workflow instance) or a
+    nonterminal top-level execution (an agent), in this runtime or in the store."""
 
 
 class RecoveryRequiredError(PhronomyError):
@@ -221,22 +163,33 @@ class RecoveryRequiredError(PhronomyError):
         self.instance_id = instance_id
 
 
-# --- supervised executions ------------------------------------------------------------
+# --- the runtime and its primitives ---------------------------------------------------------
 
 
-class ExecutionNotFoundError(PhronomyError, LookupError):
-    """No live execution has that execution id in this runtime."""
+class CancellationError(PhronomyError):
+    """An operation or execution was cancelled before it produced its result."""
 
 
-class ApprovalStateError(PhronomyError):
-    """Approve/reject was requested for an execution that is not suspended for approval."""
+class DeadlineExceededError(CancellationError, TimeoutError):
+    """A deadline or timeout passed (an execution's, an offloaded operation's)."""
 
 
-class ExecutionRehydrationRequiredError(PhronomyError):
-    """The live owner of an execution went away (runtime shutdown); reload it to continue."""
+class RuntimeShutdownError(PhronomyError):
+    """Work was refused or cut off because the runtime (or one of its pools) is
+    draining, stopping or closed."""
 
 
-# --- storage --------------------------------------------------------------------------
+class ReentrancyError(PhronomyError):
+    """An API was called from a thread or task where it would deadlock or break
+    ownership: a runtime API from a foreign thread, a blocking wait on the runtime's
+    thread, live state mutated off the dispatcher task."""
+
+
+class BackpressureError(PhronomyError):
+    """A bounded queue is full and the caller asked not to wait; try again later."""
+
+
+# --- storage ----------------------------------------------------------------------------
 
 
 class StorageError(PhronomyError):
@@ -248,15 +201,12 @@ class ConflictError(StorageError):
 
 
 class NotFoundError(StorageError, LookupError):
-    """The record does not exist."""
+    """Nothing is stored (or, for executions, live) under that id."""
 
 
 class SerializationError(StorageError, ValueError):
-    """A value cannot be stored (outside the JSON domain) or a stored blob cannot be read."""
-
-
-class PayloadTooLargeError(SerializationError):
-    """A snapshot exceeds the configured size limit."""
+    """A value cannot be stored faithfully (outside the JSON domain, a type that would
+    not come back as itself, nested too deeply, or larger than the size limit)."""
 
 
 class CorruptRecordError(SerializationError):
@@ -275,7 +225,8 @@ class CorruptRecordError(SerializationError):
 
 class StoreUnavailableError(StorageError):
     """The store cannot be used: it cannot be opened or written, is not a phronomy
-    database, or its disk failed. The message names the store and what to do.
+    database (or one from a newer version), or its disk failed. The message names the
+    store and what to do.
 
     A save that fails this way has an unknown outcome until it is reconciled; it is
     never reported as a conflict.
@@ -287,7 +238,3 @@ class StoreUnavailableError(StorageError):
     def __init__(self, message: str, *, path: str) -> None:
         super().__init__(message)
         self.path = path
-
-
-class UnsupportedBackendError(StorageError):
-    """The backend lacks a capability or structure (for example an unknown schema)."""

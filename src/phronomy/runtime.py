@@ -15,7 +15,7 @@ from phronomy._portal import ThreadPortal
 from phronomy.agent import ExecutionCoordinator, Executions
 from phronomy.durability import DurabilityService
 from phronomy.engine import open_engine
-from phronomy.errors import ConfigurationError
+from phronomy.errors import InvalidInputError
 from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
 from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowRunner
 
@@ -179,10 +179,10 @@ async def open_runtime(
         The :class:`Runtime`.
 
     Raises:
-        ConfigurationError: invalid settings.
+        InvalidInputError: invalid settings.
         StoreUnavailableError: the store cannot be used (for example a file that is
             not a phronomy database, or a read-only one); raised before the body runs.
-        UnsupportedBackendError: the store's schema is newer than this release.
+        StoreUnavailableError: the store's schema is newer than this release.
     """
     engines: list[Engine] = []
     try:
@@ -199,7 +199,7 @@ async def open_runtime(
             gateway = None
             if store is not None:
                 if getattr(store, "read_only", False):
-                    raise ConfigurationError(
+                    raise InvalidInputError(
                         f"{store!r} was opened with read_only=True; a runtime writes to "
                         "its store (read-only stores are for inspecting a database)"
                     )

@@ -9,7 +9,7 @@ from hypothesis import settings, strategies as st
 from hypothesis.stateful import Bundle, RuleBasedStateMachine, invariant, rule
 
 import phronomy
-from phronomy.agent.registry import AgentRegistry
+from phronomy.agent._registry import AgentRegistry
 
 KEYS = st.sampled_from(["k1", "k2"])
 STATES = st.sampled_from(
@@ -56,7 +56,7 @@ class AdmissionModel(RuleBasedStateMachine):
     def admit(self, key: str, token: object) -> None:
         if key in self.model:
             with pytest.raises(
-                phronomy.AgentBusyError,
+                phronomy.BusyError,
                 match="already has a nonterminal top-level execution",
             ):
                 self.registry.admit_agent_execution(key, token)
@@ -72,7 +72,7 @@ class AdmissionModel(RuleBasedStateMachine):
             or record["owner"] is not token
             or record["execution"] is not None
         ):
-            with pytest.raises(phronomy.StaleAdmissionError):
+            with pytest.raises(phronomy.PhronomyInternalError):
                 self.registry.bind_agent_execution_admission(key, token, execution)
             return
         self.registry.bind_agent_execution_admission(key, token, execution)
@@ -82,7 +82,7 @@ class AdmissionModel(RuleBasedStateMachine):
     def mark(self, key: str, execution: str, state: str) -> None:
         record = self.model.get(key)
         if record is None or record["execution"] != execution:
-            with pytest.raises(phronomy.StaleAdmissionError):
+            with pytest.raises(phronomy.PhronomyInternalError):
                 self.registry.mark_agent_execution_admission(key, execution, state)  # type: ignore[arg-type]
             return
         self.registry.mark_agent_execution_admission(key, execution, state)  # type: ignore[arg-type]
@@ -92,7 +92,7 @@ class AdmissionModel(RuleBasedStateMachine):
     def recovery_by_token(self, key: str, token: object) -> None:
         record = self.model.get(key)
         if record is None or record["owner"] is not token:
-            with pytest.raises(phronomy.StaleAdmissionError):
+            with pytest.raises(phronomy.PhronomyInternalError):
                 self.registry.mark_agent_admission_recovery_required(key, token)
             return
         self.registry.mark_agent_admission_recovery_required(key, token)

@@ -12,8 +12,8 @@ import trio
 import trio.testing
 
 import phronomy
-from phronomy.agent.messages import ExecutionRecord, StepResult
-from phronomy.agent.records import agent_key, record_request
+from phronomy.agent._messages import ExecutionRecord, StepResult
+from phronomy.agent._records import agent_key, record_request
 from phronomy.engine import ResultHandle
 from phronomy.testing import FaultyStore
 
@@ -96,9 +96,7 @@ async def test_approval_suspends_then_approve_or_reject(
         0,
     )
     # suspension keeps ownership: a competing start is refused
-    with pytest.raises(
-        phronomy.AgentBusyError, match="nonterminal top-level execution"
-    ):
+    with pytest.raises(phronomy.BusyError, match="nonterminal top-level execution"):
         await runtime.executions.run("shop", [lambda v: v])
     execution.approve("yes")
     result = await execution.result()
@@ -122,25 +120,25 @@ async def test_wait_for_approval(runtime: phronomy.Runtime) -> None:
     assert await execution.wait_for_approval() == request
     execution.approve()
     await execution.result()
-    with pytest.raises(phronomy.ApprovalStateError, match="without asking"):
+    with pytest.raises(phronomy.InstanceStateError, match="without asking"):
         await execution.wait_for_approval()
     busy_holder = runtime.executions.start("w2", [lambda v: request])
     await busy_holder.wait_for_approval()
     refused = runtime.executions.start("w2", [lambda v: v])  # refused: the key is busy
-    with pytest.raises(phronomy.ApprovalStateError, match="ended"):
+    with pytest.raises(phronomy.InstanceStateError, match="ended"):
         with trio.fail_after(2):
             await refused.wait_for_approval()
     busy_holder.reject()
 
 
 async def test_approval_errors_are_clear(runtime: phronomy.Runtime) -> None:
-    with pytest.raises(phronomy.ExecutionNotFoundError, match="no live execution"):
+    with pytest.raises(phronomy.NotFoundError, match="no live execution"):
         runtime.executions.approve("nope")
     gate = threading.Event()
     execution = runtime.executions.start("busy", [lambda v: gate.wait(5)])
     await _until(lambda: execution.owner() is not None)
     with pytest.raises(
-        phronomy.ApprovalStateError, match="not waiting for an approval"
+        phronomy.InstanceStateError, match="not waiting for an approval"
     ):
         execution.approve()
     gate.set()
@@ -189,7 +187,7 @@ async def test_cancel_and_deadline_settle_only_after_the_tool_returned(
         assert execution.cancel("operator")
     await _until(lambda: _revoked(execution))  # the cancel/deadline was applied
     assert not execution.done  # the tool still runs
-    with pytest.raises(phronomy.AgentBusyError):
+    with pytest.raises(phronomy.BusyError):
         await runtime.executions.run("agent-q", [lambda v: v])
     tool.release.set()
     error = (
@@ -280,7 +278,7 @@ async def test_purge_and_admission_reads(runtime: phronomy.Runtime) -> None:
         "p", [lambda v: phronomy.ApprovalRequest(question="?")]
     )
     await _until(lambda: _suspended(runtime, execution))
-    with pytest.raises(phronomy.AgentBusyError, match="cannot be purged"):
+    with pytest.raises(phronomy.BusyError, match="cannot be purged"):
         await runtime.executions.purge("p")
     execution.reject()
     await execution.result()
@@ -288,7 +286,7 @@ async def test_purge_and_admission_reads(runtime: phronomy.Runtime) -> None:
 
 
 async def test_bad_arguments(runtime: phronomy.Runtime) -> None:
-    with pytest.raises(phronomy.InvalidIdentifierError):
+    with pytest.raises(phronomy.InvalidInputError):
         runtime.executions.start("", [lambda v: v])
     with pytest.raises(phronomy.DefinitionError, match="at least one step"):
         runtime.executions.start("a", [])
@@ -305,7 +303,7 @@ async def test_shutdown_fails_suspended_waiters_with_rehydration_required() -> N
         )
         await _until(lambda: _suspended(rt, execution))
     with pytest.raises(
-        phronomy.ExecutionRehydrationRequiredError,
+        phronomy.RuntimeShutdownError,
         match="cut off when the runtime shut down",
     ):
         await execution.result()
@@ -326,7 +324,7 @@ async def test_shutdown_cuts_off_running_executions_after_the_deadline() -> None
     assert (
         rt.shutdown_result.cleanup_complete
     )  # the thread returned within the grace period
-    with pytest.raises(phronomy.ExecutionRehydrationRequiredError):
+    with pytest.raises(phronomy.RuntimeShutdownError):
         await execution.result()
 
 
@@ -343,7 +341,7 @@ async def test_durable_records_and_admission_before_storage(
         first = rt.executions.start("a", [lambda v: "done"])
         await _until(lambda: rt.executions.is_admitted("a"))
         loads = store.count("load")
-        with pytest.raises(phronomy.AgentBusyError):
+        with pytest.raises(phronomy.BusyError):
             await rt.executions.run("a", [lambda v: v])
         assert store.count("load") == loads  # the competitor never touched storage
         gate.set()
@@ -378,15 +376,13 @@ async def test_a_stale_record_refuses_starts_until_it_is_resolved(
     )
     store = FaultyStore(open_sqlite(path))
     async with phronomy.open_runtime(store=store) as rt:
-        with pytest.raises(
-            phronomy.AgentBusyError, match="active in the store"
-        ) as caught:
+        with pytest.raises(phronomy.BusyError, match="active in the store") as caught:
             await rt.executions.run("x", [lambda v: v])
         assert "runtime.executions.resolve('x', action='release')" in str(caught.value)
         assert "python -m phronomy executions resolve" in str(caught.value)
         assert not rt.executions.is_admitted("x")  # not locked in-process
         loads = store.count("load")
-        with pytest.raises(phronomy.AgentBusyError):
+        with pytest.raises(phronomy.BusyError):
             await rt.executions.run("x", [lambda v: v])
         assert store.count("load") > loads  # the store is asked again each time
         stale = await rt.executions.stale()
@@ -423,12 +419,12 @@ async def test_uncertain_terminal_durability_keeps_the_caller_pending(
             with trio.fail_after(0.3):
                 await execution.result()
         assert "requires recovery" in caplog.text
-        with pytest.raises(phronomy.AgentBusyError):
+        with pytest.raises(phronomy.BusyError):
             await rt.executions.run("u", [lambda v: v])
         owner = execution.owner()
         assert owner is not None
         assert owner.status == "recovery_required"
-    with pytest.raises(phronomy.ExecutionRehydrationRequiredError):
+    with pytest.raises(phronomy.RuntimeShutdownError):
         await execution.result()
 
 
@@ -511,7 +507,7 @@ async def test_a_clean_shutdown_closes_cut_off_records_honestly(
     open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
 ) -> None:
     # Before: an execution waiting for approval at shutdown left its record "active",
-    # and every later start of its key failed with AgentBusyError.
+    # and every later start of its key failed with BusyError.
     path = tmp_path / "agents.db"
     gate = threading.Event()
     entered = threading.Event()
@@ -529,12 +525,10 @@ async def test_a_clean_shutdown_closes_cut_off_records_honestly(
         busy = rt.executions.start("busy", [tool])
         await _until(lambda: _suspended(rt, suspended) and entered.is_set())
     gate.set()
-    with pytest.raises(
-        phronomy.ExecutionRehydrationRequiredError, match="closed as abandoned"
-    ):
+    with pytest.raises(phronomy.RuntimeShutdownError, match="closed as abandoned"):
         await suspended.result()
     with pytest.raises(
-        phronomy.ExecutionRehydrationRequiredError,
+        phronomy.RuntimeShutdownError,
         match=r"stays active .*runtime\.executions\.resolve\('busy'",
     ):
         await busy.result()

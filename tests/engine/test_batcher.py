@@ -68,7 +68,7 @@ async def test_a_failed_or_refused_batch_fails_each_item(engine: Engine) -> None
     refused: list[outcome.Outcome[int]] = []
     Batcher(closed, explode).submit(1, refused.append)
     assert isinstance(refused[0], outcome.Error)
-    assert isinstance(refused[0].error, errors.PoolShutdownError)
+    assert isinstance(refused[0].error, errors.RuntimeShutdownError)
 
 
 async def test_wrong_result_count_is_an_internal_error(engine: Engine) -> None:

@@ -117,7 +117,7 @@ async def test_is_dispatcher_distinguishes_tasks(engine: Engine) -> None:
     assert seen == [True]
     assert not engine.is_dispatcher()
     with pytest.raises(
-        errors.DispatcherOnlyError, match="only be mutated on the runtime's dispatcher"
+        errors.ReentrancyError, match="only be mutated on the runtime's dispatcher"
     ):
         engine.assert_dispatcher()
 

@@ -66,7 +66,7 @@ async def test_timeout_before_start_never_runs_and_is_not_abandoned(
     await _until(entered.is_set)
     ran = threading.Event()
     second = pool.submit_nowait(ran.set, timeout=0.05)
-    with pytest.raises(errors.OperationTimeoutError, match=r"timed out after 0\.05s"):
+    with pytest.raises(errors.DeadlineExceededError, match=r"timed out after 0\.05s"):
         await second.result()
     assert second.status == "failed"
     gate.set()
@@ -86,7 +86,7 @@ async def test_timeout_after_start_abandons_and_discards_the_result(
     handle = pool.submit_nowait(_blocker, entered, gate, "late value", timeout=0.05)
     seen: list[str] = []
     handle.on_complete(lambda h: seen.append(h.status))
-    with pytest.raises(errors.OperationTimeoutError):
+    with pytest.raises(errors.DeadlineExceededError):
         await handle.result()
     assert seen == ["failed"]
     stats = pool.statistics()
@@ -99,7 +99,7 @@ async def test_timeout_after_start_abandons_and_discards_the_result(
     gate.set()
     await handle.wait_physical()
     assert seen == ["failed"]  # the callback ran once; the late value was discarded
-    assert isinstance(handle.error, errors.OperationTimeoutError)
+    assert isinstance(handle.error, errors.DeadlineExceededError)
     assert pool.statistics().abandoned_active_count == 0
 
 
@@ -127,14 +127,14 @@ async def test_timeout_without_timer_queue_is_a_configuration_error() -> None:
     from phronomy.engine import OffloadPool
 
     pool = OffloadPool("bare", pool_size=1, queue_size=1, timers=None)
-    with pytest.raises(errors.ConfigurationError, match="no timer queue"):
+    with pytest.raises(errors.InvalidInputError, match="no timer queue"):
         pool.submit_nowait(int, timeout=1)
 
 
 async def test_non_positive_timeout_settles_immediately(engine: Engine) -> None:
     ran = threading.Event()
     handle = engine.default_pool.submit_nowait(ran.set, timeout=0)
-    assert isinstance(handle.error, errors.OperationTimeoutError)
+    assert isinstance(handle.error, errors.DeadlineExceededError)
     await engine.default_pool.wait_idle()
     assert not ran.is_set()
 
@@ -201,22 +201,22 @@ async def test_on_full_wait_waits_for_space(engine: Engine) -> None:
         gate.set()
     assert await first.result() == "a"
     assert await admitted[0].result() == "42"
-    with pytest.raises(errors.ConfigurationError):
+    with pytest.raises(errors.InvalidInputError):
         await pool.submit(int, on_full="sometimes")  # type: ignore[arg-type]
 
 
 async def test_submit_after_close_raises_pool_shutdown(engine: Engine) -> None:
     pool = engine.pool("closing", size=1, queue_size=1)
     pool.close()
-    with pytest.raises(errors.PoolShutdownError, match="has been shut down"):
+    with pytest.raises(errors.RuntimeShutdownError, match="has been shut down"):
         pool.submit_nowait(int)
-    with pytest.raises(errors.PoolShutdownError):
+    with pytest.raises(errors.RuntimeShutdownError):
         await pool.submit(int)
 
 
 async def test_named_pools_are_shared_and_validated(engine: Engine) -> None:
     assert engine.pool("db") is engine.pool("db", size=3)
-    with pytest.raises(errors.ConfigurationError):
+    with pytest.raises(errors.InvalidInputError):
         engine.pool("bad", size=0)
     assert {p.name for p in engine.statistics().pools} >= {"default", "db"}
 
@@ -225,11 +225,13 @@ async def test_pools_after_shutdown_refuse_work() -> None:
     # scenario 110 (the parts that apply to trio)
     async with open_engine() as eng:
         pool = eng.pool("named")
-    with pytest.raises(errors.PoolShutdownError):
+    with pytest.raises(errors.RuntimeShutdownError):
         pool.submit_nowait(int)
     with pytest.raises(errors.RuntimeShutdownError, match="new work is not accepted"):
         eng.pool("another")
-    with pytest.raises(errors.PoolShutdownError, match="TimerQueue has been shut down"):
+    with pytest.raises(
+        errors.RuntimeShutdownError, match="TimerQueue has been shut down"
+    ):
         eng.timers.schedule(1, lambda: None)
 
 

@@ -178,7 +178,7 @@ async def test_mutation_off_the_dispatcher_is_refused(engine: Engine) -> None:
     # scenario 60 (generic part)
     recorder = engine.receiver(Recorder, Recorder)
     with pytest.raises(
-        errors.DispatcherOnlyError, match="only be mutated on the runtime's dispatcher"
+        errors.ReentrancyError, match="only be mutated on the runtime's dispatcher"
     ):
         recorder.deliver(("admit", 1))
     assert recorder.idle()

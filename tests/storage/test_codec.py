@@ -121,7 +121,7 @@ def test_size_limit() -> None:
     state = Order(item="x" * 2000)
     assert _encode(state, max_bytes=10_000)
     with pytest.raises(
-        errors.PayloadTooLargeError,
+        errors.SerializationError,
         match=r"'order-1' is \d+ bytes; the limit is 1000 bytes",
     ):
         _encode(state, max_bytes=1000)

@@ -55,7 +55,7 @@ def test_a_newer_schema_is_refused(open_sqlite: OpenSQLite, tmp_path: Path) -> N
     raw = sqlite3.connect(path)
     raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     raw.close()
-    with pytest.raises(errors.UnsupportedBackendError, match="schema version 2"):
+    with pytest.raises(errors.StoreUnavailableError, match="schema version 2"):
         open_sqlite(path).load("x")
 
 
@@ -66,7 +66,7 @@ def test_network_filesystems_are_refused_or_warned(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     monkeypatch.setattr(sqlite_module, "filesystem_type", lambda path: "nfs4")
-    with pytest.raises(errors.UnsupportedBackendError, match="nfs4 network filesystem"):
+    with pytest.raises(errors.StoreUnavailableError, match="nfs4 network filesystem"):
         open_sqlite(tmp_path / "n.db").load("x")
     allowed = open_sqlite(tmp_path / "n.db", allow_network_filesystem=True)
     assert allowed.load("x") is None
@@ -168,7 +168,6 @@ def test_known_failures_are_not_read_back(
         errors.ConflictError("c"),
         errors.NotFoundError("n"),
         errors.SerializationError("s"),
-        errors.UnsupportedBackendError("u"),
     ):
         store = FaultyStore(open_sqlite(tmp_path / "known.db")).fail(
             "save.before", error
@@ -408,5 +407,5 @@ async def test_a_runtime_refuses_a_read_only_store(
 ) -> None:
     path = tmp_path / "ro.db"
     open_sqlite(path).open()
-    with pytest.raises(errors.ConfigurationError, match="read_only=True"):
+    with pytest.raises(errors.InvalidInputError, match="read_only=True"):
         await _open_runtime_with(open_sqlite(path, read_only=True))

@@ -10,7 +10,7 @@ from hypothesis.stateful import Bundle, RuleBasedStateMachine, consumes, invaria
 
 import phronomy
 from phronomy.engine import ResultHandle
-from phronomy.workflow.registry import WorkflowRegistry
+from phronomy.workflow._registry import WorkflowRegistry
 
 from .helpers import Value, live_flow, on_dispatcher, until
 
@@ -43,11 +43,11 @@ async def test_owner_token_and_session_identity(runtime: phronomy.Runtime) -> No
 async def test_signal_validation(runtime: phronomy.Runtime) -> None:
     # scenarios 50, 51, 52
     flow = live_flow()
-    with pytest.raises(phronomy.InvalidIdentifierError, match="workflow_instance_id"):
+    with pytest.raises(phronomy.InvalidInputError, match="workflow_instance_id"):
         runtime.signal(flow, "", "finish")
-    with pytest.raises(phronomy.InvalidIdentifierError, match="workflow_instance_id"):
+    with pytest.raises(phronomy.InvalidInputError, match="workflow_instance_id"):
         runtime.signal(flow, None, "finish")  # type: ignore[arg-type]
-    with pytest.raises(phronomy.UnknownEventError, match="Unknown event 'nope'"):
+    with pytest.raises(phronomy.InvalidInputError, match="Unknown event 'nope'"):
         runtime.signal(flow, "absent", "nope")
     assert runtime._runner.registry.state("absent") is None
     assert not runtime.signal(flow, "absent", "finish")
@@ -74,7 +74,7 @@ async def test_competing_start_is_refused_while_live(runtime: phronomy.Runtime) 
     first = runtime.start(flow, workflow_instance_id="busy")
     await until(lambda: runtime._runner.registry.state("busy") == "executing")
     with pytest.raises(
-        phronomy.WorkflowBusyError, match="already has a live execution segment"
+        phronomy.BusyError, match="already has a live execution segment"
     ):
         await runtime.invoke(flow, workflow_instance_id="busy")
     runtime.signal(flow, "busy", "finish")
@@ -92,7 +92,7 @@ async def test_release_and_bind_require_the_owner_token(
     assert not await on_dispatcher(runtime, lambda: registry.release_workflow("x", t2))
     assert registry.owner("x") is t1
     with pytest.raises(
-        phronomy.StaleAdmissionError, match="stale Workflow admission bind"
+        phronomy.PhronomyInternalError, match="stale Workflow admission bind"
     ):
         await on_dispatcher(
             runtime, lambda: registry.bind_workflow_session("x", t2, "s1", caller)
@@ -101,13 +101,13 @@ async def test_release_and_bind_require_the_owner_token(
         runtime, lambda: registry.bind_workflow_session("x", t1, "s1", caller)
     )
     with pytest.raises(
-        phronomy.StaleAdmissionError, match="stale Workflow admission bind"
+        phronomy.PhronomyInternalError, match="stale Workflow admission bind"
     ):
         await on_dispatcher(
             runtime, lambda: registry.bind_workflow_session("x", t1, "s2", caller)
         )
     with pytest.raises(
-        phronomy.StaleAdmissionError, match="stale Workflow admission update"
+        phronomy.PhronomyInternalError, match="stale Workflow admission update"
     ):
         await on_dispatcher(
             runtime,
@@ -117,11 +117,11 @@ async def test_release_and_bind_require_the_owner_token(
         await on_dispatcher(
             runtime, lambda: registry.mark_workflow_admission("x", t1, "admitting")
         )
-    with pytest.raises(phronomy.StaleAdmissionError, match="no Runtime admission"):
+    with pytest.raises(phronomy.PhronomyInternalError, match="no Runtime admission"):
         await on_dispatcher(
             runtime, lambda: registry.mark_workflow_admission("y", t1, "executing")
         )
-    with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
+    with pytest.raises(phronomy.BusyError, match="live execution segment"):
         await on_dispatcher(runtime, lambda: registry.admit_workflow("x", t2, "wf"))
     assert await on_dispatcher(runtime, lambda: registry.release_workflow("x", t1))
     assert registry.owner("x") is None
@@ -133,7 +133,7 @@ async def test_mutations_off_the_dispatcher_are_refused(
     # scenario 60
     registry = runtime._runner.registry
     with pytest.raises(
-        phronomy.DispatcherOnlyError,
+        phronomy.ReentrancyError,
         match="only be mutated on the runtime's dispatcher",
     ):
         registry.admit_workflow("x", object(), "wf")
@@ -184,7 +184,7 @@ class RegistryModel(RuleBasedStateMachine):
     @rule(iid=ids, token=tokens)
     def admit(self, iid: str, token: object) -> None:
         if iid in self.model:
-            with pytest.raises(phronomy.WorkflowBusyError):
+            with pytest.raises(phronomy.BusyError):
                 self.registry.admit_workflow(iid, token, "wf")
             return
         self.registry.admit_workflow(iid, token, "wf")
@@ -200,7 +200,7 @@ class RegistryModel(RuleBasedStateMachine):
             or record["owner"] is not token
             or record["session"] is not None
         ):
-            with pytest.raises(phronomy.StaleAdmissionError):
+            with pytest.raises(phronomy.PhronomyInternalError):
                 self.registry.bind_workflow_session(iid, token, session, ResultHandle())
             return session
         self.registry.bind_workflow_session(iid, token, session, ResultHandle())
@@ -215,7 +215,7 @@ class RegistryModel(RuleBasedStateMachine):
     def mark(self, iid: str, token: object, state: str) -> None:
         record = self.model.get(iid)
         if record is None or record["owner"] is not token:
-            with pytest.raises(phronomy.StaleAdmissionError):
+            with pytest.raises(phronomy.PhronomyInternalError):
                 self.registry.mark_workflow_admission(iid, token, state)  # type: ignore[arg-type]
             return
         self.registry.mark_workflow_admission(iid, token, state)  # type: ignore[arg-type]

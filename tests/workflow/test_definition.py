@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 
 import phronomy
-from phronomy.workflow.definition import AUTO_EVENT, FINISH
+from phronomy.workflow._definition import AUTO_EVENT, FINISH
 
 
 class S(phronomy.State):

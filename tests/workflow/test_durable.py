@@ -20,8 +20,8 @@ from phronomy.storage import (
     encode_snapshot,
 )
 from phronomy.testing import FaultyStore
-from phronomy.workflow.definition import FINISH
-from phronomy.workflow.persistence import TERMINAL_RESULT
+from phronomy.workflow._definition import FINISH
+from phronomy.workflow._persistence import TERMINAL_RESULT
 
 from .helpers import (
     Value,
@@ -158,7 +158,7 @@ async def test_resume_by_id_across_runtimes(
             await rt.send_event(
                 flow, event="approve", workflow_instance_id="never-started"
             )
-        with pytest.raises(phronomy.UnknownEventError):
+        with pytest.raises(phronomy.InvalidInputError):
             await rt.send_event(flow, event="bogus", workflow_instance_id="order-2")
 
 
@@ -371,7 +371,7 @@ async def test_competitors_are_refused_while_loading_and_saving(
         first = rt.start(flow, workflow_instance_id="c")
         await until(lambda: admission_state(rt, "c") == "admitting")
         assert not rt.signal(flow, "c", "mark")  # 53: still loading, no session bound
-        with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
+        with pytest.raises(phronomy.BusyError, match="live execution segment"):
             await rt.invoke(flow, workflow_instance_id="c")  # 55
         load_gate.set()
         await until(lambda: rt.signal(flow, "c", "mark"))  # executing: delivered
@@ -379,7 +379,7 @@ async def test_competitors_are_refused_while_loading_and_saving(
         assert rt.signal(flow, "c", "finish")
         await until(lambda: admission_state(rt, "c") == "persisting_terminal")
         assert not rt.signal(flow, "c", "mark")  # 54: saving, no more events
-        with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
+        with pytest.raises(phronomy.BusyError, match="live execution segment"):
             await rt.invoke(flow, workflow_instance_id="c")  # 56
         save_gate.set()
         done = await first.result()
@@ -526,7 +526,7 @@ async def test_unknown_outcome_requires_recovery(
         assert record.owner is owner
         assert record.session_id is None
         assert not handle.done
-        with pytest.raises(phronomy.WorkflowBusyError, match="live execution segment"):
+        with pytest.raises(phronomy.BusyError, match="live execution segment"):
             await rt.invoke(flow, workflow_instance_id="u")
         entries = await rt.recovery.list()
         assert [e.workflow_instance_id for e in entries] == ["u"]
@@ -665,7 +665,7 @@ async def test_refused_save_submission_is_a_known_failure(
         handle = await start_live(rt, flow, "ref")
         rt.pool("phronomy.store").close()  # the store refuses the terminal save
         rt.signal(flow, "ref", "finish")
-        with pytest.raises(phronomy.PoolShutdownError):
+        with pytest.raises(phronomy.RuntimeShutdownError):
             await handle.result()
         assert admission_state(rt, "ref") is None
     assert store.load("ref").revision == 0  # type: ignore[union-attr]  # nothing saved
@@ -845,7 +845,7 @@ async def test_snapshot_size_limit(
         assert (
             await rt.invoke(flow, {"text": "small"}, workflow_instance_id="big")
         ).revision == 1
-        with pytest.raises(phronomy.PayloadTooLargeError, match="limit is 500 bytes"):
+        with pytest.raises(phronomy.SerializationError, match="limit is 500 bytes"):
             await rt.invoke(flow, {"text": "x" * 1000}, workflow_instance_id="big")
     record, stored = fields(store, "big")
     assert (record.revision, stored["text"]) == (1, "small")
@@ -1020,7 +1020,7 @@ async def test_resume_rejects_state_of_another_class(
     async with runtime_on(make_store()) as rt:
         halted = await rt.invoke(flow, workflow_instance_id="typed")
         wrong = msgspec.structs.replace(halted, state=Rich())
-        with pytest.raises(phronomy.StateValidationError, match="runs Value"):
+        with pytest.raises(phronomy.InvalidInputError, match="runs Value"):
             await rt.send_event(flow, "approve", halted=wrong)  # type: ignore[arg-type]
 
 

@@ -13,8 +13,8 @@ from hypothesis import given, settings, strategies as st
 
 import phronomy
 from phronomy.engine import ResultHandle
-from phronomy.workflow import machine
-from phronomy.workflow.definition import AUTO_EVENT, FINISH
+from phronomy.workflow import _machine as machine
+from phronomy.workflow._definition import AUTO_EVENT, FINISH
 
 
 class Ctx(phronomy.State):
@@ -156,7 +156,7 @@ def test_transition_action_returning_a_handle_is_refused(make: Any) -> None:
     wf = phronomy.Workflow(Ctx).state("source")
     wf.transition("source", FINISH, action=lambda s: make())
     with pytest.raises(
-        phronomy.InvalidAsyncTransitionActionError,
+        phronomy.InvalidActionResultError,
         match="source --state_completed--> __finish__",
     ):
         machine.fire(wf.build(), "source", Ctx(), Ev(AUTO_EVENT), None)
@@ -167,9 +167,7 @@ def test_entry_action_returning_a_coroutine_is_refused_and_closed() -> None:
     async def later() -> None: ...
 
     wf = phronomy.Workflow(Ctx).state("a", entry=lambda s: later())
-    with pytest.raises(
-        phronomy.InvalidAsyncEntryActionError, match="entry action of 'a'"
-    ):
+    with pytest.raises(phronomy.InvalidActionResultError, match="entry action of 'a'"):
         machine.enter(wf.build(), "a", Ctx(), Ev("start"), None)
 
 

@@ -9,7 +9,12 @@ import msgspec
 import pytest
 
 import phronomy
-from phronomy.workflow.state import build_state, copy_value, state_spec, validate_fields
+from phronomy.workflow._state import (
+    build_state,
+    copy_value,
+    state_spec,
+    validate_fields,
+)
 
 
 class Ctx(phronomy.State):
@@ -41,18 +46,18 @@ def test_append_coerces_scalars_and_none() -> None:
 
 
 def test_merge_reducer_rejects_non_dicts() -> None:
-    with pytest.raises(phronomy.StateValidationError, match="metadata merges dicts"):
+    with pytest.raises(phronomy.InvalidInputError, match="metadata merges dicts"):
         Ctx().merge(metadata=[1])
 
 
 def test_unknown_field_is_rejected_by_name() -> None:
     # scenario 9
-    with pytest.raises(phronomy.StateValidationError, match="nonexistent"):
+    with pytest.raises(phronomy.InvalidInputError, match="nonexistent"):
         Ctx().merge(nonexistent=1)
 
 
 def test_merge_validates_types_and_names_the_field() -> None:
-    with pytest.raises(phronomy.StateValidationError, match=r"Ctx\.value"):
+    with pytest.raises(phronomy.InvalidInputError, match=r"Ctx\.value"):
         Ctx().merge(value="not an int")
     assert Ctx().merge(when="2024-01-02").when == datetime.date(2024, 1, 2)
 
@@ -104,10 +109,10 @@ def test_workflow_instance_id_is_reserved() -> None:
 def test_input_validation_names_unknown_and_mistyped_fields() -> None:
     # scenario 7
     with pytest.raises(
-        phronomy.StateValidationError, match=r"Unknown Ctx field\(s\): \['scor'\]"
+        phronomy.InvalidInputError, match=r"Unknown Ctx field\(s\): \['scor'\]"
     ):
         validate_fields(Ctx, {"scor": 10})
-    with pytest.raises(phronomy.StateValidationError, match=r"Ctx\.value"):
+    with pytest.raises(phronomy.InvalidInputError, match=r"Ctx\.value"):
         validate_fields(Ctx, {"value": []})
     fields = validate_fields(Ctx, {"value": 5})
     assert build_state(Ctx, fields) == Ctx(value=5)
@@ -121,7 +126,7 @@ def test_missing_required_field_is_a_validation_error() -> None:
     class Needs(phronomy.State):
         name: str
 
-    with pytest.raises(phronomy.StateValidationError, match="name"):
+    with pytest.raises(phronomy.InvalidInputError, match="name"):
         build_state(Needs, {})
 
 

@@ -1,21 +1,21 @@
 """Supervised executions: one live execution per key, approval suspension, and
 cancellation that waits for physical quiescence."""
 
-from .client import (
+from ._client import (
     ExecutionHandle as ExecutionHandle,
     Executions as Executions,
     Step as Step,
 )
-from .context import StepContext as StepContext
-from .coordinator import ExecutionCoordinator as ExecutionCoordinator
-from .messages import (
+from ._context import StepContext as StepContext
+from ._coordinator import ExecutionCoordinator as ExecutionCoordinator
+from ._messages import (
     Approval as Approval,
     ApprovalRequest as ApprovalRequest,
     ExecutionOwner as ExecutionOwner,
     ExecutionRecord as ExecutionRecord,
     ExecutionResult as ExecutionResult,
 )
-from .records import StaleExecution as StaleExecution
+from ._records import StaleExecution as StaleExecution
 
 __all__ = [
     "Approval",

@@ -15,7 +15,7 @@ import msgspec
 import outcome
 
 from phronomy.engine import Batcher, ResultHandle
-from phronomy.errors import BackpressureError, PoolShutdownError, RuntimeShutdownError
+from phronomy.errors import BackpressureError, RuntimeShutdownError
 from phronomy.storage import (
     EXECUTION_KIND,
     READ_OPS,
@@ -43,7 +43,7 @@ logger = logging.getLogger(__name__)
 RecordKind = Literal["workflow", "execution"]
 """What a row holds: a workflow instance, or the record of a supervised execution key."""
 
-_NEVER_SUBMITTED = (BackpressureError, PoolShutdownError, RuntimeShutdownError)
+_NEVER_SUBMITTED = (BackpressureError, RuntimeShutdownError, RuntimeShutdownError)
 
 
 @final

@@ -11,7 +11,7 @@ import msgspec
 import trio
 
 from phronomy.errors import (
-    ConfigurationError,
+    InvalidInputError,
     PhronomyInternalError,
     ReentrancyError,
 )
@@ -76,11 +76,11 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         if self.shutdown_timeout < 0 or (
             self.cancel_grace is not None and self.cancel_grace < 0
         ):
-            raise ConfigurationError("shutdown_timeout and cancel_grace must be >= 0")
+            raise InvalidInputError("shutdown_timeout and cancel_grace must be >= 0")
         if self.pool_size < 1 or self.queue_size < 0:
-            raise ConfigurationError("pool_size must be >= 1 and queue_size >= 0")
+            raise InvalidInputError("pool_size must be >= 1 and queue_size >= 0")
         if self.backlog_threshold < 1 or self.backlog_interval < 0:
-            raise ConfigurationError(
+            raise InvalidInputError(
                 "backlog_threshold must be >= 1, backlog_interval >= 0"
             )
 
@@ -174,7 +174,7 @@ class Engine:
         """Raise unless running on the dispatcher (or in exclusive shutdown teardown).
 
         Raises:
-            DispatcherOnlyError: called from another task.
+            ReentrancyError: called from another task.
         """
         self._lifecycle.assert_dispatcher()
 
@@ -301,7 +301,7 @@ class Engine:
 
         Raises:
             RuntimeShutdownError: the engine is stopping or closed.
-            PoolShutdownError: pools were already shut down.
+            RuntimeShutdownError: pools were already shut down.
             ReentrancyError: called from a thread other than the runtime's.
         """
         self.check_thread("Engine.pool()")
@@ -436,7 +436,7 @@ async def open_engine(
         The running :class:`Engine`.
 
     Raises:
-        ConfigurationError: invalid settings.
+        InvalidInputError: invalid settings.
         PhronomyInternalError: an internal task failed (a bug; please report it).
     """
     config = EngineConfig(

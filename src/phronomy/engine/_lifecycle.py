@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import trio
 
-from phronomy.errors import DispatcherOnlyError
+from phronomy.errors import ReentrancyError
 
 from ._thread_guard import check_thread
 
@@ -75,10 +75,10 @@ class Lifecycle:
         """Raise unless on the dispatcher (or in the engine's exclusive teardown).
 
         Raises:
-            DispatcherOnlyError: called from another task.
+            ReentrancyError: called from another task.
         """
         if not self.exclusive and trio.lowlevel.current_task() is not self.task:
-            raise DispatcherOnlyError(
+            raise ReentrancyError(
                 "phronomy-managed live execution state may only be mutated on the "
                 "runtime's dispatcher task"
             )

@@ -15,10 +15,10 @@ import trio
 from phronomy.errors import (
     BackpressureError,
     CancellationError,
-    ConfigurationError,
-    OperationTimeoutError,
+    DeadlineExceededError,
+    InvalidInputError,
     PhronomyInternalError,
-    PoolShutdownError,
+    RuntimeShutdownError,
 )
 
 from ._handle import ResultHandle
@@ -116,14 +116,14 @@ class OffloadPool:
         """Create a pool (engine use).
 
         Raises:
-            ConfigurationError: *pool_size* < 1 or *queue_size* < 0.
+            InvalidInputError: *pool_size* < 1 or *queue_size* < 0.
         """
         if pool_size < 1:
-            raise ConfigurationError(
+            raise InvalidInputError(
                 f"pool {name!r}: pool_size must be >= 1, got {pool_size}"
             )
         if queue_size < 0:
-            raise ConfigurationError(
+            raise InvalidInputError(
                 f"pool {name!r}: queue_size must be >= 0, got {queue_size}"
             )
         self._name = name
@@ -186,7 +186,7 @@ class OffloadPool:
             *args: positional arguments for *fn*.
             timeout: operation-wide timeout in seconds, measured from now (queue wait
                 included); expiry settles the handle with
-                :class:`~phronomy.OperationTimeoutError`.
+                :class:`~phronomy.DeadlineExceededError`.
             cancellation: a token whose cancellation settles the handle with
                 :class:`~phronomy.CancellationError`.
 
@@ -194,9 +194,9 @@ class OffloadPool:
             A handle that tracks physical completion separately.
 
         Raises:
-            PoolShutdownError: the pool was shut down.
+            RuntimeShutdownError: the pool was shut down.
             BackpressureError: ``queue_size`` operations are already waiting.
-            ConfigurationError: a timeout was requested but the pool has no timer queue.
+            InvalidInputError: a timeout was requested but the pool has no timer queue.
             ReentrancyError: called from a thread other than the runtime's.
         """
         check_thread(self._thread, "OffloadPool.submit_nowait()")
@@ -229,7 +229,7 @@ class OffloadPool:
             The operation's handle (await :meth:`ResultHandle.result` for its value).
 
         Raises:
-            PoolShutdownError: the pool was (or got) shut down.
+            RuntimeShutdownError: the pool was (or got) shut down.
             BackpressureError: the queue is full and ``on_full="raise"``.
 
         Cancellation:
@@ -237,7 +237,7 @@ class OffloadPool:
         """
         check_thread(self._thread, "OffloadPool.submit()")
         if on_full not in ("raise", "wait"):
-            raise ConfigurationError(
+            raise InvalidInputError(
                 f"on_full must be 'raise' or 'wait', got {on_full!r}"
             )
         if on_full == "raise":
@@ -326,7 +326,7 @@ class OffloadPool:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise PoolShutdownError(f"OffloadPool {self._name!r} has been shut down")
+            raise RuntimeShutdownError(f"OffloadPool {self._name!r} has been shut down")
 
     def _admit(
         self,
@@ -349,7 +349,7 @@ class OffloadPool:
                     token_left if remaining is None else min(remaining, token_left)
                 )
         if remaining is not None and self._timers is None:
-            raise ConfigurationError(
+            raise InvalidInputError(
                 f"OffloadPool {self._name!r} has no timer queue; timeouts are unavailable"
             )
         if cancellation is not None and cancellation.cancelled:
@@ -361,7 +361,7 @@ class OffloadPool:
             return handle
         if timeout is not None and timeout <= 0:
             handle.fail(
-                OperationTimeoutError(f"offloaded operation timed out after {timeout}s")
+                DeadlineExceededError(f"offloaded operation timed out after {timeout}s")
             )
             handle.mark_physically_complete()
             return handle
@@ -375,7 +375,7 @@ class OffloadPool:
                 remaining,
                 lambda: self._expire(
                     op,
-                    OperationTimeoutError(
+                    DeadlineExceededError(
                         f"offloaded operation timed out after {limit}s"
                     ),
                 ),
@@ -383,7 +383,9 @@ class OffloadPool:
         if cancellation is not None:
 
             def on_cancel() -> None:
-                self._expire(op, CancellationError("offloaded operation cancelled"))
+                self._expire(
+                    op, CancellationError("offloaded operation cancelled"), cancel=True
+                )
 
             op.token = cancellation
             op.token_callback = on_cancel
@@ -396,13 +398,16 @@ class OffloadPool:
             self._queue.append(op)
         return handle
 
-    def _expire(self, op: _Operation, error: BaseException) -> None:
-        """Timeout or cancellation: settle the handle first, whatever the worker does."""
+    def _expire(
+        self, op: _Operation, error: BaseException, *, cancel: bool = False
+    ) -> None:
+        """Timeout (failed) or cancellation (cancelled): settle the handle first,
+        whatever the worker does."""
         with op.lock:
             if op.handle.done:
                 return
             started = op.started
-            if isinstance(error, CancellationError):
+            if cancel:
                 op.handle.cancel(error)
             else:
                 op.handle.fail(error)

@@ -110,5 +110,5 @@ class ExecutionReceiver:
         self._engine.admit(self)
 
     def assert_dispatcher(self) -> None:
-        """Raise :class:`~phronomy.DispatcherOnlyError` off the dispatcher task."""
+        """Raise :class:`~phronomy.ReentrancyError` off the dispatcher task."""
         self._engine.assert_dispatcher()

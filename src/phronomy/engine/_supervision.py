@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from phronomy.errors import PoolShutdownError, RuntimeShutdownError
+from phronomy.errors import RuntimeShutdownError
 
 from ._handle import ResultHandle
 from ._pool import OffloadPool
@@ -54,7 +54,7 @@ class Supervisor:
 
         Raises:
             RuntimeShutdownError: the engine is stopping or closed.
-            PoolShutdownError: pools were already shut down.
+            RuntimeShutdownError: pools were already shut down.
         """
         existing = self._pools.get(name)
         if existing is not None:
@@ -64,7 +64,7 @@ class Supervisor:
                 f"the runtime is {self._lifecycle.state}; new work is not accepted"
             )
         if self._pools_closed:
-            raise PoolShutdownError("offload pools have been shut down")
+            raise RuntimeShutdownError("offload pools have been shut down")
         created = OffloadPool(
             name, pool_size=size, queue_size=queue_size, timers=self.timers
         )

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, final
 
 import trio
 
-from phronomy.errors import PoolShutdownError
+from phronomy.errors import RuntimeShutdownError
 
 from ._thread_guard import check_thread
 
@@ -47,7 +47,7 @@ class TimerQueue:
 
     Callbacks run on the dispatcher task, must be short and synchronous, and are
     isolated: a raising callback is logged and the others still run. Scheduling after
-    :meth:`shutdown` raises :class:`~phronomy.PoolShutdownError`.
+    :meth:`shutdown` raises :class:`~phronomy.RuntimeShutdownError`.
     """
 
     def __init__(self, *, wake: Callable[[], object] | None = None) -> None:
@@ -63,7 +63,7 @@ class TimerQueue:
         """Run *callback* on the dispatcher after *seconds* (trio clock).
 
         Raises:
-            PoolShutdownError: the queue was shut down.
+            RuntimeShutdownError: the queue was shut down.
             TypeError: *callback* is not callable.
             ReentrancyError: called from a thread other than the runtime's.
         """
@@ -71,7 +71,7 @@ class TimerQueue:
         if not callable(callback):
             raise TypeError("schedule requires a callable")
         if self._stopped:
-            raise PoolShutdownError("TimerQueue has been shut down")
+            raise RuntimeShutdownError("TimerQueue has been shut down")
         when = trio.current_time() + max(seconds, 0.0)
         timer = Timer(self, when, callback)
         earliest = not self._heap or when < self._heap[0][0]

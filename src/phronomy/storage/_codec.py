@@ -27,7 +27,7 @@ from typing import Any, Generic, TypeVar, cast
 
 import msgspec
 
-from phronomy.errors import CorruptRecordError, PayloadTooLargeError, SerializationError
+from phronomy.errors import CorruptRecordError, SerializationError
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_BYTES",
@@ -191,7 +191,7 @@ def encode_snapshot(
         SerializationError: a value outside the JSON domain, one whose type would
             change, or nesting deeper than the interpreter can encode (the message
             names the instance, the revision and the field path).
-        PayloadTooLargeError: the encoded snapshot exceeds *max_bytes*.
+        SerializationError: the encoded snapshot exceeds *max_bytes*.
     """
     where = f"workflow instance {workflow_instance_id!r} revision {revision}"
     envelope = _Envelope(
@@ -213,7 +213,7 @@ def encode_snapshot(
             f"the snapshot of {where} cannot be encoded: {exc}"
         ) from exc
     if len(blob) > max_bytes:
-        raise PayloadTooLargeError(
+        raise SerializationError(
             f"snapshot of workflow instance {workflow_instance_id!r} is {len(blob)} bytes; "
             f"the limit is {max_bytes} bytes (max_snapshot_bytes)"
         )

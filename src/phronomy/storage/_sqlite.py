@@ -13,7 +13,6 @@ from typing import TYPE_CHECKING, Any, final
 from phronomy.errors import (
     ConflictError,
     StoreUnavailableError,
-    UnsupportedBackendError,
 )
 
 from ._base import BaseStore
@@ -151,7 +150,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
             StoreUnavailableError: the file is not a phronomy database, cannot be
                 opened, or cannot be written (unless *read_only*); for *read_only*,
                 also when it does not exist.
-            UnsupportedBackendError: a newer schema, an old SQLite, or a network
+            StoreUnavailableError: a newer schema, an old SQLite, or a network
                 filesystem.
         """
         super().open()
@@ -184,9 +183,10 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
 
     def _open(self) -> sqlite3.Connection:
         if sqlite3.sqlite_version_info < (3, 37, 0):
-            raise UnsupportedBackendError(
+            raise StoreUnavailableError(
                 f"SQLiteStore needs SQLite >= 3.37 (STRICT tables, RETURNING); this Python "
-                f"links SQLite {sqlite3.sqlite_version}"
+                f"links SQLite {sqlite3.sqlite_version}",
+                path=self._path,
             )
         if self._path != ":memory:":
             fstype = filesystem_type(
@@ -198,7 +198,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
                     "locking and WAL do not work; use a local disk (or PostgreSQL)"
                 )
                 if not self._allow_network_fs:
-                    raise UnsupportedBackendError(message)
+                    raise StoreUnavailableError(message, path=self._path)
                 logger.warning("%s (allowed by allow_network_filesystem=True)", message)
         if self._read_only and not os.path.exists(self._path):
             raise StoreUnavailableError(
@@ -232,13 +232,16 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
 
     def _check_wal(self, mode: str) -> None:
         if mode != "wal" and self._path != ":memory:":
-            raise UnsupportedBackendError(f"{self._path!r} refused WAL mode ({mode})")
+            raise StoreUnavailableError(
+                f"{self._path!r} refused WAL mode ({mode})", path=self._path
+            )
 
     def _check_schema(self, version: int, conn: sqlite3.Connection) -> int:
         if version > SCHEMA_VERSION:
-            raise UnsupportedBackendError(
+            raise StoreUnavailableError(
                 f"{self._path!r} has schema version {version}; this release "
-                f"understands up to {SCHEMA_VERSION} (upgrade phronomy to use it)"
+                f"understands up to {SCHEMA_VERSION} (upgrade phronomy to use it)",
+                path=self._path,
             )
         if version == 0 and self._read_only:
             raise StoreUnavailableError(

@@ -11,7 +11,6 @@ from phronomy.errors import (
     RecoveryRequiredError,
     SerializationError,
     StorageError,
-    UnsupportedBackendError,
 )
 
 from ._quarantine import quarantined
@@ -38,9 +37,9 @@ KNOWN_FAILURES: tuple[type[StorageError], ...] = (
     ConflictError,
     NotFoundError,
     SerializationError,
-    UnsupportedBackendError,
 )
-"""Save errors that prove nothing was written; no read-back is needed."""
+"""Save errors that prove nothing was written; no read-back is needed (a
+:class:`StoreUnavailableError` proves nothing: its save is reconciled)."""
 
 SAVE_LOG_DEPTH = 32
 """How many recent saves per instance a store remembers (see :class:`FindWriteOp`)."""

@@ -1,7 +1,7 @@
 """Workflows: definitions, the sans-IO machine, live sessions, admission and durability."""
 
-from .client import WorkflowClient as WorkflowClient, WorkflowStream as WorkflowStream
-from .definition import (
+from ._client import WorkflowClient as WorkflowClient, WorkflowStream as WorkflowStream
+from ._definition import (
     AUTO_EVENT as AUTO_EVENT,
     FINISH as FINISH,
     Callback as Callback,
@@ -9,17 +9,17 @@ from .definition import (
     Workflow as Workflow,
     WorkflowDefinition as WorkflowDefinition,
 )
-from .effects import Effects as Effects
-from .machine import CONSUME as CONSUME
-from .messages import (
+from ._effects import Effects as Effects
+from ._machine import CONSUME as CONSUME
+from ._messages import (
     Admission as Admission,
     RecoveryEntry as RecoveryEntry,
     Step as Step,
     WorkflowResult as WorkflowResult,
 )
-from .recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
-from .runner import WorkflowRunner as WorkflowRunner
-from .state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
+from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
+from ._runner import WorkflowRunner as WorkflowRunner
+from ._state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
 
 __all__ = [
     "APPEND",

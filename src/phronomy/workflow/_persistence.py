@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from phronomy.engine import EventSink, TerminalType
     from phronomy.storage import InstanceStatus
 
-    from .registry import WorkflowRegistry
+    from ._registry import WorkflowRegistry
 
 __all__ = ["TERMINAL_RESULT", "TerminalPersistence"]
 

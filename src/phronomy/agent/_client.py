@@ -11,19 +11,18 @@ import trio
 
 from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
-    AgentBusyError,
-    ApprovalStateError,
+    BusyError,
     CancellationError,
-    ConfigurationError,
     DefinitionError,
-    ExecutionNotFoundError,
+    InstanceStateError,
+    InvalidInputError,
     NotFoundError,
     RuntimeShutdownError,
 )
 from phronomy.storage import DeleteOp, LoadOp, quarantined, release_quarantine
-from phronomy.workflow.messages import validate_instance_id
+from phronomy.workflow._messages import validate_instance_id
 
-from .messages import (
+from ._messages import (
     ApprovalDecision,
     ApprovalRequest,
     CancelExecution,
@@ -33,7 +32,7 @@ from .messages import (
     ResolveExecution,
     StartExecution,
 )
-from .records import (
+from ._records import (
     StaleExecution,
     agent_key,
     decode_record,
@@ -45,7 +44,7 @@ from .records import (
 if TYPE_CHECKING:
     from phronomy.engine import HandleStatus
 
-    from .coordinator import ExecutionCoordinator
+    from ._coordinator import ExecutionCoordinator
 
 __all__ = ["ExecutionHandle", "Executions", "Step"]
 
@@ -118,7 +117,7 @@ class ExecutionHandle:
         Raises:
             CancellationError: the execution was cancelled (:class:`~phronomy.DeadlineExceededError`
                 for a deadline), once everything it started has physically finished.
-            AgentBusyError: the key was busy.
+            BusyError: the key was busy.
             Exception: whatever failed a step.
 
         Cancellation:
@@ -138,7 +137,7 @@ class ExecutionHandle:
             :meth:`reject`).
 
         Raises:
-            ApprovalStateError: the execution ended without asking (see :meth:`result`).
+            InstanceStateError: the execution ended without asking (see :meth:`result`).
 
         Cancellation:
             Safe: the execution is not affected.
@@ -154,7 +153,7 @@ class ExecutionHandle:
                 await trio.lowlevel.checkpoint()
                 return owner.pending_approval
             if owner is None and self.handle.done:
-                raise ApprovalStateError(
+                raise InstanceStateError(
                     f"execution {self.execution_id!r} ended ({self.handle.status}) without asking for an approval"
                 )
             await registry.wait_changed(self.execution_id)
@@ -230,10 +229,10 @@ class Executions:
 
         Returns:
             An :class:`ExecutionHandle`. A busy key fails it with
-            :class:`~phronomy.AgentBusyError` before any storage is touched.
+            :class:`~phronomy.BusyError` before any storage is touched.
 
         Raises:
-            InvalidIdentifierError: an empty or invalid *agent_id*.
+            InvalidInputError: an empty or invalid *agent_id*.
             DefinitionError: no steps, or a step of the wrong shape.
             ReentrancyError: called from a thread that does not run the runtime.
         """
@@ -244,7 +243,7 @@ class Executions:
             raise DefinitionError("an execution needs at least one step")
         arities = tuple(_arity(step, i) for i, step in enumerate(step_list))
         if deadline is not None and not isinstance(deadline, (int, float)):
-            raise ConfigurationError(
+            raise InvalidInputError(
                 f"deadline must be a trio time (float), got {deadline!r}"
             )
         execution_id = random_uuid()
@@ -293,8 +292,8 @@ class Executions:
         """Approve a suspended execution; the next step receives an :class:`Approval`.
 
         Raises:
-            ExecutionNotFoundError: no live execution has that id.
-            ApprovalStateError: the execution is not waiting for an approval.
+            NotFoundError: no live execution has that id.
+            InstanceStateError: the execution is not waiting for an approval.
         """
         self._decide(execution_id, approved=True, response=response)
 
@@ -302,8 +301,8 @@ class Executions:
         """Reject a suspended execution; it ends with status ``rejected``.
 
         Raises:
-            ExecutionNotFoundError: no live execution has that id.
-            ApprovalStateError: the execution is not waiting for an approval.
+            NotFoundError: no live execution has that id.
+            InstanceStateError: the execution is not waiting for an approval.
         """
         self._decide(execution_id, approved=False, response=reason)
 
@@ -353,14 +352,14 @@ class Executions:
             Whether a record was deleted.
 
         Raises:
-            AgentBusyError: an execution of the key is in progress in this runtime.
+            BusyError: an execution of the key is in progress in this runtime.
 
         Cancellation:
             Cancelling the caller stops the wait only; a delete already submitted runs.
         """
         key = _validate_agent_id(agent_id)
         if self.is_admitted(key):
-            raise AgentBusyError(
+            raise BusyError(
                 f"Agent {key!r} has an execution in progress; it cannot be purged"
             )
         gateway = self._coordinator.gateway
@@ -442,7 +441,7 @@ class Executions:
             The record after the resolution (``None`` without a store).
 
         Raises:
-            AgentBusyError: the key has a live execution in this runtime (cancel it).
+            BusyError: the key has a live execution in this runtime (cancel it).
             NotFoundError: the key has nothing stale, here or in the store.
             ConflictError: the record changed during the resolution (try again).
             ValueError: an unknown *action*.
@@ -455,7 +454,7 @@ class Executions:
             raise ValueError(f"action must be 'adopt' or 'release', got {action!r}")
         admission = self._registry.admission(key)
         if admission is not None and admission.state != "recovery_required":
-            raise AgentBusyError(
+            raise BusyError(
                 f"Agent {key!r} has a live execution in this runtime ({admission.state}); "
                 "cancel it instead of resolving it"
             )
@@ -507,11 +506,9 @@ class Executions:
         )
         view = self._registry.owner(execution_id)
         if view is None:
-            raise ExecutionNotFoundError(
-                f"no live execution {execution_id!r} in this runtime"
-            )
+            raise NotFoundError(f"no live execution {execution_id!r} in this runtime")
         if view.status != "suspended":
-            raise ApprovalStateError(
+            raise InstanceStateError(
                 f"execution {execution_id!r} is {view.status}, not waiting for an approval"
             )
         decision = ApprovalDecision(

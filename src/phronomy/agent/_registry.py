@@ -10,16 +10,16 @@ import trio
 
 from phronomy.engine import ExecutionReceiver
 from phronomy.errors import (
-    AgentBusyError,
     BackpressureError,
-    ExecutionRehydrationRequiredError,
-    InvalidIdentifierError,
+    BusyError,
+    InvalidInputError,
     PhronomyError,
+    PhronomyInternalError,
     RecoveryRequiredError,
-    StaleAdmissionError,
+    RuntimeShutdownError,
 )
 
-from .messages import (
+from ._messages import (
     AgentAdmission,
     AgentAdmissionState,
     ExecutionEntry,
@@ -111,7 +111,7 @@ class AgentRegistry(ExecutionReceiver):
         self._deliver(message)
 
     def shutdown(self, error: BaseException | None) -> None:
-        """Fail every remaining caller (``ExecutionRehydrationRequiredError`` on a clean stop)."""
+        """Fail every remaining caller (``RuntimeShutdownError`` on a clean stop)."""
         for entry in self._entries.values():
             if entry.deadline_timer is not None:
                 entry.deadline_timer.cancel()
@@ -126,7 +126,7 @@ class AgentRegistry(ExecutionReceiver):
                 else ""
             )
             entry.caller.fail(
-                ExecutionRehydrationRequiredError(
+                RuntimeShutdownError(
                     f"execution {entry.execution_id!r} of agent {entry.agent_id!r} was "
                     f"cut off when the runtime shut down ({entry.status}); it cannot "
                     f"continue.{record} Start the agent again to run it anew."
@@ -163,20 +163,20 @@ class AgentRegistry(ExecutionReceiver):
         """Reserve the key's one top-level execution slot, before any storage.
 
         Raises:
-            InvalidIdentifierError: empty id or no token.
+            InvalidInputError: empty id or no token.
             RuntimeShutdownError: new admissions are closed.
-            AgentBusyError: the key has an admission in any state.
+            BusyError: the key has an admission in any state.
             BackpressureError: *capacity* executions are already busy.
         """
         self.assert_dispatcher()
         if not agent_id:
-            raise InvalidIdentifierError("agent_id must not be empty")
+            raise InvalidInputError("agent_id must not be empty")
         if owner is None:
-            raise InvalidIdentifierError("owner_token is required")
+            raise InvalidInputError("owner_token is required")
         self.admit()
         current = self._admissions.get(agent_id)
         if current is not None:
-            raise AgentBusyError(
+            raise BusyError(
                 f"Agent {agent_id!r} already has a nonterminal top-level execution ({current.state})"
                 + (
                     "; resolve it with runtime.executions.resolve("
@@ -203,14 +203,14 @@ class AgentRegistry(ExecutionReceiver):
         """Bind the admission to its execution id (state ``executing``).
 
         Raises:
-            StaleAdmissionError: no admission, another owner, or already bound.
+            PhronomyInternalError: no admission, another owner, or already bound.
         """
         self.assert_dispatcher()
         current = self._admissions.get(agent_id)
         if current is None:
-            raise StaleAdmissionError(f"Agent {agent_id!r} has no Runtime admission")
+            raise PhronomyInternalError(f"Agent {agent_id!r} has no Runtime admission")
         if current.owner is not owner or current.execution_id is not None:
-            raise StaleAdmissionError(f"stale Agent admission bind for {agent_id!r}")
+            raise PhronomyInternalError(f"stale Agent admission bind for {agent_id!r}")
         self._set(
             msgspec.structs.replace(
                 current, execution_id=execution_id, state="executing"
@@ -224,16 +224,16 @@ class AgentRegistry(ExecutionReceiver):
 
         Raises:
             ValueError: an unsupported state.
-            StaleAdmissionError: no admission, or bound to another execution.
+            PhronomyInternalError: no admission, or bound to another execution.
         """
         self.assert_dispatcher()
         if state not in _MARKABLE:
             raise ValueError(f"unsupported Agent admission state: {state!r}")
         current = self._admissions.get(agent_id)
         if current is None:
-            raise StaleAdmissionError(f"Agent {agent_id!r} has no Runtime admission")
+            raise PhronomyInternalError(f"Agent {agent_id!r} has no Runtime admission")
         if current.execution_id != execution_id:
-            raise StaleAdmissionError(
+            raise PhronomyInternalError(
                 f"stale Agent admission state update for {agent_id!r}"
             )
         self._set(msgspec.structs.replace(current, state=state))
@@ -244,14 +244,14 @@ class AgentRegistry(ExecutionReceiver):
         """Fail-closed by token (for example: storage reported an unknown nonterminal execution).
 
         Raises:
-            StaleAdmissionError: no admission, or another owner.
+            PhronomyInternalError: no admission, or another owner.
         """
         self.assert_dispatcher()
         current = self._admissions.get(agent_id)
         if current is None:
-            raise StaleAdmissionError(f"Agent {agent_id!r} has no Runtime admission")
+            raise PhronomyInternalError(f"Agent {agent_id!r} has no Runtime admission")
         if current.owner is not owner:
-            raise StaleAdmissionError(
+            raise PhronomyInternalError(
                 f"stale Agent admission recovery update for {agent_id!r}"
             )
         self._set(msgspec.structs.replace(current, state="recovery_required"))

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from phronomy.errors import InstanceStateError, TransitionError, UnknownEventError
+from phronomy.errors import InstanceStateError, InvalidInputError, TransitionError
 
-from .definition import FINISH, WorkflowDefinition
+from ._definition import FINISH, WorkflowDefinition
 
 __all__ = ["RESUME", "resolve_event"]
 
@@ -24,14 +24,14 @@ def resolve_event(
     """Return the event to fire from *phase*, or raise a clear error.
 
     Raises:
-        UnknownEventError: the workflow declares no such event ("Unknown event ...
+        InvalidInputError: the workflow declares no such event ("Unknown event ...
             Valid events: [...]").
         InstanceStateError: the instance is finished, or *phase* has no external event
             for ``resume`` ("No external event registered for state ...").
         TransitionError: the event is declared, but not from *phase*.
     """
     if event != RESUME and not definition.has_event(event):
-        raise UnknownEventError(
+        raise InvalidInputError(
             f"Unknown event {event!r}. Valid events: {list(definition.external_events)}"
         )
     if phase == FINISH:

@@ -7,22 +7,22 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
 from phronomy.engine import Event, GatedSession
 from phronomy.errors import (
     EventRejectedError,
-    RecursionLimitError,
     RuntimeShutdownError,
+    TransitionError,
 )
 
-from . import machine
-from .definition import AUTO_EVENT, FINISH, START_EVENT
-from .effects import EFFECT_FAILED, Effects
-from .messages import SegmentResult, Step
-from .state import State
+from . import _machine as machine
+from ._definition import AUTO_EVENT, FINISH, START_EVENT
+from ._effects import EFFECT_FAILED, Effects
+from ._messages import SegmentResult, Step
+from ._state import State
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from phronomy.engine import Host, TerminalPolicy, TerminalType
 
-    from .definition import WorkflowDefinition
+    from ._definition import WorkflowDefinition
 
 __all__ = ["WorkflowSession"]
 
@@ -179,9 +179,7 @@ class WorkflowSession(GatedSession, Generic[S]):
     def _fire(self, event: Event) -> bool:
         """Fire *event*; ``False`` when every guard rejected it (nothing ran)."""
         if self.steps >= self.recursion_limit:
-            raise RecursionLimitError(
-                f"Recursion limit ({self.recursion_limit}) exceeded"
-            )
+            raise TransitionError(f"Recursion limit ({self.recursion_limit}) exceeded")
         fired = machine.fire(
             self.definition, self.current, self.state, event, self.effects
         )

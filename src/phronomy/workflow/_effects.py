@@ -12,7 +12,7 @@ if TYPE_CHECKING:
 
     from phronomy.engine import OffloadPool, ResultHandle, Timer
 
-    from .session import WorkflowSession
+    from ._session import WorkflowSession
 
 __all__ = ["EFFECT_FAILED", "Effects"]
 
@@ -85,7 +85,7 @@ class Effects:
 
         Raises:
             BackpressureError: the pool's queue is full (the action fails with it).
-            PoolShutdownError: the pool is closed.
+            RuntimeShutdownError: the pool is closed.
         """
         self._check_open()
         target = pool if pool is not None else self._session.host.default_pool

@@ -10,11 +10,11 @@ import msgspec
 import outcome
 
 from phronomy.engine import ResultHandle
-from phronomy.errors import InvalidIdentifierError
+from phronomy.errors import InvalidInputError
 from phronomy.storage import StoredRecord
 
-from .definition import WorkflowDefinition
-from .state import State
+from ._definition import WorkflowDefinition
+from ._state import State
 
 __all__ = [
     "MAX_INSTANCE_ID_LENGTH",
@@ -42,21 +42,19 @@ def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -
     """Return *value* if it is a usable instance id.
 
     Raises:
-        InvalidIdentifierError: not a string, empty, longer than 255 characters, or
+        InvalidInputError: not a string, empty, longer than 255 characters, or
             containing control characters.
     """
     if not isinstance(value, str):
-        raise InvalidIdentifierError(
-            f"{what} must be a string, got {type(value).__name__}"
-        )
+        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
     if not value:
-        raise InvalidIdentifierError(f"{what} is required and must not be empty")
+        raise InvalidInputError(f"{what} is required and must not be empty")
     if len(value) > MAX_INSTANCE_ID_LENGTH:
-        raise InvalidIdentifierError(
+        raise InvalidInputError(
             f"{what} is {len(value)} characters long; the limit is {MAX_INSTANCE_ID_LENGTH}"
         )
     if _CONTROL.search(value):
-        raise InvalidIdentifierError(f"{what} {value!r} contains control characters")
+        raise InvalidInputError(f"{what} {value!r} contains control characters")
     return value
 
 

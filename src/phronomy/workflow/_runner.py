@@ -27,8 +27,9 @@ from phronomy.storage import (
     quarantine,
 )
 
-from .definition import FINISH
-from .messages import (
+from ._definition import FINISH
+from ._events import resolve_event
+from ._messages import (
     InputOverlay,
     LoadReady,
     ResolveCommand,
@@ -37,11 +38,10 @@ from .messages import (
     StartCommand,
     WorkflowResult,
 )
-from .persistence import TerminalPersistence
-from .registry import WorkflowRegistry
-from .resolution import resolve_event
-from .session import WorkflowSession
-from .state import build_state
+from ._persistence import TerminalPersistence
+from ._registry import WorkflowRegistry
+from ._session import WorkflowSession
+from ._state import build_state
 
 if TYPE_CHECKING:
     import outcome
@@ -50,8 +50,8 @@ if TYPE_CHECKING:
     from phronomy.engine import Engine, ResultHandle
     from phronomy.storage import StoredRecord
 
-    from .definition import WorkflowDefinition
-    from .state import State
+    from ._definition import WorkflowDefinition
+    from ._state import State
 
 __all__ = ["WorkflowRunner"]
 

@@ -12,7 +12,7 @@ import trio
 from phronomy.durability import mark_op, save_outcome
 from phronomy.engine import random_hex
 from phronomy.errors import (
-    AgentBusyError,
+    BusyError,
     CancellationError,
     ConflictError,
     DeadlineExceededError,
@@ -28,8 +28,8 @@ from phronomy.storage import (
     quarantine,
 )
 
-from .context import StepContext
-from .messages import (
+from ._context import StepContext
+from ._messages import (
     ActiveStep,
     Approval,
     ApprovalDecision,
@@ -46,8 +46,8 @@ from .messages import (
     StepResult,
     TerminalSaved,
 )
-from .records import agent_key, decode_record, record_request
-from .registry import AgentRegistry
+from ._records import agent_key, decode_record, record_request
+from ._registry import AgentRegistry
 
 if TYPE_CHECKING:
     import outcome
@@ -202,7 +202,7 @@ class ExecutionCoordinator:
         elif result.outcome == "known_failure":
             error = result.error or PhronomyError("durable execution start failed")
             if isinstance(error, ConflictError):
-                busy = AgentBusyError(
+                busy = BusyError(
                     f"Agent {cmd.agent_id!r} was started by another owner concurrently"
                 )
                 busy.__cause__ = error
@@ -545,7 +545,7 @@ def _startable(
 
     Raises:
         RecoveryRequiredError: the stored record requires recovery.
-        AgentBusyError: the stored record says an execution is active.
+        BusyError: the stored record says an execution is active.
     """
     if row is not None and row.status == "recovery_required":
         raise RecoveryRequiredError(
@@ -555,7 +555,7 @@ def _startable(
             instance_id=agent_key(agent_id),
         )
     if current is not None and current.status == "active":
-        raise AgentBusyError(
+        raise BusyError(
             f"Agent {agent_id!r} already has a nonterminal top-level execution "
             f"({current.execution_id!r} is active in the store: it runs in another "
             "process, or its runtime stopped before it ended). If it is stale, list it "

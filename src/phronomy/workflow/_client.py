@@ -12,13 +12,12 @@ import trio
 
 from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
-    ConfigurationError,
+    InvalidInputError,
     RuntimeShutdownError,
-    StateValidationError,
-    UnknownEventError,
 )
 
-from .messages import (
+from ._events import RESUME, resolve_event
+from ._messages import (
     InputOverlay,
     ResumeCommand,
     StartCommand,
@@ -26,14 +25,13 @@ from .messages import (
     WorkflowResult,
     validate_instance_id,
 )
-from .resolution import RESUME, resolve_event
-from .state import State, validate_fields
+from ._state import State, validate_fields
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
 
-    from .definition import WorkflowDefinition
-    from .runner import WorkflowRunner
+    from ._definition import WorkflowDefinition
+    from ._runner import WorkflowRunner
 
 __all__ = ["WorkflowClient", "WorkflowStream"]
 
@@ -89,7 +87,7 @@ class WorkflowClient:
     def __init__(self, runner: WorkflowRunner, *, recursion_limit: int) -> None:
         """Internal: created by :func:`phronomy.open_runtime`."""
         if recursion_limit < 1:
-            raise ConfigurationError(
+            raise InvalidInputError(
                 f"recursion_limit must be >= 1, got {recursion_limit}"
             )
         self._runner = runner
@@ -130,8 +128,8 @@ class WorkflowClient:
             :class:`~phronomy.RuntimeShutdownError` when the runtime is closing).
 
         Raises:
-            StateValidationError: *input* does not fit the state class.
-            InvalidIdentifierError: an empty or oversized *workflow_instance_id*.
+            InvalidInputError: *input* does not fit the state class.
+            InvalidInputError: an empty or oversized *workflow_instance_id*.
             ReentrancyError: called from a thread that does not run the runtime (see
                 :attr:`~phronomy.Runtime.from_thread`).
         """
@@ -171,7 +169,7 @@ class WorkflowClient:
 
         Raises:
             Exception: whatever failed the segment (an action's exception,
-                :class:`~phronomy.WorkflowBusyError`, :class:`~phronomy.ConflictError`, ...).
+                :class:`~phronomy.BusyError`, :class:`~phronomy.ConflictError`, ...).
 
         Cancellation:
             Cancelling the caller stops the wait only; the segment keeps running (its
@@ -270,7 +268,7 @@ class WorkflowClient:
             The new segment's result.
 
         Raises:
-            UnknownEventError: the workflow declares no such event.
+            InvalidInputError: the workflow declares no such event.
             InstanceStateError: the instance is finished, or has no event for ``resume``.
             TransitionError: the event does not leave the halted phase.
             NotFoundError: resume by id, but the store has no state for the instance.
@@ -323,7 +321,7 @@ class WorkflowClient:
     ) -> ResultHandle[WorkflowResult[S]]:
         self._runner.engine.check_thread("runtime.send_event()")
         if not isinstance(event, str):
-            raise UnknownEventError(
+            raise InvalidInputError(
                 f"send_event needs the event's name (a string), got {event!r}"
             )
         if halted is None:
@@ -333,11 +331,11 @@ class WorkflowClient:
                 )
             iid = validate_instance_id(workflow_instance_id)
             if not self.durable:
-                raise ConfigurationError(
+                raise InvalidInputError(
                     f"resuming workflow instance {iid!r} by id needs a store (open_runtime(store=...))"
                 )
             if event != RESUME and not workflow.has_event(event):
-                raise UnknownEventError(
+                raise InvalidInputError(
                     f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
                 )
         else:
@@ -351,7 +349,7 @@ class WorkflowClient:
                     f"result's {iid!r}"
                 )
             if not isinstance(halted.state, workflow.state_type):
-                raise StateValidationError(
+                raise InvalidInputError(
                     f"the halted state is a {type(halted.state).__name__}; workflow "
                     f"{workflow.name!r} runs {workflow.state_type.__name__}"
                 )
@@ -396,14 +394,14 @@ class WorkflowClient:
             (not started, still loading, saving, finished or recovery-required).
 
         Raises:
-            InvalidIdentifierError: an empty or invalid *workflow_instance_id*.
-            UnknownEventError: the workflow declares no such event (nothing is queued).
+            InvalidInputError: an empty or invalid *workflow_instance_id*.
+            InvalidInputError: the workflow declares no such event (nothing is queued).
             ReentrancyError: called from a thread that does not run the runtime.
         """
         self._runner.engine.check_thread("runtime.signal()")
         iid = validate_instance_id(workflow_instance_id)
         if not workflow.has_event(event):
-            raise UnknownEventError(
+            raise InvalidInputError(
                 f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
             )
         record = self._runner.registry.record(iid)
@@ -417,7 +415,7 @@ class WorkflowClient:
         if recursion_limit is None:
             return self._recursion_limit
         if recursion_limit < 1:
-            raise ConfigurationError(
+            raise InvalidInputError(
                 f"recursion_limit must be >= 1, got {recursion_limit}"
             )
         return recursion_limit
@@ -444,12 +442,12 @@ def _input_overlay(workflow: WorkflowDefinition[Any], value: Any) -> InputOverla
     if isinstance(value, workflow.state_type):
         return InputOverlay(state=value)
     if isinstance(value, State):
-        raise StateValidationError(
+        raise InvalidInputError(
             f"input is a {type(value).__name__}; workflow {workflow.name!r} runs "
             f"{workflow.state_type.__name__}"
         )
     if not isinstance(value, Mapping):
-        raise StateValidationError(
+        raise InvalidInputError(
             f"input must be a mapping of {workflow.state_type.__name__} fields or a "
             f"{workflow.state_type.__name__}, got {type(value).__name__}"
         )

@@ -20,11 +20,11 @@ from phronomy.storage import (
     resolution,
 )
 
-from .messages import RecoveryEntry, ResolveCommand, validate_instance_id
+from ._messages import RecoveryEntry, ResolveCommand, validate_instance_id
 
 if TYPE_CHECKING:
-    from .messages import Admission
-    from .runner import WorkflowRunner
+    from ._messages import Admission
+    from ._runner import WorkflowRunner
 
 __all__ = ["InstanceView", "RecoveryClient"]
 

@@ -9,13 +9,13 @@ import msgspec
 
 from phronomy.engine import Event, ExecutionReceiver
 from phronomy.errors import (
-    InvalidIdentifierError,
+    BusyError,
+    InvalidInputError,
+    PhronomyInternalError,
     RecoveryRequiredError,
-    StaleAdmissionError,
-    WorkflowBusyError,
 )
 
-from .messages import Admission, AdmissionState
+from ._messages import Admission, AdmissionState
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -157,17 +157,17 @@ class WorkflowRegistry(ExecutionReceiver):
         """Admit a new segment.
 
         Raises:
-            InvalidIdentifierError: empty id.
+            InvalidInputError: empty id.
             RuntimeShutdownError: new admissions are closed.
-            WorkflowBusyError: the instance has any admission (recovery included).
+            BusyError: the instance has any admission (recovery included).
         """
         self.assert_dispatcher()
         if not workflow_instance_id:
-            raise InvalidIdentifierError("workflow_instance_id must not be empty")
+            raise InvalidInputError("workflow_instance_id must not be empty")
         self.admit()
         if workflow_instance_id in self._records:
             current = self._records[workflow_instance_id]
-            raise WorkflowBusyError(
+            raise BusyError(
                 f"Workflow instance {workflow_instance_id!r} already has a live execution "
                 f"segment ({current.state})"
             )
@@ -191,18 +191,18 @@ class WorkflowRegistry(ExecutionReceiver):
         """Bind the admission to its session (state ``executing``).
 
         Raises:
-            StaleAdmissionError: no admission, another owner, or already bound.
+            PhronomyInternalError: no admission, another owner, or already bound.
         """
         self.assert_dispatcher()
         if not session_id:
-            raise InvalidIdentifierError("session_id must not be empty")
+            raise InvalidInputError("session_id must not be empty")
         record = self._records.get(workflow_instance_id)
         if record is None:
-            raise StaleAdmissionError(
+            raise PhronomyInternalError(
                 f"Workflow instance {workflow_instance_id!r} has no Runtime admission"
             )
         if record.owner is not owner or record.session_id is not None:
-            raise StaleAdmissionError(
+            raise PhronomyInternalError(
                 f"stale Workflow admission bind for {workflow_instance_id!r}"
             )
         self._by_session[session_id] = workflow_instance_id
@@ -219,18 +219,18 @@ class WorkflowRegistry(ExecutionReceiver):
 
         Raises:
             ValueError: an unsupported state.
-            StaleAdmissionError: no admission, or another owner.
+            PhronomyInternalError: no admission, or another owner.
         """
         self.assert_dispatcher()
         if state not in _MARKABLE:
             raise ValueError(f"unsupported Workflow admission state: {state!r}")
         record = self._records.get(workflow_instance_id)
         if record is None:
-            raise StaleAdmissionError(
+            raise PhronomyInternalError(
                 f"Workflow instance {workflow_instance_id!r} has no Runtime admission"
             )
         if record.owner is not owner:
-            raise StaleAdmissionError(
+            raise PhronomyInternalError(
                 f"stale Workflow admission update for {workflow_instance_id!r}"
             )
         self._replace(msgspec.structs.replace(record, state=state))

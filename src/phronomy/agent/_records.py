@@ -36,7 +36,7 @@ from phronomy.storage import (
     run_op,
 )
 
-from .messages import ExecutionRecord
+from ._messages import ExecutionRecord
 
 if TYPE_CHECKING:
     from phronomy.storage import (

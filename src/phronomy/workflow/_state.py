@@ -24,7 +24,7 @@ import msgspec
 from msgspec import StructMeta
 from typing_extensions import dataclass_transform
 
-from phronomy.errors import DefinitionError, StateValidationError
+from phronomy.errors import DefinitionError, InvalidInputError
 
 if TYPE_CHECKING:
     from collections.abc import Mapping
@@ -139,7 +139,7 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
             A new state; this one is unchanged.
 
         Raises:
-            StateValidationError: an unknown field, or a value of the wrong type (the
+            InvalidInputError: an unknown field, or a value of the wrong type (the
                 message names the field).
         """
         spec = _known_fields(type(self), updates)
@@ -159,7 +159,7 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
                     combined: Any = [*_copied(type(self), name, current or []), *update]
                 case "merge":
                     if not isinstance(update, dict):
-                        raise StateValidationError(
+                        raise InvalidInputError(
                             f"{type(self).__name__}.{name} merges dicts; got {type(update).__name__}"
                         )
                     combined = {**_copied(type(self), name, current or {}), **update}
@@ -208,7 +208,7 @@ def validate_fields(cls: type[State], values: Mapping[str, Any]) -> dict[str, An
         The converted values (new objects: the caller's lists and dicts are not shared).
 
     Raises:
-        StateValidationError: unknown keys, or values that do not fit (the message names
+        InvalidInputError: unknown keys, or values that do not fit (the message names
             the field).
     """
     spec = _known_fields(cls, values)
@@ -222,14 +222,14 @@ def build_state(cls: type[S], fields: Mapping[str, Any], base: S | None = None) 
     """Build a state from validated *fields*, over *base* (replace semantics) or defaults.
 
     Raises:
-        StateValidationError: a required field is missing.
+        InvalidInputError: a required field is missing.
     """
     if base is not None:
         return msgspec.structs.replace(base, **fields) if fields else base
     try:
         return cls(**fields)
     except TypeError as exc:
-        raise StateValidationError(f"cannot build {cls.__name__}: {exc}") from exc
+        raise InvalidInputError(f"cannot build {cls.__name__}: {exc}") from exc
 
 
 def _known_fields(cls: type[State], values: Mapping[str, Any]) -> StateSpec:
@@ -237,7 +237,7 @@ def _known_fields(cls: type[State], values: Mapping[str, Any]) -> StateSpec:
     spec = state_spec(cls)
     unknown = sorted(set(values) - set(spec.fields))
     if unknown:
-        raise StateValidationError(
+        raise InvalidInputError(
             f"Unknown {cls.__name__} field(s): {unknown} (fields: {list(spec.fields)})"
         )
     return spec
@@ -247,7 +247,7 @@ def _validated(cls: type[Any], name: str, field_type: Any, value: Any) -> Any:
     try:
         return msgspec.convert(value, field_type)
     except msgspec.ValidationError as exc:
-        raise StateValidationError(
+        raise InvalidInputError(
             f"invalid value for {cls.__name__}.{name}: {exc}"
         ) from exc
 
@@ -256,7 +256,7 @@ def _copied(cls: type[Any], name: str, value: Any) -> Any:
     try:
         return copy_value(value)
     except RecursionError:
-        raise StateValidationError(
+        raise InvalidInputError(
             f"{cls.__name__}.{name} is nested too deeply to be copied (and would be "
             "too deep to store)"
         ) from None

@@ -17,7 +17,7 @@ import msgspec
 
 from phronomy.errors import DefinitionError
 
-from .state import State, state_spec
+from ._state import State, state_spec
 
 __all__ = [
     "AUTO_EVENT",

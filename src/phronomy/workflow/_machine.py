@@ -12,7 +12,7 @@ event, these functions compute what happens (spec §3.2):
 * an action returns a new state (adopted) or ``None`` (state unchanged). Returning a
   ``dict`` raises :class:`~phronomy.InvalidActionResultError` (a deliberate deviation
   from the Ruby runtime, which silently ignored it); returning an awaitable or a result
-  handle raises :class:`~phronomy.InvalidAsyncActionError`.
+  handle raises :class:`~phronomy.InvalidActionResultError`.
 
 The dispatcher-side session (``session.py``) is only the I/O adapter around this module.
 """
@@ -26,16 +26,14 @@ import msgspec
 
 from phronomy.errors import (
     InvalidActionResultError,
-    InvalidAsyncEntryActionError,
-    InvalidAsyncTransitionActionError,
     TransitionError,
 )
 
-from .definition import AUTO_EVENT, FINISH, Transition
+from ._definition import AUTO_EVENT, FINISH, Transition
 
 if TYPE_CHECKING:
-    from .definition import Callback, WorkflowDefinition
-    from .state import State
+    from ._definition import Callback, WorkflowDefinition
+    from ._state import State
 
 __all__ = [
     "CONSUME",
@@ -227,7 +225,7 @@ def _run_actions(
             _invoke(definition, callback, state, event, effects),
             state,
             callback,
-            InvalidAsyncEntryActionError,
+            InvalidActionResultError,
         )
     return state
 
@@ -241,7 +239,7 @@ def select(
     Raises:
         TransitionError: the machine does not know the event at all ("Unknown FSM
             event"), or the event is not declared from *current* ("Transition from").
-        InvalidAsyncActionError: a guard returned an awaitable.
+        InvalidActionResultError: a guard returned an awaitable.
     """
     candidates = definition.by_event.get(event.type)
     if candidates is None:
@@ -258,7 +256,7 @@ def select(
         if _is_async_result(verdict):
             if inspect.iscoroutine(verdict):
                 verdict.close()
-            raise InvalidAsyncTransitionActionError(
+            raise InvalidActionResultError(
                 f"{guard.label} returned an awaitable; guards are synchronous"
             )
         if verdict:
@@ -305,7 +303,7 @@ def fire(
             _invoke(definition, transition.action, state, event, effects),
             state,
             transition.action,
-            InvalidAsyncTransitionActionError,
+            InvalidActionResultError,
         )
     if transition.target != FINISH:
         state = enter(definition, transition.target, state, event, effects)
@@ -333,7 +331,7 @@ def apply_hook(
         state, handled = verdict, True
     else:
         if _is_async_result(verdict):
-            raise InvalidAsyncTransitionActionError(
+            raise InvalidActionResultError(
                 f"{type(state).__name__}.handle_event returned an awaitable; hooks are synchronous"
             )
         handled = bool(verdict)
