@@ -15,6 +15,7 @@ import phronomy
 from phronomy.engine import ResultHandle
 from phronomy.workflow import _machine as machine
 from phronomy.workflow._definition import AUTO_EVENT, FINISH
+from phronomy.workflow._intents import Offload
 
 
 class Ctx(phronomy.State):
@@ -417,3 +418,74 @@ def test_machine_agrees_with_the_reference(
         current, state = target, fired.state
         if current == FINISH:
             break
+
+
+# --- the machine object: it returns what should happen ------------------------------
+
+
+def _machine_flow() -> phronomy.WorkflowDefinition[Ctx]:
+    def request(s: Ctx, e: Any, effects: phronomy.Effects) -> None:
+        effects.offload(print, "x", on_done="approve")
+
+    wf = phronomy.Workflow(Ctx, name="steps")
+    wf.state("a", entry=lambda s: s.merge(trace=["a"]))
+    wf.state("b", entry=request)
+    wf.state("live")
+    wf.wait_state("parked")
+    wf.transition("a", "b")
+    wf.transition("b", "live")
+    wf.transition("live", "parked", on="park")
+    wf.transition("live", "live", on="noop", guard=lambda s: False)
+    wf.transition("parked", FINISH, on="approve")
+    return wf.build()
+
+
+def test_the_machine_returns_steps_and_intents_without_doing_io() -> None:
+    m = machine.WorkflowMachine(_machine_flow(), Ctx(), recursion_limit=10)
+    first = m.start(Ev("start"))
+    assert (first.next, first.current, first.intents) == ("auto", "a", ())
+    second = m.advance(Ev(AUTO_EVENT))
+    assert (second.next, second.current) == ("auto", "b")
+    (intent,) = second.intents
+    assert isinstance(intent, Offload)
+    assert (intent.fn, intent.args, intent.on_done) == (print, ("x",), "approve")
+    third = m.advance(Ev(AUTO_EVENT))
+    assert (third.next, third.intents) == ("wait", ())
+    assert m.handle(Ev("noop")).next == "rejected"
+    assert m.handle(Ev("park")).next == "halt"
+    assert (m.current, m.state.trace, m.transitions) == ("parked", ["a"], 3)
+    resumed = machine.WorkflowMachine(
+        _machine_flow(), m.state, recursion_limit=10, phase="parked"
+    )
+    assert resumed.resume(Ev("approve")).next == "finish"
+
+
+def test_the_machine_drops_the_requests_of_a_failed_step() -> None:
+    def request_then_fail(s: Ctx, e: Any, effects: phronomy.Effects) -> None:
+        effects.schedule(1, "go")
+        raise KeyError("boom")
+
+    wf = phronomy.Workflow(Ctx, name="fails").state("a")
+    wf.state("b", entry=request_then_fail)
+    wf.transition("a", "b", on="go")
+    wf.transition("b", FINISH, on="go")
+    m = machine.WorkflowMachine(wf.build(), Ctx(), recursion_limit=5)
+    assert m.start(Ev("start")).next == "wait"
+    with pytest.raises(KeyError):
+        m.handle(Ev("go"))
+    assert m.current == "a"  # the failed transition did not move the machine
+
+
+def test_the_recursion_limit_stops_a_runaway_chain() -> None:
+    wf = phronomy.Workflow(Ctx, name="loop").state("spin")
+    wf.transition("spin", "spin", action=lambda s: s.merge(value=s.value + 1))
+    m = machine.WorkflowMachine(wf.build(), Ctx(), recursion_limit=3)
+    assert m.start(Ev("start")).next == "auto"
+    for _ in range(3):
+        assert m.advance(Ev(AUTO_EVENT)).next == "auto"
+    with pytest.raises(
+        phronomy.TransitionError,
+        match="Recursion limit \\(3\\) exceeded at state 'spin'",
+    ):
+        m.advance(Ev(AUTO_EVENT))
+    assert m.state.value == 3

@@ -9,7 +9,7 @@ from ._definition import (
     Workflow as Workflow,
     WorkflowDefinition as WorkflowDefinition,
 )
-from ._effects import Effects as Effects
+from ._intents import Effects as Effects
 from ._machine import CONSUME as CONSUME
 from ._messages import (
     Admission as Admission,

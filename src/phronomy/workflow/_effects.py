@@ -1,20 +1,20 @@
-"""Effects: async or blocking work started by an action, owned by its segment."""
+"""Carrying out effect intents: supervised tasks, offloaded calls and timers of a segment."""
 
 from __future__ import annotations
 
 import logging
 from typing import TYPE_CHECKING, Any, final
 
-from phronomy.errors import InstanceStateError
+from ._intents import Offload, Schedule, StartSoon
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable, Callable
+    from collections.abc import Callable, Iterable
 
-    from phronomy.engine import OffloadPool, ResultHandle, Timer
+    from phronomy.engine import Host, ResultHandle, Timer
 
-    from ._session import WorkflowSession
+    from ._intents import Intent
 
-__all__ = ["EFFECT_FAILED", "Effects"]
+__all__ = ["EFFECT_FAILED", "EffectRunner"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,24 +23,23 @@ EFFECT_FAILED = "__phronomy.effect_failed__"
 
 
 @final
-class Effects:
-    """Start work from an action and get its result back as an event.
+class EffectRunner:
+    """Starts a segment's effects and turns their results into events for it.
 
-    An action that takes a third argument receives the segment's ``Effects``::
-
-        def start_payment(state, event, effects):
-            effects.offload(charge_card, state.card, on_done="charged", on_error="declined")
-
-    The work is owned by the segment: when the segment ends (halted, finished, failed
-    or cut off at shutdown), trio work is cancelled and pending timers are dropped;
-    offloaded threads cannot be interrupted, so their results are discarded (with a
-    debug log) and never reach a later segment of the same instance. Shutdown still
-    waits for those threads physically.
+    The work is owned by the segment: :meth:`close` (the segment ended) cancels trio
+    work and timers; offloaded threads cannot be interrupted, so their late results
+    are dropped (with a debug log) and never reach a later segment of the instance.
     """
 
-    def __init__(self, session: WorkflowSession[Any]) -> None:
-        """Bind the effects to *session* (runtime internal)."""
-        self._session = session
+    __slots__ = ("_closed", "_handles", "_host", "_instance", "_post", "_timers")
+
+    def __init__(
+        self, host: Host, post: Callable[[str, Any], bool], *, instance: str
+    ) -> None:
+        """Bind the runner to the segment's *post* (its event sink)."""
+        self._host = host
+        self._post = post
+        self._instance = instance
         self._handles: set[ResultHandle[Any]] = set()
         self._timers: set[Timer] = set()
         self._closed = False
@@ -50,59 +49,24 @@ class Effects:
         """Effects started and not delivered yet."""
         return len(self._handles) + len(self._timers)
 
-    def start_soon(
-        self,
-        fn: Callable[..., Awaitable[Any]],
-        *args: Any,
-        on_done: str,
-        on_error: str | None = None,
-    ) -> None:
-        """Run ``await fn(*args)`` as a supervised trio task.
-
-        Args:
-            fn: an async function (keyword arguments through ``functools.partial``).
-            *args: its positional arguments.
-            on_done: the event posted with the return value as payload.
-            on_error: the event posted with the exception as payload; without it, a
-                failure fails the segment.
+    def launch(self, intents: Iterable[Intent]) -> None:
+        """Start *intents* in order.
 
         Raises:
+            BackpressureError: an offload pool's queue is full (the segment fails).
             RuntimeShutdownError: the runtime is closing.
         """
-        self._check_open()
-        handle = self._session.host.start_task(fn, *args)
-        self._watch(handle, on_done, on_error)
-
-    def offload(
-        self,
-        fn: Callable[..., Any],
-        *args: Any,
-        on_done: str,
-        on_error: str | None = None,
-        pool: OffloadPool | None = None,
-    ) -> None:
-        """Run blocking ``fn(*args)`` in a worker thread (default pool unless *pool*).
-
-        Raises:
-            BackpressureError: the pool's queue is full (the action fails with it).
-            RuntimeShutdownError: the pool is closed.
-        """
-        self._check_open()
-        target = pool if pool is not None else self._session.host.default_pool
-        self._watch(target.submit_nowait(fn, *args), on_done, on_error)
-
-    def schedule(self, seconds: float, event: str, payload: Any = None) -> None:
-        """Post *event* to this segment after *seconds* (dropped if the segment ended)."""
-        self._check_open()
-        timer: Timer | None = None
-
-        def fire() -> None:
-            if timer is not None:
-                self._timers.discard(timer)
-            self._post(event, payload)
-
-        timer = self._session.host.timers.schedule(seconds, fire)
-        self._timers.add(timer)
+        for intent in intents:
+            match intent:
+                case StartSoon():
+                    handle = self._host.start_task(intent.fn, *intent.args)
+                    self._watch(handle, intent.on_done, intent.on_error)
+                case Offload():
+                    pool = intent.pool or self._host.default_pool
+                    handle = pool.submit_nowait(intent.fn, *intent.args)
+                    self._watch(handle, intent.on_done, intent.on_error)
+                case Schedule():
+                    self._schedule(intent)
 
     def close(self) -> None:
         """The segment ended: cancel trio work and timers; late results are dropped."""
@@ -113,32 +77,38 @@ class Effects:
             timer.cancel()
         self._timers.clear()
 
-    def _check_open(self) -> None:
-        if self._closed:
-            raise InstanceStateError("the segment has ended; it cannot start effects")
+    def _schedule(self, intent: Schedule) -> None:
+        timer: Timer | None = None
+
+        def fire() -> None:
+            if timer is not None:
+                self._timers.discard(timer)
+            self._deliver(intent.event, intent.payload)
+
+        timer = self._host.timers.schedule(intent.seconds, fire)
+        self._timers.add(timer)
 
     def _watch(
         self, handle: ResultHandle[Any], on_done: str, on_error: str | None
     ) -> None:
         self._handles.add(handle)
 
-        def deliver(done: ResultHandle[Any]) -> None:
+        def settled(done: ResultHandle[Any]) -> None:
             self._handles.discard(done)
             if done.status == "cancelled" and self._closed:
                 return
             if done.status == "completed":
-                self._post(on_done, done.result_nowait())
-            elif on_error is not None:
-                self._post(on_error, done.error)
+                self._deliver(on_done, done.result_nowait())
             else:
-                self._post(EFFECT_FAILED, done.error)
+                self._deliver(on_error or EFFECT_FAILED, done.error)
 
-        handle.on_complete(deliver)
+        handle.on_complete(settled)
 
-    def _post(self, event: str, payload: Any) -> None:
-        if self._closed or not self._session.sink.post(event, payload):
+    def _deliver(self, event: str, payload: Any) -> None:
+        if self._closed or not self._post(event, payload):
             logger.debug(
-                "dropping late effect result %r for workflow instance %r: its segment ended",
+                "dropping late effect result %r for workflow instance %r: its segment "
+                "ended",
                 event,
-                self._session.workflow_instance_id,
+                self._instance,
             )

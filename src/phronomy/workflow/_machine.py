@@ -1,81 +1,62 @@
 """The workflow state machine core: pure, synchronous and sans-IO (it imports no trio).
 
-Given a :class:`~phronomy.WorkflowDefinition`, a current state name, a state value and an
-event, these functions compute what happens (spec §3.2):
+:class:`WorkflowMachine` owns where one segment of an instance is (its current state,
+its state value, its phase, the transitions it made) and, in the h11 style, returns
+what should happen instead of doing it: each call gives a :class:`MachineStep` with the
+effects the callbacks asked for, the stable state to publish, and whether the segment
+waits, moves on automatically, or ends. The session carries the step out.
+
+The rules (given a :class:`~phronomy.WorkflowDefinition`):
 
 * candidates for an event are the transitions declared for it *from the current
   state*, in declaration order; the first whose guard passes (no guard = pass) is
   taken, and later guards are not evaluated;
 * callbacks of a transition S → T run in the order: exit actions of S, the
-  transition's action, entry actions of T; an exception aborts the rest;
+  transition's action, entry actions of T; an exception aborts the rest (and the
+  effects they requested are dropped);
 * callables take ``(state)``, ``(state, event)`` or ``(state, event, effects)``;
 * an action returns a new state (adopted) or ``None`` (state unchanged). Returning a
-  ``dict`` raises :class:`~phronomy.InvalidActionResultError` (a deliberate deviation
-  from the Ruby runtime, which silently ignored it); returning an awaitable or a result
-  handle raises :class:`~phronomy.InvalidActionResultError`.
-
-The dispatcher-side session (``session.py``) is only the I/O adapter around this module.
+  ``dict``, an awaitable or a result handle raises
+  :class:`~phronomy.InvalidActionResultError`.
 """
 
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Literal, Protocol, cast, final
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, final
 
 import msgspec
 
-from phronomy.errors import (
-    InvalidActionResultError,
-    TransitionError,
-)
+from phronomy.errors import InvalidActionResultError, TransitionError
 
+from ._callbacks import CONSUME, adopt, apply_hook, invoke, is_async_result
 from ._definition import AUTO_EVENT, FINISH, Transition
+from ._intents import Effects, Intent
+from ._state import State
 
 if TYPE_CHECKING:
+    from ._callbacks import EventLike
     from ._definition import Callback, WorkflowDefinition
-    from ._state import State
 
 __all__ = [
     "CONSUME",
     "Decision",
-    "EventLike",
     "Fired",
-    "HookOutcome",
-    "apply_hook",
+    "MachineStep",
+    "WorkflowMachine",
     "decide",
     "enter",
     "fire",
     "select",
 ]
 
+S = TypeVar("S", bound=State)
+
 Decision = Literal["finish", "halt", "auto", "wait", "leaf"]
-"""What to do after arriving in a state (spec §2.8.6)."""
+"""What to do after arriving in a state."""
 
-
-@final
-class _Consume:
-    __slots__ = ()
-
-    def __repr__(self) -> str:
-        return "phronomy.CONSUME"
-
-
-CONSUME: Any = _Consume()
-"""Returned by ``State.handle_event`` to drop an event (for example a stale result)."""
-
-
-class EventLike(Protocol):
-    """What the machine reads from an event."""
-
-    @property
-    def type(self) -> str:
-        """The event name."""
-        ...
-
-    @property
-    def payload(self) -> Any:
-        """The application payload."""
-        ...
+Next = Literal["finish", "halt", "auto", "wait", "leaf", "consumed", "rejected"]
+"""What the session does after a :class:`MachineStep`."""
 
 
 @final
@@ -89,21 +70,6 @@ class Fired(msgspec.Struct, frozen=True, kw_only=True):
 
     transition: Transition
     state: Any
-
-
-@final
-class HookOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """What ``State.handle_event`` decided.
-
-    Attributes:
-        state: the (possibly replaced) state.
-        consumed: drop the event.
-        handled: the hook handled the event (drop it if no transition exists).
-    """
-
-    state: Any
-    consumed: bool = False
-    handled: bool = False
 
 
 def decide(definition: WorkflowDefinition[Any], current: str) -> Decision:
@@ -123,68 +89,6 @@ def decide(definition: WorkflowDefinition[Any], current: str) -> Decision:
     if current not in definition.declared:
         raise TransitionError(f"State {current!r} is not defined")
     return "leaf"
-
-
-def _invoke(
-    definition: WorkflowDefinition[Any],
-    callback: Callback,
-    state: Any,
-    event: EventLike,
-    effects: Any,
-) -> Any:
-    """Call a user callable; what it raises carries a note saying where it ran."""
-    try:
-        match callback.arity:
-            case 1:
-                return callback.fn(state)
-            case 2:
-                return callback.fn(state, event)
-            case _:
-                return callback.fn(state, event, effects)
-    except Exception as exc:
-        exc.add_note(
-            f"phronomy: raised by the {callback.label} of workflow "
-            f"{definition.name!r} (event {event.type!r})"
-        )
-        raise
-
-
-def _is_async_result(value: Any) -> bool:
-    # Result handles are recognised by shape: this module must not import the engine.
-    return inspect.isawaitable(value) or (
-        callable(getattr(value, "on_complete", None))
-        and callable(getattr(value, "result_nowait", None))
-    )
-
-
-def _adopt(
-    definition: WorkflowDefinition[Any],
-    result: Any,
-    state: State,
-    callback: Callback,
-    async_error: type[InvalidActionResultError],
-) -> State:
-    if result is None:
-        return state
-    if isinstance(result, definition.state_type):
-        return cast("State", result)
-    if _is_async_result(result):
-        if inspect.iscoroutine(result):
-            result.close()  # never awaited: close it to avoid a RuntimeWarning
-        raise async_error(
-            f"{callback.label} returned {type(result).__name__}; actions are synchronous: "
-            "start async or blocking work with effects.start_soon/offload and deliver its "
-            "result as an event"
-        )
-    if isinstance(result, dict):
-        raise InvalidActionResultError(
-            f"{callback.label} returned a dict; return state.merge(...) or None instead "
-            "(phronomy does not merge returned dicts)"
-        )
-    raise InvalidActionResultError(
-        f"{callback.label} returned {type(result).__name__}; actions must return a "
-        f"{definition.state_type.__name__} or None"
-    )
 
 
 def enter(
@@ -220,12 +124,11 @@ def _run_actions(
     effects: Any,
 ) -> State:
     for callback in actions:
-        state = _adopt(
+        state = adopt(
             definition,
-            _invoke(definition, callback, state, event, effects),
+            invoke(definition, callback, state, event, effects),
             state,
             callback,
-            InvalidActionResultError,
         )
     return state
 
@@ -252,8 +155,8 @@ def select(
         guard = transition.guard
         if guard is None:
             return transition
-        verdict = _invoke(definition, guard, state, event, None)
-        if _is_async_result(verdict):
+        verdict = invoke(definition, guard, state, event, None)
+        if is_async_result(verdict):
             if inspect.iscoroutine(verdict):
                 verdict.close()
             raise InvalidActionResultError(
@@ -298,43 +201,153 @@ def fire(
         return None
     state = _exit(definition, current, state, event, effects)
     if transition.action is not None:
-        state = _adopt(
+        state = adopt(
             definition,
-            _invoke(definition, transition.action, state, event, effects),
+            invoke(definition, transition.action, state, event, effects),
             state,
             transition.action,
-            InvalidActionResultError,
         )
     if transition.target != FINISH:
         state = enter(definition, transition.target, state, event, effects)
     return Fired(transition=transition, state=state)
 
 
-def apply_hook(
-    definition: WorkflowDefinition[Any], current: str, state: State, event: EventLike
-) -> HookOutcome:
-    """Run ``state.handle_event(event)`` if the state class defines it (spec §2.8.3)."""
-    hook = getattr(state, "handle_event", None)
-    if hook is None or event.type == AUTO_EVENT:
-        return HookOutcome(state=state)
-    try:
-        verdict = hook(event)
-    except Exception as exc:
-        exc.add_note(
-            f"phronomy: raised by {type(state).__name__}.handle_event in state "
-            f"{current!r} of workflow {definition.name!r} (event {event.type!r})"
+@final
+class MachineStep(msgspec.Struct, frozen=True, kw_only=True):
+    """What one call of the machine decided.
+
+    Attributes:
+        next: ``auto`` (publish, then call :meth:`WorkflowMachine.advance`), ``wait``
+            (publish and wait for an event), ``halt`` / ``finish`` / ``leaf`` (end the
+            segment: halted at a wait state, at ``__finish__``, or at a state with no
+            way out), ``consumed`` (the state's hook dropped the event) or
+            ``rejected`` (every guard of an external event rejected it; nothing ran).
+        intents: the effects the callbacks asked for, in order.
+        current: the state the machine is in afterwards.
+    """
+
+    next: Next
+    intents: tuple[Intent, ...] = ()
+    current: str = ""
+
+
+@final
+class WorkflowMachine(Generic[S]):
+    """One segment of one instance, as a machine that returns what should happen.
+
+    Fresh segments begin with :meth:`start` (the entry point's entry actions); resumed
+    ones with :meth:`resume` (the resume event, fired from the halted phase). Each call
+    returns a :class:`MachineStep`; after ``auto`` the caller publishes the stable
+    state and calls :meth:`advance`, which fires the automatic transitions inline.
+
+    Attributes:
+        definition: the compiled workflow.
+        state: the current state value.
+        current: the current state's name.
+        transitions: transitions made in this segment.
+    """
+
+    __slots__ = (
+        "_effects",
+        "current",
+        "definition",
+        "recursion_limit",
+        "state",
+        "transitions",
+    )
+
+    def __init__(
+        self,
+        definition: WorkflowDefinition[S],
+        state: S,
+        *,
+        recursion_limit: int,
+        phase: str | None = None,
+    ) -> None:
+        """Position the machine at the entry point, or at the halted *phase*."""
+        self.definition = definition
+        self.state = state
+        self.current = phase if phase is not None else definition.entry_point
+        self.recursion_limit = recursion_limit
+        self.transitions = 0
+        self._effects = Effects(
+            workflow=definition.name,
+            events=frozenset(definition.by_event) - {AUTO_EVENT},
         )
-        raise
-    if verdict is CONSUME:
-        return HookOutcome(state=state, consumed=True)
-    if isinstance(verdict, definition.state_type):
-        state, handled = verdict, True
-    else:
-        if _is_async_result(verdict):
-            raise InvalidActionResultError(
-                f"{type(state).__name__}.handle_event returned an awaitable; hooks are synchronous"
+
+    def start(self, event: EventLike) -> MachineStep:
+        """Run the entry point's entry actions (they see *event*), then decide.
+
+        Raises:
+            Exception: what a callback raised (the segment fails with it).
+        """
+        effects = self._effects
+        effects.open()
+        try:
+            entered = enter(self.definition, self.current, self.state, event, effects)
+        except BaseException:
+            effects.discard()
+            raise
+        self.state = cast("S", entered)
+        return self._arrived(effects.take())
+
+    def handle(self, event: EventLike) -> MachineStep:
+        """Handle an external event: the state's hook, then the transition.
+
+        Raises:
+            TransitionError: the event is unknown, not declared from the current state,
+                or the recursion limit is reached.
+            Exception: what a callback raised.
+        """
+        hook = apply_hook(self.definition, self.current, self.state, event)
+        self.state = cast("S", hook.state)
+        if hook.consumed:
+            return MachineStep(next="consumed", current=self.current)
+        return self._fire(event)
+
+    def resume(self, event: EventLike) -> MachineStep:
+        """Fire the resume event from the halted phase (the state's hook does not run).
+
+        Raises:
+            TransitionError: the event is not declared from the halted phase.
+            Exception: what a callback raised.
+        """
+        return self._fire(event)
+
+    def advance(self, event: EventLike) -> MachineStep:
+        """Fire the automatic transitions of the current state (after ``auto``); the
+        callbacks see *event*, whose type must be ``state_completed``.
+
+        Raises:
+            TransitionError: every automatic guard rejected, or the recursion limit.
+            Exception: what a callback raised.
+        """
+        return self._fire(event)
+
+    def _fire(self, event: EventLike) -> MachineStep:
+        if self.transitions >= self.recursion_limit:
+            raise TransitionError(
+                f"Recursion limit ({self.recursion_limit}) exceeded at state "
+                f"{self.current!r} of workflow {self.definition.name!r}"
             )
-        handled = bool(verdict)
-    if handled and event.type not in definition.events_from.get(current, ()):
-        return HookOutcome(state=state, consumed=True, handled=True)
-    return HookOutcome(state=state, handled=handled)
+        effects = self._effects
+        effects.open()
+        try:
+            fired = fire(self.definition, self.current, self.state, event, effects)
+        except BaseException:
+            effects.discard()
+            raise
+        if fired is None:
+            effects.discard()
+            return MachineStep(next="rejected", current=self.current)
+        self.state = cast("S", fired.state)
+        self.current = fired.transition.target
+        self.transitions += 1
+        return self._arrived(effects.take())
+
+    def _arrived(self, intents: tuple[Intent, ...]) -> MachineStep:
+        return MachineStep(
+            next=decide(self.definition, self.current),
+            intents=intents,
+            current=self.current,
+        )

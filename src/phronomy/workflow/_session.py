@@ -1,19 +1,15 @@
-"""The live workflow session: the dispatcher-side I/O adapter of the machine (spec §2.8)."""
+"""The live workflow session: carries out what the machine decides, on the dispatcher."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from phronomy.engine import Event, GatedSession
-from phronomy.errors import (
-    EventRejectedError,
-    RuntimeShutdownError,
-    TransitionError,
-)
+from phronomy.errors import EventRejectedError
 
-from . import _machine as machine
 from ._definition import AUTO_EVENT, FINISH, START_EVENT
-from ._effects import EFFECT_FAILED, Effects
+from ._effects import EFFECT_FAILED, EffectRunner
+from ._machine import WorkflowMachine
 from ._messages import SegmentResult, Step
 from ._state import State
 
@@ -23,6 +19,7 @@ if TYPE_CHECKING:
     from phronomy.engine import Host, TerminalPolicy, TerminalType
 
     from ._definition import WorkflowDefinition
+    from ._machine import MachineStep
 
 __all__ = ["WorkflowSession"]
 
@@ -32,9 +29,10 @@ S = TypeVar("S", bound=State)
 class WorkflowSession(GatedSession, Generic[S]):
     """One segment of one workflow instance, run on the dispatcher.
 
-    Fresh mode runs the entry point's entry actions, then the decision table; resume
+    Fresh mode runs the entry point's entry actions, then follows the machine; resume
     mode positions the machine at the halted phase and fires the resume event (the
-    entry point's actions do not run again).
+    entry point's actions do not run again). Automatic transitions run inline, in the
+    same dispatch, after the stable state before them was published.
     """
 
     def __init__(
@@ -68,98 +66,127 @@ class WorkflowSession(GatedSession, Generic[S]):
                 ``running`` in the store then).
         """
         super().__init__(engine, terminal_policy=policy)
+        self.machine = WorkflowMachine(
+            definition,
+            state,
+            recursion_limit=recursion_limit,
+            phase=resume[0] if resume is not None else None,
+        )
         self.definition = definition
-        self.state = state
         self.workflow_instance_id = workflow_instance_id
-        self.recursion_limit = recursion_limit
         self.revision = revision
         self.observer = observer
         self.resume = resume
-        self.current = resume[0] if resume is not None else definition.entry_point
         self.phase: str | None = resume[0] if resume is not None else None
-        self.steps = 0
-        self.effects = Effects(self)
+        self.effects = EffectRunner(
+            engine, self.sink.post, instance=workflow_instance_id
+        )
         self._on_park = on_park
+        self._auto = Event(type=AUTO_EVENT, target_id=self.id)
         self.parked = False
 
     def __repr__(self) -> str:
         return (
             f"<WorkflowSession {self.definition.name} instance={self.workflow_instance_id!r} "
-            f"at={self.current!r} {self.lifecycle}>"
+            f"at={self.machine.current!r} {self.lifecycle}>"
         )
+
+    @property
+    def state(self) -> S:
+        """The current state value."""
+        return self.machine.state
 
     # --- GatedSession hooks -------------------------------------------------------------
 
     def start(self) -> None:
-        """Run the entry actions (fresh) or fire the resume event, then advance.
+        """Run the entry actions (fresh) or fire the resume event, then carry on.
 
         A resume event that every guard rejects ends the segment at once with
         :class:`~phronomy.EventRejectedError`: nothing ran, nothing is saved, and the
         instance stays halted where it was.
         """
         try:
-            if self.resume is not None:
-                phase, event, payload = self.resume
-                if not self._fire(
-                    Event(type=event, target_id=self.id, payload=payload)
-                ):
-                    self.finish_with_error(self._rejected(phase, event))
-            else:
+            if self.resume is None:
                 start = Event(type=START_EVENT, target_id=self.id)
-                entered = machine.enter(
-                    self.definition, self.current, self.state, start, self.effects
-                )
-                self.state = cast("S", entered)
-                self._advance()
+                self._carry_out(self.machine.start(start))
+                return
+            phase, event, payload = self.resume
+            step = self.machine.resume(
+                Event(type=event, target_id=self.id, payload=payload)
+            )
+            if step.next == "rejected":
+                self.finish_with_error(self._rejected(phase, event))
+            else:
+                self._carry_out(step)
         except Exception as exc:  # noqa: BLE001 - the segment's failure, for its caller
             self.finish_with_error(exc)
 
     def handle_live(self, event: Event) -> None:
-        """Handle an event: the state's hook, then the transition (spec §2.8.3)."""
+        """Handle an event: an effect's failure fails the segment, others go to the
+        machine (the state's hook, then the transition)."""
         if event.type == EFFECT_FAILED:
             raise event.payload
-        if event.type != AUTO_EVENT:
-            hook = machine.apply_hook(self.definition, self.current, self.state, event)
-            self.state = cast("S", hook.state)
-            if hook.consumed:
-                return
-        self._fire(event)
+        self._carry_out(self.machine.handle(event))
 
     def finish_with_error(self, error: BaseException) -> None:
         """End the segment with *error*, noting which instance and state it ended in."""
         if not self.done and not isinstance(error, EventRejectedError):
             error.add_note(
                 f"phronomy: workflow {self.definition.name!r} instance "
-                f"{self.workflow_instance_id!r} failed at state {self.current!r}"
+                f"{self.workflow_instance_id!r} failed at state {self.machine.current!r}"
             )
         super().finish_with_error(error)
 
     def prepare_terminal(self, terminal_type: TerminalType) -> None:
         """Set the phase before any snapshot: FINISH, or the wait state's name."""
-        self.phase = FINISH if terminal_type == "finished" else self.current
+        self.phase = FINISH if terminal_type == "finished" else self.machine.current
 
     def terminal_value(self) -> tuple[S, str | None]:
         """What the terminal policy saves: the state and its phase."""
-        return self.state, self.phase
+        return self.machine.state, self.phase
 
     def terminal_result(self, revision: int | None) -> SegmentResult:
         """The state, phase and revision (the saved one, if any) for the caller."""
         assert self.phase is not None
         return SegmentResult(
-            state=self.state,
+            state=self.machine.state,
             phase=self.phase,
             revision=revision if revision is not None else self.revision,
         )
 
     def notify_terminal_stable(self) -> None:
         """Publish the halted (or declared-leaf) state once the terminal save succeeded."""
-        self._notify()
+        self._publish()
 
     def on_done(self) -> None:
         """Cancel the segment's effects."""
         self.effects.close()
 
-    # --- the machine loop -------------------------------------------------------------
+    # --- carrying out the machine's steps ------------------------------------------------
+
+    def _carry_out(self, step: MachineStep) -> None:
+        while True:
+            self.effects.launch(step.intents)
+            match step.next:
+                case "auto":
+                    self._publish()
+                    step = self.machine.advance(self._auto)
+                    continue
+                case "wait":
+                    self._publish()
+                    if not self.parked:
+                        self.parked = True
+                        if self._on_park is not None:
+                            self._on_park()
+                case "finish":
+                    self.request_terminal("finished", notify_stable=False)
+                case "halt":
+                    self.request_terminal("halted", notify_stable=True)
+                case "leaf":
+                    self.request_terminal("finished", notify_stable=True)
+                case "consumed" | "rejected":
+                    pass  # a live event the hook dropped or every guard rejected
+            return
 
     def _rejected(self, phase: str, event: str) -> EventRejectedError:
         where = (
@@ -176,58 +203,19 @@ class WorkflowSession(GatedSession, Generic[S]):
             revision=self.revision,
         )
 
-    def _fire(self, event: Event) -> bool:
-        """Fire *event*; ``False`` when every guard rejected it (nothing ran)."""
-        if self.steps >= self.recursion_limit:
-            raise TransitionError(f"Recursion limit ({self.recursion_limit}) exceeded")
-        fired = machine.fire(
-            self.definition, self.current, self.state, event, self.effects
-        )
-        if fired is None:
-            return False  # every guard rejected: no step consumed
-        self.state = cast("S", fired.state)
-        self.current = fired.transition.target
-        self.steps += 1
-        self._advance()
-        return True
-
-    def _advance(self) -> None:
-        decision: Literal["finish", "halt", "auto", "wait", "leaf"] = machine.decide(
-            self.definition, self.current
-        )
-        match decision:
-            case "finish":
-                self.request_terminal("finished", notify_stable=False)
-            case "halt":
-                self.request_terminal("halted", notify_stable=True)
-            case "auto":
-                self._notify()
-                if not self.sink.post(AUTO_EVENT):
-                    raise RuntimeShutdownError(
-                        f"the runtime rejected {AUTO_EVENT} for workflow instance "
-                        f"{self.workflow_instance_id!r}"
-                    )
-            case "wait":
-                self._notify()
-                if not self.parked:
-                    self.parked = True
-                    if self._on_park is not None:
-                        self._on_park()
-            case "leaf":
-                self.request_terminal("finished", notify_stable=True)
-
-    def _notify(self) -> None:
+    def _publish(self) -> None:
         if self.observer is None:
             return
+        current = self.machine.current
         step = Step(
-            name=self.current,
-            state=self.state,
+            name=current,
+            state=self.machine.state,
             workflow_instance_id=self.workflow_instance_id,
         )
         try:
             self.observer(step)
         except Exception as exc:
             exc.add_note(
-                f"phronomy: raised by the on_step observer at state {self.current!r}"
+                f"phronomy: raised by the on_step observer at state {current!r}"
             )
             raise

@@ -1,0 +1,207 @@
+"""Effects as intents: what an action asks to start, recorded without doing any I/O.
+
+The machine hands actions an :class:`Effects`; it only records requests. The session
+starts them once the transition's callbacks have all returned, so an action that
+raises after a request starts nothing.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, final
+
+import msgspec
+
+from phronomy.errors import InstanceStateError, InvalidInputError
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable, Callable
+
+__all__ = ["Effects", "Intent", "Offload", "Schedule", "StartSoon"]
+
+
+@final
+class StartSoon(msgspec.Struct, frozen=True, kw_only=True):
+    """Run ``await fn(*args)`` as a supervised trio task owned by the segment."""
+
+    fn: Any
+    args: tuple[Any, ...]
+    on_done: str
+    on_error: str | None
+
+
+@final
+class Offload(msgspec.Struct, frozen=True, kw_only=True):
+    """Run blocking ``fn(*args)`` in a worker thread (*pool*, or the default pool)."""
+
+    fn: Any
+    args: tuple[Any, ...]
+    on_done: str
+    on_error: str | None
+    pool: Any = None
+
+
+@final
+class Schedule(msgspec.Struct, frozen=True, kw_only=True):
+    """Post *event* with *payload* to the segment after *seconds*."""
+
+    seconds: float
+    event: str
+    payload: Any = None
+
+
+Intent = StartSoon | Offload | Schedule
+"""One effect an action asked for."""
+
+
+@final
+class Effects:
+    """Start work from an action and get its result back as an event.
+
+    An action that takes a third argument receives the segment's ``Effects``::
+
+        def start_payment(state, event, effects):
+            effects.offload(charge_card, state.card, on_done="charged", on_error="declined")
+
+    Requests take effect once the transition's callbacks have all returned (an action
+    that raises after a request starts nothing). The work is owned by the segment:
+    when the segment ends (halted, finished, failed or cut off at shutdown), trio work
+    is cancelled and pending timers are dropped; offloaded threads cannot be
+    interrupted, so their results are discarded and never reach a later segment of the
+    same instance. Shutdown still waits for those threads physically.
+
+    Effects can only be requested while the action that received them runs.
+    """
+
+    __slots__ = ("_events", "_open", "_requested", "_workflow")
+
+    def __init__(self, *, workflow: str, events: frozenset[str]) -> None:
+        """Create a closed recorder (the machine opens it around callbacks).
+
+        Args:
+            workflow: the workflow's name (for messages).
+            events: the event names the workflow declares.
+        """
+        self._workflow = workflow
+        self._events = events
+        self._requested: list[Intent] = []
+        self._open = False
+
+    def start_soon(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        *args: Any,
+        on_done: str,
+        on_error: str | None = None,
+    ) -> None:
+        """Run ``await fn(*args)`` as a supervised trio task.
+
+        Args:
+            fn: an async function (keyword arguments through ``functools.partial``).
+            *args: its positional arguments.
+            on_done: the event posted with the return value as payload.
+            on_error: the event posted with the exception as payload; without it, a
+                failure fails the segment.
+
+        Raises:
+            InstanceStateError: called outside the action that received the effects.
+            InvalidInputError: *fn* is not callable, or an event name is not one the
+                workflow declares.
+        """
+        self._record(
+            StartSoon(
+                fn=_callable(fn),
+                args=args,
+                on_done=self._event(on_done),
+                on_error=self._optional_event(on_error),
+            )
+        )
+
+    def offload(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        on_done: str,
+        on_error: str | None = None,
+        pool: Any = None,
+    ) -> None:
+        """Run blocking ``fn(*args)`` in a worker thread (the default pool unless *pool*).
+
+        A full pool fails the segment with :class:`~phronomy.BackpressureError`.
+
+        Raises:
+            InstanceStateError: called outside the action that received the effects.
+            InvalidInputError: *fn* is not callable, or an event name is not one the
+                workflow declares.
+        """
+        self._record(
+            Offload(
+                fn=_callable(fn),
+                args=args,
+                on_done=self._event(on_done),
+                on_error=self._optional_event(on_error),
+                pool=pool,
+            )
+        )
+
+    def schedule(self, seconds: float, event: str, payload: Any = None) -> None:
+        """Post *event* to this segment after *seconds* (dropped if the segment ended).
+
+        Raises:
+            InstanceStateError: called outside the action that received the effects.
+            InvalidInputError: a negative or non-numeric delay, or an event name the
+                workflow does not declare.
+        """
+        delay: object = seconds  # checked at run time: callers are not type-checked
+        if (
+            isinstance(delay, bool)
+            or not isinstance(delay, (int, float))
+            or not delay >= 0
+        ):
+            raise InvalidInputError(
+                f"effects.schedule() needs a delay >= 0 in seconds, not {seconds!r}"
+            )
+        self._record(
+            Schedule(seconds=float(seconds), event=self._event(event), payload=payload)
+        )
+
+    # --- the machine's side -------------------------------------------------------------
+
+    def open(self) -> None:
+        """Accept requests (the machine calls this before running callbacks)."""
+        self._open = True
+
+    def take(self) -> tuple[Intent, ...]:
+        """Close the recorder and return what was requested since :meth:`open`."""
+        self._open = False
+        requested, self._requested = tuple(self._requested), []
+        return requested
+
+    def discard(self) -> None:
+        """Close the recorder and forget the requests (a callback raised)."""
+        self._open = False
+        self._requested.clear()
+
+    def _event(self, name: Any) -> str:
+        if not isinstance(name, str) or name not in self._events:
+            raise InvalidInputError(
+                f"workflow {self._workflow!r} declares no event {name!r} for an effect "
+                f"to post (it declares {sorted(self._events)})"
+            )
+        return name
+
+    def _optional_event(self, name: Any) -> str | None:
+        return None if name is None else self._event(name)
+
+    def _record(self, intent: Intent) -> None:
+        if not self._open:
+            raise InstanceStateError(
+                "effects can only be requested while the action that received them "
+                "runs; start the work from an action instead"
+            )
+        self._requested.append(intent)
+
+
+def _callable(fn: Any) -> Any:
+    if not callable(fn):
+        raise InvalidInputError(f"effects need a callable, not {type(fn).__name__}")
+    return fn
