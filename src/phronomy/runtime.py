@@ -5,6 +5,7 @@ This module only composes the layers below it (engine, storage, workflow, agent)
 
 from __future__ import annotations
 
+import functools
 import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
@@ -17,7 +18,7 @@ from phronomy.durability import DurabilityService
 from phronomy.engine import open_engine
 from phronomy.errors import InvalidInputError
 from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
-from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowRunner
+from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowCoordinator
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator
@@ -54,16 +55,16 @@ class Runtime(WorkflowClient):
         self,
         engine: Engine,
         store: WorkflowStore | None,
-        runner: WorkflowRunner,
+        workflows: WorkflowCoordinator,
         coordinator: ExecutionCoordinator,
         *,
         recursion_limit: int,
     ) -> None:
         """Internal: use :func:`open_runtime`."""
-        super().__init__(runner, recursion_limit=recursion_limit)
+        super().__init__(workflows, recursion_limit=recursion_limit)
         self._engine = engine
         self._store = store
-        self._recovery = RecoveryClient(runner)
+        self._recovery = RecoveryClient(workflows)
         self._executions = Executions(coordinator)
         self._portal = ThreadPortal(self, engine.trio_token)
 
@@ -206,18 +207,26 @@ async def open_runtime(
                 gateway = DurabilityService(engine, store, queue_size=queue_size)
                 # a broken, foreign or read-only file is refused before anything runs
                 await gateway.open()
-            runner = WorkflowRunner(
-                engine, gateway, max_snapshot_bytes=max_snapshot_bytes
-            )
-            coordinator = ExecutionCoordinator(
-                engine,
-                pool=engine.pool(
-                    "phronomy.executions", size=pool_size, queue_size=queue_size
+            workflows = engine.receiver(
+                WorkflowCoordinator,
+                functools.partial(
+                    WorkflowCoordinator,
+                    gateway=gateway,
+                    max_snapshot_bytes=max_snapshot_bytes,
                 ),
-                gateway=gateway,
+            )
+            coordinator = engine.receiver(
+                ExecutionCoordinator,
+                functools.partial(
+                    ExecutionCoordinator,
+                    pool=engine.pool(
+                        "phronomy.executions", size=pool_size, queue_size=queue_size
+                    ),
+                    gateway=gateway,
+                ),
             )
             yield Runtime(
-                engine, store, runner, coordinator, recursion_limit=recursion_limit
+                engine, store, workflows, coordinator, recursion_limit=recursion_limit
             )
     finally:
         result = engines[0].shutdown_result if engines else None

@@ -12,6 +12,7 @@ import trio
 import trio.testing
 
 import phronomy
+from phronomy.agent import ExecutionCoordinator
 from phronomy.agent._messages import ExecutionRecord, StepResult
 from phronomy.agent._records import agent_key, record_request
 from phronomy.engine import ResultHandle
@@ -254,13 +255,15 @@ async def test_stale_step_results_are_dropped(runtime: phronomy.Runtime) -> None
         "stale", [lambda v: (gate.wait(5), "current")[1], lambda v: f"next:{v}"]
     )
     await _until(lambda: execution.owner() is not None)
-    registry = runtime.executions._registry
+    coordinator = runtime.engine.receiver(
+        ExecutionCoordinator, lambda engine: pytest.fail("it exists already")
+    )
     stale = StepResult(
         execution_id=execution.execution_id,
         step_id="stale-id",
         done=ResultHandle.completed("stale"),
     )
-    assert registry.post_message(stale)
+    assert coordinator.post_message(stale)
     await trio.testing.wait_all_tasks_blocked()  # the stale result was dispatched
     owner = execution.owner()
     assert owner is not None

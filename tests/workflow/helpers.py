@@ -101,7 +101,15 @@ async def until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
 
 
 def admission_state(runtime: phronomy.Runtime, iid: str) -> Any:
-    return runtime._runner.registry.state(iid)
+    """The status of the instance's live segment in *runtime*, or ``None``."""
+    segment = runtime.segment(iid)
+    return None if segment is None else segment.status
+
+
+def segment_id(runtime: phronomy.Runtime, iid: str) -> str | None:
+    """The id of the instance's live session, or ``None``."""
+    segment = runtime.segment(iid)
+    return None if segment is None else segment.segment_id
 
 
 async def start_live(

@@ -31,6 +31,7 @@ from .helpers import (
     guarded_flow,
     halting_flow,
     live_flow,
+    segment_id,
     start_live,
     until,
 )
@@ -350,7 +351,7 @@ async def test_stray_events_while_persisting_are_discarded(
     async with runtime_on(store) as rt:
         handle = rt.start(halting_flow(), workflow_instance_id="stray")
         await until(lambda: admission_state(rt, "stray") == "persisting_terminal")
-        session_id = rt._runner.registry.record("stray").session_id
+        session_id = segment_id(rt, "stray")
         assert session_id is not None
         assert rt.engine.post_nowait(Event(type="approve", target_id=session_id))
         await trio.sleep(0.02)
@@ -504,7 +505,8 @@ async def test_unknown_outcome_requires_recovery(
     flow = live_flow()
     async with runtime_on(store) as rt:
         handle = await start_live(rt, flow, "u")
-        owner = rt._runner.registry.owner("u")
+        running = segment_id(rt, "u")
+        assert running is not None
         if readback == "third-state":  # another writer created the row meanwhile
             inner.save(
                 SaveRequest(
@@ -521,10 +523,10 @@ async def test_unknown_outcome_requires_recovery(
         store.fail("save.before", OSError("connection reset"))
         rt.signal(flow, "u", "finish")
         await until(lambda: admission_state(rt, "u") == "recovery_required")
-        record = rt._runner.registry.record("u")
-        assert record is not None
-        assert record.owner is owner
-        assert record.session_id is None
+        segment = rt.segment("u")
+        assert segment is not None
+        assert segment.segment_id is None  # the session retired: nothing runs it
+        assert segment.error is not None
         assert not handle.done
         with pytest.raises(phronomy.BusyError, match="live execution segment"):
             await rt.invoke(flow, workflow_instance_id="u")
@@ -561,15 +563,10 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
         store.fail("save.before", OSError("reset")).fail(
             "readback.before", OSError("unreadable")
         )
-        pending = rt._resume(
+        pending = rt.start_event(
             flow,
-            halted,
             "approve",
-            workflow_instance_id=None,
-            payload=None,
-            input=None,
-            recursion_limit=None,
-            on_step=None,
+            halted=halted,
         )
         await until(lambda: admission_state(rt, "rr") == "recovery_required")
         reader = open_sqlite(path)  # another connection to the file
@@ -698,7 +695,7 @@ async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
     flow = live_flow()
     async with runtime_on(store) as rt:
         first = await start_live(rt, flow, "inc")
-        old_session = rt._runner.registry.record("inc").session_id
+        old_session = segment_id(rt, "inc")
         rt.signal(flow, "inc", "finish")
         assert (await first.result()).revision == 1
         second = await start_live(rt, flow, "inc")

@@ -13,9 +13,11 @@ from phronomy.workflow._definition import AUTO_EVENT, FINISH
 
 from .helpers import (
     Value,
+    admission_state,
     approval_flow,
     guarded_flow,
     live_flow,
+    segment_id,
     start_live,
     until,
 )
@@ -176,15 +178,10 @@ async def test_actions_see_events_targeted_at_their_session(
     halted = await runtime.invoke(flow)
     handle = runtime.start(flow)  # a second instance, left halted
     await handle.result()
-    resumed = runtime._resume(
+    resumed = runtime.start_event(
         flow,
-        halted,
         "approve",
-        workflow_instance_id=None,
-        payload=None,
-        input=None,
-        recursion_limit=None,
-        on_step=None,
+        halted=halted,
     )
     await until(
         lambda: runtime.signal(
@@ -312,7 +309,7 @@ async def test_signal_without_transition_from_the_current_state_fails(
     await until(lambda: runtime.signal(flow, "wf-34", "finish"))
     with pytest.raises(phronomy.TransitionError, match="Transition from 'state_a'"):
         await handle.result()
-    assert runtime._runner.registry.state("wf-34") is None
+    assert admission_state(runtime, "wf-34") is None
 
 
 async def test_guarded_signal_correlation(runtime: phronomy.Runtime) -> None:
@@ -386,8 +383,8 @@ async def test_unknown_event_posted_directly_fails_the_workflow(
     # scenario 135
     flow = live_flow()
     handle = runtime.start(flow, workflow_instance_id="direct")
-    await until(lambda: runtime._runner.registry.state("direct") == "executing")
-    session_id = runtime._runner.registry.record("direct").session_id
+    await until(lambda: admission_state(runtime, "direct") == "executing")
+    session_id = segment_id(runtime, "direct")
     assert session_id is not None
     runtime.engine.post_nowait(
         phronomy.engine.Event(type="nonsense", target_id=session_id)
@@ -410,7 +407,7 @@ async def test_automatic_guards_all_rejecting_fail_the_workflow(
         match="Transition from 's' via event 'state_completed' failed",
     ):
         await runtime.invoke(wf.build())
-    assert runtime._runner.registry.recovery_records() == []
+    assert await runtime.recovery.list() == []  # nothing was left recovery-required
 
 
 async def test_effects_offload_delivers_an_event(runtime: phronomy.Runtime) -> None:
@@ -491,7 +488,7 @@ async def test_observer_errors_reach_the_caller(runtime: phronomy.Runtime) -> No
     with pytest.raises(ValueError) as caught:
         await handle.result()
     assert caught.value is err
-    assert runtime._runner.registry.state("obs-43") is None
+    assert admission_state(runtime, "obs-43") is None
 
 
 async def test_stream_raises_the_segment_error_after_its_steps(

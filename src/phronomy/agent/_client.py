@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, final
 
@@ -40,6 +39,7 @@ from ._records import (
     stale_entry,
     written,
 )
+from ._steps import arity
 
 if TYPE_CHECKING:
     from phronomy.engine import HandleStatus
@@ -55,30 +55,6 @@ runs as a supervised trio task."""
 
 def _validate_agent_id(agent_id: object) -> str:
     return validate_instance_id(agent_id, what="agent_id")
-
-
-def _arity(step: Any, index: int) -> int:
-    if not callable(step):
-        raise DefinitionError(f"step {index} must be callable, got {step!r}")
-    try:
-        parameters = inspect.signature(step).parameters.values()
-    except (TypeError, ValueError):
-        return 1
-    if any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in parameters):
-        return 2
-    required = [
-        p
-        for p in parameters
-        if p.kind
-        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
-        and p.default is inspect.Parameter.empty
-    ]
-    if not 1 <= len(required) <= 2:
-        raise DefinitionError(
-            f"step {index} ({getattr(step, '__name__', step)!r}) must take (value) or (value, ctx); "
-            f"it requires {len(required)} arguments"
-        )
-    return len(required)
 
 
 @final
@@ -142,7 +118,7 @@ class ExecutionHandle:
         Cancellation:
             Safe: the execution is not affected.
         """
-        registry = self._executions._registry  # noqa: SLF001 - same package
+        live = self._executions._coordinator.live  # noqa: SLF001 - same package
         while True:
             owner = self.owner()
             if (
@@ -156,7 +132,7 @@ class ExecutionHandle:
                 raise InstanceStateError(
                     f"execution {self.execution_id!r} ended ({self.handle.status}) without asking for an approval"
                 )
-            await registry.wait_changed(self.execution_id)
+            await live.wait_changed(self.execution_id)
 
     def cancel(self, reason: str | None = None) -> bool:
         """See :meth:`Executions.cancel`."""
@@ -203,7 +179,6 @@ class Executions:
     def __init__(self, coordinator: ExecutionCoordinator) -> None:
         """Internal: reached as ``runtime.executions``."""
         self._coordinator = coordinator
-        self._registry = coordinator.registry
 
     def start(
         self,
@@ -241,7 +216,7 @@ class Executions:
         step_list = list(steps)
         if not step_list:
             raise DefinitionError("an execution needs at least one step")
-        arities = tuple(_arity(step, i) for i, step in enumerate(step_list))
+        arities = tuple(arity(step, i) for i, step in enumerate(step_list))
         if deadline is not None and not isinstance(deadline, (int, float)):
             raise InvalidInputError(
                 f"deadline must be a trio time (float), got {deadline!r}"
@@ -260,13 +235,15 @@ class Executions:
             caller=caller,
             deadline=float(deadline) if deadline is not None else None,
         )
-        if not self._registry.post_message(command, admission=True, completion=caller):
+        if not self._coordinator.post_message(
+            command, admission=True, completion=caller
+        ):
             caller.fail(
                 RuntimeShutdownError(
                     "Runtime rejected the execution start while shutting down"
                 )
             )
-        caller.on_complete(lambda _: self._registry.notify(execution_id))
+        caller.on_complete(lambda _: self._coordinator.live.notify(execution_id))
         return ExecutionHandle(self, execution_id, key, caller)
 
     async def run(
@@ -282,11 +259,11 @@ class Executions:
 
     def owner(self, execution_id: str) -> ExecutionOwner | None:
         """A read-only view of a live execution, or ``None``."""
-        return self._registry.owner(execution_id)
+        return self._coordinator.live.owner(execution_id)
 
     def is_admitted(self, agent_id: str | None) -> bool:
         """Whether the key has a nonterminal execution in this runtime."""
-        return self._registry.agent_execution_admitted(agent_id)
+        return bool(agent_id) and agent_id in self._coordinator.admissions
 
     def approve(self, execution_id: str, response: Any = None) -> None:
         """Approve a suspended execution; the next step receives an :class:`Approval`.
@@ -316,13 +293,13 @@ class Executions:
             ReentrancyError: called from a thread that does not run the runtime.
         """
         self._coordinator.engine.check_thread("runtime.executions.cancel()")
-        entry = self._registry.owner(execution_id)
+        entry = self._coordinator.live.owner(execution_id)
         if entry is None or entry.status not in ("executing", "suspended"):
             return False
         message = f"execution {execution_id!r} cancelled" + (
             f": {reason}" if reason else ""
         )
-        return self._registry.post_message(
+        return self._coordinator.post_message(
             CancelExecution(execution_id=execution_id, error=CancellationError(message))
         )
 
@@ -397,7 +374,9 @@ class Executions:
         Cancellation:
             Safe: nothing is changed.
         """
-        local = set(self._registry.recovery_keys())
+        local = {
+            a.key for a in self._coordinator.admissions.in_state("recovery_required")
+        }
         service = self._coordinator.gateway
         found: dict[str, StaleExecution] = {}
         if service is not None:
@@ -413,7 +392,7 @@ class Executions:
                     )
                     if entry is not None and (
                         entry.agent_id in local
-                        or not self._registry.agent_execution_admitted(entry.agent_id)
+                        or entry.agent_id not in self._coordinator.admissions
                     ):
                         found[entry.agent_id] = entry
         for key in local:
@@ -452,7 +431,7 @@ class Executions:
         key = _validate_agent_id(agent_id)
         if action not in ("adopt", "release"):
             raise ValueError(f"action must be 'adopt' or 'release', got {action!r}")
-        admission = self._registry.admission(key)
+        admission = self._coordinator.admissions.get(key)
         if admission is not None and admission.state != "recovery_required":
             raise BusyError(
                 f"Agent {key!r} has a live execution in this runtime ({admission.state}); "
@@ -466,7 +445,7 @@ class Executions:
         self, key: str, action: Literal["adopt", "release"]
     ) -> ExecutionRecord | None:
         done: ResultHandle[bool] = ResultHandle(f"resolve:{key}")
-        if not self._registry.post_message(
+        if not self._coordinator.post_message(
             ResolveExecution(agent_id=key, done=done), completion=done
         ):
             raise RuntimeShutdownError(
@@ -504,7 +483,7 @@ class Executions:
         self._coordinator.engine.check_thread(
             f"runtime.executions.{'approve' if approved else 'reject'}()"
         )
-        view = self._registry.owner(execution_id)
+        view = self._coordinator.live.owner(execution_id)
         if view is None:
             raise NotFoundError(f"no live execution {execution_id!r} in this runtime")
         if view.status != "suspended":
@@ -514,7 +493,7 @@ class Executions:
         decision = ApprovalDecision(
             execution_id=execution_id, approved=approved, response=response
         )
-        if not self._registry.post_message(decision):
+        if not self._coordinator.post_message(decision):
             raise RuntimeShutdownError(
                 "Runtime rejected the approval decision while shutting down"
             )

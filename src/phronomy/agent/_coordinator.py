@@ -1,16 +1,20 @@
-"""The coordinator of supervised executions: every decision is made on the dispatcher."""
+"""The coordinator of supervised executions: the engine's receiver for them.
+
+It owns the admission table (one nonterminal top-level execution per agent key) and
+the live executions, asks the :class:`ExecutionMachine` what each event means, and
+carries that out: running steps, writing durable records, settling callers.
+"""
 
 from __future__ import annotations
 
-import inspect
 import logging
 from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 import trio
 
-from phronomy.durability import mark_op, save_outcome
-from phronomy.engine import random_hex
+from phronomy.durability import save_outcome
+from phronomy.engine import AdmissionTable, ExecutionReceiver, random_hex
 from phronomy.errors import (
     BusyError,
     CancellationError,
@@ -21,23 +25,17 @@ from phronomy.errors import (
     RecoveryRequiredError,
     RuntimeShutdownError,
 )
-from phronomy.storage import (
-    LoadOp,
-    SaveOp,
-    check_not_quarantined,
-    quarantine,
-)
 
 from ._context import StepContext
+from ._durable import ExecutionRecords
+from ._live import LiveExecutions
+from ._machine import ExecutionMachine, RunStep, Terminate
 from ._messages import (
     ActiveStep,
-    Approval,
     ApprovalDecision,
-    ApprovalRequest,
     CancelExecution,
     DurableStarted,
     ExecutionEntry,
-    ExecutionRecord,
     ExecutionResult,
     PhysicalCompletion,
     RecordLoaded,
@@ -46,79 +44,135 @@ from ._messages import (
     StepResult,
     TerminalSaved,
 )
-from ._records import agent_key, decode_record, record_request
-from ._registry import AgentRegistry
+from ._records import (
+    RESOLVE_HINT,
+    agent_key,
+)
+from ._steps import call_sync_step, is_async
 
 if TYPE_CHECKING:
     import outcome
 
     from phronomy.durability import DurabilityService
-    from phronomy.engine import Engine, OffloadPool, ResultHandle
-    from phronomy.storage import StoredRecord
+    from phronomy.engine import Admission, Host, OffloadPool, ResultHandle
+
+    from ._machine import Action
 
 __all__ = ["ExecutionCoordinator"]
 
 logger = logging.getLogger(__name__)
 
-_RESOLVE_HINT = (
-    "runtime.executions.resolve({agent!r}, action='release') or "
-    "`python -m phronomy executions resolve --db FILE {agent} release`"
+_BUSY = frozenset({"admitting", "executing", "cancelling", "terminalizing"})
+_MARKABLE = frozenset(
+    {"executing", "suspended", "cancelling", "terminalizing", "recovery_required"}
 )
 
 
-@final
-class ExecutionCoordinator:
-    """Runs supervised executions; one per runtime.
+def _busy(current: Admission) -> BusyError:
+    hint = (
+        "; resolve it with " + RESOLVE_HINT.format(agent=current.key)
+        if current.state == "recovery_required"
+        else ""
+    )
+    return BusyError(
+        f"Agent {current.key!r} already has a nonterminal top-level execution "
+        f"({current.state}){hint}"
+    )
 
-    Steps run one after another. A sync step runs in a worker thread of the
-    ``phronomy.executions`` pool; an ``async def`` step runs as a supervised trio task.
-    Each step run has a semantic ``step_id``; its result is applied only while it is
-    still the execution's current step, so late results after a cancellation never
-    change live state.
+
+@final
+class ExecutionCoordinator(ExecutionReceiver):
+    """Runs supervised executions; one per runtime, registered as a receiver.
+
+    A sync step runs in a worker thread of the ``phronomy.executions`` pool; an
+    ``async def`` step runs as a supervised trio task. Suspended and recovery-required
+    executions do not keep the runtime busy; in-flight work and deferred terminals do.
+    At most ``pool_size + queue_size`` of the pool's executions are busy at once (their
+    steps then never meet a full pool); a start beyond that is refused with
+    :class:`~phronomy.BackpressureError` before it touches anything.
     """
 
     def __init__(
-        self,
-        engine: Engine,
-        *,
-        pool: OffloadPool,
-        gateway: DurabilityService | None,
+        self, engine: Host, *, pool: OffloadPool, gateway: DurabilityService | None
     ) -> None:
-        """Create the coordinator and register its registry on *engine*.
-
-        At most ``pool_size + queue_size`` of *pool* executions are busy at once (their
-        steps then never meet a full pool); a start beyond that is refused with
-        :class:`~phronomy.BackpressureError` before it touches anything.
-        """
-        self.engine = engine
+        """Create the coordinator (register it with ``engine.receiver``)."""
+        super().__init__(engine)
         self.pool = pool
         self.gateway = gateway
-        self.registry: AgentRegistry = engine.receiver(
-            AgentRegistry,
-            lambda e: AgentRegistry(
-                e,
-                self.deliver,
-                capacity=pool.capacity,
-                cut_off=self._cut_off,
-                flush=gateway.wait_idle if gateway is not None else None,
-            ),
+        self.records = ExecutionRecords(gateway) if gateway is not None else None
+        self.machine = ExecutionMachine()
+        self.admissions = AdmissionTable(
+            noun="agent",
+            busy_states=_BUSY,
+            markable=_MARKABLE,
+            busy_error=_busy,
+            capacity=pool.capacity,
         )
+        self.live = LiveExecutions(self.post_message)
 
-    def deliver(self, message: object) -> None:
+    # --- the receiver contract ---------------------------------------------------------
+
+    def idle(self) -> bool:
+        """No supervised work, no deferred terminal, no busy admission."""
+        return not self.live.busy and not self.admissions.busy
+
+    def deliver(self, message: Any) -> None:
         """Handle one execution command (dispatcher only); never fails the dispatcher."""
-        self.engine.assert_dispatcher()
+        self.assert_dispatcher()
         try:
             self._handle(message)
         except Exception as exc:  # a coordinator bug must not take the runtime down
             logger.exception("execution command %s failed", type(message).__name__)
             execution_id = getattr(message, "execution_id", None)
-            entry = self.registry.entry(execution_id) if execution_id else None
+            entry = self.live.entry(execution_id) if execution_id else None
             if entry is not None and not entry.caller.done:
                 entry.caller.fail(
                     PhronomyInternalError(
                         f"execution {execution_id!r} failed internally: {exc!r}"
                     )
                 )
+
+    def shutdown(self, error: BaseException | None) -> None:
+        """Fail every remaining caller (``RuntimeShutdownError`` on a clean stop)."""
+        for entry in self.live:
+            if entry.deadline_timer is not None:
+                entry.deadline_timer.cancel()
+            if entry.caller.done:
+                continue
+            if error is not None:
+                entry.caller.fail(error)
+                continue
+            record = (
+                ""
+                if self.records is None
+                else self.records.close_cut_off(
+                    entry, self.live.quiescent(entry.execution_id)
+                )
+            )
+            entry.caller.fail(
+                RuntimeShutdownError(
+                    f"execution {entry.execution_id!r} of agent {entry.agent_id!r} was "
+                    f"cut off when the runtime shut down ({entry.status}); it cannot "
+                    f"continue.{record} Start the agent again to run it anew."
+                )
+            )
+        self.admissions.clear()
+        self.live.clear()
+
+    async def flush(self) -> None:
+        """Wait for the store writes the executions owe (abandoned records)."""
+        if self.gateway is not None:
+            await self.gateway.wait_idle()
+        else:
+            await super().flush()
+
+    def describe_live(self) -> list[str]:
+        """Describe busy executions (for the shutdown report)."""
+        return [
+            f"execution {e.execution_id} of agent {e.agent_id} ({e.status})"
+            for e in self.live
+            if self.admissions.state(e.agent_id) in _BUSY
+        ]
 
     def _handle(self, message: object) -> None:
         match message:
@@ -129,15 +183,20 @@ class ExecutionCoordinator:
             case DurableStarted():
                 self._durable_started(message)
             case ResolveExecution():
-                message.done.complete(self.registry.resolve(message.agent_id))
+                message.done.complete(self._resolve(message.agent_id))
             case StepResult():
                 self._step_done(message)
             case ApprovalDecision():
-                self._decide(message)
+                self._apply(
+                    message.execution_id,
+                    lambda e: self.machine.decided(
+                        e, approved=message.approved, response=message.response
+                    ),
+                )
             case CancelExecution():
                 self._cancel(message.execution_id, message.error)
             case PhysicalCompletion():
-                self.registry.physically_complete(message.execution_id, message.token)
+                self.live.physically_complete(message.execution_id, message.token)
             case TerminalSaved():
                 self._terminal_saved(message)
             case _:
@@ -147,53 +206,48 @@ class ExecutionCoordinator:
 
     def _start(self, cmd: StartExecution) -> None:
         try:
-            self.registry.admit_agent_execution(cmd.agent_id, cmd.owner)
+            self.admit()
+            self.admissions.admit(cmd.agent_id, cmd.owner)
         except Exception as exc:  # noqa: BLE001 - the caller's error (busy, full, closing)
             cmd.caller.fail(exc)
             return
-        if self.gateway is None:
+        if self.records is None:
             self._run(cmd, durable_revision=None)
             return
-        self.gateway.submit(
-            LoadOp(workflow_instance_id=agent_key(cmd.agent_id)),
+        self.records.load(
+            cmd.agent_id,
             lambda loaded: self._post(RecordLoaded(command=cmd, loaded=loaded), cmd),
-            finish=decode_record,
         )
 
     def _post(self, message: object, cmd: StartExecution) -> None:
-        if not self.registry.post_message(message, completion=cmd.caller):
+        if not self.post_message(message, completion=cmd.caller):
             cmd.caller.fail(
                 RuntimeShutdownError(
-                    "Runtime rejected the execution start while shutting down"
+                    f"the runtime shut down while agent {cmd.agent_id!r} was starting"
                 )
             )
 
     def _refuse(self, cmd: StartExecution, error: BaseException) -> None:
         """A start refused before it wrote anything: the key is free again."""
-        self.registry.release_agent_execution_admission(cmd.agent_id, owner=cmd.owner)
+        self.admissions.release(cmd.agent_id, owner=cmd.owner)
         cmd.caller.fail(error)
 
     def _record_loaded(self, message: RecordLoaded) -> None:
         cmd = message.command
-        assert self.gateway is not None
-        agent = cmd.agent_id
+        assert self.records is not None
         try:
             row, current = message.loaded.unwrap()
-            check_not_quarantined(self.gateway.store.identity, agent_key(agent))
-            request = record_request(
-                agent,
-                ExecutionRecord(execution_id=cmd.execution_id, status="active"),
-                _startable(agent, row, current),
+            self.records.write_active(
+                cmd.agent_id,
+                cmd.execution_id,
+                row,
+                current,
+                lambda saved: self._post(
+                    DurableStarted(command=cmd, saved=save_outcome(saved)), cmd
+                ),
             )
         except Exception as exc:  # noqa: BLE001 - refused before anything was written
             self._refuse(cmd, exc)
-            return
-        self.gateway.submit(
-            SaveOp(request=request),
-            lambda saved: self._post(
-                DurableStarted(command=cmd, saved=save_outcome(saved)), cmd
-            ),
-        )
 
     def _durable_started(self, message: DurableStarted) -> None:
         cmd, result = message.command, message.saved
@@ -209,71 +263,25 @@ class ExecutionCoordinator:
                 error = busy
             self._refuse(cmd, error)
         else:  # the active record may exist: fail closed until resolved
-            self.registry.mark_agent_admission_recovery_required(
-                cmd.agent_id, cmd.owner
-            )
+            self.admissions.mark(cmd.agent_id, "recovery_required", owner=cmd.owner)
             self._mark_recovery_required(cmd.agent_id, result.error)
             cmd.caller.fail(
                 RecoveryRequiredError(
                     f"the durable start of agent {cmd.agent_id!r} has an unknown outcome "
                     f"({result.error!r}); the key is refused until it is resolved with "
-                    + _RESOLVE_HINT.format(agent=cmd.agent_id),
+                    + RESOLVE_HINT.format(agent=cmd.agent_id),
                     instance_id=agent_key(cmd.agent_id),
                 )
             )
 
-    def _cut_off(self, entry: ExecutionEntry, quiescent: bool) -> str:
-        """The runtime shuts down with *entry* live: close its durable record if honest."""
-        if self.gateway is None or entry.durable_revision is None:
-            return ""
-        if not quiescent or entry.status == "recovery_required":
-            return (
-                " Its durable record stays active (work it started was still running, "
-                "or its outcome is unknown): runtime.executions.stale() lists it and "
-                + _RESOLVE_HINT.format(agent=entry.agent_id)
-                + " releases it."
-            )
-        record = ExecutionRecord(
-            execution_id=entry.execution_id,
-            status="abandoned",
-            steps_completed=entry.index,
-            error=f"cut off when the runtime shut down ({entry.status})",
-        )
-        self.gateway.submit_quietly(
-            SaveOp(
-                request=record_request(entry.agent_id, record, entry.durable_revision)
-            ),
-            f"close the record of execution {entry.execution_id!r} as abandoned",
-        )
-        return " Its durable record is closed as abandoned, so the key can start again."
-
-    def _mark_recovery_required(
-        self, agent_id: str, error: BaseException | None
-    ) -> None:
-        if self.gateway is not None:
-            quarantine(
-                self.gateway.store.identity,
-                agent_key(agent_id),
-                f"the outcome of a write is unknown: {error!r}",
-            )
-            self.gateway.submit_quietly(
-                mark_op(
-                    agent_key(agent_id),
-                    "recovery_required",
-                    expected_revision=None,
-                    detail=f"the outcome of a write is unknown: {error!r}",
-                ),
-                f"mark agent {agent_id!r} recovery_required",
-            )
-
     def _run(self, cmd: StartExecution, *, durable_revision: int | None) -> None:
         try:
-            self.registry.bind_agent_execution_admission(
-                cmd.agent_id, cmd.owner, cmd.execution_id
-            )
+            self.admissions.bind(cmd.agent_id, cmd.owner, cmd.execution_id)
             timer = None
             if cmd.deadline is not None:
-                error = _deadline_error(cmd.execution_id)
+                error = DeadlineExceededError(
+                    f"execution {cmd.execution_id!r} passed its deadline"
+                )
                 timer = self.engine.timers.schedule(
                     cmd.deadline - trio.current_time(),
                     lambda: self._cancel(cmd.execution_id, error),
@@ -291,61 +299,68 @@ class ExecutionCoordinator:
                 durable_revision=durable_revision,
                 deadline_timer=timer,
             )
-            self.registry.install(entry)
+            self.live.install(entry)
         except Exception as exc:  # noqa: BLE001 - the caller's error
-            self.registry.release_agent_execution_admission(
-                cmd.agent_id, owner=cmd.owner
-            )
+            self.admissions.release(cmd.agent_id, owner=cmd.owner)
             cmd.caller.fail(exc)
             return
-        self._next_step(entry)
+        self._carry_out(*self.machine.next_step(entry))
 
-    # --- steps -------------------------------------------------------------------------
+    # --- carrying out the machine's actions ------------------------------------------
 
-    def _next_step(self, entry: ExecutionEntry) -> None:
-        if entry.index >= len(entry.steps):
-            self._terminate(
-                entry,
-                ExecutionResult(
-                    execution_id=entry.execution_id,
-                    agent_id=entry.agent_id,
-                    status="completed",
-                    value=entry.value,
-                ),
+    def _apply(self, execution_id: str, decide: Any) -> None:
+        entry = self.live.entry(execution_id)
+        if entry is not None:
+            self._carry_out(*decide(entry))
+
+    def _carry_out(self, entry: ExecutionEntry, action: Action) -> None:
+        match action:
+            case RunStep():
+                self._start_step(entry, action.index)
+            case Terminate():
+                self._terminate(entry, action.outcome)
+            case _:
+                if self.live.entry(entry.execution_id) is not entry:
+                    self._replace(entry)  # suspended, or unchanged
+                logger.debug("execution %s: %s", entry.execution_id, action)
+
+    def _replace(self, entry: ExecutionEntry) -> None:
+        if entry.status in _MARKABLE:
+            self.admissions.mark(
+                entry.agent_id, entry.status, holder=entry.execution_id
             )
-            return
-        fn = entry.steps[entry.index]
-        step_id = f"{entry.execution_id}:{entry.index}:{random_hex()[:12]}"
+        self.live.replace(entry)
+
+    def _start_step(self, entry: ExecutionEntry, index: int) -> None:
+        fn = entry.steps[index]
+        step_id = f"{entry.execution_id}:{index}:{random_hex()[:12]}"
         ctx = StepContext(
             execution_id=entry.execution_id,
             agent_id=entry.agent_id,
-            step_index=entry.index,
+            step_index=index,
             step_id=step_id,
             pool=self.pool,
         )
-        args = (entry.value,) if entry.arities[entry.index] == 1 else (entry.value, ctx)
+        args = (entry.value,) if entry.arities[index] == 1 else (entry.value, ctx)
         try:
-            if _is_async(fn):
+            if is_async(fn):
                 handle: ResultHandle[Any] = ctx.track(
                     self.engine.start_task(fn, *args, name=f"step:{step_id}")
                 )
             else:
-                handle = self.pool.submit_nowait(_call_sync_step, fn, args)
+                handle = self.pool.submit_nowait(call_sync_step, fn, args)
         except Exception as exc:  # noqa: BLE001 - e.g. the pool's queue is full
             self._terminate(entry, exc)
             return
-        self.registry.supervise(entry.execution_id, handle)
-        self.registry.replace(
-            msgspec.structs.replace(
-                entry, active=ActiveStep(step_id=step_id, handle=handle)
-            )
-        )
+        self.live.supervise(entry.execution_id, handle)
+        active = ActiveStep(step_id=step_id, handle=handle)
+        self._replace(msgspec.structs.replace(entry, active=active))
         message = StepResult(
             execution_id=entry.execution_id, step_id=step_id, done=handle
         )
 
         def finished(_: ResultHandle[Any]) -> None:
-            if not self.registry.post_message(message):
+            if not self.post_message(message):
                 logger.debug(
                     "step %s finished after shutdown; its result is dropped", step_id
                 )
@@ -353,130 +368,42 @@ class ExecutionCoordinator:
         handle.on_complete(finished)
 
     def _step_done(self, message: StepResult) -> None:
-        entry = self.registry.entry(message.execution_id)
-        if (
-            entry is None
-            or entry.status != "executing"
-            or entry.active is None
-            or entry.active.step_id != message.step_id
-        ):
-            logger.debug("dropping a stale step result %s", message.step_id)
-            return
         done = message.done
-        entry = msgspec.structs.replace(entry, active=None)
-        if done.status != "completed":
-            self._terminate(entry, done.error or PhronomyError("step failed"))
-            return
-        value = done.result_nowait()
-        if isinstance(value, ApprovalRequest):
-            self.registry.mark_agent_execution_admission(
-                entry.agent_id, entry.execution_id, "suspended"
-            )
-            self.registry.replace(
-                msgspec.structs.replace(
-                    entry, status="suspended", pending_approval=value
-                )
-            )
-            return
-        entry = msgspec.structs.replace(entry, index=entry.index + 1, value=value)
-        self.registry.replace(entry)
-        self._next_step(entry)
-
-    def _decide(self, decision: ApprovalDecision) -> None:
-        entry = self.registry.entry(decision.execution_id)
-        if (
-            entry is None
-            or entry.status != "suspended"
-            or entry.pending_approval is None
-        ):
-            logger.debug(
-                "dropping an approval decision for %s (not suspended)",
-                decision.execution_id,
-            )
-            return
-        if not decision.approved:
-            self._terminate(
-                entry,
-                ExecutionResult(
-                    execution_id=entry.execution_id,
-                    agent_id=entry.agent_id,
-                    status="rejected",
-                    rejection=decision.response,
-                ),
-            )
-            return
-        self.registry.mark_agent_execution_admission(
-            entry.agent_id, entry.execution_id, "resuming"
+        if done.status == "completed":
+            value, error = done.result_nowait(), None
+        else:
+            value, error = None, done.error or PhronomyError("step failed")
+        self._apply(
+            message.execution_id,
+            lambda e: self.machine.step_finished(
+                e, message.step_id, value=value, error=error
+            ),
         )
-        approval = Approval(request=entry.pending_approval, response=decision.response)
-        entry = msgspec.structs.replace(
-            entry,
-            status="executing",
-            pending_approval=None,
-            index=entry.index + 1,
-            value=approval,
-        )
-        self.registry.replace(entry)
-        self.registry.mark_agent_execution_admission(
-            entry.agent_id, entry.execution_id, "executing"
-        )
-        self._next_step(entry)
-
-    # --- cancellation and terminals ----------------------------------------------------------
 
     def _cancel(self, execution_id: str, error: BaseException) -> None:
-        entry = self.registry.entry(execution_id)
-        if entry is None or entry.status not in ("executing", "suspended"):
+        entry = self.live.entry(execution_id)
+        if entry is None:
             return
-        # Result authority is revoked now: the active step's result will be stale.
-        if entry.active is not None:
-            entry.active.handle.cancel(
-                error
-            )  # cancels a trio step; a thread keeps running
-        entry = msgspec.structs.replace(
-            entry, status="cancelling", active=None, pending_approval=None
-        )
-        self.registry.mark_agent_execution_admission(
-            entry.agent_id, execution_id, "cancelling"
-        )
-        self.registry.replace(entry)
-        self._terminate(entry, error)
+        revoked, action = self.machine.cancelled(entry, error)
+        if isinstance(action, Terminate) and entry.active is not None:
+            entry.active.handle.cancel(error)  # cancels a trio step; a thread runs on
+        self._carry_out(revoked, action)
 
-    def _terminate(
-        self, entry: ExecutionEntry, outcome: ExecutionResult | BaseException
-    ) -> None:
+    def _terminate(self, entry: ExecutionEntry, outcome: Any) -> None:
         if entry.deadline_timer is not None:
             entry.deadline_timer.cancel()
-        entry = msgspec.structs.replace(
-            entry, status="terminalizing", terminal=outcome, deadline_timer=None
-        )
-        self.registry.mark_agent_execution_admission(
-            entry.agent_id, entry.execution_id, "terminalizing"
-        )
-        self.registry.replace(entry)
+        entry = self.machine.terminalizing(entry, outcome)
+        self._replace(entry)
         # Nothing is reported before everything the execution started has finished.
-        terminal = entry
-        self.registry.defer_terminal_until_quiescent(
-            entry.execution_id, lambda: self._record_terminal(terminal)
+        self.live.defer_terminal_until_quiescent(
+            entry.execution_id, lambda: self._record_terminal(entry)
         )
 
+    # --- terminal records -----------------------------------------------------------
+
     def _record_terminal(self, entry: ExecutionEntry) -> None:
-        terminal = entry.terminal
-        if self.gateway is None or entry.durable_revision is None:
+        if self.records is None or entry.durable_revision is None:
             self._finish(entry)
-            return
-        record = ExecutionRecord(
-            execution_id=entry.execution_id,
-            status=_terminal_status(terminal),
-            steps_completed=entry.index,
-            error=None
-            if isinstance(terminal, ExecutionResult)
-            else f"{type(terminal).__name__}: {terminal}",
-        )
-        try:
-            request = record_request(entry.agent_id, record, entry.durable_revision)
-        except Exception as exc:  # noqa: BLE001 - nothing was written
-            self._finish(entry, save_error=exc)
             return
         execution_id = entry.execution_id
 
@@ -484,16 +411,19 @@ class ExecutionCoordinator:
             message = TerminalSaved(
                 execution_id=execution_id, saved=save_outcome(saved)
             )
-            if not self.registry.post_message(message):
+            if not self.post_message(message):
                 logger.warning(
                     "the terminal record of execution %r came back after shutdown",
                     execution_id,
                 )
 
-        self.gateway.submit(SaveOp(request=request), back)
+        try:
+            self.records.write_terminal(entry, back)
+        except Exception as exc:  # noqa: BLE001 - nothing was written
+            self._finish(entry, save_error=exc)
 
     def _terminal_saved(self, message: TerminalSaved) -> None:
-        entry = self.registry.entry(message.execution_id)
+        entry = self.live.entry(message.execution_id)
         if entry is None:
             return
         result = message.saved
@@ -503,30 +433,23 @@ class ExecutionCoordinator:
             self._finish(entry, save_error=result.error)
         else:
             # Uncertain terminal durability: stay nonterminal, keep the caller pending.
-            self.registry.mark_agent_execution_admission(
-                entry.agent_id, entry.execution_id, "recovery_required"
-            )
-            self.registry.replace(
-                msgspec.structs.replace(entry, status="recovery_required")
-            )
+            self._replace(msgspec.structs.replace(entry, status="recovery_required"))
             self._mark_recovery_required(entry.agent_id, result.error)
             logger.warning(
-                "the terminal record of execution %r (agent %r) has an unknown outcome (%r); "
-                "the execution requires recovery and its caller stays pending until it "
-                "is resolved with %s",
+                "the terminal record of execution %r (agent %r) has an unknown outcome "
+                "(%r); the execution requires recovery and its caller stays pending "
+                "until it is resolved with %s",
                 entry.execution_id,
                 entry.agent_id,
                 result.error,
-                _RESOLVE_HINT.format(agent=entry.agent_id),
+                RESOLVE_HINT.format(agent=entry.agent_id),
             )
 
     def _finish(
         self, entry: ExecutionEntry, *, save_error: BaseException | None = None
     ) -> None:
-        self.registry.release_agent_execution_admission(
-            entry.agent_id, execution_id=entry.execution_id
-        )
-        self.registry.remove(entry.execution_id)
+        self.admissions.release(entry.agent_id, holder=entry.execution_id)
+        self.live.remove(entry.execution_id)
         outcome = entry.terminal
         if save_error is not None:
             entry.caller.fail(save_error)
@@ -537,54 +460,28 @@ class ExecutionCoordinator:
         else:
             entry.caller.fail(outcome)
 
+    def _mark_recovery_required(
+        self, agent_id: str, error: BaseException | None
+    ) -> None:
+        if self.records is not None:
+            self.records.mark_recovery_required(agent_id, error)
 
-def _startable(
-    agent_id: str, row: StoredRecord | None, current: ExecutionRecord | None
-) -> int | None:
-    """The revision a new ``active`` record replaces, or raise if the key is taken.
-
-    Raises:
-        RecoveryRequiredError: the stored record requires recovery.
-        BusyError: the stored record says an execution is active.
-    """
-    if row is not None and row.status == "recovery_required":
-        raise RecoveryRequiredError(
-            f"the durable record of agent {agent_id!r} requires recovery "
-            f"({row.detail or 'the outcome of a write is unknown'}); resolve it with "
-            + _RESOLVE_HINT.format(agent=agent_id),
-            instance_id=agent_key(agent_id),
-        )
-    if current is not None and current.status == "active":
-        raise BusyError(
-            f"Agent {agent_id!r} already has a nonterminal top-level execution "
-            f"({current.execution_id!r} is active in the store: it runs in another "
-            "process, or its runtime stopped before it ended). If it is stale, list it "
-            "with runtime.executions.stale() and release it with "
-            + _RESOLVE_HINT.format(agent=agent_id)
-        )
-    return row.revision if row is not None and row.revision > 0 else None
-
-
-def _is_async(fn: Any) -> bool:
-    """``async def`` functions, partials of them, and objects with an ``async __call__``."""
-    call = type(fn).__dict__.get("__call__")
-    return inspect.iscoroutinefunction(fn) or inspect.iscoroutinefunction(call)
-
-
-def _deadline_error(execution_id: str) -> BaseException:
-    return DeadlineExceededError(f"execution {execution_id!r} passed its deadline")
-
-
-def _terminal_status(outcome: ExecutionResult | BaseException) -> Any:
-    if isinstance(outcome, ExecutionResult):
-        return outcome.status
-    return "cancelled" if isinstance(outcome, CancellationError) else "failed"
-
-
-def _call_sync_step(fn: Any, args: tuple[Any, ...]) -> Any:
-    result = fn(*args)
-    if inspect.isawaitable(result):
-        if inspect.iscoroutine(result):
-            result.close()
-        raise TypeError(f"step {fn!r} returned an awaitable; declare it with async def")
-    return result
+    def _resolve(self, agent_id: str) -> bool:
+        """Clear a recovery-required admission (operator resolution); its pending
+        caller fails with a :class:`~phronomy.RecoveryRequiredError`."""
+        admission = self.admissions.resolve(agent_id)
+        if admission is None:
+            return False
+        entry = self.live.entry(admission.holder or "")
+        if entry is None:
+            return True
+        self.live.forget(entry.execution_id)
+        if not entry.caller.done:
+            entry.caller.fail(
+                RecoveryRequiredError(
+                    f"execution {entry.execution_id!r} of agent {agent_id!r} was "
+                    "resolved by an operator; its result is unavailable",
+                    instance_id=agent_id,
+                )
+            )
+        return True

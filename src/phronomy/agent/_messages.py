@@ -13,8 +13,6 @@ from phronomy.storage import SaveOutcome
 
 __all__ = [
     "ActiveStep",
-    "AgentAdmission",
-    "AgentAdmissionState",
     "Approval",
     "ApprovalDecision",
     "ApprovalRequest",
@@ -37,17 +35,6 @@ ExecutionStatus = Literal[
     "starting",
     "executing",
     "suspended",
-    "resuming",
-    "cancelling",
-    "terminalizing",
-    "recovery_required",
-]
-
-AgentAdmissionState = Literal[
-    "admitting",
-    "executing",
-    "suspended",
-    "resuming",
     "cancelling",
     "terminalizing",
     "recovery_required",
@@ -133,22 +120,6 @@ class ExecutionRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=T
     ]
     steps_completed: int = 0
     error: str | None = None
-
-
-class AgentAdmission(msgspec.Struct, frozen=True, kw_only=True):
-    """The one nonterminal top-level execution of an agent key (replaced, never mutated).
-
-    Attributes:
-        agent_id: the key.
-        owner: the opaque owner token (compared with ``is``).
-        execution_id: the bound execution, once it exists.
-        state: where the execution is.
-    """
-
-    agent_id: str
-    owner: object
-    execution_id: str | None
-    state: AgentAdmissionState
 
 
 class ActiveStep(msgspec.Struct, frozen=True, kw_only=True):

@@ -13,12 +13,18 @@ worker threads.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import msgspec
 
 from phronomy.engine import random_hex
-from phronomy.errors import ConflictError, NotFoundError
+from phronomy.errors import (
+    BusyError,
+    CancellationError,
+    ConflictError,
+    NotFoundError,
+    RecoveryRequiredError,
+)
 from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
     EXECUTION_KIND,
@@ -36,7 +42,7 @@ from phronomy.storage import (
     run_op,
 )
 
-from ._messages import ExecutionRecord
+from ._messages import ExecutionRecord, ExecutionResult
 
 if TYPE_CHECKING:
     from phronomy.storage import (
@@ -47,6 +53,7 @@ if TYPE_CHECKING:
     )
 
 __all__ = [
+    "RESOLVE_HINT",
     "StaleExecution",
     "agent_key",
     "decode_record",
@@ -55,8 +62,16 @@ __all__ = [
     "resolve_record",
     "stale_entry",
     "stale_records",
+    "startable_revision",
+    "terminal_record",
     "written",
 ]
+
+RESOLVE_HINT = (
+    "runtime.executions.resolve({agent!r}, action='release') or "
+    "`python -m phronomy executions resolve --db FILE {agent} release`"
+)
+"""How an operator releases a key (formatted with ``agent``)."""
 
 _STALE_ROWS: tuple[InstanceStatus, ...] = ("running", "recovery_required")
 
@@ -293,3 +308,49 @@ def resolve_record(
     written(run_op(store, op), agent_id)
     release_quarantine(store.identity, key)
     return result
+
+
+def startable_revision(
+    agent_id: str, row: StoredRecord | None, current: ExecutionRecord | None
+) -> int | None:
+    """The revision a new ``active`` record replaces, or raise if the key is taken.
+
+    Raises:
+        RecoveryRequiredError: the stored record requires recovery.
+        BusyError: the stored record says an execution is active.
+    """
+    if row is not None and row.status == "recovery_required":
+        raise RecoveryRequiredError(
+            f"the durable record of agent {agent_id!r} requires recovery "
+            f"({row.detail or 'the outcome of a write is unknown'}); resolve it with "
+            + RESOLVE_HINT.format(agent=agent_id),
+            instance_id=agent_key(agent_id),
+        )
+    if current is not None and current.status == "active":
+        raise BusyError(
+            f"Agent {agent_id!r} already has a nonterminal top-level execution "
+            f"({current.execution_id!r} is active in the store: it runs in another "
+            "process, or its runtime stopped before it ended). If it is stale, list it "
+            "with runtime.executions.stale() and release it with "
+            + RESOLVE_HINT.format(agent=agent_id)
+        )
+    return row.revision if row is not None and row.revision > 0 else None
+
+
+def terminal_record(
+    execution_id: str, outcome: Any, steps_completed: int
+) -> ExecutionRecord:
+    """The record an execution ends with: its result's status, ``cancelled`` or
+    ``failed`` (with the error)."""
+    if isinstance(outcome, ExecutionResult):
+        return ExecutionRecord(
+            execution_id=execution_id,
+            status=outcome.status,
+            steps_completed=steps_completed,
+        )
+    return ExecutionRecord(
+        execution_id=execution_id,
+        status="cancelled" if isinstance(outcome, CancellationError) else "failed",
+        steps_completed=steps_completed,
+        error=f"{type(outcome).__name__}: {outcome}",
+    )

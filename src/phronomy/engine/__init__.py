@@ -6,6 +6,7 @@ and reach the engine only through :class:`Host`. Its public face is
 :mod:`phronomy.lowlevel`.
 """
 
+from ._admissions import Admission as Admission, AdmissionTable as AdmissionTable
 from ._batcher import Batcher as Batcher
 from ._cancel import CancellationToken as CancellationToken
 from ._contracts import Host as Host, Receiver as Receiver, Session as Session
@@ -40,6 +41,8 @@ from ._session import (
 from ._timers import Timer as Timer, TimerQueue as TimerQueue
 
 __all__ = [
+    "Admission",
+    "AdmissionTable",
     "Batcher",
     "CancellationToken",
     "Delivery",

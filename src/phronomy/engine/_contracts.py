@@ -103,6 +103,20 @@ class Host(Protocol):
         """Pass the admission gate for a new execution (raises when closed)."""
         ...
 
+    def register_session(
+        self,
+        session: Session,
+        *,
+        completion: ResultHandle[Any] | None = None,
+        receiver: Receiver | None = None,
+    ) -> ResultHandle[Any]:
+        """Register *session*; the dispatcher starts it in FIFO order."""
+        ...
+
+    def check_thread(self, what: str) -> None:
+        """Raise unless called on the runtime's trio thread."""
+        ...
+
     def assert_dispatcher(self) -> None:
         """Raise unless called on the dispatcher task."""
         ...

@@ -1,6 +1,7 @@
 """Workflows: definitions, the sans-IO machine, live sessions, admission and durability."""
 
 from ._client import WorkflowClient as WorkflowClient, WorkflowStream as WorkflowStream
+from ._coordinator import WorkflowCoordinator as WorkflowCoordinator
 from ._definition import (
     AUTO_EVENT as AUTO_EVENT,
     FINISH as FINISH,
@@ -12,13 +13,13 @@ from ._definition import (
 from ._intents import Effects as Effects
 from ._machine import CONSUME as CONSUME
 from ._messages import (
-    Admission as Admission,
+    LiveSegment as LiveSegment,
     RecoveryEntry as RecoveryEntry,
+    SegmentStatus as SegmentStatus,
     Step as Step,
     WorkflowResult as WorkflowResult,
 )
 from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
-from ._runner import WorkflowRunner as WorkflowRunner
 from ._state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
 
 __all__ = [
@@ -28,20 +29,21 @@ __all__ = [
     "FINISH",
     "MERGE",
     "REPLACE",
-    "Admission",
     "Callback",
     "Effects",
     "InstanceView",
+    "LiveSegment",
     "RecoveryClient",
     "RecoveryEntry",
+    "SegmentStatus",
     "State",
     "Step",
     "Transition",
     "Workflow",
     "WorkflowClient",
+    "WorkflowCoordinator",
     "WorkflowDefinition",
     "WorkflowResult",
-    "WorkflowRunner",
     "WorkflowStream",
 ]
 

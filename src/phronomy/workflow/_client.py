@@ -30,8 +30,9 @@ from ._state import State, validate_fields
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
 
+    from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
-    from ._runner import WorkflowRunner
+    from ._messages import LiveSegment
 
 __all__ = ["WorkflowClient", "WorkflowStream"]
 
@@ -84,19 +85,21 @@ class WorkflowStream(Generic[S]):
 class WorkflowClient:
     """Runs workflow definitions on one runtime (the workflow part of :class:`~phronomy.Runtime`)."""
 
-    def __init__(self, runner: WorkflowRunner, *, recursion_limit: int) -> None:
+    def __init__(
+        self, coordinator: WorkflowCoordinator, *, recursion_limit: int
+    ) -> None:
         """Internal: created by :func:`phronomy.open_runtime`."""
         if recursion_limit < 1:
             raise InvalidInputError(
                 f"recursion_limit must be >= 1, got {recursion_limit}"
             )
-        self._runner = runner
+        self._coordinator = coordinator
         self._recursion_limit = recursion_limit
 
     @property
     def durable(self) -> bool:
         """Whether a store is configured."""
-        return self._runner.gateway is not None
+        return self._coordinator.gateway is not None
 
     # --- starting ---------------------------------------------------------------------
 
@@ -133,7 +136,7 @@ class WorkflowClient:
             ReentrancyError: called from a thread that does not run the runtime (see
                 :attr:`~phronomy.Runtime.from_thread`).
         """
-        self._runner.engine.check_thread("runtime.start()")
+        self._coordinator.engine.check_thread("runtime.start()")
         overlay = _input_overlay(workflow, input)
         explicit = workflow_instance_id is not None
         iid = validate_instance_id(workflow_instance_id) if explicit else random_uuid()
@@ -277,10 +280,10 @@ class WorkflowClient:
         Cancellation:
             As :meth:`invoke`.
         """
-        handle = self._resume(
+        handle = self.start_event(
             workflow,
-            halted,
             event,
+            halted=halted,
             workflow_instance_id=workflow_instance_id,
             payload=payload,
             input=input,
@@ -307,19 +310,29 @@ class WorkflowClient:
             input=input,
         )
 
-    def _resume(
+    def start_event(
         self,
         workflow: WorkflowDefinition[S],
-        halted: WorkflowResult[S] | None,
         event: str,
         *,
-        workflow_instance_id: str | None,
-        payload: Any,
-        input: Mapping[str, Any] | S | None,  # noqa: A002
-        recursion_limit: int | None,
-        on_step: Callable[[Step[S]], object] | None,
+        halted: WorkflowResult[S] | None = None,
+        workflow_instance_id: str | None = None,
+        payload: Any = None,
+        input: Mapping[str, Any] | S | None = None,  # noqa: A002
+        recursion_limit: int | None = None,
+        on_step: Callable[[Step[S]], object] | None = None,
     ) -> ResultHandle[WorkflowResult[S]]:
-        self._runner.engine.check_thread("runtime.send_event()")
+        """:meth:`send_event` without waiting: queue the new segment, return its handle.
+
+        Returns:
+            A handle settled with the segment's :class:`~phronomy.WorkflowResult` or
+            its error (see :meth:`send_event` for both).
+
+        Raises:
+            InvalidInputError: a bad argument (checked before anything is queued).
+            ReentrancyError: called from a thread that does not run the runtime.
+        """
+        self._coordinator.engine.check_thread("runtime.start_event()")
         if not isinstance(event, str):
             raise InvalidInputError(
                 f"send_event needs the event's name (a string), got {event!r}"
@@ -373,7 +386,23 @@ class WorkflowClient:
         self._post(command, caller, "resume")
         return caller
 
-    # --- live signals -----------------------------------------------------------------
+    # --- live segments and signals -------------------------------------------------------
+
+    def segment(self, workflow_instance_id: str) -> LiveSegment | None:
+        """The live segment of the instance in this runtime, or ``None``.
+
+        A snapshot: it says whether the instance is loading, running, saving its
+        terminal state or waiting for recovery here (the store says the rest, see
+        :meth:`~phronomy.workflow.RecoveryClient.inspect`).
+
+        Raises:
+            InvalidInputError: an empty or invalid *workflow_instance_id*.
+            ReentrancyError: called from a thread that does not run the runtime.
+        """
+        self._coordinator.engine.check_thread("runtime.segment()")
+        return self._coordinator.live_segment(
+            validate_instance_id(workflow_instance_id)
+        )
 
     def signal(
         self,
@@ -398,16 +427,13 @@ class WorkflowClient:
             InvalidInputError: the workflow declares no such event (nothing is queued).
             ReentrancyError: called from a thread that does not run the runtime.
         """
-        self._runner.engine.check_thread("runtime.signal()")
+        self._coordinator.engine.check_thread("runtime.signal()")
         iid = validate_instance_id(workflow_instance_id)
         if not workflow.has_event(event):
             raise InvalidInputError(
                 f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
             )
-        record = self._runner.registry.record(iid)
-        if record is not None and record.workflow != workflow.name:
-            return False
-        return self._runner.registry.post_to_workflow(iid, event, payload)
+        return self._coordinator.post_to_workflow(iid, workflow.name, event, payload)
 
     # --- internals -----------------------------------------------------------------
 
@@ -426,7 +452,7 @@ class WorkflowClient:
         caller: ResultHandle[Any],
         what: str,
     ) -> None:
-        if not self._runner.registry.post_message(
+        if not self._coordinator.post_message(
             command, admission=True, completion=caller
         ):
             caller.fail(

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any, Generic, Literal, TypeVar
+from typing import Any, Generic, Literal, TypeVar, final
 
 import msgspec
 import outcome
@@ -18,14 +18,14 @@ from ._state import State
 
 __all__ = [
     "MAX_INSTANCE_ID_LENGTH",
-    "Admission",
-    "AdmissionState",
     "InputOverlay",
+    "LiveSegment",
     "LoadReady",
     "RecoveryEntry",
     "ResolveCommand",
     "ResumeCommand",
     "SegmentResult",
+    "SegmentStatus",
     "StartCommand",
     "Step",
     "WorkflowResult",
@@ -113,33 +113,6 @@ class InputOverlay(msgspec.Struct, frozen=True, kw_only=True):
     state: Any = None
 
 
-AdmissionState = Literal[
-    "admitting", "executing", "persisting_terminal", "recovery_required"
-]
-
-
-class Admission(msgspec.Struct, frozen=True, kw_only=True):
-    """One live execution segment's admission (replaced, never mutated).
-
-    Attributes:
-        workflow_instance_id: the logical identity.
-        owner: the opaque owner token (compared with ``is``; never persisted).
-        session_id: the bound session, once hydration finished.
-        state: where the segment is.
-        workflow: the workflow's name.
-        caller: the caller's handle (kept for recovery resolution).
-        error: why the admission requires recovery.
-    """
-
-    workflow_instance_id: str
-    owner: object
-    session_id: str | None
-    state: AdmissionState
-    workflow: str
-    caller: Any = None
-    error: BaseException | None = None
-
-
 class StartCommand(msgspec.Struct, frozen=True, kw_only=True):
     """Start (or restart) a segment at the entry point."""
 
@@ -181,6 +154,33 @@ class ResolveCommand(msgspec.Struct, frozen=True, kw_only=True):
     workflow_instance_id: str
     action: Literal["adopt", "release"]
     done: ResultHandle[Any]
+
+
+SegmentStatus = Literal[
+    "admitting", "executing", "persisting_terminal", "recovery_required"
+]
+"""Where a live segment is: loading its instance, running, saving its terminal state,
+or waiting for an operator (the outcome of its terminal save is unknown)."""
+
+
+@final
+class LiveSegment(msgspec.Struct, frozen=True, kw_only=True):
+    """A live execution segment of an instance in this runtime (a snapshot).
+
+    Attributes:
+        workflow_instance_id: the instance.
+        workflow: its workflow's name.
+        status: where the segment is.
+        segment_id: the id of the segment's session once it runs (a fresh id per
+            segment; events of an old segment never reach a new one).
+        error: why it requires recovery, if it does.
+    """
+
+    workflow_instance_id: str
+    workflow: str
+    status: SegmentStatus
+    segment_id: str | None = None
+    error: str | None = None
 
 
 class RecoveryEntry(msgspec.Struct, frozen=True, kw_only=True):

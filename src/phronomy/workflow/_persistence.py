@@ -18,13 +18,13 @@ from phronomy.storage import (
 )
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import outcome
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import EventSink, TerminalType
     from phronomy.storage import InstanceStatus
-
-    from ._registry import WorkflowRegistry
 
 __all__ = ["TERMINAL_RESULT", "TerminalPersistence"]
 
@@ -38,7 +38,8 @@ TERMINAL_RESULT = "__phronomy.terminal_persistence_result__"
 class TerminalPersistence:
     """The terminal barrier of a durable segment.
 
-    When the session halts or finishes, its admission becomes ``persisting_terminal``,
+    When the session halts or finishes, its admission becomes ``persisting_terminal``
+    (*on_persisting*),
     one immutable snapshot is encoded and saved (in the next group commit), and the
     classified outcome comes back through the session's own sink. The caller hears
     "halted" or "finished" only after ``success``.
@@ -48,8 +49,7 @@ class TerminalPersistence:
         self,
         *,
         gateway: DurabilityService,
-        registry: WorkflowRegistry,
-        owner: object,
+        on_persisting: Callable[[], object],
         instance_id: str,
         workflow: str,
         expected_revision: int | None,
@@ -57,8 +57,7 @@ class TerminalPersistence:
     ) -> None:
         """Create the policy of one segment (runtime internal)."""
         self._gateway = gateway
-        self._registry = registry
-        self._owner = owner
+        self._on_persisting = on_persisting
         self._instance_id = instance_id
         self._workflow = workflow
         self._expected = expected_revision
@@ -77,7 +76,7 @@ class TerminalPersistence:
         """
         state, phase = value
         iid = self._instance_id
-        self._registry.mark_workflow_admission(iid, self._owner, "persisting_terminal")
+        self._on_persisting()
         revision = (self._expected or 0) + 1
         snapshot = encode_snapshot(
             state,

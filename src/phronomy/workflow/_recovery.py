@@ -23,8 +23,9 @@ from phronomy.storage import (
 from ._messages import RecoveryEntry, ResolveCommand, validate_instance_id
 
 if TYPE_CHECKING:
-    from ._messages import Admission
-    from ._runner import WorkflowRunner
+    from phronomy.engine import Admission
+
+    from ._coordinator import WorkflowCoordinator
 
 __all__ = ["InstanceView", "RecoveryClient"]
 
@@ -58,9 +59,9 @@ class RecoveryClient:
     it, and its caller stays pending until then (or until the runtime shuts down).
     """
 
-    def __init__(self, runner: WorkflowRunner) -> None:
+    def __init__(self, coordinator: WorkflowCoordinator) -> None:
         """Internal: reached as ``runtime.recovery``."""
-        self._runner = runner
+        self._coordinator = coordinator
 
     async def list(self) -> list[RecoveryEntry]:
         """Instances requiring recovery, in this process and in the store.
@@ -69,11 +70,11 @@ class RecoveryClient:
             Safe: nothing is changed.
         """
         local = {
-            r.workflow_instance_id: r for r in self._runner.registry.recovery_records()
+            r.key: r for r in self._coordinator.admissions.in_state("recovery_required")
         }
         stored: dict[str, StoredRecord] = {}
         fenced: dict[str, str] = {}
-        gateway = self._runner.gateway
+        gateway = self._coordinator.gateway
         if gateway is not None:
             fenced = {
                 iid: reason
@@ -88,7 +89,7 @@ class RecoveryClient:
             RecoveryEntry(
                 workflow_instance_id=iid,
                 workflow=(
-                    local[iid].workflow
+                    local[iid].label
                     if iid in local
                     else (stored[iid].workflow if iid in stored else "")
                 ),
@@ -106,11 +107,11 @@ class RecoveryClient:
             CorruptRecordError: the stored snapshot does not decode.
         """
         iid = validate_instance_id(workflow_instance_id)
-        admission = self._runner.registry.record(iid)
+        admission = self._coordinator.admissions.get(iid)
         record: StoredRecord | None = None
         fields: dict[str, Any] | None = None
         phase: str | None = None
-        gateway = self._runner.gateway
+        gateway = self._coordinator.gateway
         if gateway is not None:
             record = await gateway.run(LoadOp(workflow_instance_id=iid))
             if record is not None and record.snapshot is not None:
@@ -160,12 +161,12 @@ class RecoveryClient:
     ) -> StoredRecord | None:
         done: ResultHandle[Admission | None] = ResultHandle(f"resolve:{iid}")
         command = ResolveCommand(workflow_instance_id=iid, action=action, done=done)
-        if not self._runner.registry.post_message(command, completion=done):
+        if not self._coordinator.post_message(command, completion=done):
             raise RuntimeShutdownError(
                 "Runtime rejected the recovery resolution while shutting down"
             )
         local = await done.result()
-        gateway = self._runner.gateway
+        gateway = self._coordinator.gateway
         if gateway is None:
             if local is None:
                 raise NotFoundError(
