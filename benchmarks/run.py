@@ -157,7 +157,7 @@ async def _runs(
 
     async def worker() -> None:
         for i in numbers:
-            await runtime.invoke(
+            await runtime.workflows.invoke(
                 flow, workflow_instance_id=f"{ids}-{i}" if ids else None
             )
 
@@ -258,8 +258,8 @@ async def _halt_resume_pairs(path: str, total: int) -> float:
 
         async def worker() -> None:
             for i in numbers:
-                await runtime.invoke(flow, workflow_instance_id=f"pair-{i}")
-                await runtime.send_event(
+                await runtime.workflows.invoke(flow, workflow_instance_id=f"pair-{i}")
+                await runtime.workflows.send_event(
                     flow, event="approve", workflow_instance_id=f"pair-{i}"
                 )
 
@@ -314,7 +314,7 @@ async def _executions(total: int) -> tuple[float, float, float]:
 
         async def worker() -> None:
             for i in numbers:
-                await runtime.executions.run(f"agent-{i}", [int], "1")
+                await runtime.executions.invoke(f"agent-{i}", [int], "1")
 
         started = time.perf_counter()
         async with trio.open_nursery() as nursery:

@@ -35,13 +35,13 @@ def build() -> phronomy.WorkflowDefinition[Order]:
 async def main(path: str) -> None:
     flow = build()
     async with phronomy.open_runtime(store=phronomy.SQLiteStore(path)) as runtime:
-        halted = await runtime.invoke(
+        halted = await runtime.workflows.invoke(
             flow, {"item": "lamp"}, workflow_instance_id="order-1"
         )
         print(f"order-1 halted at {halted.phase!r}, revision {halted.revision}")
     # ... later, in another runtime (or another process): only the id is needed
     async with phronomy.open_runtime(store=phronomy.SQLiteStore(path)) as runtime:
-        done = await runtime.send_event(
+        done = await runtime.workflows.send_event(
             flow, event="approve", workflow_instance_id="order-1", payload="alice"
         )
         print(

@@ -75,20 +75,22 @@ async def main() -> None:
     flow = build()
     print(flow.to_mermaid())
     async with phronomy.open_runtime() as runtime:
-        async with runtime.stream(
+        async with runtime.workflows.stream(
             flow, {"item": "book", "amount": 10}, workflow_instance_id="order-7"
         ) as steps:
             async for step in steps:
                 print(f"stable state: {step.name:18} log={step.state.log}")
                 if step.name == "awaiting_payment":
                     # a live segment: the signal reaches its session directly
-                    assert runtime.signal(
+                    assert runtime.workflows.signal(
                         flow, "order-7", "paid", {"amount": 5}
                     )  # guard rejects: still waiting
-                    assert runtime.signal(flow, "order-7", "paid", {"amount": 10})
+                    assert runtime.workflows.signal(
+                        flow, "order-7", "paid", {"amount": 10}
+                    )
         halted = await steps.result()
         print(f"halted at {halted.phase!r}: {halted.state.log}")
-        done = await runtime.send_event(
+        done = await runtime.workflows.send_event(
             flow, "approve", halted=halted, payload="manager"
         )
         print(f"finished: approved={done.state.approved} log={done.state.log}")

@@ -44,7 +44,7 @@ async def main() -> None:
         request = await execution.wait_for_approval()
         print(f"suspended, asking: {request.question} {request.details}")
         try:  # one live execution per key: a second start is refused before any work
-            await executions.run("assistant-1", [search], "other")
+            await executions.invoke("assistant-1", [search], "other")
         except phronomy.BusyError as exc:
             print(f"second start refused: {exc}")
         execution.approve("ok by bob")

@@ -45,7 +45,7 @@ def ack(kind, iid, revision):
     os.fsync(ack_fd)
 
 async def finish(rt, iid):
-    done = await rt.send_event(flow, event="approve", workflow_instance_id=iid)
+    done = await rt.workflows.send_event(flow, event="approve", workflow_instance_id=iid)
     ack("finished", iid, done.revision)
 
 async def main():
@@ -62,7 +62,7 @@ async def main():
             async def worker():
                 for n in counter:
                     iid = f"{tag}-{n}"
-                    halted = await rt.invoke(flow, workflow_instance_id=iid)
+                    halted = await rt.workflows.invoke(flow, workflow_instance_id=iid)
                     ack("halted", iid, halted.revision)
                     await finish(rt, iid)
             for _ in range(8):

@@ -56,8 +56,10 @@ async def test_sync_entry_points_refuse_foreign_threads_and_the_runtime_survives
             await execution.wait_for_approval()
             pool = rt.pool("tools")
             calls: dict[str, Callable[[], Any]] = {
-                "runtime.signal()": lambda: rt.signal(flow, "x", "mark"),
-                "runtime.start()": lambda: rt.start(flow),
+                "runtime.workflows.signal()": lambda: rt.workflows.signal(
+                    flow, "x", "mark"
+                ),
+                "runtime.workflows.start()": lambda: rt.workflows.start(flow),
                 "runtime.executions.start()": lambda: rt.executions.start(
                     "other", [lambda v: v]
                 ),
@@ -84,8 +86,8 @@ async def test_sync_entry_points_refuse_foreign_threads_and_the_runtime_survives
                 assert "trio_token" in message
             # nothing was half done: the live segment and the execution still work
             assert not handle.done
-            assert rt.signal(flow, "x", "mark")
-            assert rt.signal(flow, "x", "finish")
+            assert rt.workflows.signal(flow, "x", "mark")
+            assert rt.workflows.signal(flow, "x", "finish")
             result = await handle.result()
             assert result.state.count == 2  # start_live's probe and the mark above
             execution.approve("yes")
@@ -124,7 +126,7 @@ async def test_portal_runs_every_operation_from_threads() -> None:
         assert await in_thread(lambda: portal.run_sync(lambda a, b: a + b, 2, 3)) == 5
         result = await in_thread(
             lambda: portal.run(
-                functools.partial(rt.executions.run, "agent", [lambda v: v * 2], 21)
+                functools.partial(rt.executions.invoke, "agent", [lambda v: v * 2], 21)
             )
         )
         assert result.value == 42

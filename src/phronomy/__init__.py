@@ -1,33 +1,21 @@
 """phronomy: durable, resumable state-machine workflows and supervised executions for trio.
 
-The public API is re-exported here; implementation lives in the layered packages
-``phronomy.storage``, ``phronomy.engine``, ``phronomy.workflow`` and ``phronomy.agent``.
+The names most programs need are here. The rest of the public API lives in
+``phronomy.workflow`` (clients, streams, recovery views), ``phronomy.agent``
+(supervised executions), ``phronomy.storage`` (stores and their records),
+``phronomy.errors`` (the error tree), ``phronomy.testing`` (fault injection) and
+``phronomy.lowlevel`` (the engine underneath, for extending phronomy).
 """
 
 import logging
 
-from ._portal import ThreadPortal as ThreadPortal
 from .agent import (
     Approval as Approval,
     ApprovalRequest as ApprovalRequest,
-    ExecutionHandle as ExecutionHandle,
-    ExecutionOwner as ExecutionOwner,
-    ExecutionRecord as ExecutionRecord,
     ExecutionResult as ExecutionResult,
-    Executions as Executions,
-    StaleExecution as StaleExecution,
     StepContext as StepContext,
 )
-from .engine import (
-    CancellationToken as CancellationToken,
-    Engine as Engine,
-    EngineStatistics as EngineStatistics,
-    OffloadPool as OffloadPool,
-    PoolStatistics as PoolStatistics,
-    ResultHandle as ResultHandle,
-    ShutdownResult as ShutdownResult,
-    open_engine as open_engine,
-)
+from .engine import ResultHandle as ResultHandle, ShutdownResult as ShutdownResult
 from .errors import (
     BackpressureError as BackpressureError,
     BusyError as BusyError,
@@ -52,13 +40,7 @@ from .errors import (
     TransitionError as TransitionError,
 )
 from .runtime import Runtime as Runtime, open_runtime as open_runtime
-from .storage import (
-    InstanceStatus as InstanceStatus,
-    MemoryStore as MemoryStore,
-    SQLiteStore as SQLiteStore,
-    StoredRecord as StoredRecord,
-    WorkflowStore as WorkflowStore,
-)
+from .storage import MemoryStore as MemoryStore, SQLiteStore as SQLiteStore
 from .workflow import (
     APPEND as APPEND,
     CONSUME as CONSUME,
@@ -66,14 +48,12 @@ from .workflow import (
     MERGE as MERGE,
     REPLACE as REPLACE,
     Effects as Effects,
-    InstanceView as InstanceView,
-    RecoveryEntry as RecoveryEntry,
+    LiveSegment as LiveSegment,
     State as State,
     Step as Step,
     Workflow as Workflow,
     WorkflowDefinition as WorkflowDefinition,
     WorkflowResult as WorkflowResult,
-    WorkflowStream as WorkflowStream,
 )
 
 __version__ = "0.1.0"
@@ -89,32 +69,21 @@ __all__ = [
     "BackpressureError",
     "BusyError",
     "CancellationError",
-    "CancellationToken",
     "ConflictError",
     "CorruptRecordError",
     "DeadlineExceededError",
     "DefinitionError",
     "Effects",
-    "Engine",
-    "EngineStatistics",
     "EventRejectedError",
-    "ExecutionHandle",
-    "ExecutionOwner",
-    "ExecutionRecord",
     "ExecutionResult",
-    "Executions",
     "InstanceStateError",
-    "InstanceStatus",
-    "InstanceView",
     "InvalidActionResultError",
     "InvalidInputError",
+    "LiveSegment",
     "MemoryStore",
     "NotFoundError",
-    "OffloadPool",
     "PhronomyError",
     "PhronomyInternalError",
-    "PoolStatistics",
-    "RecoveryEntry",
     "RecoveryRequiredError",
     "ReentrancyError",
     "ResultHandle",
@@ -123,22 +92,16 @@ __all__ = [
     "SQLiteStore",
     "SerializationError",
     "ShutdownResult",
-    "StaleExecution",
     "State",
     "Step",
     "StepContext",
     "StorageError",
     "StoreUnavailableError",
-    "StoredRecord",
-    "ThreadPortal",
     "TransitionError",
     "Workflow",
     "WorkflowDefinition",
     "WorkflowResult",
-    "WorkflowStore",
-    "WorkflowStream",
     "__version__",
-    "open_engine",
     "open_runtime",
 ]
 

@@ -64,14 +64,14 @@ async def run_demo(db: str) -> None:
             f"{db}: {len(page.records)} order(s) from earlier runs, {len(leftovers)} waiting for approval"
         )
         for iid in leftovers:
-            done = await runtime.send_event(
+            done = await runtime.workflows.send_event(
                 flow, event="approve", workflow_instance_id=iid, payload="next run"
             )
             print(
                 f"  approved {iid} (halted by an earlier process): {done.phase}, revision {done.revision}"
             )
         first = f"order-{len(page.records) + 1}"
-        halted = await runtime.invoke(
+        halted = await runtime.workflows.invoke(
             flow, {"item": "desk lamp"}, workflow_instance_id=first
         )
         print(
@@ -80,14 +80,14 @@ async def run_demo(db: str) -> None:
     async with phronomy.open_runtime(
         store=SQLiteStore(db)
     ) as runtime:  # a fresh runtime
-        done = await runtime.send_event(
+        done = await runtime.workflows.send_event(
             flow, event="approve", workflow_instance_id=first, payload="demo user"
         )
         print(
             f"  approved {first} by id from a new runtime: {done.phase}, revision {done.revision}, log {done.state.log}"
         )
         second = f"order-{len(page.records) + 2}"
-        halted = await runtime.invoke(
+        halted = await runtime.workflows.invoke(
             flow, {"item": "floor lamp"}, workflow_instance_id=second
         )
         print(

@@ -111,7 +111,7 @@ class ThreadPortal:
         """Run ``await fn()`` on the runtime's trio thread and return its result.
 
         For operations without a twin here, for example
-        ``runtime.from_thread.run(functools.partial(runtime.executions.run, key, steps))``.
+        ``runtime.from_thread.run(functools.partial(runtime.executions.invoke, key, steps))``.
 
         Raises:
             ReentrancyError: called from a thread that runs a trio loop.

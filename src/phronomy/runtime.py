@@ -38,12 +38,12 @@ logger = logging.getLogger(__name__)
 
 
 @final
-class Runtime(WorkflowClient):
+class Runtime:
     """A running phronomy runtime: workflows, supervised executions and the engine.
 
-    Obtain one with :func:`open_runtime`. The workflow operations (``invoke``, ``start``,
-    ``stream``, ``send_event``, ``resume``, ``signal``) are documented on
-    :class:`~phronomy.workflow.WorkflowClient`.
+    Obtain one with :func:`open_runtime`. Workflows run through :attr:`workflows`
+    (``invoke``, ``start``, ``stream``, ``send_event``, ``resume``, ``signal``, ...),
+    supervised executions through :attr:`executions` (``invoke``, ``start``, ...).
 
     Thread-safety: use it from trio tasks of the thread that opened it; its methods
     raise :class:`~phronomy.ReentrancyError` when called from any other thread. Other
@@ -61,12 +61,12 @@ class Runtime(WorkflowClient):
         recursion_limit: int,
     ) -> None:
         """Internal: use :func:`open_runtime`."""
-        super().__init__(workflows, recursion_limit=recursion_limit)
+        self._workflows = WorkflowClient(workflows, recursion_limit=recursion_limit)
         self._engine = engine
         self._store = store
         self._recovery = RecoveryClient(workflows)
         self._executions = Executions(coordinator)
-        self._portal = ThreadPortal(self, engine.trio_token)
+        self._portal = ThreadPortal(self._workflows, engine.trio_token)
 
     @property
     def engine(self) -> Engine:
@@ -77,6 +77,16 @@ class Runtime(WorkflowClient):
     def store(self) -> WorkflowStore | None:
         """The durable store, if any."""
         return self._store
+
+    @property
+    def workflows(self) -> WorkflowClient:
+        """Workflows: start, invoke, stream, send events, signal live instances."""
+        return self._workflows
+
+    @property
+    def durable(self) -> bool:
+        """Whether a store is configured."""
+        return self._store is not None
 
     @property
     def executions(self) -> Executions:
@@ -128,7 +138,7 @@ class Runtime(WorkflowClient):
     ) -> ShutdownResult:
         """Shut down now (the ``async with`` exit then returns the same result).
 
-        See :meth:`phronomy.Engine.shutdown`.
+        See :meth:`phronomy.lowlevel.Engine.shutdown`.
         """
         return await self._engine.shutdown(timeout=timeout, cancel_grace=cancel_grace)
 
@@ -152,7 +162,7 @@ async def open_runtime(
     Example::
 
         async with phronomy.open_runtime(store=phronomy.SQLiteStore("orders.db")) as runtime:
-            halted = await runtime.invoke(order_flow, {"item": "lamp"}, workflow_instance_id="order-1")
+            halted = await runtime.workflows.invoke(order_flow, {"item": "lamp"}, workflow_instance_id="order-1")
 
     Nothing outlives the block. On a normal exit the runtime stops admitting work,
     waits up to *shutdown_timeout* for live segments, then cuts off what is left (their

@@ -29,7 +29,9 @@ async def _until(predicate: Any, limit: float = 5.0) -> None:
             await trio.sleep(0.002)
 
 
-def _suspended(runtime: phronomy.Runtime, execution: phronomy.ExecutionHandle) -> bool:
+def _suspended(
+    runtime: phronomy.Runtime, execution: phronomy.agent.ExecutionHandle
+) -> bool:
     owner = execution.owner()
     return owner is not None and owner.status == "suspended"
 
@@ -50,7 +52,7 @@ async def test_steps_run_in_order_in_threads_and_tasks(
         assert ctx.execution_id
         return await ctx.offload(lambda: value * 10)
 
-    result = await runtime.executions.run("agent", [blocking, concurrent], 1)
+    result = await runtime.executions.invoke("agent", [blocking, concurrent], 1)
     assert (result.status, result.value) == ("completed", 20)
     assert seen == [("sync", True), ("async", True)]
     assert not runtime.executions.is_admitted("agent")
@@ -63,8 +65,8 @@ async def test_step_failures_fail_the_caller_and_free_the_key(
         raise KeyError("tool failed")
 
     with pytest.raises(KeyError, match="tool failed"):
-        await runtime.executions.run("k", [boom])
-    assert (await runtime.executions.run("k", [lambda v: "ok"])).value == "ok"
+        await runtime.executions.invoke("k", [boom])
+    assert (await runtime.executions.invoke("k", [lambda v: "ok"])).value == "ok"
 
 
 async def test_sync_step_returning_an_awaitable_is_refused(
@@ -74,7 +76,7 @@ async def test_sync_step_returning_an_awaitable_is_refused(
         return 1
 
     with pytest.raises(TypeError, match="declare it with async def"):
-        await runtime.executions.run("k", [lambda v: later()])
+        await runtime.executions.invoke("k", [lambda v: later()])
 
 
 async def test_approval_suspends_then_approve_or_reject(
@@ -98,7 +100,7 @@ async def test_approval_suspends_then_approve_or_reject(
     )
     # suspension keeps ownership: a competing start is refused
     with pytest.raises(phronomy.BusyError, match="nonterminal top-level execution"):
-        await runtime.executions.run("shop", [lambda v: v])
+        await runtime.executions.invoke("shop", [lambda v: v])
     execution.approve("yes")
     result = await execution.result()
     assert (result.status, result.value) == ("completed", "shipped (yes)")
@@ -160,13 +162,15 @@ class _BlockingTool:
         self.returned.set()
         return "late result"
 
-    def returned_when_settled(self, handle: phronomy.ExecutionHandle) -> list[bool]:
+    def returned_when_settled(
+        self, handle: phronomy.agent.ExecutionHandle
+    ) -> list[bool]:
         seen: list[bool] = []
         handle.handle.on_complete(lambda _: seen.append(self.returned.is_set()))
         return seen
 
 
-def _revoked(execution: phronomy.ExecutionHandle) -> bool:
+def _revoked(execution: phronomy.agent.ExecutionHandle) -> bool:
     owner = execution.owner()
     return owner is not None and owner.status in ("cancelling", "terminalizing")
 
@@ -189,7 +193,7 @@ async def test_cancel_and_deadline_settle_only_after_the_tool_returned(
     await _until(lambda: _revoked(execution))  # the cancel/deadline was applied
     assert not execution.done  # the tool still runs
     with pytest.raises(phronomy.BusyError):
-        await runtime.executions.run("agent-q", [lambda v: v])
+        await runtime.executions.invoke("agent-q", [lambda v: v])
     tool.release.set()
     error = (
         phronomy.DeadlineExceededError
@@ -202,7 +206,9 @@ async def test_cancel_and_deadline_settle_only_after_the_tool_returned(
     assert execution.status == "cancelled"
     assert execution.owner() is None
     assert not runtime.executions.is_admitted("agent-q")
-    assert (await runtime.executions.run("agent-q", [lambda v: "free"])).value == "free"
+    assert (
+        await runtime.executions.invoke("agent-q", [lambda v: "free"])
+    ).value == "free"
 
 
 async def test_cancelling_an_async_step_cancels_its_task_and_waits_for_its_threads(
@@ -345,7 +351,7 @@ async def test_durable_records_and_admission_before_storage(
         await _until(lambda: rt.executions.is_admitted("a"))
         loads = store.count("load")
         with pytest.raises(phronomy.BusyError):
-            await rt.executions.run("a", [lambda v: v])
+            await rt.executions.invoke("a", [lambda v: v])
         assert store.count("load") == loads  # the competitor never touched storage
         gate.set()
         assert (await first.result()).value == "done"
@@ -358,9 +364,9 @@ async def test_durable_records_and_admission_before_storage(
         )
         store.fail("load.before", OSError("disk"))
         with pytest.raises(OSError, match="disk"):
-            await rt.executions.run("a", [lambda v: v])
+            await rt.executions.invoke("a", [lambda v: v])
         assert (
-            await rt.executions.run("a", [lambda v: "again"])
+            await rt.executions.invoke("a", [lambda v: "again"])
         ).value == "again"  # a known failure frees the key
         assert await rt.executions.purge("a")
         assert await rt.executions.record("a") is None
@@ -380,13 +386,13 @@ async def test_a_stale_record_refuses_starts_until_it_is_resolved(
     store = FaultyStore(open_sqlite(path))
     async with phronomy.open_runtime(store=store) as rt:
         with pytest.raises(phronomy.BusyError, match="active in the store") as caught:
-            await rt.executions.run("x", [lambda v: v])
+            await rt.executions.invoke("x", [lambda v: v])
         assert "runtime.executions.resolve('x', action='release')" in str(caught.value)
         assert "python -m phronomy executions resolve" in str(caught.value)
         assert not rt.executions.is_admitted("x")  # not locked in-process
         loads = store.count("load")
         with pytest.raises(phronomy.BusyError):
-            await rt.executions.run("x", [lambda v: v])
+            await rt.executions.invoke("x", [lambda v: v])
         assert store.count("load") > loads  # the store is asked again each time
         stale = await rt.executions.stale()
         assert [(s.agent_id, s.execution_id, s.status) for s in stale] == [
@@ -398,7 +404,7 @@ async def test_a_stale_record_refuses_starts_until_it_is_resolved(
         assert record is not None
         assert record.status == "abandoned"
         assert await rt.executions.stale() == []
-        assert (await rt.executions.run("x", [lambda v: "again"])).value == "again"
+        assert (await rt.executions.invoke("x", [lambda v: "again"])).value == "again"
         assert await rt.executions.purge("x")
 
 
@@ -423,7 +429,7 @@ async def test_uncertain_terminal_durability_keeps_the_caller_pending(
                 await execution.result()
         assert "requires recovery" in caplog.text
         with pytest.raises(phronomy.BusyError):
-            await rt.executions.run("u", [lambda v: v])
+            await rt.executions.invoke("u", [lambda v: v])
         owner = execution.owner()
         assert owner is not None
         assert owner.status == "recovery_required"
@@ -539,6 +545,8 @@ async def test_a_clean_shutdown_closes_cut_off_records_honestly(
         record = await rt.executions.record("waiting")
         assert record is not None
         assert record.status == "abandoned"
-        assert (await rt.executions.run("waiting", [lambda v: "anew"])).value == "anew"
+        assert (
+            await rt.executions.invoke("waiting", [lambda v: "anew"])
+        ).value == "anew"
         # the execution whose thread still ran was not closed: it is listed as stale
         assert [s.agent_id for s in await rt.executions.stale()] == ["busy"]

@@ -102,13 +102,13 @@ async def until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
 
 def admission_state(runtime: phronomy.Runtime, iid: str) -> Any:
     """The status of the instance's live segment in *runtime*, or ``None``."""
-    segment = runtime.segment(iid)
+    segment = runtime.workflows.segment(iid)
     return None if segment is None else segment.status
 
 
 def segment_id(runtime: phronomy.Runtime, iid: str) -> str | None:
     """The id of the instance's live session, or ``None``."""
-    segment = runtime.segment(iid)
+    segment = runtime.workflows.segment(iid)
     return None if segment is None else segment.segment_id
 
 
@@ -116,8 +116,8 @@ async def start_live(
     runtime: phronomy.Runtime, flow: phronomy.WorkflowDefinition[Value], iid: str
 ) -> ResultHandle[phronomy.WorkflowResult[Value]]:
     """Start *flow* (a :func:`live_flow`) as *iid*; return once it accepted a signal."""
-    handle = runtime.start(flow, workflow_instance_id=iid)
-    await until(lambda: runtime.signal(flow, iid, "mark"))
+    handle = runtime.workflows.start(flow, workflow_instance_id=iid)
+    await until(lambda: runtime.workflows.signal(flow, iid, "mark"))
     return handle
 
 

@@ -13,19 +13,19 @@ from .helpers import Value, admission_state, live_flow, segment_id, until
 async def test_each_segment_has_its_own_session(runtime: phronomy.Runtime) -> None:
     # scenarios 48, 49: the session id is fresh per segment, never the instance id
     flow = live_flow()
-    first = runtime.start(flow, workflow_instance_id="workflow-42")
+    first = runtime.workflows.start(flow, workflow_instance_id="workflow-42")
     await until(lambda: admission_state(runtime, "workflow-42") == "executing")
     session = segment_id(runtime, "workflow-42")
     assert isinstance(session, str)
     assert session != "workflow-42"
-    assert runtime.signal(flow, "workflow-42", "finish")
+    assert runtime.workflows.signal(flow, "workflow-42", "finish")
     await first.result()
-    assert runtime.segment("workflow-42") is None
-    assert not runtime.signal(flow, "workflow-42", "finish")
-    second = runtime.start(flow, workflow_instance_id="workflow-42")
+    assert runtime.workflows.segment("workflow-42") is None
+    assert not runtime.workflows.signal(flow, "workflow-42", "finish")
+    second = runtime.workflows.start(flow, workflow_instance_id="workflow-42")
     await until(lambda: admission_state(runtime, "workflow-42") == "executing")
     assert segment_id(runtime, "workflow-42") not in (None, session)
-    assert runtime.signal(flow, "workflow-42", "finish")
+    assert runtime.workflows.signal(flow, "workflow-42", "finish")
     await second.result()
 
 
@@ -33,13 +33,13 @@ async def test_signal_validation(runtime: phronomy.Runtime) -> None:
     # scenarios 50, 51, 52
     flow = live_flow()
     with pytest.raises(phronomy.InvalidInputError, match="workflow_instance_id"):
-        runtime.signal(flow, "", "finish")
+        runtime.workflows.signal(flow, "", "finish")
     with pytest.raises(phronomy.InvalidInputError, match="workflow_instance_id"):
-        runtime.signal(flow, None, "finish")  # type: ignore[arg-type]
+        runtime.workflows.signal(flow, None, "finish")  # type: ignore[arg-type]
     with pytest.raises(phronomy.InvalidInputError, match="Unknown event 'nope'"):
-        runtime.signal(flow, "absent", "nope")
-    assert runtime.segment("absent") is None
-    assert not runtime.signal(flow, "absent", "finish")
+        runtime.workflows.signal(flow, "absent", "nope")
+    assert runtime.workflows.segment("absent") is None
+    assert not runtime.workflows.signal(flow, "absent", "finish")
     assert runtime.statistics().pending_deliveries == 0
 
 
@@ -50,23 +50,23 @@ async def test_signal_for_another_workflow_is_refused(
     wf = phronomy.Workflow(Value, name="other")
     wf.state("waiting").transition("waiting", phronomy.FINISH, on="finish")
     other = wf.build()
-    handle = runtime.start(live, workflow_instance_id="mine")
-    await until(lambda: runtime.signal(live, "mine", "mark"))
-    assert not runtime.signal(other, "mine", "finish")
-    assert runtime.signal(live, "mine", "finish")
+    handle = runtime.workflows.start(live, workflow_instance_id="mine")
+    await until(lambda: runtime.workflows.signal(live, "mine", "mark"))
+    assert not runtime.workflows.signal(other, "mine", "finish")
+    assert runtime.workflows.signal(live, "mine", "finish")
     await handle.result()
 
 
 async def test_competing_start_is_refused_while_live(runtime: phronomy.Runtime) -> None:
     # a second start for a live instance fails with "live execution segment"
     flow = live_flow()
-    first = runtime.start(flow, workflow_instance_id="busy")
+    first = runtime.workflows.start(flow, workflow_instance_id="busy")
     await until(lambda: admission_state(runtime, "busy") == "executing")
     with pytest.raises(
         phronomy.BusyError, match="already has a live execution segment"
     ):
-        await runtime.invoke(flow, workflow_instance_id="busy")
-    runtime.signal(flow, "busy", "finish")
+        await runtime.workflows.invoke(flow, workflow_instance_id="busy")
+    runtime.workflows.signal(flow, "busy", "finish")
     await first.result()
 
 
@@ -92,5 +92,5 @@ async def test_admissions_close_at_shutdown() -> None:
         phronomy.RuntimeShutdownError,
         match="rejected Workflow start while shutting down",
     ):
-        await rt.start(live_flow()).result()
-    assert not rt.signal(live_flow(), "x", "finish")
+        await rt.workflows.start(live_flow()).result()
+    assert not rt.workflows.signal(live_flow(), "x", "finish")

@@ -47,7 +47,7 @@ def make_store(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     open_sqlite: Callable[..., phronomy.SQLiteStore],
-) -> Callable[[], phronomy.WorkflowStore]:
+) -> Callable[[], phronomy.storage.WorkflowStore]:
     if request.param == "memory":
         shared = phronomy.MemoryStore()
         return lambda: shared
@@ -55,7 +55,7 @@ def make_store(
 
 
 def fields(
-    store: phronomy.WorkflowStore, iid: str
+    store: phronomy.storage.WorkflowStore, iid: str
 ) -> tuple[StoredRecord, dict[str, Any]]:
     record = store.load(iid)
     assert record is not None
@@ -67,14 +67,14 @@ def fields(
 
 
 def runtime_on(
-    store: phronomy.WorkflowStore, **kw: Any
+    store: phronomy.storage.WorkflowStore, **kw: Any
 ) -> AbstractAsyncContextManager[phronomy.Runtime]:
     return phronomy.open_runtime(
         store=store, shutdown_timeout=kw.pop("shutdown_timeout", 2.0), **kw
     )
 
 
-def status_of(store: phronomy.WorkflowStore, iid: str) -> str | None:
+def status_of(store: phronomy.storage.WorkflowStore, iid: str) -> str | None:
     record = store.load(iid)
     return None if record is None else record.status
 
@@ -83,13 +83,13 @@ def status_of(store: phronomy.WorkflowStore, iid: str) -> str | None:
 
 
 async def test_durable_invocations_hydrate_and_save_revisions(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 64
     store = make_store()
     flow = counter_flow()
     async with runtime_on(store) as rt:
-        first = await rt.invoke(flow, {"count": 0}, workflow_instance_id="t1")
+        first = await rt.workflows.invoke(flow, {"count": 0}, workflow_instance_id="t1")
         assert (first.revision, first.state.count) == (1, 1)
         record, stored = fields(store, "t1")
         assert (record.revision, record.phase, record.status, stored["count"]) == (
@@ -98,36 +98,38 @@ async def test_durable_invocations_hydrate_and_save_revisions(
             "finished",
             1,
         )
-        second = await rt.invoke(flow, {}, workflow_instance_id="t1")
+        second = await rt.workflows.invoke(flow, {}, workflow_instance_id="t1")
         assert (second.revision, second.state.count) == (2, 2)
-        await rt.invoke(flow, {"count": 10}, workflow_instance_id="t1")
-        overridden = await rt.invoke(flow, {"count": 0}, workflow_instance_id="t1")
+        await rt.workflows.invoke(flow, {"count": 10}, workflow_instance_id="t1")
+        overridden = await rt.workflows.invoke(
+            flow, {"count": 0}, workflow_instance_id="t1"
+        )
         assert (overridden.state.count, overridden.revision) == (1, 4)
 
 
 async def test_no_explicit_id_means_no_persistence(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 65
     store = make_store()
     async with runtime_on(store) as rt:
-        result = await rt.invoke(counter_flow())
+        result = await rt.workflows.invoke(counter_flow())
     assert result.revision is None
     assert store.list_instances().records == ()
 
 
 async def test_durable_halt_then_resume(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenarios 16 and 68 on a store
     store = make_store()
     flow = approval_flow()
     async with runtime_on(store) as rt:
-        halted = await rt.invoke(
+        halted = await rt.workflows.invoke(
             flow, {"value": "start"}, workflow_instance_id="order-1"
         )
         assert (halted.revision, store.load("order-1").status) == (1, "halted")  # type: ignore[union-attr]
-        done = await rt.send_event(flow, "approve", halted=halted)
+        done = await rt.workflows.send_event(flow, "approve", halted=halted)
     assert (done.revision, done.phase, done.state.value) == (
         2,
         FINISH,
@@ -142,29 +144,35 @@ async def test_durable_halt_then_resume(
 
 
 async def test_resume_by_id_across_runtimes(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     flow = approval_flow()
     async with runtime_on(make_store()) as rt:
-        halted = await rt.invoke(flow, {"value": "x"}, workflow_instance_id="order-2")
+        halted = await rt.workflows.invoke(
+            flow, {"value": "x"}, workflow_instance_id="order-2"
+        )
     assert halted.revision == 1
     async with runtime_on(make_store()) as rt:  # another runtime (a restarted process)
-        done = await rt.send_event(
+        done = await rt.workflows.send_event(
             flow, event="approve", workflow_instance_id="order-2"
         )
         assert (done.revision, done.state.value) == (2, "x:prepared:confirmed")
         with pytest.raises(phronomy.InstanceStateError, match="is finished"):
-            await rt.send_event(flow, event="approve", workflow_instance_id="order-2")
+            await rt.workflows.send_event(
+                flow, event="approve", workflow_instance_id="order-2"
+            )
         with pytest.raises(phronomy.NotFoundError, match="no durable state"):
-            await rt.send_event(
+            await rt.workflows.send_event(
                 flow, event="approve", workflow_instance_id="never-started"
             )
         with pytest.raises(phronomy.InvalidInputError):
-            await rt.send_event(flow, event="bogus", workflow_instance_id="order-2")
+            await rt.workflows.send_event(
+                flow, event="bogus", workflow_instance_id="order-2"
+            )
 
 
 async def test_a_rejected_resume_does_not_touch_the_status(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     store = make_store()
     wf = (
@@ -176,23 +184,23 @@ async def test_a_rejected_resume_does_not_touch_the_status(
     wf.transition("w", "s", on="go").transition("s", FINISH, on="later")
     flow = wf.build()
     async with runtime_on(store) as rt:
-        await rt.invoke(flow, workflow_instance_id="r")
+        await rt.workflows.invoke(flow, workflow_instance_id="r")
         with pytest.raises(
             phronomy.TransitionError, match="Transition from 'w' via event 'later'"
         ):
-            await rt.send_event(flow, event="later", workflow_instance_id="r")
+            await rt.workflows.send_event(flow, event="later", workflow_instance_id="r")
         assert store.load("r").status == "halted"  # type: ignore[union-attr]
 
 
 async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # Before: the caller hung while the store said "halted" (the segment stayed live).
     store = make_store()
     flow = guarded_flow()
     with trio.fail_after(10):
         async with runtime_on(store) as rt:
-            halted = await rt.invoke(flow, workflow_instance_id="order-1")
+            halted = await rt.workflows.invoke(flow, workflow_instance_id="order-1")
             before = store.load("order-1")
             assert before is not None
             attempts = [
@@ -201,7 +209,9 @@ async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
             ]
             for target in attempts:
                 with pytest.raises(phronomy.EventRejectedError) as caught:
-                    await rt.send_event(flow, "approve", payload="no", **target)
+                    await rt.workflows.send_event(
+                        flow, "approve", payload="no", **target
+                    )
                 rejected = caught.value
                 assert (rejected.phase, rejected.revision, rejected.event) == (
                     "awaiting",
@@ -212,7 +222,7 @@ async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
                 assert "order-1" in str(rejected)
                 assert admission_state(rt, "order-1") is None  # released
                 assert store.load("order-1") == before  # not a byte changed
-            done = await rt.send_event(
+            done = await rt.workflows.send_event(
                 flow, "approve", workflow_instance_id="order-1", payload="yes"
             )
             assert (done.phase, done.revision) == (FINISH, 2)
@@ -222,13 +232,15 @@ async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
 
 
 async def test_resume_validation_detects_divergence(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 69
     store = make_store()
     flow = approval_flow()
     async with runtime_on(store) as rt:
-        halted = await rt.invoke(flow, {"value": "a"}, workflow_instance_id="div")
+        halted = await rt.workflows.invoke(
+            flow, {"value": "a"}, workflow_instance_id="div"
+        )
         blob = encode_snapshot(
             Value(value="changed elsewhere"),
             workflow_instance_id="div",
@@ -250,24 +262,24 @@ async def test_resume_validation_detects_divergence(
         with pytest.raises(
             phronomy.ConflictError, match="changed since the supplied halted result"
         ):
-            await rt.send_event(flow, "approve", halted=halted)
+            await rt.workflows.send_event(flow, "approve", halted=halted)
         assert admission_state(rt, "div") is None
-        done = await rt.send_event(
+        done = await rt.workflows.send_event(
             flow, event="approve", workflow_instance_id="div"
         )  # by id: from the durable state
         assert done.state.value == "changed elsewhere:confirmed"
 
 
 async def test_resume_of_an_ephemeral_halt_creates_the_record(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenarios 70, 133
     flow = approval_flow()
     async with phronomy.open_runtime() as rt:
-        halted = await rt.invoke(flow, {"value": "e"})
+        halted = await rt.workflows.invoke(flow, {"value": "e"})
     store = make_store()
     async with runtime_on(store) as rt:
-        done = await rt.send_event(flow, "approve", halted=halted)
+        done = await rt.workflows.send_event(flow, "approve", halted=halted)
     assert done.revision == 1
     assert store.load(halted.workflow_instance_id).revision == 1  # type: ignore[union-attr]
 
@@ -283,31 +295,31 @@ class Rich(phronomy.State):
 
 
 async def test_normalised_comparison_has_no_false_conflicts(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 71
     wf = phronomy.Workflow(Rich, name="rich").wait_state("w").initial("w")
     wf.transition("w", FINISH, on="go")
     flow = wf.build()
     async with runtime_on(make_store()) as rt:
-        halted = await rt.invoke(
+        halted = await rt.workflows.invoke(
             flow, {"tags": {"b": [2], "a": [1]}}, workflow_instance_id="rich"
         )
-        done = await rt.send_event(flow, "go", halted=halted)
+        done = await rt.workflows.send_event(flow, "go", halted=halted)
     assert done.state.color is Color.RED  # the live state keeps the enum
     assert done.state.pair == (1, 2)
 
 
 async def test_stream_over_a_durable_instance(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 73
     store = make_store()
     flow = counter_flow()
     async with runtime_on(store) as rt:
-        await rt.invoke(flow, {"count": 9}, workflow_instance_id="s")
+        await rt.workflows.invoke(flow, {"count": 9}, workflow_instance_id="s")
         names = []
-        async with rt.stream(flow, workflow_instance_id="s") as steps:
+        async with rt.workflows.stream(flow, workflow_instance_id="s") as steps:
             async for step in steps:
                 names.append(step.name)
         result = await steps.result()
@@ -319,7 +331,7 @@ async def test_stream_over_a_durable_instance(
 
 
 async def test_no_halted_step_before_the_save_succeeds(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenarios 62, 74
     store = FaultyStore(make_store())
@@ -327,14 +339,16 @@ async def test_no_halted_step_before_the_save_succeeds(
     flow = halting_flow()
     async with runtime_on(store) as rt:
         steps: list[str] = []
-        handle = rt.start(
+        handle = rt.workflows.start(
             flow, workflow_instance_id="barrier", on_step=lambda s: steps.append(s.name)
         )
         await until(lambda: admission_state(rt, "barrier") == "persisting_terminal")
         await trio.sleep(0.05)
         assert steps == []
         assert not handle.done
-        assert not rt.signal(flow, "barrier", "approve")  # scenario 54: not executing
+        assert not rt.workflows.signal(
+            flow, "barrier", "approve"
+        )  # scenario 54: not executing
         gate.set()
         result = await handle.result()
         assert steps == ["awaiting"]
@@ -343,13 +357,13 @@ async def test_no_halted_step_before_the_save_succeeds(
 
 
 async def test_stray_events_while_persisting_are_discarded(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 54
     store = FaultyStore(make_store())
     gate = store.block("save.before")
     async with runtime_on(store) as rt:
-        handle = rt.start(halting_flow(), workflow_instance_id="stray")
+        handle = rt.workflows.start(halting_flow(), workflow_instance_id="stray")
         await until(lambda: admission_state(rt, "stray") == "persisting_terminal")
         session_id = segment_id(rt, "stray")
         assert session_id is not None
@@ -361,7 +375,7 @@ async def test_stray_events_while_persisting_are_discarded(
 
 
 async def test_competitors_are_refused_while_loading_and_saving(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenarios 53, 54, 55, 56. One workflow throughout, which declares the signalled
     # event: each False below comes from the admission's state, not from a name check.
@@ -369,19 +383,23 @@ async def test_competitors_are_refused_while_loading_and_saving(
     flow = live_flow()
     async with runtime_on(store) as rt:
         load_gate = store.block("load.before")
-        first = rt.start(flow, workflow_instance_id="c")
+        first = rt.workflows.start(flow, workflow_instance_id="c")
         await until(lambda: admission_state(rt, "c") == "admitting")
-        assert not rt.signal(flow, "c", "mark")  # 53: still loading, no session bound
+        assert not rt.workflows.signal(
+            flow, "c", "mark"
+        )  # 53: still loading, no session bound
         with pytest.raises(phronomy.BusyError, match="live execution segment"):
-            await rt.invoke(flow, workflow_instance_id="c")  # 55
+            await rt.workflows.invoke(flow, workflow_instance_id="c")  # 55
         load_gate.set()
-        await until(lambda: rt.signal(flow, "c", "mark"))  # executing: delivered
+        await until(
+            lambda: rt.workflows.signal(flow, "c", "mark")
+        )  # executing: delivered
         save_gate = store.block("save.before")
-        assert rt.signal(flow, "c", "finish")
+        assert rt.workflows.signal(flow, "c", "finish")
         await until(lambda: admission_state(rt, "c") == "persisting_terminal")
-        assert not rt.signal(flow, "c", "mark")  # 54: saving, no more events
+        assert not rt.workflows.signal(flow, "c", "mark")  # 54: saving, no more events
         with pytest.raises(phronomy.BusyError, match="live execution segment"):
-            await rt.invoke(flow, workflow_instance_id="c")  # 56
+            await rt.workflows.invoke(flow, workflow_instance_id="c")  # 56
         save_gate.set()
         done = await first.result()
         assert (done.phase, done.state.count) == (FINISH, 1)
@@ -390,25 +408,25 @@ async def test_competitors_are_refused_while_loading_and_saving(
 
 
 async def test_load_errors_fail_the_caller_and_release(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 61
     store = FaultyStore(make_store())
     flow = approval_flow()
     async with runtime_on(store) as rt:
-        halted = await rt.invoke(flow, workflow_instance_id="le")
+        halted = await rt.workflows.invoke(flow, workflow_instance_id="le")
         store.fail("load.before", OSError("disk unplugged"))
         with pytest.raises(OSError, match="disk unplugged"):
-            await rt.invoke(flow, workflow_instance_id="le2")
+            await rt.workflows.invoke(flow, workflow_instance_id="le2")
         assert admission_state(rt, "le2") is None
         store.fail("load.before", OSError("still unplugged"))
         with pytest.raises(OSError, match="still unplugged"):
-            await rt.send_event(flow, "approve", halted=halted)
+            await rt.workflows.send_event(flow, "approve", halted=halted)
         assert admission_state(rt, "le") is None
 
 
 async def test_conflicting_save_fails_the_caller(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenarios 75, 130
     store = make_store()
@@ -428,7 +446,7 @@ async def test_conflicting_save_fails_the_caller(
                 phase=FINISH,
             )
         )
-        rt.signal(flow, "cf", "finish")
+        rt.workflows.signal(flow, "cf", "finish")
         with pytest.raises(phronomy.ConflictError):
             await handle.result()
         assert admission_state(rt, "cf") is None
@@ -436,7 +454,7 @@ async def test_conflicting_save_fails_the_caller(
 
 
 async def test_saved_snapshot_is_taken_when_the_segment_ends(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 77
     store = FaultyStore(make_store())
@@ -448,7 +466,7 @@ async def test_saved_snapshot_is_taken_when_the_segment_ends(
         .transition("s", FINISH)
     )
     async with runtime_on(store) as rt:
-        handle = rt.start(
+        handle = rt.workflows.start(
             wf.build(), {"steps": ["before"]}, workflow_instance_id="snap"
         )
         await until(lambda: admission_state(rt, "snap") == "persisting_terminal")
@@ -460,13 +478,15 @@ async def test_saved_snapshot_is_taken_when_the_segment_ends(
 
 
 async def test_commit_then_error_is_reconciled_to_success(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 78
     store = FaultyStore(make_store())
     store.fail("save.after", OSError("response lost"))
     async with runtime_on(store) as rt:
-        result = await rt.invoke(counter_flow(), {"count": 0}, workflow_instance_id="p")
+        result = await rt.workflows.invoke(
+            counter_flow(), {"count": 0}, workflow_instance_id="p"
+        )
         assert (result.state.count, result.revision) == (1, 1)
         assert admission_state(rt, "p") is None
     assert store.inner.load("p").revision == 1  # type: ignore[union-attr]
@@ -474,7 +494,7 @@ async def test_commit_then_error_is_reconciled_to_success(
 
 
 async def test_proven_non_commit_returns_the_original_error(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 79
     store = FaultyStore(make_store())
@@ -482,7 +502,7 @@ async def test_proven_non_commit_returns_the_original_error(
     store.fail("save.before", error)
     async with runtime_on(store) as rt:
         with pytest.raises(OSError) as caught:
-            await rt.invoke(counter_flow(), workflow_instance_id="n")
+            await rt.workflows.invoke(counter_flow(), workflow_instance_id="n")
         assert caught.value is error
         assert admission_state(rt, "n") is None
     record = store.inner.load("n")
@@ -495,7 +515,7 @@ async def test_proven_non_commit_returns_the_original_error(
 
 @pytest.mark.parametrize("readback", ["third-state", "raises"])
 async def test_unknown_outcome_requires_recovery(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
     readback: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -521,15 +541,15 @@ async def test_unknown_outcome_requires_recovery(
         else:
             store.fail("readback.before", OSError("cannot read back"))
         store.fail("save.before", OSError("connection reset"))
-        rt.signal(flow, "u", "finish")
+        rt.workflows.signal(flow, "u", "finish")
         await until(lambda: admission_state(rt, "u") == "recovery_required")
-        segment = rt.segment("u")
+        segment = rt.workflows.segment("u")
         assert segment is not None
         assert segment.segment_id is None  # the session retired: nothing runs it
         assert segment.error is not None
         assert not handle.done
         with pytest.raises(phronomy.BusyError, match="live execution segment"):
-            await rt.invoke(flow, workflow_instance_id="u")
+            await rt.workflows.invoke(flow, workflow_instance_id="u")
         entries = await rt.recovery.list()
         assert [e.workflow_instance_id for e in entries] == ["u"]
         assert entries[0].in_process
@@ -559,11 +579,11 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
     store = FaultyStore(open_sqlite(path))
     flow = approval_flow()
     async with runtime_on(store) as rt:
-        halted = await rt.invoke(flow, workflow_instance_id="rr")
+        halted = await rt.workflows.invoke(flow, workflow_instance_id="rr")
         store.fail("save.before", OSError("reset")).fail(
             "readback.before", OSError("unreadable")
         )
-        pending = rt.start_event(
+        pending = rt.workflows.start_event(
             flow,
             "approve",
             halted=halted,
@@ -576,7 +596,7 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
             with pytest.raises(
                 phronomy.RecoveryRequiredError, match="requires recovery"
             ):
-                await other.invoke(flow, workflow_instance_id="rr")
+                await other.workflows.invoke(flow, workflow_instance_id="rr")
             listed = await other.recovery.list()
             assert [(e.workflow_instance_id, e.in_process) for e in listed] == [
                 ("rr", False)
@@ -597,7 +617,9 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
             await pending.result()
         assert admission_state(rt, "rr") is None
         assert (
-            await rt.send_event(flow, event="approve", workflow_instance_id="rr")
+            await rt.workflows.send_event(
+                flow, event="approve", workflow_instance_id="rr"
+            )
         ).revision == 2
         with pytest.raises(phronomy.NotFoundError, match="does not require recovery"):
             await rt.recovery.resolve("rr", action="release")
@@ -606,7 +628,7 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
 
 
 async def test_release_marks_failed_so_it_can_be_retried(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     store = FaultyStore(make_store())
     flow = counter_flow()
@@ -614,7 +636,7 @@ async def test_release_marks_failed_so_it_can_be_retried(
         store.fail("save.before", OSError("reset")).fail(
             "readback.before", OSError("unreadable")
         )
-        handle = rt.start(flow, workflow_instance_id="rel")
+        handle = rt.workflows.start(flow, workflow_instance_id="rel")
         await until(lambda: admission_state(rt, "rel") == "recovery_required")
         await until(lambda: status_of(store, "rel") == "recovery_required")
         released = await rt.recovery.resolve("rel", action="release")
@@ -622,11 +644,13 @@ async def test_release_marks_failed_so_it_can_be_retried(
         assert released.status == "failed"
         with pytest.raises(phronomy.RecoveryRequiredError, match="release"):
             await handle.result()
-        assert (await rt.invoke(flow, workflow_instance_id="rel")).revision == 1
+        assert (
+            await rt.workflows.invoke(flow, workflow_instance_id="rel")
+        ).revision == 1
 
 
 async def test_failed_offloaded_save_is_an_unknown_outcome(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 82: the offloaded batch itself fails (not one save inside it)
     class ExplodingBatches(FaultyStore):
@@ -643,7 +667,7 @@ async def test_failed_offloaded_save_is_an_unknown_outcome(
         handle = await start_live(rt, flow, "x")
         loads = store.count("load")
         store.explode = True
-        rt.signal(flow, "x", "finish")
+        rt.workflows.signal(flow, "x", "finish")
         await until(lambda: admission_state(rt, "x") == "recovery_required")
         assert store.count("save") == 0
         assert store.count("load") == loads  # never read back either
@@ -653,7 +677,7 @@ async def test_failed_offloaded_save_is_an_unknown_outcome(
 
 
 async def test_refused_save_submission_is_a_known_failure(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 85
     store = make_store()
@@ -661,7 +685,7 @@ async def test_refused_save_submission_is_a_known_failure(
     async with runtime_on(store) as rt:
         handle = await start_live(rt, flow, "ref")
         rt.pool("phronomy.store").close()  # the store refuses the terminal save
-        rt.signal(flow, "ref", "finish")
+        rt.workflows.signal(flow, "ref", "finish")
         with pytest.raises(phronomy.RuntimeShutdownError):
             await handle.result()
         assert admission_state(rt, "ref") is None
@@ -669,13 +693,14 @@ async def test_refused_save_submission_is_a_known_failure(
 
 
 async def test_late_save_result_after_cut_off_is_dropped_with_a_warning(
-    make_store: Callable[[], phronomy.WorkflowStore], caplog: pytest.LogCaptureFixture
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     # scenario 83
     store = FaultyStore(make_store())
     gate = store.block("save.before")
     async with runtime_on(store, shutdown_timeout=0.1, cancel_grace=3) as rt:
-        handle = rt.start(halting_flow(), workflow_instance_id="late")
+        handle = rt.workflows.start(halting_flow(), workflow_instance_id="late")
         await until(lambda: admission_state(rt, "late") == "persisting_terminal")
         threading.Timer(0.3, gate.set).start()
     with pytest.raises(
@@ -688,7 +713,7 @@ async def test_late_save_result_after_cut_off_is_dropped_with_a_warning(
 
 
 async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 84
     store = make_store()
@@ -696,19 +721,19 @@ async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
     async with runtime_on(store) as rt:
         first = await start_live(rt, flow, "inc")
         old_session = segment_id(rt, "inc")
-        rt.signal(flow, "inc", "finish")
+        rt.workflows.signal(flow, "inc", "finish")
         assert (await first.result()).revision == 1
         second = await start_live(rt, flow, "inc")
         stale = phronomy.engine.Event(
             type=TERMINAL_RESULT, target_id=old_session or "", payload=None
         )
         assert not rt.engine.post_nowait(stale)
-        rt.signal(flow, "inc", "finish")
+        rt.workflows.signal(flow, "inc", "finish")
         assert (await second.result()).revision == 2
 
 
 async def test_observer_error_at_a_durable_halt(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 43 (durable): the record stays saved, the caller gets the observer's error
     store = make_store()
@@ -719,7 +744,9 @@ async def test_observer_error_at_a_durable_halt(
 
     async with runtime_on(store) as rt:
         with pytest.raises(LookupError) as caught:
-            await rt.invoke(halting_flow(), workflow_instance_id="obs", on_step=observe)
+            await rt.workflows.invoke(
+                halting_flow(), workflow_instance_id="obs", on_step=observe
+            )
         assert caught.value is error
         assert admission_state(rt, "obs") is None
     assert store.load("obs").revision == 1  # type: ignore[union-attr]
@@ -734,7 +761,7 @@ class Anything(phronomy.State):
 
 
 async def test_values_outside_the_json_domain_fail_without_writing(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 129
     store = make_store()
@@ -745,19 +772,23 @@ async def test_values_outside_the_json_domain_fail_without_writing(
             phronomy.SerializationError,
             match=r"\$\.fields\.blob holds a builtins\.object",
         ):
-            await rt.invoke(flow, {"blob": object()}, workflow_instance_id="j")
+            await rt.workflows.invoke(
+                flow, {"blob": object()}, workflow_instance_id="j"
+            )
         with pytest.raises(phronomy.SerializationError, match="nan"):
-            await rt.invoke(
+            await rt.workflows.invoke(
                 flow, {"blob": {"x": float("nan")}}, workflow_instance_id="j"
             )
         assert admission_state(rt, "j") is None
         assert (
-            await rt.invoke(flow, {"blob": [1, "ok"]}, workflow_instance_id="j")
+            await rt.workflows.invoke(
+                flow, {"blob": [1, "ok"]}, workflow_instance_id="j"
+            )
         ).revision == 1
 
 
 async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # Before: a deep list escaped as RecursionError, and bytes under Any were saved and
     # came back as base64 text.
@@ -772,7 +803,7 @@ async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
     )
     flow = wf.build()
     async with runtime_on(store) as rt:
-        await rt.invoke(flow, {"blob": [1, "ok"]}, workflow_instance_id="j")
+        await rt.workflows.invoke(flow, {"blob": [1, "ok"]}, workflow_instance_id="j")
         before = store.load("j")
         assert before is not None
         for payload, message in [
@@ -781,20 +812,20 @@ async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
             ({1: "x"}, r"\$\.fields\.blob has a key of type int"),
         ]:
             with pytest.raises(phronomy.SerializationError, match=message):
-                await rt.send_event(
+                await rt.workflows.send_event(
                     flow, "store", workflow_instance_id="j", payload=payload
                 )
             after = store.load("j")
             assert after is not None
             assert (after.revision, after.snapshot) == (1, before.snapshot)
-        done = await rt.send_event(
+        done = await rt.workflows.send_event(
             flow, "store", workflow_instance_id="j", payload={"ok": [1, 2]}
         )
         assert (done.revision, done.state.blob) == (2, {"ok": [1, 2]})
 
 
 async def test_a_stored_blob_nested_too_deeply_is_a_corrupt_record(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     store = make_store()
     depth = 100_000
@@ -818,10 +849,10 @@ async def test_a_stored_blob_nested_too_deeply_is_a_corrupt_record(
         with pytest.raises(
             phronomy.CorruptRecordError, match="nested too deeply"
         ) as caught:
-            await rt.invoke(counter_flow(), workflow_instance_id="deep")
+            await rt.workflows.invoke(counter_flow(), workflow_instance_id="deep")
         assert (caught.value.instance_id, caught.value.revision) == ("deep", 1)
         assert (
-            await rt.invoke(counter_flow(), workflow_instance_id="ok")
+            await rt.workflows.invoke(counter_flow(), workflow_instance_id="ok")
         ).revision == 1
     record = store.load("deep")
     assert record is not None
@@ -829,7 +860,7 @@ async def test_a_stored_blob_nested_too_deeply_is_a_corrupt_record(
 
 
 async def test_snapshot_size_limit(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     store = make_store()
     flow = (
@@ -840,16 +871,20 @@ async def test_snapshot_size_limit(
     )
     async with runtime_on(store, max_snapshot_bytes=500) as rt:
         assert (
-            await rt.invoke(flow, {"text": "small"}, workflow_instance_id="big")
+            await rt.workflows.invoke(
+                flow, {"text": "small"}, workflow_instance_id="big"
+            )
         ).revision == 1
         with pytest.raises(phronomy.SerializationError, match="limit is 500 bytes"):
-            await rt.invoke(flow, {"text": "x" * 1000}, workflow_instance_id="big")
+            await rt.workflows.invoke(
+                flow, {"text": "x" * 1000}, workflow_instance_id="big"
+            )
     record, stored = fields(store, "big")
     assert (record.revision, stored["text"]) == (1, "small")
 
 
 async def test_corrupt_stored_blobs_are_typed_errors_and_others_keep_running(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     store = make_store()
     flow = counter_flow()
@@ -868,27 +903,31 @@ async def test_corrupt_stored_blobs_are_typed_errors_and_others_keep_running(
         with pytest.raises(
             phronomy.CorruptRecordError, match="'bad' revision 1"
         ) as caught:
-            await rt.invoke(flow, workflow_instance_id="bad")
+            await rt.workflows.invoke(flow, workflow_instance_id="bad")
         assert (caught.value.instance_id, caught.value.revision) == ("bad", 1)
-        assert (await rt.invoke(flow, workflow_instance_id="good")).revision == 1
+        assert (
+            await rt.workflows.invoke(flow, workflow_instance_id="good")
+        ).revision == 1
     assert store.load("bad").snapshot.endswith(b'"form')  # type: ignore[union-attr]  # unchanged
 
 
 async def test_an_instance_belongs_to_its_workflow(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     store = make_store()
     async with runtime_on(store) as rt:
-        await rt.invoke(counter_flow("orders"), workflow_instance_id="owned")
+        await rt.workflows.invoke(counter_flow("orders"), workflow_instance_id="owned")
         with pytest.raises(
             phronomy.InstanceStateError, match="belongs to workflow 'orders'"
         ):
-            await rt.invoke(counter_flow("payments"), workflow_instance_id="owned")
+            await rt.workflows.invoke(
+                counter_flow("payments"), workflow_instance_id="owned"
+            )
     assert store.load("owned").status == "finished"  # type: ignore[union-attr]
 
 
 async def test_status_is_running_while_parked_and_failed_after_an_error(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     store = FaultyStore(make_store())
     flow = live_flow()
@@ -904,7 +943,7 @@ async def test_status_is_running_while_parked_and_failed_after_an_error(
     async with runtime_on(store) as rt:
         # straight through to FINISH: one read, one save, no separate "running" write
         assert (
-            await rt.invoke(counter_flow(), workflow_instance_id="quick")
+            await rt.workflows.invoke(counter_flow(), workflow_instance_id="quick")
         ).revision == 1
         assert (store.count("load"), store.count("begin"), store.count("save")) == (
             1,
@@ -914,13 +953,13 @@ async def test_status_is_running_while_parked_and_failed_after_an_error(
         # parked at a state waiting for a signal: marked running once, then finished
         handle = await start_live(rt, flow, "st")
         await until(lambda: status_of(store, "st") == "running")
-        rt.signal(flow, "st", "finish")
+        rt.workflows.signal(flow, "st", "finish")
         await handle.result()
         assert status_of(store, "st") == "finished"
         assert store.count("begin") == 1
         # a fresh instance that failed before any save is listed as failed
         with pytest.raises(ValueError, match="action exploded"):
-            await rt.invoke(wf.build(), workflow_instance_id="broken")
+            await rt.workflows.invoke(wf.build(), workflow_instance_id="broken")
         await until(lambda: status_of(store, "broken") == "failed")
         broken = store.load("broken")
         assert broken is not None
@@ -929,7 +968,7 @@ async def test_status_is_running_while_parked_and_failed_after_an_error(
 
 
 async def test_shutdown_refuses_new_starts_but_lets_signals_through(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 131
     store = make_store()
@@ -942,8 +981,8 @@ async def test_shutdown_refuses_new_starts_but_lets_signals_through(
             phronomy.RuntimeShutdownError,
             match="rejected Workflow start while shutting down",
         ):
-            await rt.invoke(flow, workflow_instance_id="new")
-        assert rt.signal(flow, "live", "finish")
+            await rt.workflows.invoke(flow, workflow_instance_id="new")
+        assert rt.workflows.signal(flow, "live", "finish")
         assert (await handle.result()).revision == 1
     assert rt.shutdown_result is not None
     assert rt.shutdown_result.clean
@@ -963,24 +1002,24 @@ def _slow_approval() -> phronomy.WorkflowDefinition[Value]:
 
 
 async def test_a_segment_cut_off_at_shutdown_leaves_an_honest_row(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # Before: the rows of cut-off segments stayed "running" after a clean shutdown.
     store = make_store()
     async with runtime_on(store) as rt:
-        halted = await rt.invoke(approval_flow(), workflow_instance_id="cut")
+        halted = await rt.workflows.invoke(approval_flow(), workflow_instance_id="cut")
     errors: list[BaseException] = []
 
     async def resume(rt: phronomy.Runtime) -> None:
         try:
-            await rt.send_event(_slow_approval(), "approve", halted=halted)
+            await rt.workflows.send_event(_slow_approval(), "approve", halted=halted)
         except phronomy.RuntimeShutdownError as exc:
             errors.append(exc)
 
     async with trio.open_nursery() as nursery:
         async with runtime_on(store, shutdown_timeout=0.05) as rt:
             nursery.start_soon(resume, rt)
-            fresh = rt.start(live_flow(), workflow_instance_id="fresh")
+            fresh = rt.workflows.start(live_flow(), workflow_instance_id="fresh")
             await until(
                 lambda: (
                     status_of(store, "cut") == "running"
@@ -1004,21 +1043,21 @@ async def test_a_segment_cut_off_at_shutdown_leaves_an_honest_row(
     assert (never_saved.status, never_saved.revision) == ("failed", 0)
     assert "had not saved yet" in (never_saved.detail or "")
     async with runtime_on(store) as rt:
-        done = await rt.send_event(
+        done = await rt.workflows.send_event(
             approval_flow(), "approve", workflow_instance_id="cut"
         )
         assert (done.revision, status_of(store, "cut")) == (2, "finished")
 
 
 async def test_resume_rejects_state_of_another_class(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     flow = approval_flow()
     async with runtime_on(make_store()) as rt:
-        halted = await rt.invoke(flow, workflow_instance_id="typed")
+        halted = await rt.workflows.invoke(flow, workflow_instance_id="typed")
         wrong = msgspec.structs.replace(halted, state=Rich())
         with pytest.raises(phronomy.InvalidInputError, match="runs Value"):
-            await rt.send_event(flow, "approve", halted=wrong)  # type: ignore[arg-type]
+            await rt.workflows.send_event(flow, "approve", halted=wrong)  # type: ignore[arg-type]
 
 
 async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
@@ -1028,7 +1067,9 @@ async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
     gate = store.block("load.before", times=None)
     try:
         async with runtime_on(store, shutdown_timeout=0.1, cancel_grace=0.1) as rt:
-            workflow = rt.start(counter_flow(), workflow_instance_id="blocked")
+            workflow = rt.workflows.start(
+                counter_flow(), workflow_instance_id="blocked"
+            )
             execution = rt.executions.start("agent-blocked", [lambda v: v])
             await until(
                 lambda: (
@@ -1051,7 +1092,7 @@ async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
 
 
 async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fails(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # Before: when the recovery_required mark could not be written either, a second
     # runtime of the same process (on the same database) was admitted and saved
@@ -1067,13 +1108,13 @@ async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fai
         runtime_on(first, shutdown_timeout=0.5) as a,
         runtime_on(second, shutdown_timeout=0.5) as b,
     ):
-        pending = a.start(flow, workflow_instance_id="q")
+        pending = a.workflows.start(flow, workflow_instance_id="q")
         await until(lambda: admission_state(a, "q") == "recovery_required")
         await until(lambda: first.count("mark") >= 1)  # the mark was tried, and failed
         first.clear()  # (for MemoryStore both runtimes share one store object)
         assert status_of(inner, "q") == "finished"  # the save landed, unknown to a
         with pytest.raises(phronomy.RecoveryRequiredError, match="requires recovery"):
-            await b.invoke(flow, workflow_instance_id="q")
+            await b.workflows.invoke(flow, workflow_instance_id="q")
         listed = await b.recovery.list()
         assert [(e.workflow_instance_id, e.in_process) for e in listed] == [
             ("q", False)
@@ -1081,14 +1122,14 @@ async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fai
         assert "unknown" in (listed[0].error or "")
         assert not pending.done
         await b.recovery.resolve("q", action="adopt")  # from the other runtime
-        assert (await b.invoke(flow, workflow_instance_id="q")).revision == 2
+        assert (await b.workflows.invoke(flow, workflow_instance_id="q")).revision == 2
         await a.recovery.resolve("q", action="adopt")  # its own admission
         with pytest.raises(phronomy.RecoveryRequiredError, match="resolved"):
             await pending.result()
 
 
 async def test_faults_inside_group_commits_are_reconciled_save_by_save(
-    make_store: Callable[[], phronomy.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # Every commit lands but its acknowledgement fails: each save of each batch is
     # reconciled on its own (FaultyStore fires inside the store's batched execute).
@@ -1096,7 +1137,9 @@ async def test_faults_inside_group_commits_are_reconciled_save_by_save(
     store.fail("commit.after", OSError("ack lost"), times=None)
     flow = counter_flow()
     async with runtime_on(store) as rt:
-        handles = [rt.start(flow, workflow_instance_id=f"g{i}") for i in range(40)]
+        handles = [
+            rt.workflows.start(flow, workflow_instance_id=f"g{i}") for i in range(40)
+        ]
         results = [await h.result() for h in handles]
     assert [r.revision for r in results] == [1] * 40
     assert store.count("save") == 40

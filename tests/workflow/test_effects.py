@@ -42,7 +42,7 @@ async def test_start_soon_runs_an_async_function_and_delivers_its_result(
     def entry(s: Log, e: Any, effects: phronomy.Effects) -> None:
         effects.start_soon(functools.partial(fetch, suffix="!"), "k", on_done="done")
 
-    result = await runtime.invoke(_flow(entry))
+    result = await runtime.workflows.invoke(_flow(entry))
     assert (result.state.events, result.state.payloads) == (["done"], ["k!"])
 
 
@@ -53,7 +53,7 @@ async def test_schedule_posts_its_event_after_the_delay(
         effects.schedule(30, "done", {"late": True})
 
     started = trio.current_time()
-    result = await runtime.invoke(_flow(entry))
+    result = await runtime.workflows.invoke(_flow(entry))
     assert trio.current_time() - started == pytest.approx(30)
     assert result.state.payloads == [{"late": True}]
 
@@ -67,7 +67,7 @@ async def test_a_failed_effect_goes_to_on_error_or_fails_the_segment(
     def handled(s: Log, e: Any, effects: phronomy.Effects) -> None:
         effects.offload(broken, on_done="done", on_error="failed")
 
-    result = await runtime.invoke(_flow(handled, events=("done", "failed")))
+    result = await runtime.workflows.invoke(_flow(handled, events=("done", "failed")))
     assert result.state.events == ["failed"]
     assert isinstance(result.state.payloads[0], OSError)
 
@@ -75,7 +75,7 @@ async def test_a_failed_effect_goes_to_on_error_or_fails_the_segment(
         effects.offload(broken, on_done="done")
 
     with pytest.raises(OSError, match="card declined"):
-        await runtime.invoke(_flow(unhandled))
+        await runtime.workflows.invoke(_flow(unhandled))
 
 
 async def test_an_action_that_raises_after_a_request_starts_nothing(
@@ -88,7 +88,7 @@ async def test_an_action_that_raises_after_a_request_starts_nothing(
         raise ValueError("changed my mind")
 
     with pytest.raises(ValueError, match="changed my mind"):
-        await runtime.invoke(_flow(entry))
+        await runtime.workflows.invoke(_flow(entry))
     await runtime.engine.default_pool.wait_idle()
     assert not ran.is_set()
     assert runtime.engine.default_pool.statistics().submitted_total == 0
@@ -101,25 +101,25 @@ async def test_bad_requests_name_what_is_wrong(runtime: phronomy.Runtime) -> Non
         effects.offload(print, on_done="dnoe")
 
     with pytest.raises(phronomy.InvalidInputError, match="declares no event 'dnoe'"):
-        await runtime.invoke(_flow(undeclared))
+        await runtime.workflows.invoke(_flow(undeclared))
 
     def negative(s: Log, e: Any, effects: phronomy.Effects) -> None:
         effects.schedule(-1, "done")
 
     with pytest.raises(phronomy.InvalidInputError, match="delay >= 0"):
-        await runtime.invoke(_flow(negative))
+        await runtime.workflows.invoke(_flow(negative))
 
     def not_callable(s: Log, e: Any, effects: phronomy.Effects) -> None:
         effects.start_soon("fetch", on_done="done")  # type: ignore[arg-type]
 
     with pytest.raises(phronomy.InvalidInputError, match="need a callable, not str"):
-        await runtime.invoke(_flow(not_callable))
+        await runtime.workflows.invoke(_flow(not_callable))
 
     def keep(s: Log, e: Any, effects: phronomy.Effects) -> None:
         kept.append(effects)
         effects.schedule(0, "done")
 
-    await runtime.invoke(_flow(keep))
+    await runtime.workflows.invoke(_flow(keep))
     with pytest.raises(phronomy.InstanceStateError, match="while the action"):
         kept[0].schedule(0, "done")
 
@@ -148,16 +148,16 @@ async def test_work_is_owned_by_its_segment(runtime: phronomy.Runtime) -> None:
     wf.transition("working", FINISH, on="done", action=_record)
     wf.transition("working", FINISH, on="stop", action=lambda s: None)
     flow = wf.build()
-    first = runtime.start(flow, workflow_instance_id="owned")
-    await until(lambda: runtime.signal(flow, "owned", "stop"))
+    first = runtime.workflows.start(flow, workflow_instance_id="owned")
+    await until(lambda: runtime.workflows.signal(flow, "owned", "stop"))
     await first.result()
     with trio.fail_after(5):
         await cancelled.wait()
-    second = runtime.start(flow, workflow_instance_id="owned")
+    second = runtime.workflows.start(flow, workflow_instance_id="owned")
     await until(lambda: runtime.statistics().sessions == 1)
     release.set()  # the first segment's thread returns now
     await runtime.engine.default_pool.wait_idle()
     assert not second.done  # its result did not reach the second segment
-    assert runtime.signal(flow, "owned", "stop")
+    assert runtime.workflows.signal(flow, "owned", "stop")
     assert (await second.result()).state.events == []
     assert len(set(segments)) == 2

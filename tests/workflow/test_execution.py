@@ -33,7 +33,7 @@ async def test_single_state_action_and_finish(runtime: phronomy.Runtime) -> None
         .state("step", entry=lambda s: s.merge(value=42))
         .transition("step", FINISH)
     )
-    result = await runtime.invoke(wf.build())
+    result = await runtime.workflows.invoke(wf.build())
     assert (result.state.value, result.phase, result.halted, result.revision) == (
         42,
         FINISH,
@@ -49,19 +49,22 @@ async def test_append_reducer_across_states(runtime: phronomy.Runtime) -> None:
     wf.state("one", entry=lambda s: s.merge(steps="first"))
     wf.state("two", entry=lambda s: s.merge(steps="second"))
     wf.transition("one", "two").transition("two", FINISH)
-    assert (await runtime.invoke(wf.build())).state.steps == ["first", "second"]
+    assert (await runtime.workflows.invoke(wf.build())).state.steps == [
+        "first",
+        "second",
+    ]
 
 
 async def test_halt_and_send_event(runtime: phronomy.Runtime) -> None:
     # scenario 16
     flow = approval_flow()
-    halted = await runtime.invoke(flow, {"value": "start"})
+    halted = await runtime.workflows.invoke(flow, {"value": "start"})
     assert (halted.phase, halted.halted, halted.state.value) == (
         "awaiting",
         True,
         "start:prepared",
     )
-    done = await runtime.send_event(flow, "approve", halted=halted)
+    done = await runtime.workflows.send_event(flow, "approve", halted=halted)
     assert (done.state.value, done.phase, done.halted) == (
         "start:prepared:confirmed",
         FINISH,
@@ -85,8 +88,8 @@ async def test_send_event_input_is_merged_first(runtime: phronomy.Runtime) -> No
     wf.entry("execute", lambda s: s.merge(value=f"{s.value}:executed"))
     wf.transition("awaiting", "execute", on="approve").transition("execute", FINISH)
     flow = wf.build()
-    halted = await runtime.invoke(flow, {"value": "original"})
-    done = await runtime.send_event(
+    halted = await runtime.workflows.invoke(flow, {"value": "original"})
+    done = await runtime.workflows.send_event(
         flow, "approve", halted=halted, input={"value": "overridden"}
     )
     assert done.state.value == "overridden:executed"
@@ -99,18 +102,18 @@ async def test_resume_fires_the_first_event_of_the_phase(
     wf = phronomy.Workflow(Value).wait_state("w").initial("w")
     wf.transition("w", FINISH, on="resume", action=lambda s: s.merge(value="resumed"))
     flow = wf.build()
-    done = await runtime.resume(flow, await runtime.invoke(flow))
+    done = await runtime.workflows.resume(flow, await runtime.workflows.invoke(flow))
     assert done.state.value == "resumed"
 
     wf = phronomy.Workflow(Value).wait_state("stuck").initial("stuck").state("other")
     wf.transition("other", FINISH, on="go")
     flow = wf.build()
-    halted = await runtime.invoke(flow)
+    halted = await runtime.workflows.invoke(flow)
     with pytest.raises(
         phronomy.InstanceStateError,
         match="No external event registered for state 'stuck'",
     ):
-        await runtime.resume(flow, halted)
+        await runtime.workflows.resume(flow, halted)
 
 
 async def test_unknown_and_misplaced_events_are_refused_synchronously(
@@ -118,20 +121,20 @@ async def test_unknown_and_misplaced_events_are_refused_synchronously(
 ) -> None:
     # scenario 20, and a declared event that does not leave the phase
     flow = approval_flow()
-    halted = await runtime.invoke(flow)
+    halted = await runtime.workflows.invoke(flow)
     with pytest.raises(
         phronomy.InvalidInputError,
         match=r"Unknown event 'bogus'\. Valid events: \['approve'\]",
     ):
-        await runtime.send_event(flow, "bogus", halted=halted)
+        await runtime.workflows.send_event(flow, "bogus", halted=halted)
     other = phronomy.Workflow(Value).wait_state("a").initial("a").state("b")
     other.transition("a", "b", on="go").transition("b", FINISH, on="later")
     flow2 = other.build()
-    halted2 = await runtime.invoke(flow2)
+    halted2 = await runtime.workflows.invoke(flow2)
     with pytest.raises(
         phronomy.TransitionError, match="Transition from 'a' via event 'later' failed"
     ):
-        await runtime.send_event(flow2, "later", halted=halted2)
+        await runtime.workflows.send_event(flow2, "later", halted=halted2)
 
 
 async def test_send_event_validates_the_halted_result(
@@ -139,7 +142,7 @@ async def test_send_event_validates_the_halted_result(
 ) -> None:
     # scenario 21
     flow = approval_flow()
-    halted = await runtime.invoke(flow)
+    halted = await runtime.workflows.invoke(flow)
     broken = phronomy.WorkflowResult(
         state=halted.state,
         phase="awaiting",
@@ -149,16 +152,18 @@ async def test_send_event_validates_the_halted_result(
         workflow="approval",
     )
     with pytest.raises(phronomy.InvalidInputError, match="workflow_instance_id"):
-        await runtime.send_event(flow, "approve", halted=broken)
-    done = await runtime.send_event(flow, "approve", halted=halted)
+        await runtime.workflows.send_event(flow, "approve", halted=broken)
+    done = await runtime.workflows.send_event(flow, "approve", halted=halted)
     with pytest.raises(phronomy.InstanceStateError, match="is finished"):
-        await runtime.send_event(flow, "approve", halted=done)
+        await runtime.workflows.send_event(flow, "approve", halted=done)
     with pytest.raises(phronomy.InvalidInputError, match="event's name"):
-        await runtime.send_event(flow, halted)  # type: ignore[arg-type]
+        await runtime.workflows.send_event(flow, halted)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="event"):
-        await runtime.send_event(flow, halted=halted)  # type: ignore[call-arg]
+        await runtime.workflows.send_event(flow, halted=halted)  # type: ignore[call-arg]
     with pytest.raises(phronomy.InvalidInputError, match="needs a store"):
-        await runtime.send_event(flow, event="approve", workflow_instance_id="x")
+        await runtime.workflows.send_event(
+            flow, event="approve", workflow_instance_id="x"
+        )
 
 
 async def test_actions_see_events_targeted_at_their_session(
@@ -175,16 +180,16 @@ async def test_actions_see_events_targeted_at_their_session(
     wf.transition("w", "b", on="approve", action=record)
     wf.transition("b", FINISH, on="advance", action=record)
     flow = wf.build()
-    halted = await runtime.invoke(flow)
-    handle = runtime.start(flow)  # a second instance, left halted
+    halted = await runtime.workflows.invoke(flow)
+    handle = runtime.workflows.start(flow)  # a second instance, left halted
     await handle.result()
-    resumed = runtime.start_event(
+    resumed = runtime.workflows.start_event(
         flow,
         "approve",
         halted=halted,
     )
     await until(
-        lambda: runtime.signal(
+        lambda: runtime.workflows.signal(
             flow, halted.workflow_instance_id, "advance", {"value": 42}
         )
     )
@@ -210,7 +215,7 @@ async def test_action_returning_a_state_of_the_workflow(
         "s", entry=lambda s: Value(value="action:entry")
     )
     wf.transition("s", FINISH)
-    result = await runtime.invoke(wf.build())
+    result = await runtime.workflows.invoke(wf.build())
     assert (result.state.value, result.phase) == ("action:entry", FINISH)
 
 
@@ -221,28 +226,30 @@ async def test_invalid_action_results_fail_the_segment(
     wf = (
         phronomy.Workflow(Value)
         .state("source")
-        .transition("source", FINISH, action=lambda s: runtime.start(approval_flow()))
+        .transition(
+            "source", FINISH, action=lambda s: runtime.workflows.start(approval_flow())
+        )
     )
     with pytest.raises(
         phronomy.InvalidActionResultError,
         match="source --state_completed--> __finish__",
     ):
-        await runtime.invoke(wf.build())
+        await runtime.workflows.invoke(wf.build())
     wf = (
         phronomy.Workflow(Value)
         .state("s", entry=lambda s: {"value": "x"})
         .transition("s", FINISH)
     )
     with pytest.raises(phronomy.InvalidActionResultError, match="returned a dict"):
-        await runtime.invoke(wf.build())
+        await runtime.workflows.invoke(wf.build())
 
 
 async def test_signals_with_rejecting_guards(runtime: phronomy.Runtime) -> None:
     # scenario 31
     flow = live_flow()
     handle = await start_live(runtime, flow, "live-31")
-    assert runtime.signal(flow, "live-31", "ignored")
-    assert runtime.signal(flow, "live-31", "finish")
+    assert runtime.workflows.signal(flow, "live-31", "ignored")
+    assert runtime.workflows.signal(flow, "live-31", "finish")
     result = await handle.result()
     assert result.state.count == 1
 
@@ -260,13 +267,13 @@ async def test_recursion_limit(runtime: phronomy.Runtime) -> None:
     with pytest.raises(
         phronomy.TransitionError, match=r"Recursion limit \(3\) exceeded"
     ):
-        await runtime.invoke(flow, recursion_limit=3)
+        await runtime.workflows.invoke(flow, recursion_limit=3)
     with pytest.raises(
         phronomy.TransitionError, match=r"Recursion limit \(25\) exceeded"
     ):
-        await runtime.invoke(flow)
+        await runtime.workflows.invoke(flow)
     with pytest.raises(phronomy.InvalidInputError):
-        runtime.start(flow, recursion_limit=0)
+        runtime.workflows.start(flow, recursion_limit=0)
 
 
 async def test_recursion_limit_counts_transitions_exactly(
@@ -277,9 +284,9 @@ async def test_recursion_limit_counts_transitions_exactly(
         wf.state(name)
     wf.transition("a", "b").transition("b", "c").transition("c", FINISH)
     flow = wf.build()
-    assert (await runtime.invoke(flow, recursion_limit=3)).phase == FINISH
+    assert (await runtime.workflows.invoke(flow, recursion_limit=3)).phase == FINISH
     with pytest.raises(phronomy.TransitionError):
-        await runtime.invoke(flow, recursion_limit=2)
+        await runtime.workflows.invoke(flow, recursion_limit=2)
 
 
 async def test_entry_error_fails_only_that_workflow(runtime: phronomy.Runtime) -> None:
@@ -291,8 +298,8 @@ async def test_entry_error_fails_only_that_workflow(runtime: phronomy.Runtime) -
         phronomy.Workflow(Value).state("s", entry=boom).transition("s", FINISH).build()
     )
     with pytest.raises(RuntimeError, match="deliberate error"):
-        await runtime.invoke(bad)
-    assert (await runtime.invoke(approval_flow())).halted
+        await runtime.workflows.invoke(bad)
+    assert (await runtime.workflows.invoke(approval_flow())).halted
     assert runtime.state == "running"
 
 
@@ -305,8 +312,8 @@ async def test_signal_without_transition_from_the_current_state_fails(
         "state_b", "done", on="finish"
     )
     flow = wf.build()
-    handle = runtime.start(flow, workflow_instance_id="wf-34")
-    await until(lambda: runtime.signal(flow, "wf-34", "finish"))
+    handle = runtime.workflows.start(flow, workflow_instance_id="wf-34")
+    await until(lambda: runtime.workflows.signal(flow, "wf-34", "finish"))
     with pytest.raises(phronomy.TransitionError, match="Transition from 'state_a'"):
         await handle.result()
     assert admission_state(runtime, "wf-34") is None
@@ -327,15 +334,15 @@ async def test_guarded_signal_correlation(runtime: phronomy.Runtime) -> None:
         action=lambda s, e: s.merge(answer=e.payload["answer"]),
     )
     flow = wf.build()
-    handle = runtime.start(flow, workflow_instance_id="req-35")
+    handle = runtime.workflows.start(flow, workflow_instance_id="req-35")
     await until(
-        lambda: runtime.signal(
+        lambda: runtime.workflows.signal(
             flow, "req-35", "reply", {"request_id": "stale", "answer": "old"}
         )
     )
     await trio.sleep(0.02)
     assert not handle.done
-    assert runtime.signal(
+    assert runtime.workflows.signal(
         flow, "req-35", "reply", {"request_id": "r-1", "answer": "fresh"}
     )
     assert (await handle.result()).state.answer == "fresh"
@@ -365,14 +372,18 @@ async def test_context_hook_consume_and_adopt(runtime: phronomy.Runtime) -> None
         "waiting", "waiting", on="bump", action=lambda s: s.merge(bumped=s.bumped + 1)
     )
     flow = wf.build()
-    handle = runtime.start(flow, workflow_instance_id="hook")
+    handle = runtime.workflows.start(flow, workflow_instance_id="hook")
     await until(
-        lambda: runtime.signal(flow, "hook", "result", {"id": "c-1", "answer": "stale"})
+        lambda: runtime.workflows.signal(
+            flow, "hook", "result", {"id": "c-1", "answer": "stale"}
+        )
     )
-    assert runtime.signal(flow, "hook", "bump")
+    assert runtime.workflows.signal(flow, "hook", "bump")
     await trio.sleep(0.02)
     assert not handle.done
-    assert runtime.signal(flow, "hook", "result", {"id": "c-2", "answer": "fresh"})
+    assert runtime.workflows.signal(
+        flow, "hook", "result", {"id": "c-2", "answer": "fresh"}
+    )
     result = await handle.result()
     assert (result.state.answer, result.state.bumped) == ("fresh", 101)
 
@@ -382,7 +393,7 @@ async def test_unknown_event_posted_directly_fails_the_workflow(
 ) -> None:
     # scenario 135
     flow = live_flow()
-    handle = runtime.start(flow, workflow_instance_id="direct")
+    handle = runtime.workflows.start(flow, workflow_instance_id="direct")
     await until(lambda: admission_state(runtime, "direct") == "executing")
     session_id = segment_id(runtime, "direct")
     assert session_id is not None
@@ -406,7 +417,7 @@ async def test_automatic_guards_all_rejecting_fail_the_workflow(
         phronomy.TransitionError,
         match="Transition from 's' via event 'state_completed' failed",
     ):
-        await runtime.invoke(wf.build())
+        await runtime.workflows.invoke(wf.build())
     assert await runtime.recovery.list() == []  # nothing was left recovery-required
 
 
@@ -432,7 +443,7 @@ async def test_effects_offload_delivers_an_event(runtime: phronomy.Runtime) -> N
             answer=e.payload[0], thread=e.payload[1], events=[e.type]
         ),
     )
-    result = await runtime.invoke(wf.build())
+    result = await runtime.workflows.invoke(wf.build())
     assert result.state.answer == "answer to life"
     assert result.state.events == ["generation_completed"]
     assert result.state.thread != threading.get_ident()
@@ -451,7 +462,7 @@ async def test_on_step_observer_runs_on_the_dispatcher(
     wf.transition("first", "second").transition("second", FINISH)
     flow = wf.build()
     seen: list[tuple[str, int, bool]] = []
-    result = await runtime.invoke(
+    result = await runtime.workflows.invoke(
         flow,
         on_step=lambda step: seen.append(
             (step.name, step.state.value, runtime.is_dispatcher())
@@ -460,7 +471,7 @@ async def test_on_step_observer_runs_on_the_dispatcher(
     assert seen == [("first", 1, True), ("second", 2, True)]
     assert result.state.value == 2
     steps = []
-    async with runtime.stream(flow) as stream:
+    async with runtime.workflows.stream(flow) as stream:
         async for step in stream:
             steps.append((step.name, step.state.value))
     assert steps == [("first", 1), ("second", 2)]
@@ -475,14 +486,14 @@ async def test_observer_errors_reach_the_caller(runtime: phronomy.Runtime) -> No
         raise err
 
     with pytest.raises(ValueError) as caught:
-        await runtime.invoke(approval_flow(), on_step=bad)
+        await runtime.workflows.invoke(approval_flow(), on_step=bad)
     assert caught.value is err
 
     def bad_at_halt(step: Any) -> None:
         if step.name == "awaiting":
             raise err
 
-    handle = runtime.start(
+    handle = runtime.workflows.start(
         approval_flow(), workflow_instance_id="obs-43", on_step=bad_at_halt
     )
     with pytest.raises(ValueError) as caught:
@@ -507,7 +518,7 @@ async def test_stream_raises_the_segment_error_after_its_steps(
     names: list[str] = []
 
     async def consume() -> None:
-        async with runtime.stream(wf.build()) as stream:
+        async with runtime.workflows.stream(wf.build()) as stream:
             async for step in stream:
                 names.append(step.name)
 
@@ -520,11 +531,11 @@ async def test_leaving_a_stream_early_leaves_the_segment_running(
     runtime: phronomy.Runtime,
 ) -> None:
     flow = live_flow()
-    async with runtime.stream(flow, workflow_instance_id="early") as stream:
+    async with runtime.workflows.stream(flow, workflow_instance_id="early") as stream:
         async for step in stream:
             assert step.name == "waiting"
             break
-    assert runtime.signal(flow, "early", "finish")
+    assert runtime.workflows.signal(flow, "early", "finish")
     assert (await stream.result()).phase == FINISH
 
 
@@ -533,14 +544,14 @@ async def test_actions_can_start_other_workflows(runtime: phronomy.Runtime) -> N
     handles: list[phronomy.ResultHandle[Any]] = []
 
     def spawn(state: Value) -> None:
-        handles.append(runtime.start(approval_flow(), {"value": "child"}))
+        handles.append(runtime.workflows.start(approval_flow(), {"value": "child"}))
 
     wf = (
         phronomy.Workflow(Value)
         .state("parent", entry=spawn)
         .transition("parent", FINISH)
     )
-    await runtime.invoke(wf.build())
+    await runtime.workflows.invoke(wf.build())
     child = await handles[0].result()
     assert child.state.value == "child:prepared"
 
@@ -551,36 +562,40 @@ async def test_bad_input_is_refused_at_the_boundary(runtime: phronomy.Runtime) -
     with pytest.raises(
         phronomy.InvalidInputError, match=r"Unknown Value field\(s\): \['valu'\]"
     ):
-        runtime.start(flow, {"valu": "x"})
+        runtime.workflows.start(flow, {"valu": "x"})
     with pytest.raises(phronomy.InvalidInputError, match=r"Value\.count"):
-        runtime.start(flow, {"count": "many"})
+        runtime.workflows.start(flow, {"count": "many"})
     with pytest.raises(phronomy.InvalidInputError, match="mapping"):
-        runtime.start(flow, ["not", "a", "mapping"])  # type: ignore[arg-type]
+        runtime.workflows.start(flow, ["not", "a", "mapping"])  # type: ignore[arg-type]
     with pytest.raises(TypeError):
-        runtime.start(flow, thread_id="x")  # type: ignore[call-arg]
+        runtime.workflows.start(flow, thread_id="x")  # type: ignore[call-arg]
     for bad_id in ("", "x" * 256, "tab\there", 42):
         with pytest.raises(phronomy.InvalidInputError):
-            runtime.start(flow, workflow_instance_id=bad_id)  # type: ignore[arg-type]
+            runtime.workflows.start(flow, workflow_instance_id=bad_id)  # type: ignore[arg-type]
     assert (
-        await runtime.invoke(flow, Value(value="typed"))
+        await runtime.workflows.invoke(flow, Value(value="typed"))
     ).state.value == "typed:prepared"
 
     class Other(phronomy.State):
         x: int = 0
 
     with pytest.raises(phronomy.InvalidInputError, match="runs Value"):
-        runtime.start(flow, Other())  # type: ignore[arg-type]
+        runtime.workflows.start(flow, Other())  # type: ignore[arg-type]
 
 
 async def test_a_rejected_resume_of_an_ephemeral_halt_fails_at_once() -> None:
     flow = guarded_flow()
     with trio.fail_after(10):
         async with phronomy.open_runtime(shutdown_timeout=2) as rt:
-            halted = await rt.invoke(flow)
+            halted = await rt.workflows.invoke(flow)
             with pytest.raises(phronomy.EventRejectedError) as caught:
-                await rt.send_event(flow, "approve", halted=halted, payload="no")
+                await rt.workflows.send_event(
+                    flow, "approve", halted=halted, payload="no"
+                )
             assert (caught.value.phase, caught.value.revision) == ("awaiting", None)
-            done = await rt.send_event(flow, "approve", halted=halted, payload="ok")
+            done = await rt.workflows.send_event(
+                flow, "approve", halted=halted, payload="ok"
+            )
             assert done.phase == FINISH
         assert rt.shutdown_result is not None
         assert rt.shutdown_result.clean
@@ -629,10 +644,12 @@ async def test_errors_from_user_code_say_where_they_were_raised(
     wf.transition("done", FINISH)
     flow = wf.build()
     observer = fail if where == "observer" else None
-    handle = runtime.start(flow, workflow_instance_id="n-1", on_step=observer)
+    handle = runtime.workflows.start(flow, workflow_instance_id="n-1", on_step=observer)
     if where in ("guard", "action", "hook"):
         await until(
-            lambda: runtime.signal(flow, "n-1", "hook" if where == "hook" else "go")
+            lambda: runtime.workflows.signal(
+                flow, "n-1", "hook" if where == "hook" else "go"
+            )
         )
     with pytest.raises((RuntimeError, KeyError)) as caught:
         await handle.result()

@@ -246,7 +246,7 @@ class Executions:
         caller.on_complete(lambda _: self._coordinator.live.notify(execution_id))
         return ExecutionHandle(self, execution_id, key, caller)
 
-    async def run(
+    async def invoke(
         self,
         agent_id: str,
         steps: Sequence[Step],

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, final
 
 import msgspec
 import outcome
@@ -41,6 +41,7 @@ ExecutionStatus = Literal[
 ]
 
 
+@final
 class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
     """Returned by a step to suspend the execution until a person approves or rejects.
 
@@ -53,6 +54,7 @@ class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
     details: Any = None
 
 
+@final
 class Approval(msgspec.Struct, frozen=True, kw_only=True):
     """What the step after an approval receives.
 
@@ -65,6 +67,7 @@ class Approval(msgspec.Struct, frozen=True, kw_only=True):
     response: Any = None
 
 
+@final
 class ExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
     """The terminal outcome of an execution that was not cancelled and did not fail.
 
@@ -84,6 +87,7 @@ class ExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
     rejection: Any = None
 
 
+@final
 class ExecutionOwner(msgspec.Struct, frozen=True, kw_only=True):
     """A read-only view of a live execution (safe from any trio task).
 
@@ -102,6 +106,7 @@ class ExecutionOwner(msgspec.Struct, frozen=True, kw_only=True):
     pending_approval: ApprovalRequest | None = None
 
 
+@final
 class ExecutionRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """What the store keeps per agent (as the ``fields`` of its snapshot).
 

@@ -13,7 +13,7 @@ worker threads.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, final
 
 import msgspec
 
@@ -81,6 +81,7 @@ def agent_key(agent_id: str) -> str:
     return f"{EXECUTION_KEY_PREFIX}{agent_id}"
 
 
+@final
 class StaleExecution(msgspec.Struct, frozen=True, kw_only=True):
     """An execution record that may have no live owner any more.
 

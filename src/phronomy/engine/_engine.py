@@ -182,7 +182,7 @@ class Engine:
         """Raise unless called on the runtime's trio thread (before touching anything).
 
         Args:
-            what: how the error names the call, for example ``"runtime.signal()"``.
+            what: how the error names the call, for example ``"runtime.workflows.signal()"``.
 
         Raises:
             ReentrancyError: called from another thread.

@@ -88,6 +88,7 @@ class SessionEnded(msgspec.Struct, frozen=True, kw_only=True):
     error: BaseException | None = None
 
 
+@final
 class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     """A snapshot of one offload pool.
 
@@ -118,8 +119,9 @@ class PoolStatistics(msgspec.Struct, frozen=True, kw_only=True):
     closed: bool
 
 
+@final
 class EngineStatistics(msgspec.Struct, frozen=True, kw_only=True):
-    """A snapshot of the engine, from :meth:`~phronomy.Engine.statistics`.
+    """A snapshot of the engine, from :meth:`~phronomy.lowlevel.Engine.statistics`.
 
     Attributes:
         state: lifecycle state.
@@ -152,6 +154,7 @@ class EngineStatistics(msgspec.Struct, frozen=True, kw_only=True):
     pools: tuple[PoolStatistics, ...]
 
 
+@final
 class ShutdownResult(msgspec.Struct, frozen=True, kw_only=True):
     """How a runtime shut down.
 

@@ -102,7 +102,7 @@ class OffloadPool:
     really finished. Waiting for worker threads never abandons them: trio keeps
     waiting for a running write even after the runtime block has exited.
 
-    Pools are created by the engine (:attr:`~phronomy.Engine.default_pool`, :meth:`~phronomy.Engine.pool`).
+    Pools are created by the engine (:attr:`~phronomy.lowlevel.Engine.default_pool`, :meth:`~phronomy.lowlevel.Engine.pool`).
     """
 
     def __init__(

@@ -18,7 +18,7 @@ __all__ = ["check_thread", "foreign_thread_error"]
 
 
 def foreign_thread_error(what: str) -> ReentrancyError:
-    """The error for *what* (for example ``"runtime.signal()"``) called from a foreign thread."""
+    """The error for *what* (for example ``"runtime.workflows.signal()"``) called from a foreign thread."""
     return ReentrancyError(
         f"{what} was called from a thread that does not run the runtime's trio loop "
         f"(thread {threading.current_thread().name!r}). Call it from a trio task of the "

@@ -23,7 +23,7 @@ import math
 import sys
 import threading
 import uuid
-from typing import Any, Generic, TypeVar, cast
+from typing import Any, Generic, TypeVar, cast, final
 
 import msgspec
 
@@ -84,6 +84,7 @@ class _Envelope(msgspec.Struct, Generic[T], frozen=True, kw_only=True):
     fields: T
 
 
+@final
 class DecodedSnapshot(msgspec.Struct, Generic[T], frozen=True, kw_only=True):
     """A decoded snapshot.
 

@@ -9,6 +9,8 @@ commit), each write still revision-checked on its own. Each backend implements o
 
 from __future__ import annotations
 
+from typing import final
+
 import msgspec
 
 from ._records import InstanceStatus, SaveRequest
@@ -27,12 +29,14 @@ __all__ = [
 ]
 
 
+@final
 class LoadOp(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
     """Read one row; the result is a :class:`StoredRecord` or ``None``."""
 
     workflow_instance_id: str
 
 
+@final
 class ListOp(msgspec.Struct, frozen=True, kw_only=True, tag="list"):
     """List rows without snapshots, ordered by id; the result is an :class:`InstancePage`."""
 
@@ -41,6 +45,7 @@ class ListOp(msgspec.Struct, frozen=True, kw_only=True, tag="list"):
     after: str | None = None
 
 
+@final
 class FindWriteOp(msgspec.Struct, frozen=True, kw_only=True, tag="find_write"):
     """The revision a save with *write_id* committed, or ``None`` if it never did.
 
@@ -52,6 +57,7 @@ class FindWriteOp(msgspec.Struct, frozen=True, kw_only=True, tag="find_write"):
     write_id: str
 
 
+@final
 class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
     """Mark an instance ``running`` if it is still at *expected_revision*.
 
@@ -64,6 +70,7 @@ class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
     expected_revision: int | None = None
 
 
+@final
 class SaveOp(msgspec.Struct, frozen=True, kw_only=True, tag="save"):
     """A revision-checked save; the result is a classified :class:`SaveOutcome`.
 
@@ -74,6 +81,7 @@ class SaveOp(msgspec.Struct, frozen=True, kw_only=True, tag="save"):
     request: SaveRequest
 
 
+@final
 class MarkOp(msgspec.Struct, frozen=True, kw_only=True, tag="mark"):
     """Set the status of a row still at *expected_revision* (any revision if ``None``).
 
@@ -91,6 +99,7 @@ class MarkOp(msgspec.Struct, frozen=True, kw_only=True, tag="mark"):
     workflow: str = ""
 
 
+@final
 class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
     """Delete a row at *expected_revision* (a conflict otherwise)."""
 

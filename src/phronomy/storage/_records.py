@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Literal, final
 
 import msgspec
 
@@ -34,6 +34,7 @@ an operator must resolve it before the instance runs again.
 """
 
 
+@final
 class StoredRecord(msgspec.Struct, frozen=True, kw_only=True):
     """One instance's durable row.
 
@@ -60,6 +61,7 @@ class StoredRecord(msgspec.Struct, frozen=True, kw_only=True):
     updated_at_ms: int = 0
 
 
+@final
 class SaveRequest(msgspec.Struct, frozen=True, kw_only=True):
     """A revision-checked save.
 
@@ -83,6 +85,7 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True):
     workflow: str = ""
 
 
+@final
 class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
     """How a save ended, classified (spec §4.7).
 
@@ -98,6 +101,7 @@ class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
     error: BaseException | None = None
 
 
+@final
 class InstancePage(msgspec.Struct, frozen=True, kw_only=True):
     """One page of :meth:`~phronomy.storage.WorkflowStore.list_instances`.
 

@@ -82,6 +82,7 @@ class WorkflowStream(Generic[S]):
         return await self._handle.result()
 
 
+@final
 class WorkflowClient:
     """Runs workflow definitions on one runtime (the workflow part of :class:`~phronomy.Runtime`)."""
 
@@ -136,7 +137,7 @@ class WorkflowClient:
             ReentrancyError: called from a thread that does not run the runtime (see
                 :attr:`~phronomy.Runtime.from_thread`).
         """
-        self._coordinator.engine.check_thread("runtime.start()")
+        self._coordinator.engine.check_thread("runtime.workflows.start()")
         overlay = _input_overlay(workflow, input)
         explicit = workflow_instance_id is not None
         iid = validate_instance_id(workflow_instance_id) if explicit else random_uuid()
@@ -204,13 +205,13 @@ class WorkflowClient:
 
         Example::
 
-            async with runtime.stream(flow, {"item": "lamp"}) as steps:
+            async with runtime.workflows.stream(flow, {"item": "lamp"}) as steps:
                 async for step in steps:
                     print(step.name, step.state)
             result = await steps.result()
 
         Yields:
-            A :class:`~phronomy.WorkflowStream`.
+            A :class:`~phronomy.workflow.WorkflowStream`.
         """
         send, receive = trio.open_memory_channel[Step[S]](math.inf)
 
@@ -254,8 +255,8 @@ class WorkflowClient:
 
         Example::
 
-            done = await runtime.send_event(flow, "approve", workflow_instance_id="order-1")
-            done = await runtime.send_event(flow, "approve", halted=halted, payload="ok")
+            done = await runtime.workflows.send_event(flow, "approve", workflow_instance_id="order-1")
+            done = await runtime.workflows.send_event(flow, "approve", halted=halted, payload="ok")
 
         Args:
             workflow: the compiled workflow.
@@ -332,7 +333,7 @@ class WorkflowClient:
             InvalidInputError: a bad argument (checked before anything is queued).
             ReentrancyError: called from a thread that does not run the runtime.
         """
-        self._coordinator.engine.check_thread("runtime.start_event()")
+        self._coordinator.engine.check_thread("runtime.workflows.start_event()")
         if not isinstance(event, str):
             raise InvalidInputError(
                 f"send_event needs the event's name (a string), got {event!r}"
@@ -399,7 +400,7 @@ class WorkflowClient:
             InvalidInputError: an empty or invalid *workflow_instance_id*.
             ReentrancyError: called from a thread that does not run the runtime.
         """
-        self._coordinator.engine.check_thread("runtime.segment()")
+        self._coordinator.engine.check_thread("runtime.workflows.segment()")
         return self._coordinator.live_segment(
             validate_instance_id(workflow_instance_id)
         )
@@ -427,7 +428,7 @@ class WorkflowClient:
             InvalidInputError: the workflow declares no such event (nothing is queued).
             ReentrancyError: called from a thread that does not run the runtime.
         """
-        self._coordinator.engine.check_thread("runtime.signal()")
+        self._coordinator.engine.check_thread("runtime.workflows.signal()")
         iid = validate_instance_id(workflow_instance_id)
         if not workflow.has_event(event):
             raise InvalidInputError(

@@ -227,6 +227,7 @@ def _arity(fn: Callable[..., Any], *, max_args: int, what: str) -> int:
     return max(required, 1)
 
 
+@final
 class Workflow(Generic[S]):
     """Builder of a workflow definition.
 

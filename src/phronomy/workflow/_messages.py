@@ -58,6 +58,7 @@ def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -
     return value
 
 
+@final
 class WorkflowResult(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     """The outcome of a segment: the final or halted state and its metadata.
 
@@ -79,6 +80,7 @@ class WorkflowResult(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     workflow: str
 
 
+@final
 class Step(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     """A stable state published to streams and ``on_step`` observers.
 
@@ -183,6 +185,7 @@ class LiveSegment(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
+@final
 class RecoveryEntry(msgspec.Struct, frozen=True, kw_only=True):
     """An instance that requires recovery.
 
