@@ -86,7 +86,7 @@ def _documented(module_name: str) -> set[str]:
         r"^\.\. (?:autoclass|autofunction|autodata|autoexception):: "
         + re.escape(module_name)
         + r"\.(\w+)\s*$",
-        re.M,
+        re.MULTILINE,
     )
     for page in DOCS.glob("*.rst"):
         names.update(pattern.findall(page.read_text(encoding="utf-8")))

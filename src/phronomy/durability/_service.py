@@ -95,10 +95,14 @@ class DurabilityService:
         self._pool = engine.pool(
             "phronomy.store", size=store.max_concurrency, queue_size=queue_size
         )
-        self._writes: Batcher[_Request, Any] = Batcher(self._pool, self._run_batch)
+        defer = engine.at_batch_end
+        self._writes: Batcher[_Request, Any] = Batcher(
+            self._pool, self._run_batch, defer=defer
+        )
         self._reads: Batcher[_Request, Any] = Batcher(
             engine.pool("phronomy.store.reads", size=1, queue_size=queue_size),
             self._run_batch,
+            defer=defer,
         )
 
     async def open(self) -> None:

@@ -30,7 +30,9 @@ class Batcher(Generic[I, O]):
 
     Items submitted while a batch runs wait and form the next batch (up to
     ``max_batch``), so N concurrent writers cost one transaction instead of N, and
-    order is preserved: an item never runs before an item submitted earlier.
+    order is preserved: an item never runs before an item submitted earlier. An idle
+    batcher starts its next batch through *defer* (the engine's ``at_batch_end``), so
+    the items a whole dispatch batch submits share one transaction.
 
     ``run_batch(items)`` runs in a worker thread and returns one
     :class:`outcome.Outcome` per item, in order. Each item's callback receives its
@@ -45,10 +47,20 @@ class Batcher(Generic[I, O]):
         pool: OffloadPool,
         run_batch: Callable[[list[I]], list[outcome.Outcome[O]]],
         *,
+        defer: Callable[[Callable[[], object]], None] | None = None,
         max_batch: int = 256,
     ) -> None:
-        """Create a batcher on *pool* (whose size should be 1 for ordered stores)."""
+        """Create a batcher on *pool* (whose size should be 1 for ordered stores).
+
+        Args:
+            pool: where batches run.
+            run_batch: runs one batch in a worker thread.
+            defer: schedules the start of a batch (default: at once).
+            max_batch: the largest batch.
+        """
         self._pool = pool
+        self._defer = defer
+        self._scheduled = False
         self._run_batch = run_batch
         self._max_batch = max_batch
         self._pending: list[tuple[I, Callable[[outcome.Outcome[O]], object]]] = []
@@ -75,7 +87,17 @@ class Batcher(Generic[I, O]):
     def submit(self, item: I, callback: Callable[[outcome.Outcome[O]], object]) -> None:
         """Queue *item*; ``callback(outcome)`` runs once its batch ran."""
         self._pending.append((item, callback))
-        if not self._in_flight:
+        if self._in_flight or self._scheduled:
+            return
+        if self._defer is None:
+            self._flush()
+        else:
+            self._scheduled = True
+            self._defer(self._deferred_flush)
+
+    def _deferred_flush(self) -> None:
+        self._scheduled = False
+        if self._pending and not self._in_flight:
             self._flush()
 
     def _flush(self) -> None:

@@ -11,6 +11,8 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from ._handle import ResultHandle
     from ._messages import Delivery, Event, SessionEnded
     from ._pool import OffloadPool
@@ -93,6 +95,10 @@ class Host(Protocol):
 
     def post_nowait(self, item: Event | Delivery) -> bool:
         """Queue *item* for the dispatcher; ``False`` when it is not accepted."""
+        ...
+
+    def at_batch_end(self, callback: Callable[[], object]) -> None:
+        """Run *callback* after the dispatcher's current batch (at once elsewhere)."""
         ...
 
     def end_session(self, ended: SessionEnded) -> None:

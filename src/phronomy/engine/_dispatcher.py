@@ -48,7 +48,9 @@ class Dispatcher:
     """Receives from the channel, then drains whatever else is queued before awaiting.
 
     An :class:`Event` goes straight to its session (the hot path); every other item
-    goes to *route*. Timers fire between batches; *on_batch* runs after each batch.
+    goes to *route*. After each batch the callbacks deferred to its end run
+    (:meth:`at_batch_end`), then the timers that are due fire (and what they deferred
+    runs), then *on_batch*.
     It owns its channel and its metrics (queue depth, lag, dispatch counts), and warns
     about backlog, starvation and long dispatches.
     """
@@ -75,6 +77,7 @@ class Dispatcher:
         self._send, self._recv = trio.open_memory_channel[Any](math.inf)
         self._scope = trio.CancelScope()
         self.exited = trio.Event()
+        self._batch_end: list[Callable[[], object]] = []
         self._posted = 0
         self._dispatched = 0
         self.dropped = 0
@@ -104,6 +107,22 @@ class Dispatcher:
             self._oldest_post_ns = time.perf_counter_ns()
         elif depth >= self._config.backlog_threshold:
             self._warn_backlog(depth, item)
+
+    def at_batch_end(self, callback: Callable[[], object]) -> None:
+        """Run *callback* once the current batch is dispatched (at once off the
+        dispatcher task, or when the dispatcher has stopped)."""
+        if self._lifecycle.is_dispatcher() and not self.exited.is_set():
+            self._batch_end.append(callback)
+        else:
+            callback()
+
+    def _run_batch_end(self) -> None:
+        pending = self._batch_end
+        while pending:
+            callbacks, self._batch_end = pending, []
+            for callback in callbacks:
+                callback()
+            pending = self._batch_end
 
     def wake(self) -> None:
         """Make the dispatcher recompute its wait (an earlier timer was scheduled)."""
@@ -180,11 +199,17 @@ class Dispatcher:
                     item = await recv.receive()
                 if item is None:
                     timers.fire_due()
+                    if self._batch_end:
+                        self._run_batch_end()
                     self._on_batch()
                     continue
             keep_going = self._batch(item)
+            if self._batch_end:
+                self._run_batch_end()
             if timers.pending_count:
                 timers.fire_due()
+                if self._batch_end:
+                    self._run_batch_end()
             self._on_batch()
             if not keep_going:
                 return

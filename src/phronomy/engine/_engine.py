@@ -106,7 +106,7 @@ class Engine:
         self._token = trio.lowlevel.current_trio_token()
         self._lifecycle = lifecycle = Lifecycle()
         self._supervisor = Supervisor(lifecycle, nursery, wake=self._wake)
-        self._sessions = SessionTable(lifecycle, self._enqueue)
+        self._sessions = SessionTable(lifecycle, self._enqueue, self.at_batch_end)
         self._receivers = ReceiverTable(lifecycle, self._enqueue)
         self._dispatcher = Dispatcher(
             config,
@@ -214,11 +214,24 @@ class Engine:
             return True
         return self._receivers.post(item)
 
+    def at_batch_end(self, callback: Callable[[], object]) -> None:
+        """Run *callback* once the dispatcher has dispatched its current batch.
+
+        On the dispatcher task, work that many items of one batch contribute to (a
+        group commit) is started once, after the whole batch; anywhere else (or once
+        the dispatcher has stopped) *callback* runs at once.
+        """
+        self._dispatcher.at_batch_end(callback)
+
     def end_session(self, ended: SessionEnded) -> None:
         """A session reached its end: it stops being admitted now, and its waiter
-        settles once the dispatcher reaches this message (after queued events)."""
+        settles after the events already queued (at the end of the dispatcher's
+        current batch, or through the queue when called from elsewhere)."""
         self._admitted.discard(ended.session_id)
-        self._dispatcher.enqueue(ended)
+        if self._lifecycle.is_dispatcher():
+            self._dispatcher.at_batch_end(lambda: self._sessions.end(ended))
+        else:
+            self._dispatcher.enqueue(ended)
 
     def _enqueue(self, item: Any) -> None:
         self._dispatcher.enqueue(item)

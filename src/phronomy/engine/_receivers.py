@@ -77,7 +77,7 @@ class ReceiverTable:
         if delivery.admission and self._lifecycle.state != "running":
             return False
         caller = delivery.caller
-        if caller is not None and not caller.done:
+        if caller is not None and caller not in self._callers and not caller.done:
             self._callers.add(caller)
             caller.on_complete(self._callers.discard)
         self._pending.add(delivery)

@@ -32,10 +32,17 @@ class SessionTable:
     before it, and ends after the events it already received.
     """
 
-    def __init__(self, lifecycle: Lifecycle, enqueue: Callable[[Any], None]) -> None:
-        """Create an empty table; *enqueue* queues management messages."""
+    def __init__(
+        self,
+        lifecycle: Lifecycle,
+        enqueue: Callable[[Any], None],
+        at_batch_end: Callable[[Callable[[], object]], None],
+    ) -> None:
+        """Create an empty table; *enqueue* queues management messages, *at_batch_end*
+        defers a call to the end of the dispatcher's batch."""
         self._lifecycle = lifecycle
         self._enqueue = enqueue
+        self._at_batch_end = at_batch_end
         self.live: dict[str, Session] = {}  # started sessions (the dispatcher's lookup)
         self.admitted: set[str] = set()
         self._starting: dict[str, tuple[Session, ResultHandle[Any]]] = {}
@@ -76,7 +83,12 @@ class SessionTable:
         self._starting[sid] = (session, waiter)
         if owner is not None:
             self._owners[sid] = owner
-        self._enqueue(SessionStart(session_id=sid))
+        if self._lifecycle.is_dispatcher():
+            # Registered by a receiver on the dispatcher: started after the current
+            # batch, before the dispatcher awaits anything (no queue hop).
+            self._at_batch_end(lambda: self.start(SessionStart(session_id=sid)))
+        else:
+            self._enqueue(SessionStart(session_id=sid))
         return waiter
 
     def start(self, message: SessionStart) -> None:

@@ -30,14 +30,14 @@ __all__ = [
 
 
 @final
-class LoadOp(msgspec.Struct, frozen=True, kw_only=True, tag="load"):
+class LoadOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="load"):
     """Read one row; the result is a :class:`StoredRecord` or ``None``."""
 
     workflow_instance_id: str
 
 
 @final
-class ListOp(msgspec.Struct, frozen=True, kw_only=True, tag="list"):
+class ListOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="list"):
     """List rows without snapshots, ordered by id; the result is an :class:`InstancePage`."""
 
     status: InstanceStatus | None = None
@@ -46,7 +46,7 @@ class ListOp(msgspec.Struct, frozen=True, kw_only=True, tag="list"):
 
 
 @final
-class FindWriteOp(msgspec.Struct, frozen=True, kw_only=True, tag="find_write"):
+class FindWriteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="find_write"):
     """The revision a save with *write_id* committed, or ``None`` if it never did.
 
     Stores remember at least the last :data:`SAVE_LOG_DEPTH` saves of an instance; an
@@ -58,7 +58,7 @@ class FindWriteOp(msgspec.Struct, frozen=True, kw_only=True, tag="find_write"):
 
 
 @final
-class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
+class BeginOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="begin"):
     """Mark an instance ``running`` if it is still at *expected_revision*.
 
     Creates a revision-0 placeholder row when the instance has none yet. The result
@@ -71,7 +71,7 @@ class BeginOp(msgspec.Struct, frozen=True, kw_only=True, tag="begin"):
 
 
 @final
-class SaveOp(msgspec.Struct, frozen=True, kw_only=True, tag="save"):
+class SaveOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="save"):
     """A revision-checked save; the result is a classified :class:`SaveOutcome`.
 
     ``expected_revision=None`` creates revision 1 (also over a revision-0 placeholder);
@@ -82,7 +82,7 @@ class SaveOp(msgspec.Struct, frozen=True, kw_only=True, tag="save"):
 
 
 @final
-class MarkOp(msgspec.Struct, frozen=True, kw_only=True, tag="mark"):
+class MarkOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="mark"):
     """Set the status of a row still at *expected_revision* (any revision if ``None``).
 
     Metadata only; the result says whether a row changed. With ``create=True`` a missing
@@ -100,7 +100,7 @@ class MarkOp(msgspec.Struct, frozen=True, kw_only=True, tag="mark"):
 
 
 @final
-class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, tag="delete"):
+class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="delete"):
     """Delete a row at *expected_revision* (a conflict otherwise)."""
 
     workflow_instance_id: str

@@ -35,7 +35,7 @@ an operator must resolve it before the instance runs again.
 
 
 @final
-class StoredRecord(msgspec.Struct, frozen=True, kw_only=True):
+class StoredRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """One instance's durable row.
 
     Attributes:
@@ -62,7 +62,7 @@ class StoredRecord(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @final
-class SaveRequest(msgspec.Struct, frozen=True, kw_only=True):
+class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A revision-checked save.
 
     Attributes:

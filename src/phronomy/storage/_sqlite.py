@@ -114,6 +114,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         super().__init__(fault_hook=fault_hook)
         self._path = os.fspath(path)
         self._read_only = read_only
+        self._identity: str | None = None
         self._busy_timeout = busy_timeout
         self._allow_network_fs = allow_network_filesystem
         self._lock = threading.RLock()
@@ -134,9 +135,13 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
     @property
     def identity(self) -> str:
         """``sqlite:`` and the file's real path (one database per file)."""
-        if self._path == ":memory:":
-            return super().identity
-        return f"sqlite:{os.path.realpath(self._path)}"
+        if self._identity is None:
+            self._identity = (
+                super().identity
+                if self._path == ":memory:"
+                else f"sqlite:{os.path.realpath(self._path)}"
+            )
+        return self._identity
 
     def __repr__(self) -> str:
         return f"SQLiteStore({self._path!r})"

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Protocol, cast, final
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import msgspec
 
@@ -108,7 +108,7 @@ def adopt(
     if result is None:
         return state
     if isinstance(result, definition.state_type):
-        return cast("State", result)
+        return result  # type: ignore[no-any-return]
     if is_async_result(result):
         if inspect.iscoroutine(result):
             result.close()  # never awaited: close it to avoid a RuntimeWarning

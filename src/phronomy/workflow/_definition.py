@@ -105,6 +105,7 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         auto_states: states with at least one automatic transition.
         external_events: external event names, in declaration order.
         events_from: state → the external events declared from it.
+        effect_events: the external event names, as a set (what effects may post).
     """
 
     name: str
@@ -120,6 +121,7 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     auto_states: frozenset[str]
     external_events: tuple[str, ...]
     events_from: Mapping[str, frozenset[str]]
+    effect_events: frozenset[str] = frozenset()
 
     def has_event(self, event: str) -> bool:
         """Whether *event* is a declared external event."""
@@ -457,6 +459,7 @@ class Workflow(Generic[S]):
             by_event=MappingProxyType({k: tuple(v) for k, v in by_event.items()}),
             auto_states=frozenset(t.source for t in self._transitions if t.automatic),
             external_events=tuple(external),
+            effect_events=frozenset(external),
             events_from=MappingProxyType(
                 {k: frozenset(v) for k, v in events_from.items()}
             ),

@@ -173,6 +173,8 @@ class Effects:
     def take(self) -> tuple[Intent, ...]:
         """Close the recorder and return what was requested since :meth:`open`."""
         self._open = False
+        if not self._requested:
+            return ()
         requested, self._requested = tuple(self._requested), []
         return requested
 

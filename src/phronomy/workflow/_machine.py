@@ -23,7 +23,7 @@ The rules (given a :class:`~phronomy.WorkflowDefinition`):
 from __future__ import annotations
 
 import inspect
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, cast, final
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
 
 import msgspec
 
@@ -99,9 +99,8 @@ def enter(
     effects: Any,
 ) -> State:
     """Run the entry actions of *name* in declaration order; return the resulting state."""
-    return _run_actions(
-        definition, definition.entry_actions.get(name, ()), state, event, effects
-    )
+    actions = definition.entry_actions.get(name)
+    return _run_actions(definition, actions, state, event, effects) if actions else state
 
 
 def _exit(
@@ -111,9 +110,8 @@ def _exit(
     event: EventLike,
     effects: Any,
 ) -> State:
-    return _run_actions(
-        definition, definition.exit_actions.get(name, ()), state, event, effects
-    )
+    actions = definition.exit_actions.get(name)
+    return _run_actions(definition, actions, state, event, effects) if actions else state
 
 
 def _run_actions(
@@ -213,7 +211,7 @@ def fire(
 
 
 @final
-class MachineStep(msgspec.Struct, frozen=True, kw_only=True):
+class MachineStep(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What one call of the machine decided.
 
     Attributes:
@@ -271,8 +269,7 @@ class WorkflowMachine(Generic[S]):
         self.recursion_limit = recursion_limit
         self.transitions = 0
         self._effects = Effects(
-            workflow=definition.name,
-            events=frozenset(definition.by_event) - {AUTO_EVENT},
+            workflow=definition.name, events=definition.effect_events
         )
 
     def start(self, event: EventLike) -> MachineStep:
@@ -288,7 +285,7 @@ class WorkflowMachine(Generic[S]):
         except BaseException:
             effects.discard()
             raise
-        self.state = cast("S", entered)
+        self.state = entered  # type: ignore[assignment]
         return self._arrived(effects.take())
 
     def handle(self, event: EventLike) -> MachineStep:
@@ -300,7 +297,7 @@ class WorkflowMachine(Generic[S]):
             Exception: what a callback raised.
         """
         hook = apply_hook(self.definition, self.current, self.state, event)
-        self.state = cast("S", hook.state)
+        self.state = hook.state
         if hook.consumed:
             return MachineStep(next="consumed", current=self.current)
         return self._fire(event)
@@ -340,7 +337,7 @@ class WorkflowMachine(Generic[S]):
         if fired is None:
             effects.discard()
             return MachineStep(next="rejected", current=self.current)
-        self.state = cast("S", fired.state)
+        self.state = fired.state
         self.current = fired.transition.target
         self.transitions += 1
         return self._arrived(effects.take())

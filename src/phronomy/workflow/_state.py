@@ -72,11 +72,13 @@ class StateSpec(msgspec.Struct, frozen=True, kw_only=True):
         fields: field names in declaration order.
         reducers: field name → reducer kind.
         types: field name → the field's type (for validating updates).
+        field_set: the field names, as a set.
     """
 
     fields: tuple[str, ...]
     reducers: dict[str, Literal["replace", "append", "merge"]]
     types: dict[str, Any]
+    field_set: frozenset[str] = frozenset()
 
 
 _specs: dict[type[Any], StateSpec] = {}
@@ -142,12 +144,14 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
             InvalidInputError: an unknown field, or a value of the wrong type (the
                 message names the field).
         """
-        spec = _known_fields(type(self), updates)
+        cls = type(self)
+        spec = _known_fields(cls, updates)
         values: dict[str, Any] = {}
         for name in spec.fields:
             current = getattr(self, name)
             if name not in updates:
-                values[name] = _copied(type(self), name, current)
+                if not isinstance(current, _IMMUTABLE):  # immutable values are shared
+                    values[name] = _copied(cls, name, current)
                 continue
             update = updates[name]
             match spec.reducers[name]:
@@ -195,7 +199,12 @@ def state_spec(cls: Any) -> StateSpec:
                 f"{cls.__name__}.{field.name} has more than one reducer"
             )
         reducers[field.name] = markers[0].kind if markers else "replace"
-    spec = StateSpec(fields=tuple(names), reducers=reducers, types=types)
+    spec = StateSpec(
+        fields=tuple(names),
+        reducers=reducers,
+        types=types,
+        field_set=frozenset(names),
+    )
     with _specs_lock:
         _specs[cls] = spec
     return spec
@@ -235,7 +244,9 @@ def build_state(cls: type[S], fields: Mapping[str, Any], base: S | None = None) 
 def _known_fields(cls: type[State], values: Mapping[str, Any]) -> StateSpec:
     """The spec of *cls*, once every key of *values* is known to be one of its fields."""
     spec = state_spec(cls)
-    unknown = sorted(set(values) - set(spec.fields))
+    if values.keys() <= spec.field_set:
+        return spec
+    unknown = sorted(set(values) - spec.field_set)
     if unknown:
         raise InvalidInputError(
             f"Unknown {cls.__name__} field(s): {unknown} (fields: {list(spec.fields)})"
