@@ -29,8 +29,27 @@ def _imports(path: Path) -> set[str]:
 @pytest.mark.parametrize(
     ("package", "forbidden"),
     [
-        ("storage", ("trio", "phronomy.engine", "phronomy.workflow", "phronomy.agent")),
-        ("engine", ("phronomy.workflow", "phronomy.agent", "phronomy.runtime")),
+        (
+            "storage",
+            (
+                "trio",
+                "phronomy.engine",
+                "phronomy.durability",
+                "phronomy.workflow",
+                "phronomy.agent",
+                "phronomy.runtime",
+            ),
+        ),
+        (
+            "engine",
+            (
+                "phronomy.durability",
+                "phronomy.workflow",
+                "phronomy.agent",
+                "phronomy.runtime",
+            ),
+        ),
+        ("durability", ("phronomy.workflow", "phronomy.agent", "phronomy.runtime")),
         ("workflow", ("phronomy.agent", "phronomy.runtime")),
         ("agent", ("phronomy.runtime",)),
     ],
@@ -42,7 +61,17 @@ def test_layers_only_import_downwards(package: str, forbidden: tuple[str, ...]) 
 
 
 @pytest.mark.parametrize(
-    "module", ["workflow/_machine.py", "workflow/_definition.py", "workflow/_state.py"]
+    "module",
+    [
+        "workflow/_machine.py",
+        "workflow/_callbacks.py",
+        "workflow/_intents.py",
+        "workflow/_definition.py",
+        "workflow/_state.py",
+        "workflow/_hydration.py",
+        "agent/_machine.py",
+        "engine/_admissions.py",
+    ],
 )
 def test_the_machine_core_is_sans_io(module: str) -> None:
     names = _imports(SRC / module)
@@ -61,3 +90,68 @@ def test_facade_exports_resolve_and_have_docs() -> None:
 def test_no_abandoned_threads_for_writes() -> None:
     for path in SRC.rglob("*.py"):
         assert "abandon_on_cancel=True" not in path.read_text(encoding="utf-8"), path
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def _phronomy_imports(path: Path) -> set[str]:
+    """The phronomy modules *path* imports (TYPE_CHECKING imports included)."""
+    module = _module_name(path)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                target = ".".join([*base, *([node.module] if node.module else [])])
+            else:
+                target = node.module or ""
+            for alias in node.names:
+                candidate = f"{target}.{alias.name}"
+                relative = SRC.parent / candidate.replace(".", "/")
+                is_module = relative.with_suffix(".py").exists() or relative.is_dir()
+                found.add(candidate if is_module else target)
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+    return {name for name in found if name.startswith("phronomy") and name != module}
+
+
+def test_there_are_no_import_cycles() -> None:
+    graph = {_module_name(p): _phronomy_imports(p) for p in SRC.rglob("*.py")}
+    visiting: list[str] = []
+    done: set[str] = set()
+
+    def visit(module: str) -> None:
+        if module in done or module not in graph:
+            return
+        assert module not in visiting, " -> ".join(
+            [*visiting[visiting.index(module) :], module]
+        )
+        visiting.append(module)
+        for imported in sorted(graph[module]):
+            if not (module.startswith(imported + ".") and imported in graph):
+                visit(imported)  # a package's modules may import its __init__'s peers
+        visiting.pop()
+        done.add(module)
+
+    for module in sorted(graph):
+        visit(module)
+
+
+@pytest.mark.parametrize(
+    "path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC))
+)
+def test_modules_and_classes_stay_small(path: Path) -> None:
+    lines = path.read_text(encoding="utf-8").count("\n")
+    assert lines <= 500, f"{path.name} has {lines} lines"
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ClassDef):
+            methods = [
+                b
+                for b in node.body
+                if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))
+            ]
+            assert len(methods) <= 25, f"{node.name} has {len(methods)} methods"

@@ -17,16 +17,11 @@ from phronomy.agent._messages import ExecutionRecord, StepResult
 from phronomy.agent._records import agent_key, record_request
 from phronomy.engine import ResultHandle
 from phronomy.testing import FaultyStore
+from polling import until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
-
-
-async def _until(predicate: Any, limit: float = 5.0) -> None:
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110 - state changed by other tasks and threads
-            await trio.sleep(0.002)
 
 
 def _suspended(
@@ -90,7 +85,7 @@ async def test_approval_suspends_then_approve_or_reject(
         return f"shipped ({approval.response})"
 
     execution = runtime.executions.start("shop", [lambda v: request, after])
-    await _until(lambda: _suspended(runtime, execution))
+    await until(lambda: _suspended(runtime, execution))
     owner = execution.owner()
     assert owner is not None
     assert (owner.status, owner.pending_approval, owner.step_index) == (
@@ -107,7 +102,7 @@ async def test_approval_suspends_then_approve_or_reject(
     assert received == [phronomy.Approval(request=request, response="yes")]
 
     rejected = runtime.executions.start("shop", [lambda v: request, after])
-    await _until(lambda: _suspended(runtime, rejected))
+    await until(lambda: _suspended(runtime, rejected))
     rejected.reject("no budget")
     result = await rejected.result()
     assert (result.status, result.rejection, result.value) == (
@@ -139,7 +134,7 @@ async def test_approval_errors_are_clear(runtime: phronomy.Runtime) -> None:
         runtime.executions.approve("nope")
     gate = threading.Event()
     execution = runtime.executions.start("busy", [lambda v: gate.wait(5)])
-    await _until(lambda: execution.owner() is not None)
+    await until(lambda: execution.owner() is not None)
     with pytest.raises(
         phronomy.InstanceStateError, match="not waiting for an approval"
     ):
@@ -187,10 +182,10 @@ async def test_cancel_and_deadline_settle_only_after_the_tool_returned(
         "agent-q", [tool, lambda v: "never"], deadline=deadline
     )
     settled_after_return = tool.returned_when_settled(execution)
-    await _until(tool.entered.is_set)
+    await until(tool.entered.is_set)
     if how == "cancel":
         assert execution.cancel("operator")
-    await _until(lambda: _revoked(execution))  # the cancel/deadline was applied
+    await until(lambda: _revoked(execution))  # the cancel/deadline was applied
     assert not execution.done  # the tool still runs
     with pytest.raises(phronomy.BusyError):
         await runtime.executions.invoke("agent-q", [lambda v: v])
@@ -233,7 +228,7 @@ async def test_cancelling_an_async_step_cancels_its_task_and_waits_for_its_threa
     execution = runtime.executions.start("agent-a", [agentic])
     await trio.to_thread.run_sync(entered.wait)
     execution.cancel()
-    await _until(lambda: events == ["step left"])
+    await until(lambda: events == ["step left"])
     await trio.testing.wait_all_tasks_blocked()  # everything but the thread settled
     assert not execution.done  # the offloaded thread still runs
     released.set()
@@ -247,7 +242,7 @@ async def test_cancel_of_a_suspended_execution_is_immediate(
     execution = runtime.executions.start(
         "s", [lambda v: phronomy.ApprovalRequest(question="?")]
     )
-    await _until(lambda: _suspended(runtime, execution))
+    await until(lambda: _suspended(runtime, execution))
     assert execution.cancel()
     with pytest.raises(phronomy.CancellationError):
         await execution.result()
@@ -260,7 +255,7 @@ async def test_stale_step_results_are_dropped(runtime: phronomy.Runtime) -> None
     execution = runtime.executions.start(
         "stale", [lambda v: (gate.wait(5), "current")[1], lambda v: f"next:{v}"]
     )
-    await _until(lambda: execution.owner() is not None)
+    await until(lambda: execution.owner() is not None)
     coordinator = runtime.engine.receiver(
         ExecutionCoordinator, lambda engine: pytest.fail("it exists already")
     )
@@ -286,7 +281,7 @@ async def test_purge_and_admission_reads(runtime: phronomy.Runtime) -> None:
     execution = runtime.executions.start(
         "p", [lambda v: phronomy.ApprovalRequest(question="?")]
     )
-    await _until(lambda: _suspended(runtime, execution))
+    await until(lambda: _suspended(runtime, execution))
     with pytest.raises(phronomy.BusyError, match="cannot be purged"):
         await runtime.executions.purge("p")
     execution.reject()
@@ -310,7 +305,7 @@ async def test_shutdown_fails_suspended_waiters_with_rehydration_required() -> N
         execution = rt.executions.start(
             "s", [lambda v: phronomy.ApprovalRequest(question="?")]
         )
-        await _until(lambda: _suspended(rt, execution))
+        await until(lambda: _suspended(rt, execution))
     with pytest.raises(
         phronomy.RuntimeShutdownError,
         match="cut off when the runtime shut down",
@@ -324,7 +319,7 @@ async def test_shutdown_cuts_off_running_executions_after_the_deadline() -> None
     gate = threading.Event()
     async with phronomy.open_runtime(shutdown_timeout=0.05, cancel_grace=2) as rt:
         execution = rt.executions.start("r", [lambda v: gate.wait(0.3)])
-        await _until(lambda: execution.owner() is not None)
+        await until(lambda: execution.owner() is not None)
     assert rt.shutdown_result is not None
     assert any(
         "execution" in item and "of agent r" in item
@@ -348,7 +343,7 @@ async def test_durable_records_and_admission_before_storage(
     async with phronomy.open_runtime(store=store) as rt:
         gate = store.block("load.before")
         first = rt.executions.start("a", [lambda v: "done"])
-        await _until(lambda: rt.executions.is_admitted("a"))
+        await until(lambda: rt.executions.is_admitted("a"))
         loads = store.count("load")
         with pytest.raises(phronomy.BusyError):
             await rt.executions.invoke("a", [lambda v: v])
@@ -419,7 +414,7 @@ async def test_uncertain_terminal_durability_keeps_the_caller_pending(
     async with phronomy.open_runtime(store=store) as rt:
         gate = threading.Event()
         execution = rt.executions.start("u", [lambda v: (gate.wait(5), "value")[1]])
-        await _until(lambda: execution.owner() is not None)
+        await until(lambda: execution.owner() is not None)
         store.fail("save.before", OSError("connection reset")).fail(
             "readback.before", OSError("unreadable")
         )
@@ -449,7 +444,7 @@ async def test_cancelled_durable_execution_records_cancelled(
             time.sleep(0.2)
 
         execution = rt.executions.start("c", [tool])
-        await _until(entered.is_set)
+        await until(entered.is_set)
         execution.cancel()
         with pytest.raises(phronomy.CancellationError):
             await execution.result()
@@ -532,7 +527,7 @@ async def test_a_clean_shutdown_closes_cut_off_records_honestly(
             "waiting", [lambda v: phronomy.ApprovalRequest(question="ship?")]
         )
         busy = rt.executions.start("busy", [tool])
-        await _until(lambda: _suspended(rt, suspended) and entered.is_set())
+        await until(lambda: _suspended(rt, suspended) and entered.is_set())
     gate.set()
     with pytest.raises(phronomy.RuntimeShutdownError, match="closed as abandoned"):
         await suspended.result()

@@ -15,6 +15,7 @@ import trio.testing
 
 from phronomy import errors
 from phronomy.engine import Engine, Event, open_engine
+from phronomy.engine._shutdown import Shutdown
 
 from .helpers import CountingSession, Other, Recorder, post
 
@@ -301,10 +302,10 @@ async def test_an_internal_failure_keeps_its_cause(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     # Before: raise ... from None wiped the cause, leaving nothing to report.
-    def broken_fail(self: Engine, error: BaseException) -> None:
+    def broken_fail(self: object, error: BaseException) -> None:
         raise RuntimeError("a bug in the failure path") from error
 
-    monkeypatch.setattr(Engine, "_fail", broken_fail)
+    monkeypatch.setattr(Shutdown, "fail", broken_fail)
 
     async def run() -> None:
         async with open_engine(shutdown_timeout=0.5) as eng:

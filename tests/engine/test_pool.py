@@ -16,6 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from phronomy import errors
 from phronomy.engine import CancellationToken, Engine, ResultHandle, open_engine
+from polling import until
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
@@ -27,13 +28,6 @@ def _blocker(entered: threading.Event, gate: threading.Event, value: object) -> 
     entered.set()
     gate.wait(10)
     return value
-
-
-async def _until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
-    """Poll a condition that a worker thread makes true (threads cannot set trio events)."""
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110 - polling thread-side state
-            await trio.sleep(0.002)
 
 
 async def test_runs_in_a_worker_thread_and_returns_value(engine: Engine) -> None:
@@ -63,7 +57,7 @@ async def test_timeout_before_start_never_runs_and_is_not_abandoned(
     pool = engine.pool("single", size=1, queue_size=4)
     entered, gate = threading.Event(), threading.Event()
     first = pool.submit_nowait(_blocker, entered, gate, "first")
-    await _until(entered.is_set)
+    await until(entered.is_set)
     ran = threading.Event()
     second = pool.submit_nowait(ran.set, timeout=0.05)
     with pytest.raises(errors.DeadlineExceededError, match=r"timed out after 0\.05s"):
@@ -148,7 +142,7 @@ async def test_cancel_after_start_is_not_physically_complete_until_the_worker_re
     handle = engine.default_pool.submit_nowait(
         _blocker, entered, gate, 1, cancellation=token
     )
-    await _until(entered.is_set)
+    await until(entered.is_set)
     token.cancel()
     assert handle.status == "cancelled"
     assert not handle.physically_complete
@@ -174,7 +168,7 @@ async def test_backpressure_when_threads_and_queue_are_full(engine: Engine) -> N
     pool = engine.pool("tight", size=1, queue_size=1)
     entered, gate = threading.Event(), threading.Event()
     running = pool.submit_nowait(_blocker, entered, gate, "a")
-    await _until(entered.is_set)
+    await until(entered.is_set)
     queued = pool.submit_nowait(_blocker, threading.Event(), gate, "b")
     with pytest.raises(errors.BackpressureError, match=r"queue is full \(depth: 1\)"):
         pool.submit_nowait(int)
@@ -188,7 +182,7 @@ async def test_on_full_wait_waits_for_space(engine: Engine) -> None:
     pool = engine.pool("tight", size=1, queue_size=0)
     entered, gate = threading.Event(), threading.Event()
     first = pool.submit_nowait(_blocker, entered, gate, "a")
-    await _until(entered.is_set)
+    await until(entered.is_set)
     admitted: list[ResultHandle[Any]] = []
 
     async def waiter() -> None:
@@ -243,7 +237,7 @@ async def test_cancelled_worker_keeps_cleanup_incomplete_until_it_returns() -> N
         handle = eng.default_pool.submit_nowait(
             _blocker, entered, gate, 1, cancellation=token
         )
-        await _until(entered.is_set)
+        await until(entered.is_set)
         token.cancel()
     result = eng.shutdown_result
     assert result is not None
@@ -320,7 +314,7 @@ class PoolModel(RuleBasedStateMachine):
                     return False
             return True
 
-        await _until(stable)
+        await until(stable)
         await trio.testing.wait_all_tasks_blocked(0.01)
 
     # --- rules ----------------------------------------------------------------------
@@ -443,7 +437,7 @@ async def test_average_wait_is_measured(engine: Engine) -> None:
     entered, gate = threading.Event(), threading.Event()
     first = pool.submit_nowait(_blocker, entered, gate, 1)
     second = pool.submit_nowait(time.monotonic)
-    await _until(entered.is_set)
+    await until(entered.is_set)
     await trio.sleep(0.05)
     gate.set()
     await first.result()

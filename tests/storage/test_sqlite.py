@@ -40,11 +40,12 @@ def test_durability_pragmas_and_schema_version(
 ) -> None:
     store = open_sqlite(tmp_path / "p.db")
     store.load("x")
-    conn = store._connection()
-    assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
-    assert conn.execute("PRAGMA busy_timeout").fetchone()[0] == 30_000
-    assert conn.execute("PRAGMA user_version").fetchone()[0] == SCHEMA_VERSION
+    assert store.pragmas() == {
+        "journal_mode": "wal",
+        "synchronous": 2,  # FULL
+        "busy_timeout": 30_000,
+        "user_version": SCHEMA_VERSION,
+    }
     store.close()
     store.close()  # idempotent
     assert store.load("x") is None  # reopens lazily
@@ -101,7 +102,11 @@ def test_uncertain_failure_before_commit_is_rolled_back_then_classified_pre_stat
     assert outcome.outcome == "known_failure"
     assert outcome.error is error  # the very same error object
     assert store.load("u") is None
-    assert not store._connection().in_transaction
+    # the failed transaction was rolled back: another connection can take the write lock
+    other = sqlite3.connect(tmp_path / f"fault-{point}.db", timeout=0)
+    other.execute("BEGIN IMMEDIATE")
+    other.rollback()
+    other.close()
     assert store.save(request("u", None)) == 1  # the connection is usable afterwards
 
 

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Annotated, Any, TypeVar
 
-import trio
-
 import phronomy
 from phronomy.engine import ResultHandle
+from polling import until as until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -91,13 +90,6 @@ async def on_dispatcher(runtime: phronomy.Runtime, fn: Callable[[], T]) -> T:
 
     runtime.engine.timers.schedule(0, run)
     return await done.result()
-
-
-async def until(predicate: Callable[[], bool], limit: float = 5.0) -> None:
-    """Wait until *predicate* holds (polls: some conditions are set by worker threads)."""
-    with trio.fail_after(limit):
-        while not predicate():  # noqa: ASYNC110 - polling state set by other tasks/threads
-            await trio.sleep(0.002)
 
 
 def admission_state(runtime: phronomy.Runtime, iid: str) -> Any:

@@ -1,13 +1,10 @@
 """Supervised executions: one live execution per key, approval suspension, and
 cancellation that waits for physical quiescence."""
 
-from ._client import (
-    ExecutionHandle as ExecutionHandle,
-    Executions as Executions,
-    Step as Step,
-)
+from ._client import Executions as Executions, Step as Step
 from ._context import StepContext as StepContext
 from ._coordinator import ExecutionCoordinator as ExecutionCoordinator
+from ._handle import ExecutionHandle as ExecutionHandle
 from ._messages import (
     Approval as Approval,
     ApprovalRequest as ApprovalRequest,

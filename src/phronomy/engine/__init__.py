@@ -9,16 +9,17 @@ and reach the engine only through :class:`Host`. Its public face is
 from ._admissions import Admission as Admission, AdmissionTable as AdmissionTable
 from ._batcher import Batcher as Batcher
 from ._cancel import CancellationToken as CancellationToken
-from ._contracts import Host as Host, Receiver as Receiver, Session as Session
-from ._engine import (
-    Engine as Engine,
-    EngineConfig as EngineConfig,
-    open_engine as open_engine,
+from ._config import EngineConfig as EngineConfig
+from ._contracts import (
+    Delivery as Delivery,
+    Host as Host,
+    Receiver as Receiver,
+    Session as Session,
 )
+from ._engine import Engine as Engine, open_engine as open_engine
 from ._handle import HandleStatus as HandleStatus, ResultHandle as ResultHandle
 from ._ids import random_hex as random_hex, random_uuid as random_uuid
 from ._messages import (
-    Delivery as Delivery,
     DispatcherStatus as DispatcherStatus,
     EngineStatistics as EngineStatistics,
     Event as Event,

@@ -1,4 +1,4 @@
-"""What the engine's parts and its features expect of each other (protocols only).
+"""What the engine's parts and its features expect of each other.
 
 Sessions and receivers are written by features (workflows, supervised executions); the
 engine only sees these shapes, and features only reach the engine through
@@ -8,17 +8,20 @@ cycles.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, final
+
+import msgspec
+
+from ._handle import ResultHandle
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._handle import ResultHandle
-    from ._messages import Delivery, Event, SessionEnded
+    from ._messages import Event, SessionEnded
     from ._pool import OffloadPool
     from ._timers import TimerQueue
 
-__all__ = ["Host", "Receiver", "Session"]
+__all__ = ["Delivery", "Host", "Receiver", "Session"]
 
 
 class Session(Protocol):
@@ -132,3 +135,22 @@ class Host(Protocol):
     ) -> ResultHandle[Any]:
         """Run ``await fn(*args)`` as a supervised trio task."""
         ...
+
+
+@final
+class Delivery(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """A message for a receiver, delivered by the dispatcher in FIFO order.
+
+    Attributes:
+        receiver: the registered receiver (its ``deliver`` gets *message*).
+        message: any value.
+        admission: whether the message may establish a new admission (refused once
+            the engine drains; those queued before still run).
+        caller: the handle of the caller waiting on the message's work: failed when
+            the delivery fails or is cut off, and settled before the engine exits.
+    """
+
+    receiver: Receiver
+    message: Any
+    admission: bool = False
+    caller: ResultHandle[Any] | None = None

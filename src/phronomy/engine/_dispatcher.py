@@ -15,8 +15,8 @@ from ._messages import Event
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._config import EngineConfig
     from ._contracts import Session
-    from ._engine import EngineConfig
     from ._lifecycle import Lifecycle
     from ._timers import TimerQueue
 

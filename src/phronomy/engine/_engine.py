@@ -7,19 +7,18 @@ import threading
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, final
 
-import msgspec
 import trio
 
 from phronomy.errors import (
-    InvalidInputError,
     PhronomyInternalError,
     ReentrancyError,
 )
 
+from ._config import EngineConfig
+from ._contracts import Delivery
 from ._dispatcher import Dispatcher
 from ._lifecycle import Lifecycle
 from ._messages import (
-    Delivery,
     EngineStatistics,
     Event,
     SessionEnded,
@@ -40,49 +39,10 @@ if TYPE_CHECKING:
     from ._pool import OffloadPool
     from ._timers import TimerQueue
 
-__all__ = ["Engine", "EngineConfig", "open_engine"]
+__all__ = ["Engine", "open_engine"]
 
 T = TypeVar("T")
 R = TypeVar("R", bound="Receiver")
-
-
-@final
-class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
-    """Settings of an engine.
-
-    Attributes:
-        pool_size: worker threads of the default offload pool.
-        queue_size: queued operations the default pool admits.
-        shutdown_timeout: seconds a graceful shutdown waits for live work to finish.
-        cancel_grace: seconds shutdown then waits for worker threads (default:
-            ``shutdown_timeout``; at least 0.2).
-        backlog_threshold: queue depth that triggers a backlog warning.
-        backlog_interval: minimum seconds between two backlog warnings.
-        starvation_threshold: warn when an event waited longer than this in the queue.
-        dispatch_threshold: warn when one dispatch took longer than this.
-    """
-
-    pool_size: int = 10
-    queue_size: int = 100
-    shutdown_timeout: float = 5.0
-    cancel_grace: float | None = None
-    backlog_threshold: int = 1000
-    backlog_interval: float = 60.0
-    starvation_threshold: float | None = None
-    dispatch_threshold: float | None = None
-
-    def __post_init__(self) -> None:
-        """Validate the numbers."""
-        if self.shutdown_timeout < 0 or (
-            self.cancel_grace is not None and self.cancel_grace < 0
-        ):
-            raise InvalidInputError("shutdown_timeout and cancel_grace must be >= 0")
-        if self.pool_size < 1 or self.queue_size < 0:
-            raise InvalidInputError("pool_size must be >= 1 and queue_size >= 0")
-        if self.backlog_threshold < 1 or self.backlog_interval < 0:
-            raise InvalidInputError(
-                "backlog_threshold must be >= 1, backlog_interval >= 0"
-            )
 
 
 @final
@@ -105,17 +65,25 @@ class Engine:
         self._config = config
         self._token = trio.lowlevel.current_trio_token()
         self._lifecycle = lifecycle = Lifecycle()
-        self._supervisor = Supervisor(lifecycle, nursery, wake=self._wake)
-        self._sessions = SessionTable(lifecycle, self._enqueue, self.at_batch_end)
-        self._receivers = ReceiverTable(lifecycle, self._enqueue)
+
+        # The parts are created in dependency order; late-bound lambdas reach the
+        # dispatcher and the shutdown sequence created after them.
+        def enqueue(item: Any) -> None:
+            self._dispatcher.enqueue(item)
+
+        self._supervisor = Supervisor(
+            lifecycle, nursery, wake=lambda: self._dispatcher.wake()
+        )
+        self._sessions = SessionTable(lifecycle, enqueue, self.at_batch_end)
+        self._receivers = ReceiverTable(lifecycle, enqueue)
         self._dispatcher = Dispatcher(
             config,
             lifecycle,
             self._supervisor.timers,
             self._sessions.live,
             route=self._route,
-            on_batch=self._after_batch,
-            on_failure=self._fail,
+            on_batch=lambda: self._shutdown.after_batch(),
+            on_failure=lambda error: self._shutdown.fail(error),
         )
         self._shutdown = Shutdown(
             lifecycle,
@@ -150,11 +118,6 @@ class Engine:
     def shutdown_result(self) -> ShutdownResult | None:
         """The result of the shutdown, once it finished."""
         return self._shutdown.result
-
-    @property
-    def failure(self) -> BaseException | None:
-        """The error that failed the dispatcher, if any."""
-        return self._lifecycle.failure
 
     @property
     def timers(self) -> TimerQueue:
@@ -233,12 +196,6 @@ class Engine:
         else:
             self._dispatcher.enqueue(ended)
 
-    def _enqueue(self, item: Any) -> None:
-        self._dispatcher.enqueue(item)
-
-    def _wake(self) -> None:
-        self._dispatcher.wake()
-
     def _route(self, item: Any) -> None:
         if type(item) is Delivery:
             self._receivers.deliver(item)
@@ -246,12 +203,6 @@ class Engine:
             self._sessions.end(item)
         elif type(item) is SessionStart:
             self._sessions.start(item)
-
-    def _after_batch(self) -> None:
-        self._shutdown.after_batch()
-
-    def _fail(self, error: Exception) -> None:
-        self._shutdown.fail(error)
 
     # --- sessions and receivers --------------------------------------------------------
 
@@ -411,9 +362,6 @@ class Engine:
         assert result is not None
         return result
 
-    async def _abort(self) -> None:
-        await self._shutdown.abort()
-
 
 @asynccontextmanager
 async def open_engine(
@@ -472,7 +420,7 @@ async def open_engine(
             except BaseException as exc:  # noqa: BLE001, ASYNC103 - re-raised after the nursery
                 body_error = exc
                 with trio.CancelScope(shield=True):
-                    await engine._abort()  # noqa: SLF001 - own factory
+                    await engine._shutdown.abort()  # noqa: SLF001 - own factory
             else:
                 await engine.shutdown()
             nursery.cancel_scope.cancel(reason="phronomy runtime closed")

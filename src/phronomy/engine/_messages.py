@@ -6,11 +6,7 @@ from typing import Any, Literal, final
 
 import msgspec
 
-from ._contracts import Receiver
-from ._handle import ResultHandle
-
 __all__ = [
-    "Delivery",
     "DispatcherStatus",
     "EngineStatistics",
     "Event",
@@ -39,25 +35,6 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     type: str
     target_id: str
     payload: Any = None
-
-
-@final
-class Delivery(msgspec.Struct, frozen=True, kw_only=True, eq=False):
-    """A message for a receiver, delivered by the dispatcher in FIFO order.
-
-    Attributes:
-        receiver: the registered receiver (its ``deliver`` gets *message*).
-        message: any value.
-        admission: whether the message may establish a new admission (refused once
-            the engine drains; those queued before still run).
-        caller: the handle of the caller waiting on the message's work: failed when
-            the delivery fails or is cut off, and settled before the engine exits.
-    """
-
-    receiver: Receiver
-    message: Any
-    admission: bool = False
-    caller: ResultHandle[Any] | None = None
 
 
 SessionOutcome = Literal["finished", "halted", "error", "retired"]

@@ -23,13 +23,14 @@ from phronomy.errors import (
 
 from ._handle import ResultHandle
 from ._messages import PoolStatistics
+from ._operation import SKIPPED, Operation, thread_body
 from ._thread_guard import check_thread
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._cancel import CancellationToken
-    from ._timers import Timer, TimerQueue
+    from ._timers import TimerQueue
 
 __all__ = ["OffloadPool"]
 
@@ -38,52 +39,7 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 OnFull = Literal["raise", "wait"]
 
-_SKIPPED: Any = object()  # the thread saw the operation settled before it started
 _UNLIMITED = trio.CapacityLimiter(math.inf)
-
-
-class _Operation:
-    """One submitted call. ``lock`` makes "started" vs "settled first" a single decision."""
-
-    __slots__ = (
-        "abandoned",
-        "args",
-        "fn",
-        "handle",
-        "lock",
-        "queued",
-        "started",
-        "submitted_at",
-        "timer",
-        "token",
-        "token_callback",
-    )
-
-    def __init__(
-        self, fn: Callable[..., Any], args: tuple[Any, ...], handle: ResultHandle[Any]
-    ) -> None:
-        self.fn = fn
-        self.args = args
-        self.handle = handle
-        self.lock = threading.Lock()
-        self.started = False
-        self.abandoned = False
-        self.queued = False
-        self.timer: Timer | None = None
-        self.token: CancellationToken | None = None
-        self.token_callback: Callable[[], None] | None = None
-        self.submitted_at = 0.0
-
-
-def _thread_body(op: _Operation) -> outcome.Outcome[Any]:
-    # The linearisation point: either the operation starts here, or something settled
-    # it before and the block never runs.
-    with op.lock:
-        if op.handle.done:
-            return outcome.Value(_SKIPPED)
-        op.started = True
-    result: outcome.Outcome[Any] = outcome.capture(op.fn, *op.args)
-    return result
 
 
 @final
@@ -132,8 +88,8 @@ class OffloadPool:
         self._timers = timers
         self._limiter = trio.CapacityLimiter(pool_size)
         self._closed = False
-        self._ops: set[_Operation] = set()
-        self._queue: collections.deque[_Operation] = collections.deque()
+        self._ops: set[Operation] = set()
+        self._queue: collections.deque[Operation] = collections.deque()
         self._queued = 0
         self._space = trio.lowlevel.ParkingLot()
         self._idle = trio.lowlevel.ParkingLot()
@@ -339,7 +295,7 @@ class OffloadPool:
             f"offload:{self._name}:{getattr(fn, '__name__', 'callable')}",
             tracks_physical=True,
         )
-        op = _Operation(fn, args, handle)
+        op = Operation(fn, args, handle)
         remaining = timeout
         if cancellation is not None and cancellation.deadline is not None:
             token_left = cancellation.remaining()
@@ -399,7 +355,7 @@ class OffloadPool:
         return handle
 
     def _expire(
-        self, op: _Operation, error: BaseException, *, cancel: bool = False
+        self, op: Operation, error: BaseException, *, cancel: bool = False
     ) -> None:
         """Timeout (failed) or cancellation (cancelled): settle the handle first,
         whatever the worker does."""
@@ -418,7 +374,7 @@ class OffloadPool:
         elif op.queued:
             self._settled_while_queued(op)
 
-    def _release_hooks(self, op: _Operation) -> None:
+    def _release_hooks(self, op: Operation) -> None:
         if op.timer is not None:
             op.timer.cancel()
             op.timer = None
@@ -426,7 +382,7 @@ class OffloadPool:
             op.token.remove_callback(op.token_callback)
             op.token = None
 
-    async def _run(self, op: _Operation) -> None:
+    async def _run(self, op: Operation) -> None:
         # A system task: anything but Cancelled escaping it would crash trio.run.
         finished = False
         try:
@@ -447,7 +403,7 @@ class OffloadPool:
                 op.handle.mark_physically_complete()
                 self._finish(op, counted=False)
 
-    def _settled_while_queued(self, op: _Operation) -> None:
+    def _settled_while_queued(self, op: Operation) -> None:
         """A queued operation was settled: it will never run (skipped when dequeued)."""
         op.queued = False
         self._queued -= 1
@@ -456,7 +412,7 @@ class OffloadPool:
         self._finish(op, counted=False)
         self._space.unpark()
 
-    def _start(self, op: _Operation) -> None:
+    def _start(self, op: Operation) -> None:
         """Give *op* a thread slot (strict FIFO hand-off) and run it."""
         self._limiter.acquire_on_behalf_of_nowait(op)
         self._started += 1
@@ -475,10 +431,10 @@ class OffloadPool:
             self._start(op)
         self._space.unpark()
 
-    async def _run_op(self, op: _Operation) -> None:
+    async def _run_op(self, op: Operation) -> None:
         try:
             result = await trio.to_thread.run_sync(
-                _thread_body,
+                thread_body,
                 op,
                 limiter=_UNLIMITED,
                 thread_name=f"phronomy:{self._name}",
@@ -494,7 +450,7 @@ class OffloadPool:
             logger.debug(
                 "discarding the result of abandoned operation %s", op.handle.name
             )
-        elif isinstance(result, outcome.Value) and result.value is _SKIPPED:
+        elif isinstance(result, outcome.Value) and result.value is SKIPPED:
             pass
         elif isinstance(result, outcome.Value):
             op.handle.complete(result.value)
@@ -502,7 +458,7 @@ class OffloadPool:
             op.handle.fail(result.error)
         self._finish(op, counted=True)
 
-    def _finish(self, op: _Operation, *, counted: bool) -> None:
+    def _finish(self, op: Operation, *, counted: bool) -> None:
         self._ops.discard(op)
         if counted:
             self._completed += 1

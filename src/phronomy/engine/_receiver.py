@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from ._messages import Delivery
+from ._contracts import Delivery
 
 if TYPE_CHECKING:
     from ._contracts import Host

@@ -10,10 +10,9 @@ from phronomy.errors import PhronomyError, RuntimeShutdownError
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
-    from ._contracts import Receiver
+    from ._contracts import Delivery, Receiver
     from ._handle import ResultHandle
     from ._lifecycle import Lifecycle
-    from ._messages import Delivery
 
 __all__ = ["ReceiverTable"]
 

@@ -39,11 +39,13 @@ from ._quarantine import (
 from ._records import (
     EXECUTION_KEY_PREFIX as EXECUTION_KEY_PREFIX,
     EXECUTION_KIND as EXECUTION_KIND,
+    MAX_INSTANCE_ID_LENGTH as MAX_INSTANCE_ID_LENGTH,
     InstancePage as InstancePage,
     InstanceStatus as InstanceStatus,
     SaveOutcome as SaveOutcome,
     SaveRequest as SaveRequest,
     StoredRecord as StoredRecord,
+    validate_instance_id as validate_instance_id,
 )
 from ._recovery import (
     resolution as resolution,
@@ -66,6 +68,7 @@ __all__ = [
     "EXECUTION_KIND",
     "FINISH_PHASE",
     "KNOWN_FAILURES",
+    "MAX_INSTANCE_ID_LENGTH",
     "READ_OPS",
     "RECORD_TYPE",
     "SAVE_LOG_DEPTH",
@@ -105,6 +108,7 @@ __all__ = [
     "resolution",
     "resolve_stored",
     "run_op",
+    "validate_instance_id",
 ]
 
 from phronomy._metadata import fixup_module_metadata

@@ -46,7 +46,9 @@ class ListOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="list"):
 
 
 @final
-class FindWriteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="find_write"):
+class FindWriteOp(
+    msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="find_write"
+):
     """The revision a save with *write_id* committed, or ``None`` if it never did.
 
     Stores remember at least the last :data:`SAVE_LOG_DEPTH` saves of an instance; an

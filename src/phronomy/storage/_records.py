@@ -2,18 +2,23 @@
 
 from __future__ import annotations
 
+import re
 from typing import Literal, final
 
 import msgspec
 
+from phronomy.errors import InvalidInputError
+
 __all__ = [
     "EXECUTION_KEY_PREFIX",
     "EXECUTION_KIND",
+    "MAX_INSTANCE_ID_LENGTH",
     "InstancePage",
     "InstanceStatus",
     "SaveOutcome",
     "SaveRequest",
     "StoredRecord",
+    "validate_instance_id",
 ]
 
 EXECUTION_KIND = "phronomy.execution"
@@ -87,7 +92,7 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 @final
 class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
-    """How a save ended, classified (spec §4.7).
+    """How a save ended, classified.
 
     Attributes:
         outcome: ``success`` (the revision is durable), ``known_failure`` (nothing was
@@ -112,3 +117,27 @@ class InstancePage(msgspec.Struct, frozen=True, kw_only=True):
 
     records: tuple[StoredRecord, ...]
     next_after: str | None = None
+
+
+MAX_INSTANCE_ID_LENGTH = 255
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -> str:
+    """Return *value* if it is a usable instance id.
+
+    Raises:
+        InvalidInputError: not a string, empty, longer than 255 characters, or
+            containing control characters.
+    """
+    if not isinstance(value, str):
+        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
+    if not value:
+        raise InvalidInputError(f"{what} is required and must not be empty")
+    if len(value) > MAX_INSTANCE_ID_LENGTH:
+        raise InvalidInputError(
+            f"{what} is {len(value)} characters long; the limit is {MAX_INSTANCE_ID_LENGTH}"
+        )
+    if _CONTROL.search(value):
+        raise InvalidInputError(f"{what} {value!r} contains control characters")
+    return value

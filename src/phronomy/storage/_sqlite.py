@@ -282,6 +282,21 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
                 conn.rollback()
             raise
 
+    def pragmas(self) -> dict[str, int | str]:
+        """The settings the store's write connection runs with (blocking).
+
+        Returns:
+            ``journal_mode``, ``synchronous`` (2 is FULL), ``busy_timeout`` (ms) and
+            ``user_version`` (the schema version).
+
+        Raises:
+            StoreUnavailableError: the database cannot be opened.
+        """
+        names = ("journal_mode", "synchronous", "busy_timeout", "user_version")
+        with self._lock, self._translated():
+            conn = self._connection()
+            return {n: conn.execute(f"PRAGMA {n}").fetchone()[0] for n in names}
+
     def close(self) -> None:
         """Close the connections (the next call reopens them)."""
         with self._lock:

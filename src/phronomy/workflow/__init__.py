@@ -1,5 +1,6 @@
 """Workflows: definitions, the sans-IO machine, live sessions, admission and durability."""
 
+from ._builder import Workflow as Workflow
 from ._client import WorkflowClient as WorkflowClient, WorkflowStream as WorkflowStream
 from ._coordinator import WorkflowCoordinator as WorkflowCoordinator
 from ._definition import (
@@ -7,7 +8,6 @@ from ._definition import (
     FINISH as FINISH,
     Callback as Callback,
     Transition as Transition,
-    Workflow as Workflow,
     WorkflowDefinition as WorkflowDefinition,
 )
 from ._intents import Effects as Effects

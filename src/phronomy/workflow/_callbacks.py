@@ -131,7 +131,7 @@ def adopt(
 def apply_hook(
     definition: WorkflowDefinition[Any], current: str, state: State, event: EventLike
 ) -> HookOutcome:
-    """Run ``state.handle_event(event)`` if the state class defines it (spec §2.8.3)."""
+    """Run ``state.handle_event(event)`` if the state class defines it."""
     hook = getattr(state, "handle_event", None)
     if hook is None or event.type == AUTO_EVENT:
         return HookOutcome(state=state)

@@ -15,6 +15,7 @@ from phronomy.errors import (
     InvalidInputError,
     RuntimeShutdownError,
 )
+from phronomy.storage import validate_instance_id
 
 from ._events import RESUME, resolve_event
 from ._messages import (
@@ -23,7 +24,6 @@ from ._messages import (
     StartCommand,
     Step,
     WorkflowResult,
-    validate_instance_id,
 )
 from ._state import State, validate_fields
 

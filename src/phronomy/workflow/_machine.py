@@ -73,7 +73,7 @@ class Fired(msgspec.Struct, frozen=True, kw_only=True):
 
 
 def decide(definition: WorkflowDefinition[Any], current: str) -> Decision:
-    """Decide what to do after arriving in *current* (spec §2.8.6, in order).
+    """Decide what to do after arriving in *current* (the first rule that applies).
 
     Raises:
         TransitionError: *current* is not a declared state.
@@ -100,7 +100,9 @@ def enter(
 ) -> State:
     """Run the entry actions of *name* in declaration order; return the resulting state."""
     actions = definition.entry_actions.get(name)
-    return _run_actions(definition, actions, state, event, effects) if actions else state
+    return (
+        _run_actions(definition, actions, state, event, effects) if actions else state
+    )
 
 
 def _exit(
@@ -111,7 +113,9 @@ def _exit(
     effects: Any,
 ) -> State:
     actions = definition.exit_actions.get(name)
-    return _run_actions(definition, actions, state, event, effects) if actions else state
+    return (
+        _run_actions(definition, actions, state, event, effects) if actions else state
+    )
 
 
 def _run_actions(
@@ -169,7 +173,7 @@ def select(
         )
     if event.type == AUTO_EVENT:
         # Only external events may be ignored when every guard rejects; a state whose
-        # automatic guards all reject could never leave (spec §2.8.4, scenario 134).
+        # automatic guards all reject could never leave.
         raise TransitionError(
             f"Transition from {current!r} via event {AUTO_EVENT!r} failed: "
             "every automatic transition's guard rejected"
@@ -184,7 +188,7 @@ def fire(
     event: EventLike,
     effects: Any,
 ) -> Fired | None:
-    """Fire *event* from *current*: select, then exit → action → entry (spec §3.2).
+    """Fire *event* from *current*: select, then exit → action → entry.
 
     Returns:
         The transition taken and the resulting state, or ``None`` when every guard

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable
 from typing import Any, Generic, Literal, TypeVar, final
 
@@ -10,14 +9,12 @@ import msgspec
 import outcome
 
 from phronomy.engine import ResultHandle
-from phronomy.errors import InvalidInputError
 from phronomy.storage import StoredRecord
 
 from ._definition import WorkflowDefinition
 from ._state import State
 
 __all__ = [
-    "MAX_INSTANCE_ID_LENGTH",
     "InputOverlay",
     "LiveSegment",
     "LoadReady",
@@ -29,33 +26,9 @@ __all__ = [
     "StartCommand",
     "Step",
     "WorkflowResult",
-    "validate_instance_id",
 ]
 
 S = TypeVar("S", bound=State)
-
-MAX_INSTANCE_ID_LENGTH = 255
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -> str:
-    """Return *value* if it is a usable instance id.
-
-    Raises:
-        InvalidInputError: not a string, empty, longer than 255 characters, or
-            containing control characters.
-    """
-    if not isinstance(value, str):
-        raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
-    if not value:
-        raise InvalidInputError(f"{what} is required and must not be empty")
-    if len(value) > MAX_INSTANCE_ID_LENGTH:
-        raise InvalidInputError(
-            f"{what} is {len(value)} characters long; the limit is {MAX_INSTANCE_ID_LENGTH}"
-        )
-    if _CONTROL.search(value):
-        raise InvalidInputError(f"{what} {value!r} contains control characters")
-    return value
 
 
 @final

@@ -1,4 +1,4 @@
-"""Resolving ``recovery_required`` instances (beyond the seeds, DESIGN.md §3)."""
+"""Resolving ``recovery_required`` instances: list, inspect, adopt or release."""
 
 from __future__ import annotations
 
@@ -18,9 +18,10 @@ from phronomy.storage import (
     quarantined_instances,
     release_quarantine,
     resolution,
+    validate_instance_id,
 )
 
-from ._messages import RecoveryEntry, ResolveCommand, validate_instance_id
+from ._messages import RecoveryEntry, ResolveCommand
 
 if TYPE_CHECKING:
     from phronomy.engine import Admission

@@ -18,11 +18,19 @@ from __future__ import annotations
 
 import inspect
 import threading
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self, TypeVar, final
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Literal,
+    Self,
+    TypeVar,
+    dataclass_transform,
+    final,
+)
 
 import msgspec
 from msgspec import StructMeta
-from typing_extensions import dataclass_transform
 
 from phronomy.errors import DefinitionError, InvalidInputError
 

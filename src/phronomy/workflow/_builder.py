@@ -1,0 +1,345 @@
+"""The workflow builder: declare states and transitions, then build()."""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import re
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, final
+
+from phronomy.errors import DefinitionError
+
+from ._definition import (
+    AUTO_EVENT,
+    FINISH,
+    FINISH_ALIAS,
+    Callback,
+    Transition,
+    WorkflowDefinition,
+)
+from ._state import State, state_spec
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+
+__all__ = ["Workflow"]
+
+logger = logging.getLogger(__name__)
+
+S = TypeVar("S", bound=State)
+
+_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_.:-]*$")
+
+
+def _arity(fn: Callable[..., Any], *, max_args: int, what: str) -> int:
+    if not callable(fn):
+        raise DefinitionError(f"{what} must be callable, got {fn!r}")
+    try:
+        signature = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return 1  # builtins without a signature take the state only
+    positional = [
+        p
+        for p in signature.parameters.values()
+        if p.kind
+        in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    ]
+    if any(
+        p.kind is inspect.Parameter.VAR_POSITIONAL
+        for p in signature.parameters.values()
+    ):
+        return max_args
+    required = sum(p.default is inspect.Parameter.empty for p in positional)
+    if required > max_args:
+        raise DefinitionError(
+            f"{what} takes {required} required arguments; it may take at most {max_args} "
+            f"({', '.join(('state', 'event', 'effects')[:max_args])})"
+        )
+    if not positional:
+        raise DefinitionError(f"{what} must accept the state as its first argument")
+    # Only required parameters count: ``lambda s, name=name: ...`` (closure capture)
+    # takes the state alone, and parameters with defaults are never filled.
+    return max(required, 1)
+
+
+@final
+class Workflow(Generic[S]):
+    """Builder of a workflow definition.
+
+    Example::
+
+        wf = phronomy.Workflow(Order, name="orders")
+        wf.state("draft", entry=draft)
+        wf.wait_state("awaiting_approval")
+        wf.state("ship", entry=ship)
+        wf.transition("draft", "awaiting_approval")                   # automatic
+        wf.transition("awaiting_approval", "ship", on="approve")      # external event
+        wf.transition("ship", phronomy.FINISH)
+        order_flow = wf.build()
+
+    Methods return the builder, so calls can be chained. Nothing is validated until
+    :meth:`build`, which returns an immutable :class:`WorkflowDefinition`.
+
+    Actions take ``(state)``, ``(state, event)`` or ``(state, event, effects)`` and
+    return a new state or ``None``; guards take ``(state)`` or ``(state, event)``. Only
+    required positional parameters count: parameters with defaults (for example a
+    ``lambda s, name=name: ...`` closure capture) are never filled.
+    """
+
+    def __init__(self, state_type: type[S], *, name: str | None = None) -> None:
+        """Start a definition.
+
+        Args:
+            state_type: the :class:`~phronomy.State` subclass of this workflow.
+            name: the workflow name (default: the state class name); durable instances
+                record it and refuse to be resumed by another workflow.
+
+        Raises:
+            DefinitionError: *state_type* is not a State subclass, or *name* is empty
+                or starts with ``phronomy.`` (reserved).
+        """
+        state_spec(state_type)
+        self._state_type = state_type
+        self._name = name if name is not None else state_type.__name__
+        if not self._name:
+            raise DefinitionError("a workflow name must not be empty")
+        if self._name.startswith("phronomy."):
+            raise DefinitionError(
+                f"workflow name {self._name!r} is reserved: names starting with "
+                "'phronomy.' belong to the runtime's own records"
+            )
+        self._initial: str | None = None
+        self._states: list[str] = []
+        self._wait_states: list[str] = []
+        self._entry: dict[str, list[Callback]] = {}
+        self._exit: dict[str, list[Callback]] = {}
+        self._transitions: list[Transition] = []
+
+    def initial(self, name: str) -> Self:
+        """Set the entry point (default: the first :meth:`state` declared)."""
+        self._initial = _check_name(name)
+        return self
+
+    def state(
+        self,
+        name: str,
+        *,
+        entry: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,
+        exit: Callable[..., Any] | Sequence[Callable[..., Any]] | None = None,  # noqa: A002
+    ) -> Self:
+        """Declare a normal state, optionally with entry and exit actions.
+
+        Declaring the same state again adds its actions after the earlier ones.
+        """
+        _check_name(name)
+        if name in self._wait_states:
+            raise DefinitionError(f"{name!r} is already declared as a wait state")
+        if name not in self._states:
+            self._states.append(name)
+        for fn in _as_list(entry):
+            self.entry(name, fn)
+        for fn in _as_list(exit):
+            self.exit(name, fn)
+        return self
+
+    def entry(self, name: str, fn: Callable[..., Any]) -> Self:
+        """Append an entry action of *name* (actions run in declaration order)."""
+        label = f"entry action of {name!r}"
+        self._entry.setdefault(name, []).append(
+            Callback(fn=fn, arity=_arity(fn, max_args=3, what=label), label=label)
+        )
+        return self
+
+    def exit(self, name: str, fn: Callable[..., Any]) -> Self:
+        """Append an exit action of *name* (run when a transition leaves it)."""
+        label = f"exit action of {name!r}"
+        self._exit.setdefault(name, []).append(
+            Callback(fn=fn, arity=_arity(fn, max_args=3, what=label), label=label)
+        )
+        return self
+
+    def wait_state(self, name: str) -> Self:
+        """Declare a wait state: reaching it halts the segment until an event resumes it."""
+        _check_name(name)
+        if name in self._states:
+            raise DefinitionError(f"{name!r} is already declared as a normal state")
+        if name not in self._wait_states:
+            self._wait_states.append(name)
+        return self
+
+    def transition(
+        self,
+        source: str,
+        target: str,
+        *,
+        on: str | None = None,
+        guard: Callable[..., Any] | None = None,
+        action: Callable[..., Any] | None = None,
+    ) -> Self:
+        """Declare a transition from *source* to *target* (or :data:`~phronomy.FINISH`).
+
+        Args:
+            source: the state the transition leaves.
+            target: the state it enters, or :data:`~phronomy.FINISH`.
+            on: the external event that fires it; without it the transition is
+                automatic (taken as soon as *source*'s entry actions ran).
+            guard: ``(state)`` or ``(state, event)`` → bool; candidates are tried in
+                declaration order and the first passing one wins.
+            action: run after *source*'s exit actions and before *target*'s entry actions.
+        """
+        event = AUTO_EVENT if on is None else _check_name(on)
+        if on is not None and on == AUTO_EVENT:
+            raise DefinitionError(
+                f"{AUTO_EVENT!r} is reserved for automatic transitions"
+            )
+        target = FINISH if target == FINISH_ALIAS else target
+        where = Transition(source=source, target=target, event=event).describe()
+        self._transitions.append(
+            Transition(
+                source=source,
+                target=target,
+                event=event,
+                automatic=on is None,
+                guard=None
+                if guard is None
+                else Callback(
+                    fn=guard,
+                    arity=_arity(guard, max_args=2, what=f"guard of {where}"),
+                    label=f"guard of {where}",
+                ),
+                action=None
+                if action is None
+                else Callback(
+                    fn=action,
+                    arity=_arity(action, max_args=3, what=f"transition action {where}"),
+                    label=f"transition action {where}",
+                ),
+            )
+        )
+        return self
+
+    def build(self) -> WorkflowDefinition[S]:
+        """Validate and compile the definition.
+
+        Returns:
+            An immutable :class:`WorkflowDefinition`.
+
+        Raises:
+            DefinitionError: no states declared, transitions from or to undefined
+                states, actions of undefined states, an automatic transition from a wait
+                state (it could never fire). Unreachable states only log a warning.
+        """
+        entry_point = self._initial or (self._states[0] if self._states else None)
+        if entry_point is None:
+            raise DefinitionError(
+                "Workflow has no states declared — call state(...) or wait_state(...) "
+                "at least once (a workflow of only wait states needs initial(...))"
+            )
+        known = set(self._states) | set(self._wait_states)
+        if entry_point not in known:
+            raise DefinitionError(f"initial state {entry_point!r} is not declared")
+        missing_targets = sorted(
+            {t.target for t in self._transitions if t.target != FINISH} - known
+        )
+        if missing_targets:
+            raise DefinitionError(
+                f"Workflow transition(s) reference undefined state(s): {missing_targets}"
+            )
+        missing_sources = sorted({t.source for t in self._transitions} - known)
+        if missing_sources:
+            raise DefinitionError(
+                f"Workflow transition(s) originate from undefined state(s): {missing_sources}"
+            )
+        missing_actions = sorted((set(self._entry) | set(self._exit)) - known)
+        if missing_actions:
+            raise DefinitionError(
+                f"actions declared for undefined state(s): {missing_actions}"
+            )
+        dead = sorted(
+            {
+                t.source
+                for t in self._transitions
+                if t.automatic and t.source in self._wait_states
+            }
+        )
+        if dead:
+            raise DefinitionError(
+                f"automatic transition(s) from wait state(s) {dead} can never fire; "
+                "give them an event with on=..."
+            )
+        self._warn_unreachable(entry_point, known)
+        by_event: dict[str, list[Transition]] = {}
+        events_from: dict[str, set[str]] = {}
+        external: list[str] = []
+        for t in self._transitions:
+            by_event.setdefault(t.event, []).append(t)
+            if not t.automatic:
+                events_from.setdefault(t.source, set()).add(t.event)
+                if t.event not in external:
+                    external.append(t.event)
+        return WorkflowDefinition(
+            name=self._name,
+            state_type=self._state_type,
+            entry_point=entry_point,
+            states=tuple(self._states),
+            wait_states=frozenset(self._wait_states),
+            declared=frozenset(known),
+            entry_actions=MappingProxyType(
+                {k: tuple(v) for k, v in self._entry.items()}
+            ),
+            exit_actions=MappingProxyType({k: tuple(v) for k, v in self._exit.items()}),
+            transitions=tuple(self._transitions),
+            by_event=MappingProxyType({k: tuple(v) for k, v in by_event.items()}),
+            auto_states=frozenset(t.source for t in self._transitions if t.automatic),
+            external_events=tuple(external),
+            effect_events=frozenset(external),
+            events_from=MappingProxyType(
+                {k: frozenset(v) for k, v in events_from.items()}
+            ),
+        )
+
+    def _warn_unreachable(self, entry_point: str, known: set[str]) -> None:
+        reachable = {entry_point}
+        frontier = [entry_point]
+        while frontier:
+            state = frontier.pop()
+            for t in self._transitions:
+                if (
+                    t.source == state
+                    and t.target != FINISH
+                    and t.target not in reachable
+                ):
+                    reachable.add(t.target)
+                    frontier.append(t.target)
+        unreachable = sorted(known - reachable)
+        if unreachable:
+            logger.warning(
+                "[Phronomy] Workflow %r has unreachable state(s): %s (not reachable from %r)",
+                self._name,
+                unreachable,
+                entry_point,
+            )
+
+
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or not _NAME.match(name):
+        raise DefinitionError(
+            f"invalid state or event name {name!r}: use letters, digits, '_', '.', ':' or '-'"
+        )
+    if name in (FINISH, FINISH_ALIAS) or name.startswith("__"):
+        raise DefinitionError(
+            f"{name!r} is reserved: names starting with '__' belong to phronomy "
+            "(use FINISH only as a transition target)"
+        )
+    return name
+
+
+def _as_list(
+    value: Callable[..., Any] | Sequence[Callable[..., Any]] | None,
+) -> list[Callable[..., Any]]:
+    if value is None:
+        return []
+    if callable(value):
+        return [value]
+    return list(value)
