@@ -1,5 +1,14 @@
 """Sphinx configuration (built with ``nox -s docs``; warnings are errors)."""
 
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from _reference import generate
+
+generate(Path(__file__).parent / "reference")
+
 project = "phronomy"
 copyright = "2026, the phronomy developers"
 extensions = [
@@ -30,14 +39,18 @@ nitpick_ignore_regex = [
         r"(Callable|Awaitable|Sequence|Mapping|Iterable|AsyncGenerator|AsyncIterator|Iterator|Self|Any|Literal|ClassVar|PathLike|Path)",
     ),
     # type variables and type aliases
-    (r"py:(class|obj)", r"(phronomy\.[\w.]+\.)?(S|T|U|R|I|O|T_co)"),
+    (r"py:(class|obj)", r"(phronomy\.[\w.]+\.)?(S|T|U|R|I|O|C|T_co)"),
+    # private helper types that appear in signatures, and public classes reached
+    # through their private module (generic bases shown by show-inheritance)
+    (r"py:(class|obj)", r"phronomy\.\w+\._\w+\.\w+(\[.*\])?"),
+    (r"py:(class|obj)", r"(phronomy\.[\w.]+\.)?_\w+"),
     (
         r"py:(class|obj)",
-        r"(phronomy\.[\w.]+\.)?(HandleStatus|InstanceStatus|LifecycleState|DispatcherStatus|TerminalType|SessionLifecycle|AdmissionState|AgentAdmissionState|ExecutionStatus|StoreOp|OnFull|Step|Decision)",
+        r"(phronomy\.[\w.]+\.)?(HandleStatus|InstanceStatus|LifecycleState|DispatcherStatus|TerminalType|SessionLifecycle|SegmentStatus|SessionOutcome|ExecutionStatus|StoreOp|OnFull|Step|Decision|Next|Intent|Action|Command|RecordKind)",
     ),
     # runtime-internal classes that appear in signatures
     (
         r"py:class",
-        r"(phronomy\.[\w.]+\.)?(WorkflowSession|WorkflowRunner|StoreGateway|ExecutionCoordinator|AgentRegistry|WorkflowRegistry|Session|TerminalPolicy|EventSink)",
+        r"(phronomy\.[\w.]+\.)?(WorkflowSession|WorkflowCoordinator|DurabilityService|ExecutionCoordinator|LiveExecutions|ExecutionEntry|MachineStep|Session|TerminalPolicy|EventSink|_Controls)",
     ),
 ]

@@ -43,6 +43,7 @@ def test_example_runs(example: Path, tmp_path: Path) -> None:
         "order_approval": "finished: approved=True",
         "durable_orders": "order-1 __end__ at revision 2, approved by alice",
         "supervised_agent": "cancelled after",
+        "tutorial_expenses": "exp-1 is __end__ at revision 2",
     }[example.stem]
     assert expected in output
 

@@ -80,7 +80,7 @@ class Runtime:
 
     @property
     def workflows(self) -> WorkflowClient:
-        """Workflows: start, invoke, stream, send events, signal live instances."""
+        """Run workflows here (start, invoke, stream, send events, signal live instances)."""
         return self._workflows
 
     @property

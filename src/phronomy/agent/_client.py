@@ -101,8 +101,8 @@ class Executions:
         """Start an execution of *steps* for *agent_id* without waiting.
 
         Each step receives the previous step's return value (the first receives
-        *input*). A step that returns an :class:`ApprovalRequest` suspends the execution
-        until :meth:`approve` (the next step receives an :class:`Approval`) or
+        *input*). A step that returns an :class:`~phronomy.ApprovalRequest` suspends the execution
+        until :meth:`approve` (the next step receives an :class:`~phronomy.Approval`) or
         :meth:`reject` (the execution ends ``rejected``).
 
         Args:
@@ -176,7 +176,7 @@ class Executions:
         return bool(agent_id) and agent_id in self._coordinator.admissions
 
     def approve(self, execution_id: str, response: Any = None) -> None:
-        """Approve a suspended execution; the next step receives an :class:`Approval`.
+        """Approve a suspended execution; the next step receives an :class:`~phronomy.Approval`.
 
         Raises:
             NotFoundError: no live execution has that id.

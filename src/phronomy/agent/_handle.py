@@ -69,7 +69,7 @@ class ExecutionHandle:
         """Wait for the execution's terminal outcome.
 
         Returns:
-            The :class:`ExecutionResult` (``completed`` or ``rejected``).
+            The :class:`~phronomy.ExecutionResult` (``completed`` or ``rejected``).
 
         Raises:
             CancellationError: the execution was cancelled (:class:`~phronomy.DeadlineExceededError`
@@ -90,7 +90,7 @@ class ExecutionHandle:
         """Wait until the execution suspends for an approval; return what it asks.
 
         Returns:
-            The pending :class:`ApprovalRequest` (answer with :meth:`approve` or
+            The pending :class:`~phronomy.ApprovalRequest` (answer with :meth:`approve` or
             :meth:`reject`).
 
         Raises:

@@ -61,8 +61,8 @@ class ExecutionMachine:
 
     Steps run one after another; each step's result is applied only while it is still
     the execution's current step, so late results after a cancellation never change
-    live state. A step returning an :class:`ApprovalRequest` suspends the execution;
-    approving runs the next step with an :class:`Approval`, rejecting ends it
+    live state. A step returning an :class:`~phronomy.ApprovalRequest` suspends the execution;
+    approving runs the next step with an :class:`~phronomy.Approval`, rejecting ends it
     ``rejected``. Cancelling revokes result authority at once.
     """
 

@@ -8,7 +8,7 @@ cycles.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, final
 
 import msgspec
 
@@ -29,7 +29,7 @@ class Session(Protocol):
 
     @property
     def id(self) -> str:
-        """The session id: a fresh UUID string per incarnation."""
+        """The session's id (fresh per incarnation)."""
         ...
 
     def start(self) -> None:
@@ -149,6 +149,8 @@ class Delivery(msgspec.Struct, frozen=True, kw_only=True, eq=False):
         caller: the handle of the caller waiting on the message's work: failed when
             the delivery fails or is cut off, and settled before the engine exits.
     """
+
+    target_id: ClassVar[str] = ""  # never a session's id: the dispatcher routes it
 
     receiver: Receiver
     message: Any

@@ -31,6 +31,7 @@ class _Marker:
     """A dispatcher-internal queue item (stop, wake)."""
 
     __slots__ = ("name",)
+    target_id = ""  # no session has this id
 
     def __init__(self, name: str) -> None:
         self.name = name
@@ -75,11 +76,13 @@ class Dispatcher:
         self._on_batch = on_batch
         self._on_failure = on_failure
         self._send, self._recv = trio.open_memory_channel[Any](math.inf)
+        self.send_nowait = self._send.send_nowait
         self._scope = trio.CancelScope()
         self.exited = trio.Event()
         self._batch_end: list[Callable[[], object]] = []
-        self._posted = 0
-        self._dispatched = 0
+        self.backlog_threshold = config.backlog_threshold
+        self.posted = 0
+        self.dispatched = 0
         self.dropped = 0
         self.max_depth = 0
         self._oldest_post_ns = 0
@@ -97,15 +100,23 @@ class Dispatcher:
     # --- posting ---------------------------------------------------------------------
 
     def enqueue(self, item: Any) -> None:
-        """Queue *item* (the caller checked that the engine accepts it)."""
-        self._send.send_nowait(item)
-        self._posted += 1
-        depth = self._posted - self._dispatched
+        """Queue *item* (the caller checked that the engine accepts it).
+
+        ``Engine.post_nowait`` inlines these lines for events: keep them in step.
+        """
+        self.send_nowait(item)
+        self.posted += 1
+        depth = self.posted - self.dispatched
+        if depth == 1 or depth >= self.backlog_threshold:
+            self.note_depth(depth, item)
+
+    def note_depth(self, depth: int, item: Any) -> None:
+        """After a post: stamp the oldest item of the next batch, or warn of backlog."""
         if depth == 1:
             # The queue was empty: this is the oldest item of the next batch. Queue lag
             # is measured per batch, on its oldest item (the batch's largest lag).
             self._oldest_post_ns = time.perf_counter_ns()
-        elif depth >= self._config.backlog_threshold:
+        else:
             self._warn_backlog(depth, item)
 
     def at_batch_end(self, callback: Callable[[], object]) -> None:
@@ -156,12 +167,7 @@ class Dispatcher:
     @property
     def queue_depth(self) -> int:
         """Items posted and not dispatched yet."""
-        return max(self._posted - self._dispatched, 0)
-
-    @property
-    def dispatched(self) -> int:
-        """Items dispatched so far."""
-        return self._dispatched
+        return max(self.posted - self.dispatched, 0)
 
     @property
     def lag(self) -> tuple[float, float, float]:
@@ -217,7 +223,7 @@ class Dispatcher:
     def _batch(self, item: Any) -> bool:
         """Dispatch *item*, then everything already queued; ``False`` after stop."""
         lag = time.perf_counter_ns() - self._oldest_post_ns
-        depth = self._posted - self._dispatched
+        depth = self.posted - self.dispatched
         if depth > self.max_depth:
             self.max_depth = depth
         self._batches += 1
@@ -233,13 +239,13 @@ class Dispatcher:
         sessions_get = self._sessions.get
         route = self._route
         while True:
-            self._dispatched += 1
-            if type(item) is Event:
-                session = sessions_get(item.target_id)
-                if session is not None:
-                    session.handle(item)
-                else:
-                    self._drop(item)
+            self.dispatched += 1
+            # Every item has a target_id; only events name a session (others say "").
+            session = sessions_get(item.target_id)
+            if session is not None:
+                session.handle(item)
+            elif type(item) is Event:
+                self._drop(item)
             elif item is _STOP:
                 return False
             elif item is not _WAKE:
@@ -253,7 +259,7 @@ class Dispatcher:
         """The batch loop with long-dispatch warnings (``dispatch_threshold`` set)."""
         while True:
             started = time.perf_counter()
-            self._dispatched += 1
+            self.dispatched += 1
             if type(item) is Event:
                 session = self._sessions.get(item.target_id)
                 if session is not None:

@@ -168,12 +168,18 @@ class Engine:
         Raises:
             ReentrancyError: called from a thread other than the runtime's.
         """
-        if threading.get_ident() != self._lifecycle.thread_id:
+        lifecycle = self._lifecycle
+        if threading.get_ident() != lifecycle.thread_id:
             raise foreign_thread_error(f"Engine.post_nowait({type(item).__name__})")
-        if type(item) is Event:
-            if not self._lifecycle.accepting or item.target_id not in self._admitted:
+        if type(item) is Event:  # the hottest path of the engine: enqueue, inlined
+            if not lifecycle.accepting or item.target_id not in self._admitted:
                 return False
-            self._dispatcher.enqueue(item)
+            dispatcher = self._dispatcher
+            dispatcher.send_nowait(item)
+            dispatcher.posted += 1
+            depth = dispatcher.posted - dispatcher.dispatched
+            if depth == 1 or depth >= dispatcher.backlog_threshold:
+                dispatcher.note_depth(depth, item)
             return True
         return self._receivers.post(item)
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal, final
+from typing import Any, ClassVar, Literal, final
 
 import msgspec
 
@@ -45,6 +45,8 @@ SessionOutcome = Literal["finished", "halted", "error", "retired"]
 class SessionStart(msgspec.Struct, frozen=True, kw_only=True):
     """Management: start the registered session *session_id* (in FIFO order)."""
 
+    target_id: ClassVar[str] = ""  # never a session's id: the dispatcher routes it
+
     session_id: str
 
 
@@ -58,6 +60,8 @@ class SessionEnded(msgspec.Struct, frozen=True, kw_only=True):
         result: its result (``finished``, ``halted``).
         error: the error (``error``), or why the outcome is unknown (``retired``).
     """
+
+    target_id: ClassVar[str] = ""  # never a session's id: the dispatcher routes it
 
     session_id: str
     outcome: SessionOutcome

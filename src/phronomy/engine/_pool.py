@@ -54,7 +54,7 @@ class OffloadPool:
     Worker threads are never interrupted. A timeout or cancellation settles the
     caller-facing handle only; if the worker had already started, the operation is
     counted as *abandoned* until the thread returns, and its result is discarded. The
-    handle's :attr:`~ResultHandle.physically_complete` reports when the thread has
+    handle's :attr:`~phronomy.ResultHandle.physically_complete` reports when the thread has
     really finished. Waiting for worker threads never abandons them: trio keeps
     waiting for a running write even after the runtime block has exited.
 
@@ -182,7 +182,7 @@ class OffloadPool:
                 :class:`~phronomy.BackpressureError` at once.
 
         Returns:
-            The operation's handle (await :meth:`ResultHandle.result` for its value).
+            The operation's handle (await :meth:`~phronomy.ResultHandle.result` for its value).
 
         Raises:
             RuntimeShutdownError: the pool was (or got) shut down.

@@ -40,8 +40,8 @@ C = TypeVar("C")
 class BaseStore(Generic[C]):
     """A store: the batch logic of the contract around one backend ``apply``.
 
-    A backend implements :meth:`_reading` (a connection that sees committed data),
-    :meth:`_writing` (one transaction: committed when the block ends, rolled back when it
+    A backend implements ``_reading`` (a connection that sees committed data),
+    ``_writing`` (one transaction: committed when the block ends, rolled back when it
     raises) and :meth:`apply` (one operation on that connection), and may override
     :meth:`open`, :meth:`close`, :meth:`fence` and :attr:`identity`.
 

@@ -10,7 +10,7 @@ Format 1 is the format of this release; every later release must still decode it
 (``tests/fixtures/snapshots`` holds committed blobs). Values outside the JSON domain
 (arbitrary objects, NaN, infinities), values whose type a round trip would change
 (``bytes`` or a tuple under ``Any``, int keys) and values nested too deeply are refused
-with a :class:`SerializationError` naming the field path, before anything is written.
+with a :class:`~phronomy.SerializationError` naming the field path, before anything is written.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ _decoders_lock = threading.Lock()
 
 
 def check_json_domain(value: Any, path: str = "$") -> None:
-    """Raise :class:`SerializationError` naming the first value JSON cannot hold.
+    """Raise :class:`~phronomy.SerializationError` naming the first value JSON cannot hold.
 
     Walks *value* without recursion (any depth), depth-first in declaration order.
 

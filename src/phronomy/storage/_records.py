@@ -108,7 +108,7 @@ class SaveOutcome(msgspec.Struct, frozen=True, kw_only=True):
 
 @final
 class InstancePage(msgspec.Struct, frozen=True, kw_only=True):
-    """One page of :meth:`~phronomy.storage.WorkflowStore.list_instances`.
+    """One page of :meth:`~phronomy.storage.BaseStore.list_instances`.
 
     Attributes:
         records: the rows, ordered by instance id (snapshots omitted).

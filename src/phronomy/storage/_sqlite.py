@@ -61,7 +61,7 @@ logger = logging.getLogger(__name__)
 
 @final
 class SQLiteStore(BaseStore[sqlite3.Connection]):
-    """A :class:`WorkflowStore` in one SQLite file (the embedded default).
+    """A :class:`~phronomy.storage.WorkflowStore` in one SQLite file (the embedded default).
 
     * WAL journal, ``synchronous=FULL`` (a saved terminal state survives power loss),
       ``BEGIN IMMEDIATE`` for every write, a busy timeout for other processes.
@@ -72,7 +72,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
     * Every save is one conditional statement; a trigger appends it to
       ``phronomy_save_log`` with its ``write_id`` in the same transaction (the last
       :data:`~phronomy.storage.SAVE_LOG_DEPTH` saves of each instance are kept).
-    * :meth:`execute` commits a batch of saves in one transaction (group commit); each
+    * :meth:`~phronomy.storage.BaseStore.execute` commits a batch of saves in one transaction (group commit); each
       save is still revision-checked on its own.
     * After an error whose commit outcome is unknown, the open transaction is rolled
       back first; only then is the row reloaded and the save classified by

@@ -138,7 +138,7 @@ class WorkflowCoordinator(ExecutionReceiver):
                 raise PhronomyInternalError(f"unknown workflow command {message!r}")
 
     def shutdown(self, error: BaseException | None) -> None:
-        """Clear every admission; pending recovery callers get a :class:`RecoveryRequiredError`."""
+        """Clear every admission; pending recovery callers get a :class:`~phronomy.RecoveryRequiredError`."""
         for record in self.admissions.clear():
             caller: ResultHandle[Any] | None = record.caller
             if caller is None or caller.done:

@@ -167,11 +167,17 @@ class Effects:
     # --- the machine's side -------------------------------------------------------------
 
     def open(self) -> None:
-        """Accept requests (the machine calls this before running callbacks)."""
+        """Accept requests (the machine calls this before running callbacks).
+
+        :meta private:
+        """
         self._open = True
 
     def take(self) -> tuple[Intent, ...]:
-        """Close the recorder and return what was requested since :meth:`open`."""
+        """Close the recorder and return what was requested since it opened.
+
+        :meta private:
+        """
         self._open = False
         if not self._requested:
             return ()
@@ -179,7 +185,10 @@ class Effects:
         return requested
 
     def discard(self) -> None:
-        """Close the recorder and forget the requests (a callback raised)."""
+        """Close the recorder and forget the requests (a callback raised).
+
+        :meta private:
+        """
         self._open = False
         self._requested.clear()
 

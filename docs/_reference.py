@@ -1,0 +1,69 @@
+"""Generate the API reference pages from the public modules' ``__all__``.
+
+Run by ``conf.py`` on every build; the pages are committed, and
+``tests/test_exports.py`` checks that they document exactly what the modules export.
+Each object is documented once: a name the facade (``phronomy``) re-exports is
+documented as ``phronomy.<name>``, on the page of the module it belongs to.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+PAGES = [
+    ("runtime", "The runtime and workflows", "phronomy", "non-errors"),
+    ("errors", "Errors", "phronomy.errors", "all"),
+    ("workflow", "phronomy.workflow", "phronomy.workflow", "rest"),
+    ("agent", "phronomy.agent", "phronomy.agent", "rest"),
+    ("storage", "phronomy.storage", "phronomy.storage", "rest"),
+    ("testing", "phronomy.testing", "phronomy.testing", "rest"),
+    ("lowlevel", "phronomy.lowlevel", "phronomy.lowlevel", "rest"),
+]
+
+
+def _directive(module: object, name: str) -> str:
+    value = getattr(module, name)
+    if inspect.isclass(value):
+        return "autoexception" if issubclass(value, BaseException) else "autoclass"
+    if inspect.isfunction(value) or inspect.isbuiltin(value):
+        return "autofunction"
+    return "autodata"
+
+
+def render(page: str, title: str, module_name: str, which: str) -> str:
+    """The text of one reference page."""
+    facade = importlib.import_module("phronomy")
+    module = importlib.import_module(module_name)
+    lines = [title, "=" * len(title), ""]
+    if module_name != "phronomy":
+        lines += [f".. automodule:: {module_name}", "   :no-members:", ""]
+    names = [n for n in module.__all__ if n != "__version__"]
+    if which == "non-errors":
+        names = [n for n in names if not n.endswith("Error")]
+    for name in sorted(names, key=lambda n: (n.isupper(), n)):
+        owner = (
+            "phronomy" if which != "rest" and name in facade.__all__ else module_name
+        )
+        if which == "rest" and name in facade.__all__:
+            continue  # documented as phronomy.<name>
+        directive = _directive(module, name)
+        if name == "open_runtime":
+            lines += [f".. {directive}:: {owner}.{name}", "   :async-with: runtime", ""]
+        else:
+            lines += [f".. {directive}:: {owner}.{name}", ""]
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def generate(directory: Path) -> None:
+    """Write every page (only when its text changed)."""
+    directory.mkdir(exist_ok=True)
+    for page, title, module_name, which in PAGES:
+        path = directory / f"{page}.rst"
+        text = render(page, title, module_name, which)
+        if not path.exists() or path.read_text(encoding="utf-8") != text:
+            path.write_text(text, encoding="utf-8")
