@@ -10,10 +10,7 @@ from __future__ import annotations
 
 import importlib
 import inspect
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from pathlib import Path
+from pathlib import Path
 
 PAGES = [
     ("runtime", "The runtime and workflows", "phronomy", "non-errors"),
@@ -67,3 +64,7 @@ def generate(directory: Path) -> None:
         text = render(page, title, module_name, which)
         if not path.exists() or path.read_text(encoding="utf-8") != text:
             path.write_text(text, encoding="utf-8")
+
+
+if __name__ == "__main__":
+    generate(Path(__file__).parent / "reference")

@@ -56,7 +56,9 @@ def test_a_newer_schema_is_refused(open_sqlite: OpenSQLite, tmp_path: Path) -> N
     raw = sqlite3.connect(path)
     raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION + 1}")
     raw.close()
-    with pytest.raises(errors.StoreUnavailableError, match="schema version 2"):
+    with pytest.raises(
+        errors.StoreUnavailableError, match=f"schema version {SCHEMA_VERSION + 1}"
+    ):
         open_sqlite(path).load("x")
 
 

@@ -794,7 +794,7 @@ async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
     # came back as base64 text.
     store = make_store()
     deep: list[Any] = []
-    for _ in range(5000):
+    for _ in range(100_000):
         deep = [deep]
     wf = phronomy.Workflow(Anything, name="any")
     wf.wait_state("parked").initial("parked")

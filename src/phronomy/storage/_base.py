@@ -11,16 +11,13 @@ from phronomy.errors import ConflictError
 
 from ._ops import (
     READ_OPS,
-    BeginOp,
-    DeleteOp,
     FindWriteOp,
-    ListOp,
     LoadOp,
-    MarkOp,
     SaveOp,
     op_name,
 )
 from ._records import SaveOutcome
+from ._shortcuts import OneAtATime
 from ._store import KNOWN_FAILURES, classify_uncertain_save
 
 if TYPE_CHECKING:
@@ -28,7 +25,9 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ._ops import StoreOp
-    from ._records import InstancePage, InstanceStatus, SaveRequest, StoredRecord
+    from ._records import (
+        SaveRequest,
+    )
 
 __all__ = ["BaseStore"]
 
@@ -37,7 +36,7 @@ logger = logging.getLogger(__name__)
 C = TypeVar("C")
 
 
-class BaseStore(Generic[C]):
+class BaseStore(OneAtATime, Generic[C]):
     """A store: the batch logic of the contract around one backend ``apply``.
 
     A backend implements ``_reading`` (a connection that sees committed data),
@@ -211,107 +210,3 @@ class BaseStore(Generic[C]):
     def _hook(self, point: str) -> None:
         if self.fault_hook is not None:
             self.fault_hook(point)
-
-    # --- one operation at a time (operators, tests) ----------------------------------
-
-    def run(self, op: StoreOp) -> Any:
-        """Run one operation and return its result (or raise its error)."""
-        return self.execute([op])[0].unwrap()
-
-    def load(self, workflow_instance_id: str) -> StoredRecord | None:
-        """The row of *workflow_instance_id*, or ``None``."""
-        record: StoredRecord | None = self.run(
-            LoadOp(workflow_instance_id=workflow_instance_id)
-        )
-        return record
-
-    def list_instances(
-        self,
-        *,
-        status: InstanceStatus | None = None,
-        limit: int = 100,
-        after: str | None = None,
-    ) -> InstancePage:
-        """One page of rows (without snapshots), ordered by id.
-
-        Raises:
-            ValueError: *limit* is below 1.
-        """
-        if limit < 1:
-            raise ValueError("limit must be >= 1")
-        page: InstancePage = self.run(ListOp(status=status, limit=limit, after=after))
-        return page
-
-    def find_write(self, workflow_instance_id: str, write_id: str) -> int | None:
-        """The revision the save *write_id* committed, or ``None``."""
-        revision: int | None = self.run(
-            FindWriteOp(workflow_instance_id=workflow_instance_id, write_id=write_id)
-        )
-        return revision
-
-    def save_classified(self, request: SaveRequest) -> SaveOutcome:
-        """Save and classify the result; never raises for store errors."""
-        result: SaveOutcome = self.run(SaveOp(request=request))
-        return result
-
-    def save(self, request: SaveRequest) -> int:
-        """Save and return the new revision.
-
-        Raises:
-            ConflictError: the revision check failed.
-            Exception: the error of a failed save, or of one whose outcome is unknown.
-        """
-        result = self.save_classified(request)
-        if result.outcome != "success" or result.revision is None:
-            assert result.error is not None
-            raise result.error
-        return result.revision
-
-    def begin(
-        self,
-        workflow_instance_id: str,
-        workflow: str,
-        *,
-        expected_revision: int | None = None,
-    ) -> bool:
-        """See :class:`~phronomy.storage.BeginOp`."""
-        marked: bool = self.run(
-            BeginOp(
-                workflow_instance_id=workflow_instance_id,
-                workflow=workflow,
-                expected_revision=expected_revision,
-            )
-        )
-        return marked
-
-    def mark(
-        self,
-        workflow_instance_id: str,
-        status: InstanceStatus,
-        *,
-        expected_revision: int | None = None,
-        detail: str | None = None,
-        create: bool = False,
-        workflow: str = "",
-    ) -> bool:
-        """See :class:`~phronomy.storage.MarkOp`."""
-        changed: bool = self.run(
-            MarkOp(
-                workflow_instance_id=workflow_instance_id,
-                status=status,
-                expected_revision=expected_revision,
-                detail=detail,
-                create=create,
-                workflow=workflow,
-            )
-        )
-        return changed
-
-    def delete(self, workflow_instance_id: str, expected_revision: int) -> None:
-        """See :class:`~phronomy.storage.DeleteOp`."""
-        self.run(
-            DeleteOp(
-                workflow_instance_id=workflow_instance_id,
-                expected_revision=expected_revision,
-            )
-        )

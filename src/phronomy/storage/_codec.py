@@ -224,8 +224,8 @@ def encode_snapshot(
 
 def _too_deep(where: str) -> SerializationError:
     return SerializationError(
-        f"the snapshot of {where} is nested too deeply to be stored (JSON values may "
-        f"nest a few hundred levels here; the recursion limit is "
+        f"the snapshot of {where} is nested too deeply to be stored (deeper than this "
+        f"interpreter can encode and decode; the recursion limit is "
         f"{sys.getrecursionlimit()})"
     )
 

@@ -9,19 +9,20 @@ from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 
-from phronomy.errors import ConflictError
+from phronomy.errors import ConflictError, InvalidInputError
 
 from ._base import BaseStore
 from ._ops import (
     BeginOp,
     DeleteOp,
     FindWriteOp,
+    HistoryOp,
     ListOp,
     LoadOp,
     MarkOp,
     SaveOp,
 )
-from ._records import InstancePage, StoredRecord
+from ._records import InstancePage, SaveLogEntry, SaveRequest, StoredRecord
 from ._store import SAVE_LOG_DEPTH
 
 if TYPE_CHECKING:
@@ -41,13 +42,16 @@ class _Tables:
 
     def __init__(self) -> None:
         self.rows: dict[str, StoredRecord] = {}
-        self.log: dict[str, dict[str, int]] = {}  # id -> write id -> revision
+        self.log: dict[str, dict[str, SaveLogEntry]] = {}  # id -> write id -> save
         self.undo: (
-            list[tuple[str, StoredRecord | None, dict[str, int] | None]] | None
+            list[tuple[str, StoredRecord | None, dict[str, SaveLogEntry] | None]] | None
         ) = None
 
     def put(
-        self, iid: str, row: StoredRecord | None, log: dict[str, int] | None
+        self,
+        iid: str,
+        row: StoredRecord | None,
+        log: dict[str, SaveLogEntry] | None,
     ) -> None:
         """Replace (or with ``None``, remove) the row and save log of *iid*."""
         if self.undo is not None:
@@ -78,9 +82,28 @@ class MemoryStore(BaseStore[_Tables]):
     immutable bytes, so callers can never mutate what is stored.
     """
 
-    def __init__(self, *, fault_hook: Callable[[str], None] | None = None) -> None:
-        """Create an empty store."""
+    def __init__(
+        self,
+        *,
+        save_log_depth: int = SAVE_LOG_DEPTH,
+        fault_hook: Callable[[str], None] | None = None,
+    ) -> None:
+        """Create an empty store.
+
+        Args:
+            save_log_depth: saves kept per instance in its history (at least 2).
+            fault_hook: test hook called at each fault point.
+
+        Raises:
+            InvalidInputError: *save_log_depth* is not an integer >= 2.
+        """
         super().__init__(fault_hook=fault_hook)
+        depth: object = save_log_depth  # checked at run time: callers are not typed
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 2:
+            raise InvalidInputError(
+                f"save_log_depth must be an integer >= 2, got {save_log_depth!r}"
+            )
+        self._depth = save_log_depth
         self._lock = threading.Lock()
         self._tables = _Tables()
 
@@ -112,6 +135,7 @@ class MemoryStore(BaseStore[_Tables]):
                         r
                         for r in conn.rows.values()
                         if (op.status is None or r.status == op.status)
+                        and (op.workflow is None or r.workflow == op.workflow)
                         and (op.after is None or r.workflow_instance_id > op.after)
                     ),
                     key=lambda r: r.workflow_instance_id,
@@ -124,8 +148,14 @@ class MemoryStore(BaseStore[_Tables]):
                     records=page,
                     next_after=page[-1].workflow_instance_id if more else None,
                 )
+            case HistoryOp(workflow_instance_id=iid, limit=limit):
+                saves = sorted(
+                    conn.log.get(iid, {}).values(), key=lambda e: -e.revision
+                )
+                return saves[:limit]
             case FindWriteOp(workflow_instance_id=iid, write_id=write_id):
-                return conn.log.get(iid, {}).get(write_id)
+                entry = conn.log.get(iid, {}).get(write_id)
+                return None if entry is None else entry.revision
             case BeginOp():
                 return self._begin(conn, op)
             case SaveOp(request=request):
@@ -173,8 +203,7 @@ class MemoryStore(BaseStore[_Tables]):
         )
         return True
 
-    @staticmethod
-    def _save(conn: _Tables, request: Any) -> int:
+    def _save(self, conn: _Tables, request: SaveRequest) -> int:
         iid = request.workflow_instance_id
         row = conn.rows.get(iid)
         current = 0 if row is None else row.revision
@@ -185,11 +214,20 @@ class MemoryStore(BaseStore[_Tables]):
             )
         revision = current + 1
         log = {
-            w: r
-            for w, r in conn.log.get(iid, {}).items()
-            if r > revision - SAVE_LOG_DEPTH
+            w: e
+            for w, e in conn.log.get(iid, {}).items()
+            if e.revision > revision - self._depth
         }
-        log[request.write_id] = revision
+        now = _now_ms()
+        log[request.write_id] = SaveLogEntry(
+            revision=revision,
+            status=request.status,
+            phase=request.phase,
+            write_id=request.write_id,
+            committed_at_ms=now,
+            definition_version=request.definition_version,
+            detail=request.detail,
+        )
         conn.put(
             iid,
             StoredRecord(
@@ -200,7 +238,9 @@ class MemoryStore(BaseStore[_Tables]):
                 phase=request.phase,
                 snapshot=request.snapshot,
                 write_id=request.write_id,
-                updated_at_ms=_now_ms(),
+                detail=request.detail,
+                updated_at_ms=now,
+                definition_version=request.definition_version,
             ),
             log,
         )

@@ -20,6 +20,7 @@ __all__ = [
     "BeginOp",
     "DeleteOp",
     "FindWriteOp",
+    "HistoryOp",
     "ListOp",
     "LoadOp",
     "MarkOp",
@@ -43,6 +44,16 @@ class ListOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="list"):
     status: InstanceStatus | None = None
     limit: int = 100
     after: str | None = None
+    workflow: str | None = None
+
+
+@final
+class HistoryOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="history"):
+    """The committed saves of an instance, newest first (at most *limit*); the result is
+    a list of :class:`SaveLogEntry`."""
+
+    workflow_instance_id: str
+    limit: int = 100
 
 
 @final
@@ -109,10 +120,12 @@ class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="delete"
     expected_revision: int
 
 
-StoreOp = LoadOp | ListOp | FindWriteOp | BeginOp | SaveOp | MarkOp | DeleteOp
+StoreOp = (
+    LoadOp | ListOp | HistoryOp | FindWriteOp | BeginOp | SaveOp | MarkOp | DeleteOp
+)
 """Every operation a store runs."""
 
-READ_OPS = (LoadOp, ListOp, FindWriteOp)
+READ_OPS = (LoadOp, ListOp, HistoryOp, FindWriteOp)
 """Operations that only read (they run on the read lane, outside write transactions)."""
 
 

@@ -13,8 +13,10 @@ __all__ = [
     "EXECUTION_KEY_PREFIX",
     "EXECUTION_KIND",
     "MAX_INSTANCE_ID_LENGTH",
+    "OPEN_STATUSES",
     "InstancePage",
     "InstanceStatus",
+    "SaveLogEntry",
     "SaveOutcome",
     "SaveRequest",
     "StoredRecord",
@@ -27,16 +29,27 @@ may not start with ``phronomy.``)."""
 EXECUTION_KEY_PREFIX = "agent:"
 """Supervised executions' records are stored under ``agent:<agent_id>``."""
 
-InstanceStatus = Literal["running", "halted", "finished", "failed", "recovery_required"]
+InstanceStatus = Literal[
+    "running", "halted", "finished", "failed", "cancelled", "recovery_required"
+]
 """What operators see for an instance.
 
 ``running``: a live segment is waiting for a signal or an effect (a segment that runs
 straight to its terminal state goes from its previous status to the next one directly,
 without an extra write). ``halted``: waiting at a wait state.
 ``finished``: reached FINISH. ``failed``: its last segment failed (the last durable
-revision is still resumable). ``recovery_required``: the outcome of a save is unknown;
-an operator must resolve it before the instance runs again.
+revision is still resumable). ``cancelled``: cancelled by a caller or an operator (a
+terminal status, with the reason). ``recovery_required``: the outcome of a save is
+unknown; an operator must resolve it before the instance runs again.
+
+``running``, ``halted`` and ``recovery_required`` instances are *open*; ``finished``,
+``failed`` and ``cancelled`` ones are *closed*.
 """
+
+OPEN_STATUSES: frozenset[InstanceStatus] = frozenset(
+    {"running", "halted", "recovery_required"}
+)
+"""Statuses of instances that have not ended (see :data:`InstanceStatus`)."""
 
 
 @final
@@ -53,6 +66,8 @@ class StoredRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         write_id: the ``write_id`` of the save that produced this revision.
         detail: a diagnostic for ``failed`` / ``recovery_required``.
         updated_at_ms: wall-clock milliseconds of the last change.
+        definition_version: the version of the workflow definition that saved it
+            (empty before the first save, or when saved by a release without versions).
     """
 
     workflow_instance_id: str
@@ -64,6 +79,7 @@ class StoredRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     write_id: str | None = None
     detail: str | None = None
     updated_at_ms: int = 0
+    definition_version: str = ""
 
 
 @final
@@ -79,6 +95,8 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         status: the instance status this save sets (``halted`` or ``finished``).
         phase: the snapshot's phase.
         workflow: the owning workflow's name.
+        definition_version: the version of the definition that saves it.
+        detail: a note kept with the row (for example why it was cancelled).
     """
 
     workflow_instance_id: str
@@ -88,6 +106,8 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     status: InstanceStatus
     phase: str | None
     workflow: str = ""
+    definition_version: str = ""
+    detail: str | None = None
 
 
 @final
@@ -141,3 +161,26 @@ def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -
     if _CONTROL.search(value):
         raise InvalidInputError(f"{what} {value!r} contains control characters")
     return value
+
+
+@final
+class SaveLogEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One committed save of an instance (its history; the store keeps the last few).
+
+    Attributes:
+        revision: the revision the save produced.
+        status: the status it set.
+        phase: the snapshot's phase.
+        write_id: the save's ``write_id``.
+        committed_at_ms: wall-clock milliseconds of the commit.
+        definition_version: the version of the definition that saved it.
+        detail: the note saved with it (for example a cancellation's reason).
+    """
+
+    revision: int
+    status: InstanceStatus
+    phase: str | None
+    write_id: str
+    committed_at_ms: int
+    definition_version: str = ""
+    detail: str | None = None

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from phronomy.errors import (
     ConflictError,
+    InvalidInputError,
     StoreUnavailableError,
 )
 
@@ -20,12 +21,13 @@ from ._ops import (
     BeginOp,
     DeleteOp,
     FindWriteOp,
+    HistoryOp,
     ListOp,
     LoadOp,
     MarkOp,
     SaveOp,
 )
-from ._records import InstancePage
+from ._records import InstancePage, SaveLogEntry
 from ._sqlite_errors import translate
 from ._sqlite_schema import (
     MIGRATIONS,
@@ -36,17 +38,20 @@ from ._sqlite_schema import (
     SQL_DELETE,
     SQL_FIND_WRITE,
     SQL_FOREIGN_TABLES,
+    SQL_HISTORY,
     SQL_LIST,
     SQL_LOAD,
     SQL_MARK,
     SQL_MARK_OR_CREATE,
     SQL_RESUME,
     SQL_REVISION,
+    SQL_SET_LOG_DEPTH,
     SQL_UPDATE,
     filesystem_type,
     now_ms,
     record_from_row,
 )
+from ._store import SAVE_LOG_DEPTH
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -71,7 +76,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
     * The schema is created and migrated on first use (``PRAGMA user_version``).
     * Every save is one conditional statement; a trigger appends it to
       ``phronomy_save_log`` with its ``write_id`` in the same transaction (the last
-      :data:`~phronomy.storage.SAVE_LOG_DEPTH` saves of each instance are kept).
+      ``save_log_depth`` saves of each instance are kept: its history).
     * :meth:`~phronomy.storage.BaseStore.execute` commits a batch of saves in one transaction (group commit); each
       save is still revision-checked on its own.
     * After an error whose commit outcome is unknown, the open transaction is rolled
@@ -97,6 +102,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         busy_timeout: float = 30.0,
         allow_network_filesystem: bool = False,
         read_only: bool = False,
+        save_log_depth: int = SAVE_LOG_DEPTH,
         fault_hook: Callable[[str], None] | None = None,
     ) -> None:
         """Configure a store; the file is opened by :meth:`open` or on first use.
@@ -104,6 +110,10 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         Args:
             path: the database file (created on first use unless *read_only*).
             busy_timeout: seconds to wait for another process's write lock.
+            save_log_depth: saves kept per instance in its history (and for
+                reconciling uncertain saves by ``write_id``); at least 2. The setting
+                belongs to the database: the last store that opened it for writing
+                sets it.
             allow_network_filesystem: open a file on NFS/SMB/... with a warning.
             read_only: open an existing database for reading only (operators'
                 tools): a missing file is an error, nothing is created or migrated,
@@ -115,6 +125,12 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         self._path = os.fspath(path)
         self._read_only = read_only
         self._identity: str | None = None
+        depth: object = save_log_depth  # checked at run time: callers are not typed
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 2:
+            raise InvalidInputError(
+                f"save_log_depth must be an integer >= 2, got {save_log_depth!r}"
+            )
+        self._save_log_depth = save_log_depth
         self._busy_timeout = busy_timeout
         self._allow_network_fs = allow_network_filesystem
         self._lock = threading.RLock()
@@ -254,6 +270,14 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
                 "ever wrote to it); check the path",
                 path=self._path,
             )
+        if 0 < version < SCHEMA_VERSION and self._read_only:
+            raise StoreUnavailableError(
+                f"SQLite database {self._path!r} has schema version {version} of an "
+                f"earlier release; this release reads version {SCHEMA_VERSION}. Open it "
+                "once for writing (any runtime on it, or `python -m phronomy migrate "
+                "--db FILE`) to migrate it; a read-only store never changes the file",
+                path=self._path,
+            )
         if version == 0 and conn.execute(SQL_FOREIGN_TABLES).fetchone()[0]:
             raise StoreUnavailableError(
                 f"SQLite database {self._path!r} belongs to another application (it "
@@ -273,6 +297,8 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
             for step in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[step]:
                     conn.execute(statement)
+            depth = self._save_log_depth
+            conn.execute(SQL_SET_LOG_DEPTH, (depth, depth))
             # Always a real write: an empty transaction commits even on a file this
             # process cannot write, which would only fail at the first save.
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -338,16 +364,33 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
             case LoadOp(workflow_instance_id=iid):
                 row = conn.execute(SQL_LOAD, (iid,)).fetchone()
                 return None if row is None else record_from_row(row)
-            case ListOp(status=status, limit=limit, after=after):
-                rows = conn.execute(
-                    SQL_LIST, {"status": status, "after": after, "limit": limit + 1}
-                ).fetchall()
+            case ListOp(status=status, limit=limit, after=after, workflow=workflow):
+                params = {
+                    "status": status,
+                    "workflow": workflow,
+                    "after": after,
+                    "limit": limit + 1,
+                }
+                rows = conn.execute(SQL_LIST, params).fetchall()
                 records = tuple(record_from_row(row) for row in rows[:limit])
                 more = len(rows) > limit
                 return InstancePage(
                     records=records,
                     next_after=records[-1].workflow_instance_id if more else None,
                 )
+            case HistoryOp(workflow_instance_id=iid, limit=limit):
+                return [
+                    SaveLogEntry(
+                        revision=row[0],
+                        status=row[1],
+                        phase=row[2],
+                        write_id=row[3],
+                        committed_at_ms=row[4],
+                        definition_version=row[5],
+                        detail=row[6],
+                    )
+                    for row in conn.execute(SQL_HISTORY, (iid, limit))
+                ]
             case FindWriteOp(workflow_instance_id=iid, write_id=write_id):
                 row = conn.execute(SQL_FIND_WRITE, (iid, write_id)).fetchone()
                 return None if row is None else int(row[0])
@@ -391,6 +434,8 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
             "phase": request.phase,
             "snapshot": request.snapshot,
             "write_id": request.write_id,
+            "detail": request.detail,
+            "version": request.definition_version,
             "now": now_ms(),
             "expected": expected,
         }

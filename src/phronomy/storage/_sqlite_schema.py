@@ -23,19 +23,21 @@ __all__ = [
     "SQL_DELETE",
     "SQL_FIND_WRITE",
     "SQL_FOREIGN_TABLES",
+    "SQL_HISTORY",
     "SQL_LIST",
     "SQL_LOAD",
     "SQL_MARK",
     "SQL_MARK_OR_CREATE",
     "SQL_RESUME",
     "SQL_REVISION",
+    "SQL_SET_LOG_DEPTH",
     "SQL_UPDATE",
     "filesystem_type",
     "now_ms",
     "record_from_row",
 ]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 """``PRAGMA user_version`` of the newest schema this release writes."""
 
 NETWORK_FILESYSTEMS = frozenset({
@@ -90,10 +92,76 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             DELETE FROM phronomy_save_log WHERE instance_id = OLD.instance_id;
         END""",
     ),
+    (  # version 2: the cancelled status, definition versions, a richer save log whose
+        # depth is a setting (SQLite cannot change a CHECK constraint: the table is
+        # rebuilt, its rows copied)
+        """CREATE TABLE phronomy_workflow_instances_v2 (
+            instance_id        TEXT    PRIMARY KEY,
+            workflow           TEXT    NOT NULL DEFAULT '',
+            revision           INTEGER NOT NULL CHECK (revision >= 0),
+            status             TEXT    NOT NULL CHECK (status IN ('running', 'halted',
+                                 'finished', 'failed', 'cancelled', 'recovery_required')),
+            phase              TEXT,
+            snapshot           BLOB,
+            snapshot_format    INTEGER NOT NULL DEFAULT 1,
+            last_write_id      TEXT,
+            detail             TEXT,
+            created_at_ms      INTEGER NOT NULL,
+            updated_at_ms      INTEGER NOT NULL,
+            definition_version TEXT    NOT NULL DEFAULT ''
+        ) STRICT""",
+        """INSERT INTO phronomy_workflow_instances_v2 (instance_id, workflow, revision,
+            status, phase, snapshot, snapshot_format, last_write_id, detail,
+            created_at_ms, updated_at_ms)
+        SELECT instance_id, workflow, revision, status, phase, snapshot, snapshot_format,
+            last_write_id, detail, created_at_ms, updated_at_ms
+        FROM phronomy_workflow_instances""",
+        "DROP TABLE phronomy_workflow_instances",  # its index and triggers go with it
+        "ALTER TABLE phronomy_workflow_instances_v2 RENAME TO phronomy_workflow_instances",
+        """CREATE INDEX phronomy_workflow_instances_status
+            ON phronomy_workflow_instances (status, instance_id)""",
+        """CREATE INDEX phronomy_workflow_instances_workflow
+            ON phronomy_workflow_instances (workflow, instance_id)""",
+        "ALTER TABLE phronomy_save_log ADD COLUMN phase TEXT",
+        "ALTER TABLE phronomy_save_log ADD COLUMN definition_version TEXT NOT NULL DEFAULT ''",
+        "ALTER TABLE phronomy_save_log ADD COLUMN detail TEXT",
+        """CREATE TABLE phronomy_settings (
+            name  TEXT PRIMARY KEY,
+            value INTEGER NOT NULL
+        ) STRICT""",
+        "INSERT INTO phronomy_settings VALUES ('save_log_depth', 32)",
+        """CREATE TRIGGER phronomy_log_insert AFTER INSERT ON phronomy_workflow_instances
+        WHEN NEW.revision > 0 BEGIN
+            INSERT INTO phronomy_save_log (instance_id, revision, write_id, status,
+                committed_at_ms, phase, definition_version, detail)
+            VALUES (NEW.instance_id, NEW.revision, NEW.last_write_id, NEW.status,
+                NEW.updated_at_ms, NEW.phase, NEW.definition_version, NEW.detail);
+        END""",
+        """CREATE TRIGGER phronomy_log_update AFTER UPDATE OF revision
+        ON phronomy_workflow_instances WHEN NEW.revision > OLD.revision BEGIN
+            INSERT INTO phronomy_save_log (instance_id, revision, write_id, status,
+                committed_at_ms, phase, definition_version, detail)
+            VALUES (NEW.instance_id, NEW.revision, NEW.last_write_id, NEW.status,
+                NEW.updated_at_ms, NEW.phase, NEW.definition_version, NEW.detail);
+            DELETE FROM phronomy_save_log WHERE instance_id = NEW.instance_id
+                AND revision <= NEW.revision - (SELECT value FROM phronomy_settings
+                                                WHERE name = 'save_log_depth');
+        END""",
+        """CREATE TRIGGER phronomy_log_delete AFTER DELETE ON phronomy_workflow_instances
+        BEGIN
+            DELETE FROM phronomy_save_log WHERE instance_id = OLD.instance_id;
+        END""",
+    ),
 )
 
-COLUMNS = "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, updated_at_ms"
-LIST_COLUMNS = "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, updated_at_ms"
+COLUMNS = (
+    "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, "
+    "updated_at_ms, definition_version"
+)
+LIST_COLUMNS = (
+    "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, "
+    "updated_at_ms, definition_version"
+)
 
 SQL_FOREIGN_TABLES = (
     "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
@@ -121,22 +189,30 @@ SQL_RESUME = """
 SQL_CREATE = """
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, phase, snapshot, last_write_id,
-         created_at_ms, updated_at_ms)
-    VALUES (:id, :workflow, 1, :status, :phase, :snapshot, :write_id, :now, :now)
+         detail, created_at_ms, updated_at_ms, definition_version)
+    VALUES (:id, :workflow, 1, :status, :phase, :snapshot, :write_id, :detail, :now,
+        :now, :version)
     ON CONFLICT (instance_id) DO UPDATE SET
         revision = 1, status = excluded.status, phase = excluded.phase,
         snapshot = excluded.snapshot, last_write_id = excluded.last_write_id,
-        detail = NULL, updated_at_ms = excluded.updated_at_ms,
+        detail = excluded.detail, updated_at_ms = excluded.updated_at_ms,
+        definition_version = excluded.definition_version,
         workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
     WHERE revision = 0
 """
 SQL_UPDATE = """
     UPDATE phronomy_workflow_instances SET
         revision = revision + 1, status = :status, phase = :phase, snapshot = :snapshot,
-        last_write_id = :write_id, detail = NULL, updated_at_ms = :now,
+        last_write_id = :write_id, detail = :detail, updated_at_ms = :now,
+        definition_version = :version,
         workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
     WHERE instance_id = :id AND revision = :expected
 """
+SQL_HISTORY = """
+    SELECT revision, status, phase, write_id, committed_at_ms, definition_version, detail
+    FROM phronomy_save_log WHERE instance_id = ? ORDER BY revision DESC LIMIT ?
+"""
+SQL_SET_LOG_DEPTH = "UPDATE phronomy_settings SET value = ? WHERE name = 'save_log_depth' AND value != ?"
 SQL_MARK = """
     UPDATE phronomy_workflow_instances SET status = :status, detail = :detail, updated_at_ms = :now
     WHERE instance_id = :id AND (:expected IS NULL OR revision = :expected)
@@ -158,7 +234,9 @@ SQL_FIND_WRITE = (
 )
 SQL_LIST = f"""
     SELECT {LIST_COLUMNS} FROM phronomy_workflow_instances
-    WHERE (:status IS NULL OR status = :status) AND (:after IS NULL OR instance_id > :after)
+    WHERE (:status IS NULL OR status = :status)
+      AND (:workflow IS NULL OR workflow = :workflow)
+      AND (:after IS NULL OR instance_id > :after)
     ORDER BY instance_id LIMIT :limit
 """  # noqa: S608 - constant
 
@@ -180,6 +258,7 @@ def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
         write_id=row[6],
         detail=row[7],
         updated_at_ms=row[8],
+        definition_version=row[9],
     )
 
 

@@ -1,0 +1,124 @@
+"""A database written by the previous release (schema 1) migrates on open."""
+
+from __future__ import annotations
+
+import shutil
+import sqlite3
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+from phronomy import errors
+from phronomy.storage import SCHEMA_VERSION, SaveRequest, SQLiteStore
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+FIXTURE = Path(__file__).parent.parent / "fixtures" / "schema_v1.db"
+
+
+@pytest.fixture
+def v1_file(tmp_path: Path) -> Path:
+    path = tmp_path / "old.db"
+    shutil.copy(FIXTURE, path)
+    return path
+
+
+def test_the_fixture_is_schema_1() -> None:
+    conn = sqlite3.connect(FIXTURE)
+    try:
+        assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
+    finally:
+        conn.close()
+
+
+def test_every_row_and_its_history_survive_the_migration(
+    open_sqlite: Callable[..., SQLiteStore], v1_file: Path
+) -> None:
+    store = open_sqlite(v1_file)
+    before = sqlite3.connect(FIXTURE)
+    rows = before.execute(
+        "SELECT instance_id, revision, status, phase, snapshot, last_write_id, detail "
+        "FROM phronomy_workflow_instances ORDER BY instance_id"
+    ).fetchall()
+    logs = before.execute(
+        "SELECT instance_id, revision, write_id, status FROM phronomy_save_log "
+        "ORDER BY instance_id, revision"
+    ).fetchall()
+    before.close()
+    store.open()
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 2
+    for iid, revision, status, phase, snapshot, write_id, detail in rows:
+        record = store.load(iid)
+        assert record is not None
+        assert (record.revision, record.status, record.phase) == (
+            revision,
+            status,
+            phase,
+        )
+        assert (record.snapshot, record.write_id, record.detail) == (
+            snapshot,
+            write_id,
+            detail,
+        )
+        assert record.definition_version == ""
+    for iid, revision, write_id, status in logs:
+        assert store.find_write(iid, write_id) == revision
+        (entry,) = [e for e in store.history(iid) if e.revision == revision]
+        assert (entry.write_id, entry.status, entry.phase) == (write_id, status, None)
+    page = store.list_instances(status="halted")
+    assert [r.workflow_instance_id for r in page.records] == ["halted-1"]
+    assert [
+        r.workflow_instance_id
+        for r in store.list_instances(workflow="fixture-flow", limit=10).records
+    ] == ["failed-1", "finished-1", "halted-1", "recovery-1", "running-1"]
+
+
+def test_the_migrated_file_takes_new_saves_and_statuses(
+    open_sqlite: Callable[..., SQLiteStore], v1_file: Path
+) -> None:
+    store = open_sqlite(v1_file, save_log_depth=3)
+    for revision in range(1, 5):
+        store.save(
+            SaveRequest(
+                workflow_instance_id="halted-1",
+                expected_revision=revision,
+                snapshot=b'{"v":1}',
+                write_id=f"new-{revision}",
+                status="cancelled" if revision == 4 else "halted",
+                phase="awaiting",
+                definition_version="abc",
+                detail="stopped by ops" if revision == 4 else None,
+            )
+        )
+    record = store.load("halted-1")
+    assert record is not None
+    assert (record.revision, record.status, record.detail) == (
+        5,
+        "cancelled",
+        "stopped by ops",
+    )
+    assert record.definition_version == "abc"
+    history = store.history("halted-1")
+    assert [e.revision for e in history] == [5, 4, 3]  # the depth setting applies
+    assert history[0].detail == "stopped by ops"
+
+
+def test_migration_is_idempotent_and_read_only_stores_refuse_old_files(
+    open_sqlite: Callable[..., SQLiteStore], v1_file: Path
+) -> None:
+    with pytest.raises(errors.StoreUnavailableError, match="schema version 1 of an"):
+        open_sqlite(v1_file, read_only=True).open()
+    assert sqlite3.connect(v1_file).execute("PRAGMA user_version").fetchone()[0] == 1
+    open_sqlite(v1_file).open()
+    second = open_sqlite(v1_file)
+    second.open()  # already at the newest schema: nothing to do
+    reader = open_sqlite(v1_file, read_only=True)
+    assert reader.load("finished-1") is not None
+
+
+def test_bad_log_depths_are_refused(tmp_path: Path) -> None:
+    for depth in (1, 0, "3", True):
+        with pytest.raises(errors.InvalidInputError, match="save_log_depth"):
+            SQLiteStore(tmp_path / "x.db", save_log_depth=depth)  # type: ignore[arg-type]
