@@ -23,7 +23,7 @@ def ask_approval(results: list[str]) -> phronomy.ApprovalRequest:
     return phronomy.ApprovalRequest(question="Send these results?", details=results)
 
 
-async def send(approval: phronomy.Approval, ctx: phronomy.StepContext) -> str:
+async def send(approval: phronomy.Approval, ctx: phronomy.agent.StepContext) -> str:
     """An async step: trio work, plus a supervised blocking call."""
     await trio.sleep(0.01)
     sent = await ctx.offload(lambda: len(approval.request.details))

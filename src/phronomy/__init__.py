@@ -13,7 +13,6 @@ from .agent import (
     Approval as Approval,
     ApprovalRequest as ApprovalRequest,
     ExecutionResult as ExecutionResult,
-    StepContext as StepContext,
 )
 from .engine import ResultHandle as ResultHandle, ShutdownResult as ShutdownResult
 from .errors import (
@@ -25,6 +24,7 @@ from .errors import (
     DeadlineExceededError as DeadlineExceededError,
     DefinitionError as DefinitionError,
     EventRejectedError as EventRejectedError,
+    InstanceExistsError as InstanceExistsError,
     InstanceStateError as InstanceStateError,
     InvalidActionResultError as InvalidActionResultError,
     InvalidInputError as InvalidInputError,
@@ -38,6 +38,7 @@ from .errors import (
     StorageError as StorageError,
     StoreUnavailableError as StoreUnavailableError,
     TransitionError as TransitionError,
+    WorkflowCancelledError as WorkflowCancelledError,
 )
 from .runtime import Runtime as Runtime, open_runtime as open_runtime
 from .storage import MemoryStore as MemoryStore, SQLiteStore as SQLiteStore
@@ -48,7 +49,6 @@ from .workflow import (
     MERGE as MERGE,
     REPLACE as REPLACE,
     Effects as Effects,
-    LiveSegment as LiveSegment,
     State as State,
     Step as Step,
     Workflow as Workflow,
@@ -76,10 +76,10 @@ __all__ = [
     "Effects",
     "EventRejectedError",
     "ExecutionResult",
+    "InstanceExistsError",
     "InstanceStateError",
     "InvalidActionResultError",
     "InvalidInputError",
-    "LiveSegment",
     "MemoryStore",
     "NotFoundError",
     "PhronomyError",
@@ -94,11 +94,11 @@ __all__ = [
     "ShutdownResult",
     "State",
     "Step",
-    "StepContext",
     "StorageError",
     "StoreUnavailableError",
     "TransitionError",
     "Workflow",
+    "WorkflowCancelledError",
     "WorkflowDefinition",
     "WorkflowResult",
     "__version__",

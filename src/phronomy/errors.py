@@ -4,19 +4,24 @@
 
     PhronomyError
     ├── InvalidInputError (ValueError)      an argument is wrong: an id, an event name,
-    │                                       a state field, a setting (the message names it)
+    │   │                                   a state field, a setting (the message names it)
+    │   └── AmbiguousEventError             resume() at a state with several events
     ├── DefinitionError (ValueError)        a workflow definition is invalid (at build)
+    │   └── DefinitionMismatchError         a stored instance needs what the definition
+    │                                       lacks (another version saved it)
     ├── TransitionError (ValueError)        an event cannot fire from the current state,
     │                                       or a chain of automatic transitions ran away
     ├── EventRejectedError                  every guard rejected the event; nothing changed
     ├── InvalidActionResultError (TypeError) an action or hook returned what it must not
     ├── InstanceStateError (ValueError)     the instance or execution is not in a state
-    │                                       that accepts the request
+    │   │                                   that accepts the request
+    │   └── InstanceExistsError             a start names an open instance
     ├── BusyError                           the id already has a live segment or execution
     ├── RecoveryRequiredError               a durable write's outcome is unknown; an
     │                                       operator must resolve it
     ├── CancellationError                   cancelled before it produced its result
-    │   └── DeadlineExceededError (TimeoutError)  ... because its deadline passed
+    │   ├── DeadlineExceededError (TimeoutError)  ... because its deadline passed
+    │   └── WorkflowCancelledError          ... a workflow instance, by runtime.cancel
     ├── RuntimeShutdownError                refused or cut off: the runtime is closing
     ├── ReentrancyError                     called from a thread or task that may not
     ├── BackpressureError                   a bounded queue is full
@@ -38,6 +43,7 @@ agent) may raise these classes.
 from __future__ import annotations
 
 __all__ = [
+    "AmbiguousEventError",
     "BackpressureError",
     "BusyError",
     "CancellationError",
@@ -45,7 +51,9 @@ __all__ = [
     "CorruptRecordError",
     "DeadlineExceededError",
     "DefinitionError",
+    "DefinitionMismatchError",
     "EventRejectedError",
+    "InstanceExistsError",
     "InstanceStateError",
     "InvalidActionResultError",
     "InvalidInputError",
@@ -59,6 +67,7 @@ __all__ = [
     "StorageError",
     "StoreUnavailableError",
     "TransitionError",
+    "WorkflowCancelledError",
 ]
 
 
@@ -82,8 +91,44 @@ class InvalidInputError(PhronomyError, ValueError):
     """
 
 
+class AmbiguousEventError(InvalidInputError):
+    """``resume()`` at a state that declares several external events: name the event.
+
+    Attributes:
+        candidates: the events the state declares, in declaration order.
+    """
+
+    def __init__(self, message: str, *, candidates: tuple[str, ...]) -> None:
+        super().__init__(message)
+        self.candidates = candidates
+
+
 class DefinitionError(PhronomyError, ValueError):
     """A workflow definition or state class is invalid (detected at build time)."""
+
+
+class DefinitionMismatchError(DefinitionError):
+    """A stored instance was saved by another version of the workflow definition and
+    needs a state or fields this definition lacks.
+
+    Attributes:
+        stored_version: the version that saved the instance.
+        version: this definition's version.
+        missing: what this definition lacks (``"state 'x'"``, ``"field 'y'"``, ...).
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        stored_version: str,
+        version: str,
+        missing: tuple[str, ...],
+    ) -> None:
+        super().__init__(message)
+        self.stored_version = stored_version
+        self.version = version
+        self.missing = missing
 
 
 # --- running a workflow -------------------------------------------------------------------
@@ -143,6 +188,35 @@ class InstanceStateError(PhronomyError, ValueError):
     """
 
 
+class InstanceExistsError(InstanceStateError):
+    """A start names an instance that is open (halted, running, recovery_required).
+
+    Continue it with ``send_event``, or start with ``if_exists="return"`` (its stored
+    result) or ``if_exists="restart"``.
+
+    Attributes:
+        workflow_instance_id: the instance.
+        status: its stored status.
+        phase: its stored phase.
+        revision: its stored revision.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        workflow_instance_id: str,
+        status: str,
+        phase: str | None,
+        revision: int,
+    ) -> None:
+        super().__init__(message)
+        self.workflow_instance_id = workflow_instance_id
+        self.status = status
+        self.phase = phase
+        self.revision = revision
+
+
 # --- admission and recovery ----------------------------------------------------------------
 
 
@@ -172,6 +246,22 @@ class CancellationError(PhronomyError):
 
 class DeadlineExceededError(CancellationError, TimeoutError):
     """A deadline or timeout passed (an execution's, an offloaded operation's)."""
+
+
+class WorkflowCancelledError(CancellationError):
+    """The workflow instance was cancelled (its segment's caller gets this).
+
+    Attributes:
+        workflow_instance_id: the instance.
+        reason: the reason given to ``cancel``.
+    """
+
+    def __init__(
+        self, message: str, *, workflow_instance_id: str, reason: str | None
+    ) -> None:
+        super().__init__(message)
+        self.workflow_instance_id = workflow_instance_id
+        self.reason = reason
 
 
 class RuntimeShutdownError(PhronomyError):

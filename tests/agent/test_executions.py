@@ -41,7 +41,7 @@ async def test_steps_run_in_order_in_threads_and_tasks(
         seen.append(("sync", threading.get_ident() != main_thread))
         return value + 1
 
-    async def concurrent(value: int, ctx: phronomy.StepContext) -> int:
+    async def concurrent(value: int, ctx: phronomy.agent.StepContext) -> int:
         seen.append(("async", threading.get_ident() == main_thread))
         assert ctx.step_index == 1
         assert ctx.execution_id
@@ -219,7 +219,7 @@ async def test_cancelling_an_async_step_cancels_its_task_and_waits_for_its_threa
         released.wait(5)
         return "tool done"
 
-    async def agentic(value: Any, ctx: phronomy.StepContext) -> str:
+    async def agentic(value: Any, ctx: phronomy.agent.StepContext) -> str:
         try:
             return await ctx.offload(tool)
         finally:
@@ -463,7 +463,7 @@ async def test_a_burst_of_durable_starts_is_bounded_and_leaves_nothing_behind(
     store = open_sqlite(tmp_path / "agents.db")
     ran: set[str] = set()
 
-    def step(value: Any, ctx: phronomy.StepContext) -> str:
+    def step(value: Any, ctx: phronomy.agent.StepContext) -> str:
         ran.add(ctx.agent_id)
         return f"{ctx.agent_id} done"
 
