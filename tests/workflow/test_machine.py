@@ -453,7 +453,8 @@ def test_the_machine_returns_steps_and_intents_without_doing_io() -> None:
     assert (third.next, third.intents) == ("wait", ())
     assert m.handle(Ev("noop")).next == "rejected"
     assert m.handle(Ev("park")).next == "halt"
-    assert (m.current, m.state.trace, m.transitions) == ("parked", ["a"], 3)
+    # one transition since the last external event (the count the limit bounds)
+    assert (m.current, m.state.trace, m.transitions) == ("parked", ["a"], 1)
     resumed = machine.WorkflowMachine(
         _machine_flow(), m.state, recursion_limit=10, phase="parked"
     )

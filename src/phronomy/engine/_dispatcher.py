@@ -288,6 +288,8 @@ class Dispatcher:
 
     def _drop(self, event: Event) -> None:
         self.dropped += 1
+        if event.caller is not None:
+            event.caller.complete(None)
         logger.warning(
             "dropping event %r: no session has target_id %r (it ended meanwhile)",
             event.type,

@@ -174,6 +174,8 @@ class Engine:
         if type(item) is Event:  # the hottest path of the engine: enqueue, inlined
             if not lifecycle.accepting or item.target_id not in self._admitted:
                 return False
+            if item.caller is not None:
+                self._receivers.track(item.caller)
             dispatcher = self._dispatcher
             dispatcher.send_nowait(item)
             dispatcher.posted += 1

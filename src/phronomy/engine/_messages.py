@@ -6,6 +6,8 @@ from typing import Any, ClassVar, Literal, final
 
 import msgspec
 
+from ._handle import ResultHandle
+
 __all__ = [
     "DispatcherStatus",
     "EngineStatistics",
@@ -30,11 +32,15 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
         type: the event name.
         target_id: the session's id.
         payload: any application value, passed unchanged.
+        caller: the handle of a caller waiting to learn what happened to the event:
+            the session settles it; the engine completes it with ``None`` when no live
+            session took the event, and fails it when the runtime shuts down first.
     """
 
     type: str
     target_id: str
     payload: Any = None
+    caller: ResultHandle[Any] | None = None
 
 
 SessionOutcome = Literal["finished", "halted", "error", "retired"]

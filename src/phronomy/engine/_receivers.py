@@ -75,13 +75,17 @@ class ReceiverTable:
             return False
         if delivery.admission and self._lifecycle.state != "running":
             return False
-        caller = delivery.caller
-        if caller is not None and caller not in self._callers and not caller.done:
-            self._callers.add(caller)
-            caller.on_complete(self._callers.discard)
+        if delivery.caller is not None:
+            self.track(delivery.caller)
         self._pending.add(delivery)
         self._enqueue(delivery)
         return True
+
+    def track(self, caller: ResultHandle[Any]) -> None:
+        """Settle *caller* at shutdown if nothing else has (see :meth:`settle_callers`)."""
+        if caller not in self._callers and not caller.done:
+            self._callers.add(caller)
+            caller.on_complete(self._callers.discard)
 
     def deliver(self, delivery: Delivery) -> None:
         """Hand *delivery* to its receiver (on the dispatcher); errors fail the dispatcher."""

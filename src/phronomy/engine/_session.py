@@ -183,16 +183,22 @@ class GatedSession:
     def handle(self, event: Event) -> None:
         """Route *event*: terminal results to the gate, others to :meth:`handle_live`."""
         if self.done:
+            _not_taken(event)
             return
         policy = self._policy
         if policy is not None and policy.handles(event):
             self._handle_terminal_event(event)
             return
         if self.lifecycle != "running":
-            return  # a terminal decision is pending: no continuation authority
+            _not_taken(
+                event
+            )  # a terminal decision is pending: no continuation authority
+            return
         try:
             self.handle_live(event)
         except Exception as exc:  # noqa: BLE001 - the session's failure, reported to its caller
+            if event.caller is not None:
+                event.caller.fail(exc)
             self.finish_with_error(exc)
 
     def cut_off(self) -> BaseException:
@@ -297,3 +303,9 @@ class GatedSession:
                 session_id=self._id, outcome=outcome, result=result, error=error
             )
         )
+
+
+def _not_taken(event: Event) -> None:
+    """The session no longer takes events: tell a waiting caller (``None``)."""
+    if event.caller is not None:
+        event.caller.complete(None)

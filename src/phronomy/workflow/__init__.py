@@ -13,11 +13,14 @@ from ._definition import (
 from ._intents import Effects as Effects
 from ._machine import CONSUME as CONSUME
 from ._messages import (
+    EventOutcome as EventOutcome,
+    EventStatus as EventStatus,
     LiveSegment as LiveSegment,
     RecoveryEntry as RecoveryEntry,
     SegmentStatus as SegmentStatus,
     Step as Step,
     WorkflowResult as WorkflowResult,
+    WorkflowStatistics as WorkflowStatistics,
 )
 from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
 from ._state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
@@ -31,6 +34,8 @@ __all__ = [
     "REPLACE",
     "Callback",
     "Effects",
+    "EventOutcome",
+    "EventStatus",
     "InstanceView",
     "LiveSegment",
     "RecoveryClient",
@@ -44,6 +49,7 @@ __all__ = [
     "WorkflowCoordinator",
     "WorkflowDefinition",
     "WorkflowResult",
+    "WorkflowStatistics",
     "WorkflowStream",
 ]
 

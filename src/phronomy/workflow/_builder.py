@@ -6,7 +6,9 @@ import inspect
 import logging
 import re
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar, final
+
+import msgspec
 
 from phronomy.errors import DefinitionError
 
@@ -17,6 +19,7 @@ from ._definition import (
     Callback,
     Transition,
     WorkflowDefinition,
+    fingerprint,
 )
 from ._state import State, state_spec
 
@@ -87,18 +90,44 @@ class Workflow(Generic[S]):
     ``lambda s, name=name: ...`` closure capture) are never filled.
     """
 
-    def __init__(self, state_type: type[S], *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        state_type: type[S],
+        *,
+        name: str | None = None,
+        version: str | None = None,
+        on_unhandled_event: Literal["drop", "fail"] = "drop",
+    ) -> None:
         """Start a definition.
 
         Args:
             state_type: the :class:`~phronomy.State` subclass of this workflow.
             name: the workflow name (default: the state class name); durable instances
                 record it and refuse to be resumed by another workflow.
+            version: the definition's version, saved with every durable save
+                (default: a fingerprint of its states, transitions and state fields).
+            on_unhandled_event: what a live segment does with an event its current
+                state does not declare: ``"drop"`` it (with a warning, counted in
+                ``runtime.workflows.statistics()``), or ``"fail"`` the segment with
+                :class:`~phronomy.TransitionError`.
 
         Raises:
-            DefinitionError: *state_type* is not a State subclass, or *name* is empty
-                or starts with ``phronomy.`` (reserved).
+            DefinitionError: *state_type* is not a State subclass, *name* is empty or
+                starts with ``phronomy.`` (reserved), *version* is empty, or
+                *on_unhandled_event* is neither ``"drop"`` nor ``"fail"``.
         """
+        given: object = version  # checked at run time: callers are not typed
+        if given is not None and (not isinstance(given, str) or not given):
+            raise DefinitionError(
+                f"version must be a non-empty string, got {version!r}"
+            )
+        if on_unhandled_event not in ("drop", "fail"):
+            raise DefinitionError(
+                "on_unhandled_event must be 'drop' or 'fail', got "
+                f"{on_unhandled_event!r}"
+            )
+        self._version = version
+        self._on_unhandled: Literal["drop", "fail"] = on_unhandled_event
         state_spec(state_type)
         self._state_type = state_type
         self._name = name if name is not None else state_type.__name__
@@ -278,7 +307,7 @@ class Workflow(Generic[S]):
                 events_from.setdefault(t.source, set()).add(t.event)
                 if t.event not in external:
                     external.append(t.event)
-        return WorkflowDefinition(
+        definition = WorkflowDefinition(
             name=self._name,
             state_type=self._state_type,
             entry_point=entry_point,
@@ -297,7 +326,13 @@ class Workflow(Generic[S]):
             events_from=MappingProxyType(
                 {k: frozenset(v) for k, v in events_from.items()}
             ),
+            on_unhandled_event=self._on_unhandled,
         )
+        version = self._version or fingerprint(definition)
+        versioned: WorkflowDefinition[S] = msgspec.structs.replace(
+            definition, version=version
+        )
+        return versioned
 
     def _warn_unreachable(self, entry_point: str, known: set[str]) -> None:
         reachable = {entry_point}

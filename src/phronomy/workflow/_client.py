@@ -19,11 +19,13 @@ from phronomy.storage import validate_instance_id
 
 from ._events import RESUME, resolve_event
 from ._messages import (
+    EventOutcome,
     InputOverlay,
     ResumeCommand,
     StartCommand,
     Step,
     WorkflowResult,
+    WorkflowStatistics,
 )
 from ._state import State, validate_fields
 
@@ -414,9 +416,9 @@ class WorkflowClient:
     ) -> bool:
         """Deliver *event* to the live segment of an instance, without waiting.
 
-        Callable from any trio task of the runtime and from actions on the dispatcher.
-        From a foreign thread use
-        ``trio.from_thread.run_sync(runtime.signal, flow, iid, "paid", trio_token=runtime.trio_token)``.
+        Callable from any trio task of the runtime and from actions on the dispatcher
+        (from another thread: ``runtime.from_thread.signal``). To learn what happened
+        to the event, use :meth:`deliver`.
 
         Returns:
             ``True`` if the event was queued for the live session (not that a
@@ -429,12 +431,53 @@ class WorkflowClient:
             ReentrancyError: called from a thread that does not run the runtime.
         """
         self._coordinator.engine.check_thread("runtime.workflows.signal()")
-        iid = validate_instance_id(workflow_instance_id)
-        if not workflow.has_event(event):
-            raise InvalidInputError(
-                f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
-            )
+        iid = _live_event(workflow, workflow_instance_id, event)
         return self._coordinator.post_to_workflow(iid, workflow.name, event, payload)
+
+    async def deliver(
+        self,
+        workflow: WorkflowDefinition[Any],
+        workflow_instance_id: str,
+        event: str,
+        payload: Any = None,
+    ) -> EventOutcome:
+        """Deliver *event* to the live segment of an instance and learn what happened.
+
+        Example::
+
+            outcome = await runtime.workflows.deliver(flow, "order-1", "paid", 10)
+            if outcome.status == "not_live": ...   # send_event(...) if it is halted
+
+        Returns:
+            An :class:`~phronomy.workflow.EventOutcome`: ``transitioned`` (a transition
+            fired), ``rejected`` (every guard rejected it), ``dropped`` (the current
+            state does not declare it) or ``not_live`` (no executing segment here).
+
+        Raises:
+            InvalidInputError: an invalid id, or the workflow declares no such event.
+            ReentrancyError: called from a thread that does not run the runtime.
+            Exception: what the event's transition raised (the segment failed with it).
+            RuntimeShutdownError: the runtime shut down before the event was handled.
+
+        Cancellation:
+            Cancelling the caller stops the wait only: the event stays queued.
+        """
+        self._coordinator.engine.check_thread("runtime.workflows.deliver()")
+        iid = _live_event(workflow, workflow_instance_id, event)
+        caller: ResultHandle[EventOutcome | None] = ResultHandle(f"event:{iid}:{event}")
+        posted = self._coordinator.post_to_workflow(
+            iid, workflow.name, event, payload, caller=caller
+        )
+        outcome = await caller.result() if posted else None
+        if outcome is None:
+            return EventOutcome(
+                workflow_instance_id=iid, event=event, status="not_live"
+            )
+        return outcome
+
+    def statistics(self) -> WorkflowStatistics:
+        """Counters of this runtime's workflows (live segments, what events did)."""
+        return self._coordinator.statistics()
 
     # --- internals -----------------------------------------------------------------
 
@@ -461,6 +504,17 @@ class WorkflowClient:
                     f"Runtime rejected Workflow {what} while shutting down"
                 )
             )
+
+
+def _live_event(
+    workflow: WorkflowDefinition[Any], workflow_instance_id: object, event: str
+) -> str:
+    iid = validate_instance_id(workflow_instance_id)
+    if not workflow.has_event(event):
+        raise InvalidInputError(
+            f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
+        )
+    return iid
 
 
 def _input_overlay(workflow: WorkflowDefinition[Any], value: Any) -> InputOverlay:

@@ -37,6 +37,7 @@ from ._hydration import (
     start_state,
 )
 from ._messages import (
+    EventCounters,
     LiveSegment,
     LoadReady,
     ResolveCommand,
@@ -44,6 +45,7 @@ from ._messages import (
     SegmentResult,
     StartCommand,
     WorkflowResult,
+    WorkflowStatistics,
 )
 from ._persistence import TerminalPersistence
 from ._session import WorkflowSession
@@ -111,6 +113,7 @@ class WorkflowCoordinator(ExecutionReceiver):
         super().__init__(engine)
         self.gateway = gateway
         self.max_snapshot_bytes = max_snapshot_bytes
+        self.counters = EventCounters()
         self.admissions = AdmissionTable(
             noun="workflow instance",
             busy_states=_BUSY,
@@ -209,10 +212,15 @@ class WorkflowCoordinator(ExecutionReceiver):
     # --- reads and live signals (any trio task on the runtime's thread) ---------------
 
     def post_to_workflow(
-        self, workflow_instance_id: str, workflow: str, event: str, payload: Any
+        self,
+        workflow_instance_id: str,
+        workflow: str,
+        event: str,
+        payload: Any,
+        caller: ResultHandle[Any] | None = None,
     ) -> bool:
         """Route *event* to the live session of the instance, if it is ``executing``
-        a segment of *workflow*."""
+        a segment of *workflow* (*caller* learns what happened to it)."""
         record = self.admissions.get(workflow_instance_id)
         if (
             record is None
@@ -222,7 +230,18 @@ class WorkflowCoordinator(ExecutionReceiver):
         ):
             return False
         return self.engine.post_nowait(
-            Event(type=event, target_id=record.holder, payload=payload)
+            Event(type=event, target_id=record.holder, payload=payload, caller=caller)
+        )
+
+    def statistics(self) -> WorkflowStatistics:
+        """Live segments, recovery-required instances and what live events did."""
+        counters = self.counters
+        return WorkflowStatistics(
+            live_segments=self.admissions.busy,
+            recovery_required=len(self.admissions.in_state("recovery_required")),
+            events_transitioned=counters.transitioned,
+            events_rejected=counters.rejected,
+            events_dropped=counters.dropped,
         )
 
     def live_segment(self, workflow_instance_id: str) -> LiveSegment | None:
@@ -382,6 +401,7 @@ class WorkflowCoordinator(ExecutionReceiver):
             observer=cmd.observer,
             resume=resume,
             on_park=on_park,
+            counters=self.counters,
         )
         self.admissions.bind(iid, cmd.owner, session.id, caller=cmd.caller)
         waiter = self.engine.register_session(session, receiver=self)

@@ -6,14 +6,15 @@ that any number of runtimes can run.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Callable, Mapping
-from typing import Any, Generic, TypeVar, final
+from typing import Any, Generic, Literal, TypeVar, final
 
 import msgspec
 
-from ._state import State
+from ._state import State, state_spec
 
 __all__ = [
     "AUTO_EVENT",
@@ -23,6 +24,7 @@ __all__ = [
     "Callback",
     "Transition",
     "WorkflowDefinition",
+    "fingerprint",
 ]
 
 logger = logging.getLogger(__name__)
@@ -99,6 +101,9 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         external_events: external event names, in declaration order.
         events_from: state → the external events declared from it.
         effect_events: the external event names, as a set (what effects may post).
+        on_unhandled_event: ``"drop"`` or ``"fail"`` an event the current state does
+            not declare.
+        version: the definition's version (given, or a fingerprint).
     """
 
     name: str
@@ -115,6 +120,8 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     external_events: tuple[str, ...]
     events_from: Mapping[str, frozenset[str]]
     effect_events: frozenset[str] = frozenset()
+    on_unhandled_event: Literal["drop", "fail"] = "drop"
+    version: str = ""
 
     def has_event(self, event: str) -> bool:
         """Whether *event* is a declared external event."""
@@ -189,3 +196,21 @@ def _diagram_ids(definition: WorkflowDefinition[Any]) -> dict[str, str]:
             ident += "_"
         ids[name] = ident
     return ids
+
+
+def fingerprint(definition: WorkflowDefinition[Any]) -> str:
+    """A short hash of what a stored instance depends on: the states (wait states
+    marked), the transitions (source, event, target) and the state class's fields with
+    their types. Actions and guards are code, not shape: they do not change it."""
+    spec = state_spec(definition.state_type)
+    shape = {
+        "states": sorted(definition.declared),
+        "wait": sorted(definition.wait_states),
+        "entry": definition.entry_point,
+        "transitions": sorted(
+            (t.source, t.event, t.target) for t in definition.transitions
+        ),
+        "fields": sorted((name, repr(spec.types[name])) for name in spec.fields),
+    }
+    digest = hashlib.sha256(msgspec.json.encode(shape)).hexdigest()
+    return f"fp-{digest[:12]}"

@@ -4,15 +4,20 @@ from __future__ import annotations
 
 from typing import Any
 
-from phronomy.errors import InstanceStateError, InvalidInputError, TransitionError
+from phronomy.errors import (
+    AmbiguousEventError,
+    InstanceStateError,
+    InvalidInputError,
+    TransitionError,
+)
 
 from ._definition import FINISH, WorkflowDefinition
 
 __all__ = ["RESUME", "resolve_event"]
 
 RESUME = "resume"
-"""Fires the first external event declared from the halted phase (unless the workflow
-declares an event named ``resume`` from it)."""
+"""Fires the one external event declared from the halted phase (unless the workflow
+declares an event named ``resume`` from it); with several, the caller must name one."""
 
 
 def resolve_event(
@@ -28,6 +33,7 @@ def resolve_event(
             Valid events: [...]").
         InstanceStateError: the instance is finished, or *phase* has no external event
             for ``resume`` ("No external event registered for state ...").
+        AmbiguousEventError: ``resume`` at a phase with several external events.
         TransitionError: the event is declared, but not from *phase*.
     """
     if event != RESUME and not definition.has_event(event):
@@ -40,12 +46,19 @@ def resolve_event(
         )
     available = definition.events_from.get(phase, frozenset())
     if event == RESUME and RESUME not in available:
-        first = definition.first_event_from(phase)
-        if first is None:
+        candidates = tuple(e for e in definition.external_events if e in available)
+        if not candidates:
             raise InstanceStateError(
                 f"No external event registered for state {phase!r}"
             )
-        return first
+        if len(candidates) > 1:
+            raise AmbiguousEventError(
+                f"resume() cannot choose at {phase!r} of workflow instance "
+                f"{workflow_instance_id!r}: the state declares {list(candidates)}; "
+                "name the event with send_event(workflow, event, ...)",
+                candidates=candidates,
+            )
+        return candidates[0]
     if event not in available:
         raise TransitionError(
             f"Transition from {phase!r} via event {event!r} failed. "

@@ -55,7 +55,9 @@ S = TypeVar("S", bound=State)
 Decision = Literal["finish", "halt", "auto", "wait", "leaf"]
 """What to do after arriving in a state."""
 
-Next = Literal["finish", "halt", "auto", "wait", "leaf", "consumed", "rejected"]
+Next = Literal[
+    "finish", "halt", "auto", "wait", "leaf", "consumed", "rejected", "dropped"
+]
 """What the session does after a :class:`MachineStep`."""
 
 
@@ -222,8 +224,10 @@ class MachineStep(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         next: ``auto`` (publish, then call :meth:`WorkflowMachine.advance`), ``wait``
             (publish and wait for an event), ``halt`` / ``finish`` / ``leaf`` (end the
             segment: halted at a wait state, at ``__finish__``, or at a state with no
-            way out), ``consumed`` (the state's hook dropped the event) or
-            ``rejected`` (every guard of an external event rejected it; nothing ran).
+            way out), ``consumed`` (the state's hook dropped the event),
+            ``rejected`` (every guard of an external event rejected it; nothing ran)
+            or ``dropped`` (the current state does not declare the event and the
+            workflow drops such events).
         intents: the effects the callbacks asked for, in order.
         current: the state the machine is in afterwards.
     """
@@ -300,10 +304,18 @@ class WorkflowMachine(Generic[S]):
                 or the recursion limit is reached.
             Exception: what a callback raised.
         """
-        hook = apply_hook(self.definition, self.current, self.state, event)
+        definition = self.definition
+        hook = apply_hook(definition, self.current, self.state, event)
         self.state = hook.state
         if hook.consumed:
             return MachineStep(next="consumed", current=self.current)
+        if (
+            definition.on_unhandled_event == "drop"
+            and event.type in definition.by_event
+            and event.type not in definition.events_from.get(self.current, ())
+        ):
+            return MachineStep(next="dropped", current=self.current)
+        self.transitions = 0  # the recursion limit bounds chains between events
         return self._fire(event)
 
     def resume(self, event: EventLike) -> MachineStep:
@@ -313,6 +325,7 @@ class WorkflowMachine(Generic[S]):
             TransitionError: the event is not declared from the halted phase.
             Exception: what a callback raised.
         """
+        self.transitions = 0
         return self._fire(event)
 
     def advance(self, event: EventLike) -> MachineStep:

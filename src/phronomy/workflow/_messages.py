@@ -15,6 +15,9 @@ from ._definition import WorkflowDefinition
 from ._state import State
 
 __all__ = [
+    "EventCounters",
+    "EventOutcome",
+    "EventStatus",
     "InputOverlay",
     "LiveSegment",
     "LoadReady",
@@ -26,6 +29,7 @@ __all__ = [
     "StartCommand",
     "Step",
     "WorkflowResult",
+    "WorkflowStatistics",
 ]
 
 S = TypeVar("S", bound=State)
@@ -156,6 +160,60 @@ class LiveSegment(msgspec.Struct, frozen=True, kw_only=True):
     status: SegmentStatus
     segment_id: str | None = None
     error: str | None = None
+
+
+EventStatus = Literal["transitioned", "rejected", "dropped", "not_live"]
+"""What happened to a delivered event: it fired a transition; every guard rejected it;
+the current state does not declare it (or the state's hook consumed it); or the
+instance had no live segment to take it."""
+
+
+@final
+class EventOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What happened to an event delivered with ``runtime.workflows.deliver``.
+
+    Attributes:
+        workflow_instance_id: the instance.
+        event: the event's name.
+        status: see :data:`EventStatus`.
+        phase: the state the segment is in afterwards (``None`` when not live).
+    """
+
+    workflow_instance_id: str
+    event: str
+    status: EventStatus
+    phase: str | None = None
+
+
+@final
+class WorkflowStatistics(msgspec.Struct, frozen=True, kw_only=True):
+    """Counters of the workflows of one runtime.
+
+    Attributes:
+        live_segments: segments loading, running or saving now.
+        recovery_required: instances whose terminal save outcome is unknown here.
+        events_transitioned: live events that fired a transition.
+        events_rejected: live events every guard rejected.
+        events_dropped: live events the current state did not declare (dropped with
+            a warning) or its hook consumed.
+    """
+
+    live_segments: int
+    recovery_required: int
+    events_transitioned: int
+    events_rejected: int
+    events_dropped: int
+
+
+class EventCounters:
+    """What sessions count for :class:`WorkflowStatistics` (mutated on the dispatcher)."""
+
+    __slots__ = ("dropped", "rejected", "transitioned")
+
+    def __init__(self) -> None:
+        self.transitioned = 0
+        self.rejected = 0
+        self.dropped = 0
 
 
 @final

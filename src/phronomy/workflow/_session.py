@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from phronomy.engine import Event, GatedSession
@@ -10,7 +11,7 @@ from phronomy.errors import EventRejectedError
 from ._definition import AUTO_EVENT, FINISH, START_EVENT
 from ._effects import EFFECT_FAILED, EffectRunner
 from ._machine import WorkflowMachine
-from ._messages import SegmentResult, Step
+from ._messages import EventCounters, EventOutcome, SegmentResult, Step
 from ._state import State
 
 if TYPE_CHECKING:
@@ -20,8 +21,11 @@ if TYPE_CHECKING:
 
     from ._definition import WorkflowDefinition
     from ._machine import MachineStep
+    from ._messages import EventStatus
 
 __all__ = ["WorkflowSession"]
+
+logger = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=State)
 
@@ -48,6 +52,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         observer: Callable[[Step[S]], object] | None = None,
         resume: tuple[str, str, Any] | None = None,
         on_park: Callable[[], None] | None = None,
+        counters: EventCounters | None = None,
     ) -> None:
         """Create a session (runtime internal).
 
@@ -64,6 +69,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             on_park: called once, the first time the segment stops at a state that
                 waits for a signal or an effect (durable segments mark themselves
                 ``running`` in the store then).
+            counters: where live events are counted (the runtime's statistics).
         """
         super().__init__(engine, terminal_policy=policy)
         self.machine = WorkflowMachine(
@@ -82,6 +88,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             engine, self.sink.post, instance=workflow_instance_id
         )
         self._on_park = on_park
+        self.counters = counters if counters is not None else EventCounters()
         self._auto = Event(type=AUTO_EVENT, target_id=self.id)
         self.parked = False
 
@@ -126,7 +133,37 @@ class WorkflowSession(GatedSession, Generic[S]):
         machine (the state's hook, then the transition)."""
         if event.type == EFFECT_FAILED:
             raise event.payload
-        self._carry_out(self.machine.handle(event))
+        step = self.machine.handle(event)
+        counters = self.counters
+        match step.next:
+            case "rejected":
+                status: EventStatus = "rejected"
+                counters.rejected += 1
+            case "dropped" | "consumed":
+                status = "dropped"
+                counters.dropped += 1
+                if step.next == "dropped":
+                    logger.warning(
+                        "workflow %r instance %r dropped event %r: state %r does not "
+                        "declare it (on_unhandled_event='drop')",
+                        self.definition.name,
+                        self.workflow_instance_id,
+                        event.type,
+                        step.current,
+                    )
+            case _:
+                status = "transitioned"
+                counters.transitioned += 1
+        self._carry_out(step)
+        if event.caller is not None:
+            event.caller.complete(
+                EventOutcome(
+                    workflow_instance_id=self.workflow_instance_id,
+                    event=event.type,
+                    status=status,
+                    phase=self.machine.current,
+                )
+            )
 
     def finish_with_error(self, error: BaseException) -> None:
         """End the segment with *error*, noting which instance and state it ended in."""
@@ -184,8 +221,8 @@ class WorkflowSession(GatedSession, Generic[S]):
                     self.request_terminal("halted", notify_stable=True)
                 case "leaf":
                     self.request_terminal("finished", notify_stable=True)
-                case "consumed" | "rejected":
-                    pass  # a live event the hook dropped or every guard rejected
+                case "consumed" | "rejected" | "dropped":
+                    pass  # a live event the hook consumed, guards rejected, or undeclared
             return
 
     def _rejected(self, phase: str, event: str) -> EventRejectedError:
