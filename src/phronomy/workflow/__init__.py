@@ -1,7 +1,7 @@
 """Workflows: definitions, the sans-IO machine, live sessions, admission and durability."""
 
 from ._builder import Workflow as Workflow
-from ._client import WorkflowClient as WorkflowClient, WorkflowStream as WorkflowStream
+from ._client import WorkflowClient as WorkflowClient
 from ._coordinator import WorkflowCoordinator as WorkflowCoordinator
 from ._definition import (
     AUTO_EVENT as AUTO_EVENT,
@@ -24,6 +24,7 @@ from ._messages import (
 )
 from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
 from ._state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
+from ._stream import WorkflowStream as WorkflowStream
 
 __all__ = [
     "APPEND",

@@ -6,7 +6,7 @@ import contextlib
 import math
 from collections.abc import Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
@@ -19,73 +19,29 @@ from phronomy.storage import validate_instance_id
 
 from ._events import RESUME, resolve_event
 from ._messages import (
-    EventOutcome,
     InputOverlay,
     ResumeCommand,
     StartCommand,
     Step,
     WorkflowResult,
-    WorkflowStatistics,
 )
+from ._signals import LiveInstances
 from ._state import State, validate_fields
+from ._stream import WorkflowStream
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
 
     from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
-    from ._messages import LiveSegment
 
-__all__ = ["WorkflowClient", "WorkflowStream"]
+__all__ = ["WorkflowClient"]
 
 S = TypeVar("S", bound=State)
 
 
 @final
-class WorkflowStream(Generic[S]):
-    """The steps of one streamed segment, in order (see :meth:`~phronomy.workflow.WorkflowClient.stream`).
-
-    ``async for step in stream`` yields each stable state; when the segment ends the
-    iteration stops, or raises the segment's error. Then :meth:`result` returns the
-    final (or halted) :class:`~phronomy.WorkflowResult`.
-    """
-
-    def __init__(
-        self,
-        receive: trio.MemoryReceiveChannel[Step[S]],
-        handle: ResultHandle[WorkflowResult[S]],
-    ) -> None:
-        """Internal: created by :meth:`~phronomy.workflow.WorkflowClient.stream`."""
-        self._receive = receive
-        self._handle = handle
-
-    @property
-    def handle(self) -> ResultHandle[WorkflowResult[S]]:
-        """The segment's result handle."""
-        return self._handle
-
-    def __aiter__(self) -> Self:
-        return self
-
-    async def __anext__(self) -> Step[S]:
-        # A plain async iterator (not an async generator): leaving the loop early
-        # leaves nothing to finalize.
-        try:
-            return await self._receive.receive()
-        except (trio.EndOfChannel, trio.ClosedResourceError):
-            pass
-        await self._handle.wait()
-        if self._handle.status != "completed":
-            self._handle.result_nowait()  # raises the segment's error
-        raise StopAsyncIteration
-
-    async def result(self) -> WorkflowResult[S]:
-        """Wait for the segment and return its result (or raise its error)."""
-        return await self._handle.result()
-
-
-@final
-class WorkflowClient:
+class WorkflowClient(LiveInstances):
     """Runs workflow definitions on one runtime (the workflow part of :class:`~phronomy.Runtime`)."""
 
     def __init__(
@@ -389,96 +345,6 @@ class WorkflowClient:
         self._post(command, caller, "resume")
         return caller
 
-    # --- live segments and signals -------------------------------------------------------
-
-    def segment(self, workflow_instance_id: str) -> LiveSegment | None:
-        """The live segment of the instance in this runtime, or ``None``.
-
-        A snapshot: it says whether the instance is loading, running, saving its
-        terminal state or waiting for recovery here (the store says the rest, see
-        :meth:`~phronomy.workflow.RecoveryClient.inspect`).
-
-        Raises:
-            InvalidInputError: an empty or invalid *workflow_instance_id*.
-            ReentrancyError: called from a thread that does not run the runtime.
-        """
-        self._coordinator.engine.check_thread("runtime.workflows.segment()")
-        return self._coordinator.live_segment(
-            validate_instance_id(workflow_instance_id)
-        )
-
-    def signal(
-        self,
-        workflow: WorkflowDefinition[Any],
-        workflow_instance_id: str,
-        event: str,
-        payload: Any = None,
-    ) -> bool:
-        """Deliver *event* to the live segment of an instance, without waiting.
-
-        Callable from any trio task of the runtime and from actions on the dispatcher
-        (from another thread: ``runtime.from_thread.signal``). To learn what happened
-        to the event, use :meth:`deliver`.
-
-        Returns:
-            ``True`` if the event was queued for the live session (not that a
-            transition matched); ``False`` if the instance has no executing segment
-            (not started, still loading, saving, finished or recovery-required).
-
-        Raises:
-            InvalidInputError: an empty or invalid *workflow_instance_id*.
-            InvalidInputError: the workflow declares no such event (nothing is queued).
-            ReentrancyError: called from a thread that does not run the runtime.
-        """
-        self._coordinator.engine.check_thread("runtime.workflows.signal()")
-        iid = _live_event(workflow, workflow_instance_id, event)
-        return self._coordinator.post_to_workflow(iid, workflow.name, event, payload)
-
-    async def deliver(
-        self,
-        workflow: WorkflowDefinition[Any],
-        workflow_instance_id: str,
-        event: str,
-        payload: Any = None,
-    ) -> EventOutcome:
-        """Deliver *event* to the live segment of an instance and learn what happened.
-
-        Example::
-
-            outcome = await runtime.workflows.deliver(flow, "order-1", "paid", 10)
-            if outcome.status == "not_live": ...   # send_event(...) if it is halted
-
-        Returns:
-            An :class:`~phronomy.workflow.EventOutcome`: ``transitioned`` (a transition
-            fired), ``rejected`` (every guard rejected it), ``dropped`` (the current
-            state does not declare it) or ``not_live`` (no executing segment here).
-
-        Raises:
-            InvalidInputError: an invalid id, or the workflow declares no such event.
-            ReentrancyError: called from a thread that does not run the runtime.
-            Exception: what the event's transition raised (the segment failed with it).
-            RuntimeShutdownError: the runtime shut down before the event was handled.
-
-        Cancellation:
-            Cancelling the caller stops the wait only: the event stays queued.
-        """
-        self._coordinator.engine.check_thread("runtime.workflows.deliver()")
-        iid = _live_event(workflow, workflow_instance_id, event)
-        caller: ResultHandle[EventOutcome | None] = ResultHandle(f"event:{iid}:{event}")
-        posted = self._coordinator.post_to_workflow(
-            iid, workflow.name, event, payload, caller=caller
-        )
-        outcome = await caller.result() if posted else None
-        if outcome is None:
-            return EventOutcome(
-                workflow_instance_id=iid, event=event, status="not_live"
-            )
-        return outcome
-
-    def statistics(self) -> WorkflowStatistics:
-        """Counters of this runtime's workflows (live segments, what events did)."""
-        return self._coordinator.statistics()
-
     # --- internals -----------------------------------------------------------------
 
     def _limit(self, recursion_limit: int | None) -> int:
@@ -504,17 +370,6 @@ class WorkflowClient:
                     f"Runtime rejected Workflow {what} while shutting down"
                 )
             )
-
-
-def _live_event(
-    workflow: WorkflowDefinition[Any], workflow_instance_id: object, event: str
-) -> str:
-    iid = validate_instance_id(workflow_instance_id)
-    if not workflow.has_event(event):
-        raise InvalidInputError(
-            f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
-        )
-    return iid
 
 
 def _input_overlay(workflow: WorkflowDefinition[Any], value: Any) -> InputOverlay:
