@@ -23,6 +23,18 @@ PAGES = [
 ]
 
 
+def _has_private_mixin(value: object) -> bool:
+    """A class built from a private mixin (its members belong on its page)."""
+    bases = getattr(value, "__mro__", ())[1:]
+    return any(
+        b.__module__.startswith("phronomy")
+        and not hasattr(
+            importlib.import_module(b.__module__.rsplit("._", 1)[0]), b.__name__
+        )
+        for b in bases
+    )
+
+
 def _directive(module: object, name: str) -> str:
     value = getattr(module, name)
     if inspect.isclass(value):
@@ -49,7 +61,9 @@ def render(page: str, title: str, module_name: str, which: str) -> str:
         if which == "rest" and name in facade.__all__:
             continue  # documented as phronomy.<name>
         directive = _directive(module, name)
-        if name == "open_runtime":
+        if directive == "autoclass" and _has_private_mixin(getattr(module, name)):
+            lines += [f".. {directive}:: {owner}.{name}", "   :inherited-members:", ""]
+        elif name == "open_runtime":
             lines += [f".. {directive}:: {owner}.{name}", "   :async-with: runtime", ""]
         else:
             lines += [f".. {directive}:: {owner}.{name}", ""]
