@@ -10,6 +10,7 @@ from polling import until as until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from contextlib import AbstractAsyncContextManager
 
 T = TypeVar("T")
 
@@ -125,3 +126,11 @@ def guarded_flow(name: str = "guarded") -> phronomy.WorkflowDefinition[Value]:
     )
     wf.transition("ship", phronomy.FINISH)
     return wf.build()
+
+
+def runtime_on(
+    store: phronomy.storage.WorkflowStore, **kw: Any
+) -> AbstractAsyncContextManager[phronomy.Runtime]:
+    return phronomy.open_runtime(
+        store=store, shutdown_timeout=kw.pop("shutdown_timeout", 2.0), **kw
+    )

@@ -31,6 +31,7 @@ from .helpers import (
     guarded_flow,
     halting_flow,
     live_flow,
+    runtime_on,
     segment_id,
     start_live,
     until,
@@ -38,20 +39,7 @@ from .helpers import (
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-    from contextlib import AbstractAsyncContextManager
     from pathlib import Path
-
-
-@pytest.fixture(params=["memory", "sqlite"])
-def make_store(
-    request: pytest.FixtureRequest,
-    tmp_path: Path,
-    open_sqlite: Callable[..., phronomy.SQLiteStore],
-) -> Callable[[], phronomy.storage.WorkflowStore]:
-    if request.param == "memory":
-        shared = phronomy.MemoryStore()
-        return lambda: shared
-    return lambda: open_sqlite(tmp_path / "durable.db")
 
 
 def fields(
@@ -64,14 +52,6 @@ def fields(
         record.snapshot, workflow_instance_id=iid, revision=record.revision
     )
     return record, decoded.fields
-
-
-def runtime_on(
-    store: phronomy.storage.WorkflowStore, **kw: Any
-) -> AbstractAsyncContextManager[phronomy.Runtime]:
-    return phronomy.open_runtime(
-        store=store, shutdown_timeout=kw.pop("shutdown_timeout", 2.0), **kw
-    )
 
 
 def status_of(store: phronomy.storage.WorkflowStore, iid: str) -> str | None:

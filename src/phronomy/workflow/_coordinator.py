@@ -23,7 +23,6 @@ from phronomy.storage import (
     LoadOp,
     check_not_quarantined,
     check_startable,
-    decode_snapshot,
     quarantine,
 )
 
@@ -32,6 +31,7 @@ from ._events import resolve_event
 from ._hydration import (
     DurableBase,
     check_unchanged,
+    decode_stored,
     require_durable,
     resume_state,
     start_state,
@@ -292,18 +292,12 @@ class WorkflowCoordinator(ExecutionReceiver):
     def _load(self, cmd: Command) -> None:
         assert self.gateway is not None
         iid = cmd.workflow_instance_id
-        state_type = cmd.definition.state_type
+        definition = cmd.definition
+        resuming = isinstance(cmd, ResumeCommand)
 
         def decode(record: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
             # Runs in the store's worker thread: decoding stays off the dispatcher.
-            if record is None or record.snapshot is None:
-                return record, None
-            return record, decode_snapshot(
-                record.snapshot,
-                workflow_instance_id=iid,
-                revision=record.revision,
-                state_type=state_type,
-            )
+            return decode_stored(definition, record, resuming=resuming)
 
         def loaded(done: outcome.Outcome[Any]) -> None:
             message = LoadReady(command=cmd, loaded=done)
@@ -375,6 +369,7 @@ class WorkflowCoordinator(ExecutionReceiver):
                 on_persisting=lambda: admissions.mark(iid, PERSISTING, owner=owner),
                 instance_id=iid,
                 workflow=cmd.definition.name,
+                version=cmd.definition.version,
                 expected_revision=expected,
                 max_snapshot_bytes=self.max_snapshot_bytes,
             )

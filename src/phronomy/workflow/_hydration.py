@@ -6,11 +6,16 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 import msgspec
 
-from phronomy.errors import ConflictError, NotFoundError
-from phronomy.storage import InstanceStatus, normalize
+from phronomy.errors import ConflictError, DefinitionMismatchError, NotFoundError
+from phronomy.storage import (
+    InstanceStatus,
+    decode_snapshot,
+    decode_snapshot_builtins,
+    normalize,
+)
 
 from ._definition import FINISH
-from ._state import build_state
+from ._state import build_state, state_spec
 
 if TYPE_CHECKING:
     from phronomy.storage import StoredRecord
@@ -22,6 +27,7 @@ if TYPE_CHECKING:
 __all__ = [
     "DurableBase",
     "check_unchanged",
+    "decode_stored",
     "require_durable",
     "resume_state",
     "start_state",
@@ -86,4 +92,77 @@ def check_unchanged(
             "Workflow state changed since the supplied halted result for "
             f"workflow_instance_id {cmd.workflow_instance_id!r}; explicit reload/reconciliation "
             "is required (resume by id to continue from the durable state)"
+        )
+
+
+def decode_stored(
+    definition: WorkflowDefinition[Any],
+    record: StoredRecord | None,
+    *,
+    resuming: bool,
+) -> tuple[StoredRecord | None, Any]:
+    """Decode a loaded row's snapshot into the definition's state class.
+
+    Runs in the store's worker thread. A row saved by another version of the
+    definition is checked first: its phase must be a state this definition declares
+    and its fields must fit the state class (the phase only when *resuming*: a start
+    begins at the entry point).
+
+    Returns:
+        ``(record, decoded)``: the decoded snapshot, or ``None`` without one.
+
+    Raises:
+        DefinitionMismatchError: another version saved it, and this definition lacks
+            its phase or its fields (or has new required ones).
+        CorruptRecordError: the snapshot does not decode.
+    """
+    if record is None or record.snapshot is None:
+        return record, None
+    iid, revision = record.workflow_instance_id, record.revision
+    if record.definition_version != definition.version:
+        _check_compatible(definition, record, resuming=resuming)
+    return record, decode_snapshot(
+        record.snapshot,
+        workflow_instance_id=iid,
+        revision=revision,
+        state_type=definition.state_type,
+    )
+
+
+def _check_compatible(
+    definition: WorkflowDefinition[Any], record: StoredRecord, *, resuming: bool
+) -> None:
+    assert record.snapshot is not None
+    stored = decode_snapshot_builtins(
+        record.snapshot,
+        workflow_instance_id=record.workflow_instance_id,
+        revision=record.revision,
+    )
+    spec = state_spec(definition.state_type)
+    missing: list[str] = []
+    phase = stored.phase
+    if resuming and phase not in (None, FINISH) and phase not in definition.declared:
+        missing.append(f"state {phase!r}")
+    fields: dict[str, Any] = stored.fields
+    missing.extend(f"field {name!r}" for name in sorted(set(fields) - spec.field_set))
+    for name in spec.fields:
+        if name in fields:
+            try:
+                msgspec.convert(fields[name], spec.types[name], strict=False)
+            except msgspec.ValidationError:
+                missing.append(f"field {name!r} as it was stored ({fields[name]!r})")
+        elif name in spec.required:
+            missing.append(f"a value for the new required field {name!r}")
+    if missing:
+        stored_version = record.definition_version or "(unversioned)"
+        raise DefinitionMismatchError(
+            f"workflow instance {record.workflow_instance_id!r} (revision "
+            f"{record.revision}) was saved by version {stored_version} of workflow "
+            f"{definition.name!r}; this definition ({definition.version}) lacks "
+            + ", ".join(missing)
+            + ". Keep them in the new version (or add a version that maps them) to "
+            "load it",
+            stored_version=stored_version,
+            version=definition.version,
+            missing=tuple(missing),
         )

@@ -52,6 +52,7 @@ class TerminalPersistence:
         on_persisting: Callable[[], object],
         instance_id: str,
         workflow: str,
+        version: str,
         expected_revision: int | None,
         max_snapshot_bytes: int,
     ) -> None:
@@ -60,6 +61,7 @@ class TerminalPersistence:
         self._on_persisting = on_persisting
         self._instance_id = instance_id
         self._workflow = workflow
+        self._version = version
         self._expected = expected_revision
         self._max_bytes = max_snapshot_bytes
 
@@ -95,6 +97,7 @@ class TerminalPersistence:
             status=status,
             phase=phase,
             workflow=self._workflow,
+            definition_version=self._version,
         )
 
         def deliver(saved: outcome.Outcome[Any]) -> None:

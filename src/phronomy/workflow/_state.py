@@ -81,12 +81,14 @@ class StateSpec(msgspec.Struct, frozen=True, kw_only=True):
         reducers: field name → reducer kind.
         types: field name → the field's type (for validating updates).
         field_set: the field names, as a set.
+        required: the fields without a default.
     """
 
     fields: tuple[str, ...]
     reducers: dict[str, Literal["replace", "append", "merge"]]
     types: dict[str, Any]
     field_set: frozenset[str] = frozenset()
+    required: frozenset[str] = frozenset()
 
 
 _specs: dict[type[Any], StateSpec] = {}
@@ -196,8 +198,11 @@ def state_spec(cls: Any) -> StateSpec:
     reducers: dict[str, Literal["replace", "append", "merge"]] = {}
     types: dict[str, Any] = {}
     names: list[str] = []
+    required: set[str] = set()
     for field in msgspec.structs.fields(cls):
         names.append(field.name)
+        if field.required:
+            required.add(field.name)
         types[field.name] = field.type
         markers = [
             m for m in getattr(field.type, "__metadata__", ()) if isinstance(m, Reducer)
@@ -212,6 +217,7 @@ def state_spec(cls: Any) -> StateSpec:
         reducers=reducers,
         types=types,
         field_set=frozenset(names),
+        required=frozenset(required),
     )
     with _specs_lock:
         _specs[cls] = spec

@@ -1,0 +1,25 @@
+"""Fixtures of the workflow tests."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import pytest
+
+import phronomy
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+
+@pytest.fixture(params=["memory", "sqlite"])
+def make_store(
+    request: pytest.FixtureRequest,
+    tmp_path: Path,
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+) -> Callable[[], phronomy.storage.WorkflowStore]:
+    if request.param == "memory":
+        shared = phronomy.MemoryStore()
+        return lambda: shared
+    return lambda: open_sqlite(tmp_path / "durable.db")
