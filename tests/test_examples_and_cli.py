@@ -48,6 +48,17 @@ def test_example_runs(example: Path, tmp_path: Path) -> None:
     assert expected in output
 
 
+def test_the_readme_sample_runs_twice(tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = text.split("```python\n")[1:]
+    (sample,) = [b.split("```")[0] for b in blocks if "trio.run(main)" in b]
+    (tmp_path / "sample.py").write_text(sample, encoding="utf-8")
+    first = _run("sample.py", cwd=tmp_path)
+    assert first.splitlines() == ["halted awaiting_approval 1", "finished 2"]
+    second = _run("sample.py", cwd=tmp_path)  # the stored result, nothing runs again
+    assert second.splitlines() == ["finished __end__ 2", "finished 2"]
+
+
 def test_demo_survives_the_process(tmp_path: Path) -> None:
     first = _run("-m", "phronomy", "demo", "--db", "demo.db", cwd=tmp_path)
     assert "started order-1: halted at 'awaiting_approval', revision 1" in first

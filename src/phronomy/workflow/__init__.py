@@ -15,6 +15,7 @@ from ._machine import CONSUME as CONSUME
 from ._messages import (
     EventOutcome as EventOutcome,
     EventStatus as EventStatus,
+    IfExists as IfExists,
     LiveSegment as LiveSegment,
     RecoveryEntry as RecoveryEntry,
     SegmentStatus as SegmentStatus,
@@ -37,6 +38,7 @@ __all__ = [
     "Effects",
     "EventOutcome",
     "EventStatus",
+    "IfExists",
     "InstanceView",
     "LiveSegment",
     "RecoveryClient",

@@ -34,6 +34,7 @@ if TYPE_CHECKING:
 
     from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
+    from ._messages import IfExists
 
 __all__ = ["WorkflowClient"]
 
@@ -70,12 +71,15 @@ class WorkflowClient(LiveInstances):
         workflow_instance_id: str | None = None,
         recursion_limit: int | None = None,
         on_step: Callable[[Step[S]], object] | None = None,
+        if_exists: IfExists = "refuse",
     ) -> ResultHandle[WorkflowResult[S]]:
         """Start a segment at the entry point without waiting for it.
 
         With a store and an explicit *workflow_instance_id*, the segment is durable:
         the stored fields are loaded first (the input overrides them) and the halted or
-        finished state is saved before the handle settles.
+        finished state is saved before the handle settles. An id the store already
+        holds follows *if_exists*: by default an open instance is refused and a closed
+        one restarts.
 
         Args:
             workflow: a compiled :class:`~phronomy.WorkflowDefinition`.
@@ -84,10 +88,14 @@ class WorkflowClient(LiveInstances):
             recursion_limit: transitions allowed in this segment (default: the runtime's).
             on_step: called on the dispatcher with each stable :class:`Step`; an exception
                 fails the segment.
+            if_exists: ``"refuse"``, ``"return"`` or ``"restart"`` (see
+                :data:`~phronomy.workflow.IfExists`).
 
         Returns:
-            A handle settled with the :class:`~phronomy.WorkflowResult` (or the segment's error, or
-            :class:`~phronomy.RuntimeShutdownError` when the runtime is closing).
+            A handle settled with the :class:`~phronomy.WorkflowResult` (or the
+            segment's error: :class:`~phronomy.InstanceExistsError` for a refused
+            open instance, :class:`~phronomy.RuntimeShutdownError` when the runtime is
+            closing, ...).
 
         Raises:
             InvalidInputError: *input* does not fit the state class.
@@ -111,6 +119,7 @@ class WorkflowClient(LiveInstances):
             recursion_limit=self._limit(recursion_limit),
             caller=caller,
             observer=on_step,
+            if_exists=_policy(if_exists),
         )
         self._post(command, caller, "start")
         return caller
@@ -123,6 +132,7 @@ class WorkflowClient(LiveInstances):
         workflow_instance_id: str | None = None,
         recursion_limit: int | None = None,
         on_step: Callable[[Step[S]], object] | None = None,
+        if_exists: IfExists = "refuse",
     ) -> WorkflowResult[S]:
         """Run a segment and return its result; see :meth:`start` for the arguments.
 
@@ -143,6 +153,7 @@ class WorkflowClient(LiveInstances):
             workflow_instance_id=workflow_instance_id,
             recursion_limit=recursion_limit,
             on_step=on_step,
+            if_exists=if_exists,
         )
         return await handle.result()
 
@@ -154,6 +165,7 @@ class WorkflowClient(LiveInstances):
         *,
         workflow_instance_id: str | None = None,
         recursion_limit: int | None = None,
+        if_exists: IfExists = "refuse",
     ) -> AsyncGenerator[WorkflowStream[S]]:
         """Start a segment and iterate over its stable states, in order.
 
@@ -186,6 +198,7 @@ class WorkflowClient(LiveInstances):
             workflow_instance_id=workflow_instance_id,
             recursion_limit=recursion_limit,
             on_step=observe,
+            if_exists=if_exists,
         )
         handle.on_complete(lambda _: send.close())
         with receive:
@@ -370,6 +383,14 @@ class WorkflowClient(LiveInstances):
                     f"Runtime rejected Workflow {what} while shutting down"
                 )
             )
+
+
+def _policy(value: object) -> IfExists:
+    if value not in ("refuse", "return", "restart"):
+        raise InvalidInputError(
+            f"if_exists must be 'refuse', 'return' or 'restart', got {value!r}"
+        )
+    return value
 
 
 def _input_overlay(workflow: WorkflowDefinition[Any], value: Any) -> InputOverlay:

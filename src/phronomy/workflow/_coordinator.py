@@ -13,69 +13,36 @@ from phronomy.durability import mark_op
 from phronomy.engine import Admission, AdmissionTable, Event, ExecutionReceiver
 from phronomy.errors import (
     BusyError,
-    EventRejectedError,
     PhronomyInternalError,
     RecoveryRequiredError,
-    RuntimeShutdownError,
 )
 from phronomy.storage import (
-    BeginOp,
-    LoadOp,
-    check_not_quarantined,
-    check_startable,
     quarantine,
 )
 
-from ._definition import FINISH
-from ._events import resolve_event
-from ._hydration import (
-    DurableBase,
-    check_unchanged,
-    decode_stored,
-    require_durable,
-    resume_state,
-    start_state,
-)
 from ._messages import (
     EventCounters,
     LiveSegment,
     LoadReady,
     ResolveCommand,
     ResumeCommand,
-    SegmentResult,
     StartCommand,
-    WorkflowResult,
     WorkflowStatistics,
 )
-from ._persistence import TerminalPersistence
-from ._session import WorkflowSession
+from ._segments import PERSISTING, SegmentLifecycle
 
 if TYPE_CHECKING:
-    import outcome
-
     from phronomy.durability import DurabilityService
     from phronomy.engine import Host, ResultHandle
-    from phronomy.storage import StoredRecord
 
     from ._messages import SegmentStatus
-    from ._state import State
 
 __all__ = ["WorkflowCoordinator"]
 
 logger = logging.getLogger(__name__)
 
-Command = StartCommand | ResumeCommand
-
-PERSISTING = "persisting_terminal"
-"""The admission state of a segment whose terminal save is in flight."""
-
 _BUSY = frozenset({"admitting", "executing", PERSISTING})
 _MARKABLE = frozenset({"executing", PERSISTING, "recovery_required"})
-
-_UNCHANGED = (RuntimeShutdownError, RecoveryRequiredError, EventRejectedError)
-"""Segment errors that leave the durable instance as it was (its status is not
-touched): a cut-off at shutdown, an unknown save outcome (marked separately), a
-rejected event."""
 
 
 def _busy(current: Admission) -> BusyError:
@@ -86,7 +53,7 @@ def _busy(current: Admission) -> BusyError:
 
 
 @final
-class WorkflowCoordinator(ExecutionReceiver):
+class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle):
     """Runs workflow commands on the dispatcher (one per runtime).
 
     Durable segments (a store is configured and the start names its instance, or any
@@ -257,214 +224,6 @@ class WorkflowCoordinator(ExecutionReceiver):
             segment_id=record.holder,
             error=None if error is None else f"{type(error).__name__}: {error}",
         )
-
-    # --- admission and hydration --------------------------------------------------------
-
-    def _begin(self, cmd: Command) -> None:
-        try:
-            self.admit()
-            self.admissions.admit(
-                cmd.workflow_instance_id, cmd.owner, label=cmd.definition.name
-            )
-        except Exception as exc:  # noqa: BLE001 - the caller's error (busy, shutting down)
-            cmd.caller.fail(exc)
-            return
-        try:
-            durable = isinstance(cmd, ResumeCommand) or cmd.explicit_id
-            if self.gateway is not None and durable:
-                self._load(cmd)
-            elif isinstance(cmd, StartCommand):
-                state = start_state(cmd.definition, cmd.input, None)
-                self._register(cmd, state, base=None, resume=None)
-            else:
-                # resume by id requires a store (checked by the client)
-                assert cmd.halted is not None
-                state = resume_state(cmd.input, cmd.halted.state)
-                resume = (cmd.halted.phase, cmd.event, cmd.payload)
-                self._register(cmd, state, base=None, resume=resume)
-        except Exception as exc:  # noqa: BLE001 - the caller's error
-            self._abort(cmd, exc)
-
-    def _abort(self, cmd: Command, error: BaseException) -> None:
-        self.admissions.release(cmd.workflow_instance_id, owner=cmd.owner)
-        cmd.caller.fail(error)
-
-    def _load(self, cmd: Command) -> None:
-        assert self.gateway is not None
-        iid = cmd.workflow_instance_id
-        definition = cmd.definition
-        resuming = isinstance(cmd, ResumeCommand)
-
-        def decode(record: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
-            # Runs in the store's worker thread: decoding stays off the dispatcher.
-            return decode_stored(definition, record, resuming=resuming)
-
-        def loaded(done: outcome.Outcome[Any]) -> None:
-            message = LoadReady(command=cmd, loaded=done)
-            if not self.post_message(message, completion=cmd.caller):
-                cmd.caller.fail(
-                    RuntimeShutdownError(
-                        f"the runtime shut down while loading workflow instance {iid!r}"
-                    )
-                )
-
-        # Only a read: a batch of reads needs no write transaction (no fsync), and a
-        # rejected start or resume never touches the stored status.
-        self.gateway.submit(LoadOp(workflow_instance_id=iid), loaded, finish=decode)
-
-    def _apply_load(self, message: LoadReady) -> None:
-        cmd = message.command
-        try:
-            record, decoded = message.loaded.unwrap()
-            definition = cmd.definition
-            assert self.gateway is not None
-            check_not_quarantined(self.gateway.store.identity, cmd.workflow_instance_id)
-            if record is not None:
-                check_startable(record, definition.name)
-            base = DurableBase.of(record)
-            if isinstance(cmd, StartCommand):
-                # Start hydration: stored fields, overridden by the input; the stored
-                # phase is ignored (the segment restarts at the entry point).
-                stored = decoded.fields if decoded is not None else None
-                state = start_state(definition, cmd.input, stored)
-                self._register(cmd, state, base=base, resume=None)
-                return
-            if cmd.halted is not None:
-                if decoded is not None:
-                    check_unchanged(cmd, decoded.fields, decoded.phase)
-                state = resume_state(cmd.input, cmd.halted.state)
-                resume = (cmd.halted.phase, cmd.event, cmd.payload)
-            else:
-                require_durable(decoded, cmd.workflow_instance_id)
-                phase = decoded.phase or FINISH
-                event = resolve_event(
-                    definition, phase, cmd.event, cmd.workflow_instance_id
-                )
-                state = resume_state(cmd.input, decoded.fields)
-                resume = (phase, event, cmd.payload)
-            self._register(cmd, state, base=base, resume=resume)
-        except Exception as exc:  # noqa: BLE001 - the caller's error
-            self._abort(cmd, exc)
-
-    # --- sessions ----------------------------------------------------------------------
-
-    def _register(
-        self,
-        cmd: Command,
-        state: State,
-        *,
-        base: DurableBase | None,
-        resume: tuple[str, str, Any] | None,
-    ) -> None:
-        """Create the segment's session; *base* is what a durable segment started from."""
-        iid = cmd.workflow_instance_id
-        policy = on_park = None
-        if base is not None:
-            gateway = self.gateway
-            assert gateway is not None
-            expected = base.expected
-            admissions, owner = self.admissions, cmd.owner
-            policy = TerminalPersistence(
-                gateway=gateway,
-                on_persisting=lambda: admissions.mark(iid, PERSISTING, owner=owner),
-                instance_id=iid,
-                workflow=cmd.definition.name,
-                version=cmd.definition.version,
-                expected_revision=expected,
-                max_snapshot_bytes=self.max_snapshot_bytes,
-            )
-
-            def on_park() -> None:
-                # Queued before any terminal save of the segment (the batcher is FIFO).
-                gateway.submit_quietly(
-                    BeginOp(
-                        workflow_instance_id=iid,
-                        workflow=cmd.definition.name,
-                        expected_revision=expected,
-                    ),
-                    f"mark workflow instance {iid!r} running",
-                )
-
-        session: WorkflowSession[Any] = WorkflowSession(
-            self.engine,
-            cmd.definition,
-            state,
-            workflow_instance_id=iid,
-            recursion_limit=cmd.recursion_limit,
-            revision=base.expected if base is not None else None,
-            policy=policy,
-            observer=cmd.observer,
-            resume=resume,
-            on_park=on_park,
-            counters=self.counters,
-        )
-        self.admissions.bind(iid, cmd.owner, session.id, caller=cmd.caller)
-        waiter = self.engine.register_session(session, receiver=self)
-        waiter.on_complete(lambda done: self._finalize(cmd, base, session, done))
-
-    def _finalize(
-        self,
-        cmd: Command,
-        base: DurableBase | None,
-        session: WorkflowSession[Any],
-        done: ResultHandle[Any],
-    ) -> None:
-        # Release before settling the caller: a caller that immediately starts the
-        # same instance again is admitted.
-        iid = cmd.workflow_instance_id
-        self.admissions.release(iid, owner=cmd.owner)
-        if done.status == "completed":
-            segment: SegmentResult = done.result_nowait()
-            cmd.caller.complete(
-                WorkflowResult(
-                    state=segment.state,
-                    phase=segment.phase,
-                    workflow_instance_id=iid,
-                    revision=segment.revision if base is not None else None,
-                    halted=segment.phase != FINISH,
-                    workflow=cmd.definition.name,
-                )
-            )
-            return
-        error = done.error
-        assert error is not None
-        if base is not None and self.gateway is not None:
-            self._mark_failed_segment(cmd, base, session, error)
-        cmd.caller.fail(error)
-
-    def _mark_failed_segment(
-        self,
-        cmd: Command,
-        base: DurableBase,
-        session: WorkflowSession[Any],
-        error: BaseException,
-    ) -> None:
-        assert self.gateway is not None
-        iid, expected = cmd.workflow_instance_id, base.expected or 0
-        if isinstance(error, RuntimeShutdownError) and session.parked:
-            # The row says "running" but nothing runs it any more: back to what its
-            # last durable revision says.
-            unchanged = (
-                f"revision {base.expected} is unchanged"
-                if base.expected
-                else "it had not saved yet"
-            )
-            status, detail = (
-                base.status,
-                f"its segment was cut off when the runtime shut down; {unchanged}",
-            )
-        elif not isinstance(error, _UNCHANGED):
-            status, detail = "failed", f"{type(error).__name__}: {error}"
-        else:
-            return
-        mark = mark_op(
-            iid,
-            status,
-            expected_revision=expected,
-            detail=detail,
-            workflow=cmd.definition.name,
-        )
-        self.gateway.submit_quietly(mark, f"mark workflow instance {iid!r} {status}")
 
     def _resolve(self, cmd: ResolveCommand) -> None:
         record = self.admissions.resolve(cmd.workflow_instance_id)

@@ -9,7 +9,7 @@ import msgspec
 import outcome
 
 from phronomy.engine import ResultHandle
-from phronomy.storage import StoredRecord
+from phronomy.storage import InstanceStatus, StoredRecord
 
 from ._definition import WorkflowDefinition
 from ._state import State
@@ -18,6 +18,7 @@ __all__ = [
     "EventCounters",
     "EventOutcome",
     "EventStatus",
+    "IfExists",
     "InputOverlay",
     "LiveSegment",
     "LoadReady",
@@ -47,6 +48,9 @@ class WorkflowResult(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         revision: the durable revision, or ``None`` for ephemeral executions.
         halted: whether the segment halted at a wait state.
         workflow: the workflow's name.
+        status: the instance's status: ``halted`` or ``finished`` after a segment;
+            with ``if_exists="return"``, what the store says (``running``,
+            ``failed`` and ``cancelled`` included).
     """
 
     state: S
@@ -55,6 +59,7 @@ class WorkflowResult(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     revision: int | None
     halted: bool
     workflow: str
+    status: InstanceStatus = "finished"
 
 
 @final
@@ -103,6 +108,7 @@ class StartCommand(msgspec.Struct, frozen=True, kw_only=True):
     recursion_limit: int
     caller: ResultHandle[Any]
     observer: Callable[[Step[Any]], object] | None = None
+    if_exists: IfExists = "refuse"
 
 
 class ResumeCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -134,6 +140,16 @@ class ResolveCommand(msgspec.Struct, frozen=True, kw_only=True):
     action: Literal["adopt", "release"]
     done: ResultHandle[Any]
 
+
+IfExists = Literal["refuse", "return", "restart"]
+"""What a start does when its ``workflow_instance_id`` is stored already.
+
+``"refuse"`` (the default): an open instance (running, halted, recovery_required) is
+refused with :class:`~phronomy.InstanceExistsError`; a closed one (finished, failed,
+cancelled) restarts at the entry point, its stored fields overridden by the input.
+``"return"``: return the stored result without running anything (an idempotent submit).
+``"restart"``: restart at the entry point even when the instance is open.
+"""
 
 SegmentStatus = Literal[
     "admitting", "executing", "persisting_terminal", "recovery_required"
