@@ -407,3 +407,36 @@ async def test_a_session_retired_without_a_receiver_settles_its_waiter(
         await waiter.result()
     assert caught.value.__cause__ is uncertain
     assert session.lifecycle == "retired"
+
+
+async def test_an_event_for_a_session_registered_in_the_same_batch_is_not_dropped(
+    engine: Engine,
+) -> None:
+    # Sessions registered on the dispatcher start at the end of its batch; an event
+    # posted to one before that starts it first instead of being dropped.
+    from phronomy.engine import Delivery, ExecutionReceiver
+
+    sessions: list[CountingSession] = []
+
+    class Registrar(ExecutionReceiver):
+        def idle(self) -> bool:
+            return True
+
+        def shutdown(self, error: BaseException | None) -> None:
+            pass
+
+        def deliver(self, message: Any) -> None:
+            session = CountingSession(engine)
+            sessions.append(session)
+            self.engine.register_session(session)
+            assert self.engine.post_nowait(Event(type="first", target_id=session.id))
+
+    registrar = engine.receiver(Registrar, Registrar)
+    engine.post_nowait(Delivery(receiver=registrar, message="go"))
+    with trio.fail_after(5):
+        while not sessions or not sessions[0].done:  # noqa: ASYNC110 - dispatcher state
+            await trio.lowlevel.checkpoint()
+    (session,) = sessions
+    assert session.started
+    assert [e.type for e in session.seen] == ["first"]
+    assert engine.statistics().dropped_total == 0

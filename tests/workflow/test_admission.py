@@ -90,7 +90,7 @@ async def test_admissions_close_at_shutdown() -> None:
         pass
     with pytest.raises(
         phronomy.RuntimeShutdownError,
-        match="rejected Workflow start while shutting down",
+        match="the runtime is shutting down; it refused the workflow start",
     ):
         await rt.workflows.start(live_flow()).result()
     assert not rt.workflows.signal(live_flow(), "x", "finish")

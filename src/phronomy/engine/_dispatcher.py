@@ -63,6 +63,7 @@ class Dispatcher:
         timers: TimerQueue,
         sessions: dict[str, Session],
         *,
+        start_pending: Callable[[str], Session | None],
         route: Callable[[Any], None],
         on_batch: Callable[[], None],
         on_failure: Callable[[Exception], None],
@@ -72,6 +73,7 @@ class Dispatcher:
         self._lifecycle = lifecycle
         self._timers = timers
         self._sessions = sessions
+        self._start_pending = start_pending
         self._route = route
         self._on_batch = on_batch
         self._on_failure = on_failure
@@ -245,7 +247,7 @@ class Dispatcher:
             if session is not None:
                 session.handle(item)
             elif type(item) is Event:
-                self._drop(item)
+                self._late(item)
             elif item is _STOP:
                 return False
             elif item is not _WAKE:
@@ -265,7 +267,7 @@ class Dispatcher:
                 if session is not None:
                     session.handle(item)
                 else:
-                    self._drop(item)
+                    self._late(item)
             elif item is _STOP:
                 return False
             elif item is not _WAKE:
@@ -285,6 +287,15 @@ class Dispatcher:
                 return True
 
     # --- diagnostics -------------------------------------------------------------------
+
+    def _late(self, event: Event) -> None:
+        """An event for no live session: it starts one registered in this batch (the
+        event came first), or it is dropped."""
+        session = self._start_pending(event.target_id)
+        if session is not None:
+            session.handle(event)
+        else:
+            self._drop(event)
 
     def _drop(self, event: Event) -> None:
         self.dropped += 1

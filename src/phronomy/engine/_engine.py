@@ -81,6 +81,7 @@ class Engine:
             lifecycle,
             self._supervisor.timers,
             self._sessions.live,
+            start_pending=self._sessions.start_pending,
             route=self._route,
             on_batch=lambda: self._shutdown.after_batch(),
             on_failure=lambda error: self._shutdown.fail(error),

@@ -43,7 +43,7 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
     caller: ResultHandle[Any] | None = None
 
 
-SessionOutcome = Literal["finished", "halted", "error", "retired"]
+SessionOutcome = Literal["finished", "halted", "cancelled", "error", "retired"]
 """How a session ended: ``retired`` means its terminal outcome is unknown."""
 
 

@@ -32,7 +32,7 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-TerminalType = Literal["finished", "halted"]
+TerminalType = Literal["finished", "halted", "cancelled"]
 SessionLifecycle = Literal[
     "running", "awaiting_terminal", "halted", "completed", "error", "retired"
 ]
@@ -219,7 +219,8 @@ class GatedSession:
     def request_terminal(
         self, terminal_type: TerminalType, *, notify_stable: bool
     ) -> None:
-        """Ask to end the session as *terminal_type* (``finished`` or ``halted``)."""
+        """Ask to end the session as *terminal_type* (``finished``, ``halted`` or
+        ``cancelled``)."""
         if self.lifecycle != "running" or self.done:
             return
         self.prepare_terminal(terminal_type)

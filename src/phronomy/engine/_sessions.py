@@ -93,12 +93,19 @@ class SessionTable:
 
     def start(self, message: SessionStart) -> None:
         """Start a registered session (on the dispatcher)."""
-        entry = self._starting.pop(message.session_id, None)
-        if entry is not None:
-            session, waiter = entry
-            self.live[message.session_id] = session
-            self._waiters[message.session_id] = waiter
-            session.start()
+        self.start_pending(message.session_id)
+
+    def start_pending(self, session_id: str) -> Session | None:
+        """Start *session_id* now if it is registered and not started yet (an event
+        for it arrived first); return it, or ``None``."""
+        entry = self._starting.pop(session_id, None)
+        if entry is None:
+            return None
+        session, waiter = entry
+        self.live[session_id] = session
+        self._waiters[session_id] = waiter
+        session.start()
+        return session
 
     def end(self, ended: SessionEnded) -> None:
         """Forget an ended session and settle its waiter (on the dispatcher).

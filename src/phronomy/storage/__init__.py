@@ -5,6 +5,7 @@ threads.
 """
 
 from ._base import BaseStore as BaseStore
+from ._cancel import cancellation as cancellation
 from ._codec import (
     DEFAULT_MAX_SNAPSHOT_BYTES as DEFAULT_MAX_SNAPSHOT_BYTES,
     FINISH_PHASE as FINISH_PHASE,
@@ -98,6 +99,7 @@ __all__ = [
     "StoreOp",
     "StoredRecord",
     "WorkflowStore",
+    "cancellation",
     "check_json_domain",
     "check_not_quarantined",
     "check_startable",

@@ -15,10 +15,11 @@ from phronomy.errors import (
     InvalidInputError,
     RuntimeShutdownError,
 )
-from phronomy.storage import validate_instance_id
+from phronomy.storage import HistoryOp, validate_instance_id
 
 from ._events import RESUME, resolve_event
 from ._messages import (
+    CancelCommand,
     InputOverlay,
     ResumeCommand,
     StartCommand,
@@ -31,6 +32,8 @@ from ._stream import WorkflowStream
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable
+
+    from phronomy.storage import SaveLogEntry
 
     from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
@@ -358,6 +361,91 @@ class WorkflowClient(LiveInstances):
         self._post(command, caller, "resume")
         return caller
 
+    # --- cancelling and history ----------------------------------------------------------
+
+    async def cancel(
+        self,
+        workflow: WorkflowDefinition[S],
+        workflow_instance_id: str,
+        *,
+        reason: str | None = None,
+        force: bool = False,
+    ) -> WorkflowResult[S]:
+        """Cancel an instance; it ends with the status ``cancelled`` (a closed status).
+
+        A segment live in this runtime stops taking events, its effects' trio work is
+        cancelled and their worker threads are waited for (never abandoned), then the
+        instance is saved as ``cancelled`` and the segment's caller fails with
+        :class:`~phronomy.WorkflowCancelledError`. A halted (or failed) instance is
+        saved as ``cancelled`` directly. An instance loading or saving here is
+        cancelled once that is done. Cancelling a cancelled instance returns it again.
+
+        Example::
+
+            await runtime.workflows.cancel(flow, "order-1", reason="customer left")
+
+        Args:
+            workflow: the instance's workflow.
+            workflow_instance_id: the instance.
+            reason: saved with the instance (and given to the segment's caller).
+            force: also cancel a stored ``running`` instance that no segment runs in
+                this runtime. Without leases across processes, only do so when you know
+                its process is gone.
+
+        Returns:
+            The cancelled instance (``status="cancelled"``; its revision with a store).
+
+        Raises:
+            NotFoundError: nothing is live or stored under that id.
+            InstanceStateError: it is finished, or ``running`` in another process
+                (without *force*).
+            RecoveryRequiredError: it requires recovery first.
+            InvalidInputError: an invalid id or reason.
+            ReentrancyError: called from a thread that does not run the runtime.
+
+        Cancellation:
+            Cancelling the caller stops the wait only: the cancellation goes on.
+        """
+        self._coordinator.engine.check_thread("runtime.workflows.cancel()")
+        iid = validate_instance_id(workflow_instance_id)
+        if reason is not None and not isinstance(reason, str):
+            raise InvalidInputError(f"reason must be text, got {type(reason).__name__}")
+        done: ResultHandle[WorkflowResult[S]] = ResultHandle(f"cancel:{iid}")
+        command = CancelCommand(
+            definition=workflow,
+            workflow_instance_id=iid,
+            reason=reason,
+            force=bool(force),
+            owner=object(),
+            done=done,
+        )
+        self._post(command, done, "cancel")
+        return await done.result()
+
+    async def history(
+        self, workflow_instance_id: str, *, limit: int = 100
+    ) -> list[SaveLogEntry]:
+        """The instance's last saves, newest first: revision, status, phase, time,
+        ``write_id``, definition version (the store keeps ``save_log_depth`` of them).
+
+        Raises:
+            InvalidInputError: an invalid id or limit, or the runtime has no store.
+
+        Cancellation:
+            Safe: nothing is changed.
+        """
+        iid = validate_instance_id(workflow_instance_id)
+        gateway = self._coordinator.gateway
+        if gateway is None:
+            raise InvalidInputError("history needs a store (open_runtime(store=...))")
+        given: object = limit  # checked at run time: callers are not typed
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise InvalidInputError(f"limit must be an integer >= 1, got {limit!r}")
+        entries: list[SaveLogEntry] = await gateway.run(
+            HistoryOp(workflow_instance_id=iid, limit=limit)
+        )
+        return entries
+
     # --- internals -----------------------------------------------------------------
 
     def _limit(self, recursion_limit: int | None) -> int:
@@ -371,7 +459,7 @@ class WorkflowClient(LiveInstances):
 
     def _post(
         self,
-        command: StartCommand | ResumeCommand,
+        command: StartCommand | ResumeCommand | CancelCommand,
         caller: ResultHandle[Any],
         what: str,
     ) -> None:
@@ -380,7 +468,7 @@ class WorkflowClient(LiveInstances):
         ):
             caller.fail(
                 RuntimeShutdownError(
-                    f"Runtime rejected Workflow {what} while shutting down"
+                    f"the runtime is shutting down; it refused the workflow {what}"
                 )
             )
 

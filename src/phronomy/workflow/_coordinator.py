@@ -20,7 +20,11 @@ from phronomy.storage import (
     quarantine,
 )
 
+from ._cancelling import Cancelling
 from ._messages import (
+    CancelCommand,
+    CancelLoaded,
+    CancelSaved,
     EventCounters,
     LiveSegment,
     LoadReady,
@@ -36,6 +40,7 @@ if TYPE_CHECKING:
     from phronomy.engine import Host, ResultHandle
 
     from ._messages import SegmentStatus
+    from ._session import WorkflowSession
 
 __all__ = ["WorkflowCoordinator"]
 
@@ -53,7 +58,7 @@ def _busy(current: Admission) -> BusyError:
 
 
 @final
-class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle):
+class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
     """Runs workflow commands on the dispatcher (one per runtime).
 
     Durable segments (a store is configured and the start names its instance, or any
@@ -81,6 +86,8 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle):
         self.gateway = gateway
         self.max_snapshot_bytes = max_snapshot_bytes
         self.counters = EventCounters()
+        self.sessions: dict[str, WorkflowSession[Any]] = {}
+        self.cancels: dict[str, list[CancelCommand]] = {}
         self.admissions = AdmissionTable(
             noun="workflow instance",
             busy_states=_BUSY,
@@ -104,6 +111,12 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle):
                 self._apply_load(message)
             case ResolveCommand():
                 self._resolve(message)
+            case CancelCommand():
+                self._cancel(message)
+            case CancelLoaded():
+                self._cancel_loaded(message)
+            case CancelSaved():
+                self._cancel_saved(message)
             case _:
                 raise PhronomyInternalError(f"unknown workflow command {message!r}")
 

@@ -14,12 +14,15 @@ if TYPE_CHECKING:
 
     from ._intents import Intent
 
-__all__ = ["EFFECT_FAILED", "EffectRunner"]
+__all__ = ["CANCEL_READY", "EFFECT_FAILED", "EffectRunner"]
 
 logger = logging.getLogger(__name__)
 
 EFFECT_FAILED = "__phronomy.effect_failed__"
 """Internal event: an effect without ``on_error`` failed; the segment fails with it."""
+
+CANCEL_READY = "__phronomy.cancel_ready__"
+"""Internal event: a cancelled segment's effects have all physically finished."""
 
 
 @final
@@ -31,7 +34,16 @@ class EffectRunner:
     are dropped (with a debug log) and never reach a later segment of the instance.
     """
 
-    __slots__ = ("_closed", "_handles", "_host", "_instance", "_post", "_timers")
+    __slots__ = (
+        "_closed",
+        "_handles",
+        "_host",
+        "_instance",
+        "_on_quiescent",
+        "_post",
+        "_running",
+        "_timers",
+    )
 
     def __init__(
         self, host: Host, post: Callable[[str, Any], bool], *, instance: str
@@ -41,8 +53,10 @@ class EffectRunner:
         self._post = post
         self._instance = instance
         self._handles: set[ResultHandle[Any]] = set()
+        self._running: set[ResultHandle[Any]] = set()  # not physically finished
         self._timers: set[Timer] = set()
         self._closed = False
+        self._on_quiescent: Callable[[], object] | None = None
 
     @property
     def pending(self) -> int:
@@ -68,6 +82,16 @@ class EffectRunner:
                 case Schedule():
                     self._schedule(intent)
 
+    def when_quiescent(self, callback: Callable[[], object]) -> None:
+        """Call *callback* once every effect started has physically finished (at once
+        when none runs); trio work is cancelled first (:meth:`close`), threads are
+        waited for, never abandoned."""
+        self.close()
+        if self._running:
+            self._on_quiescent = callback
+        else:
+            callback()
+
     def close(self) -> None:
         """The segment ended: cancel trio work and timers; late results are dropped."""
         self._closed = True
@@ -92,6 +116,8 @@ class EffectRunner:
         self, handle: ResultHandle[Any], on_done: str, on_error: str | None
     ) -> None:
         self._handles.add(handle)
+        self._running.add(handle)
+        handle.on_physical_complete(self._physically_finished)
 
         def settled(done: ResultHandle[Any]) -> None:
             self._handles.discard(done)
@@ -103,6 +129,13 @@ class EffectRunner:
                 self._deliver(on_error or EFFECT_FAILED, done.error)
 
         handle.on_complete(settled)
+
+    def _physically_finished(self, handle: ResultHandle[Any]) -> None:
+        self._running.discard(handle)
+        callback = self._on_quiescent
+        if callback is not None and not self._running:
+            self._on_quiescent = None
+            callback()
 
     def _deliver(self, event: str, payload: Any) -> None:
         if self._closed or not self._post(event, payload):

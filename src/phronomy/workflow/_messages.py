@@ -15,6 +15,9 @@ from ._definition import WorkflowDefinition
 from ._state import State
 
 __all__ = [
+    "CancelCommand",
+    "CancelLoaded",
+    "CancelSaved",
     "EventCounters",
     "EventOutcome",
     "EventStatus",
@@ -83,6 +86,7 @@ class SegmentResult(msgspec.Struct, frozen=True, kw_only=True):
     state: Any
     phase: str
     revision: int | None
+    status: InstanceStatus = "finished"
 
 
 class InputOverlay(msgspec.Struct, frozen=True, kw_only=True):
@@ -131,6 +135,34 @@ class LoadReady(msgspec.Struct, frozen=True, kw_only=True):
 
     command: StartCommand | ResumeCommand
     loaded: outcome.Outcome[Any]
+
+
+@final
+class CancelCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """Cancel an instance: its live segment here, or its stored row."""
+
+    definition: WorkflowDefinition[Any]
+    workflow_instance_id: str
+    reason: str | None
+    force: bool
+    owner: object
+    done: ResultHandle[Any]
+
+
+@final
+class CancelLoaded(msgspec.Struct, frozen=True, kw_only=True):
+    """The row of an instance to cancel was read."""
+
+    command: CancelCommand
+    loaded: outcome.Outcome[Any]
+
+
+@final
+class CancelSaved(msgspec.Struct, frozen=True, kw_only=True):
+    """The cancelling write came back."""
+
+    command: CancelCommand
+    saved: outcome.Outcome[Any]
 
 
 class ResolveCommand(msgspec.Struct, frozen=True, kw_only=True):

@@ -70,13 +70,14 @@ class TerminalPersistence:
     ) -> None:
         """Mark the admission, encode the snapshot and submit one save.
 
-        *value* is the segment's ``(state, phase)`` at its terminal request.
+        *value* is the segment's ``(state, phase, detail)`` at its terminal request
+        (*detail*: a note saved with the row, for example a cancellation's reason).
 
         Raises:
             SerializationError: the state holds values outside the JSON domain (the
                 session fails with it; nothing is written).
         """
-        state, phase = value
+        state, phase, detail = value
         iid = self._instance_id
         self._on_persisting()
         revision = (self._expected or 0) + 1
@@ -88,7 +89,7 @@ class TerminalPersistence:
             workflow=self._workflow,
             max_bytes=self._max_bytes,
         )
-        status: InstanceStatus = "finished" if terminal_type == "finished" else "halted"
+        status: InstanceStatus = terminal_type
         request = SaveRequest(
             workflow_instance_id=iid,
             expected_revision=self._expected,
@@ -98,6 +99,7 @@ class TerminalPersistence:
             phase=phase,
             workflow=self._workflow,
             definition_version=self._version,
+            detail=detail,
         )
 
         def deliver(saved: outcome.Outcome[Any]) -> None:

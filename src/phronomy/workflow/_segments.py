@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from phronomy.engine import AdmissionTable, Host, Receiver, ResultHandle
     from phronomy.storage import StoredRecord
 
-    from ._messages import EventCounters
+    from ._messages import CancelCommand, EventCounters
     from ._state import State
 
 __all__ = ["PERSISTING", "SegmentLifecycle"]
@@ -71,6 +71,8 @@ class SegmentLifecycle:
     max_snapshot_bytes: int
     admissions: AdmissionTable
     counters: EventCounters
+    sessions: dict[str, WorkflowSession[Any]]
+    cancels: dict[str, list[CancelCommand]]
 
     if TYPE_CHECKING:
 
@@ -86,6 +88,12 @@ class SegmentLifecycle:
             admission: bool = False,
             completion: ResultHandle[Any] | None = None,
         ) -> bool: ...
+
+        def _segment_cancelled(
+            self, iid: str, caller: ResultHandle[Any], result: WorkflowResult[Any]
+        ) -> None: ...
+
+        def _cancel_next(self, iid: str) -> None: ...
 
     def _begin(self, cmd: Command) -> None:
         try:
@@ -245,8 +253,12 @@ class SegmentLifecycle:
             counters=self.counters,
         )
         self.admissions.bind(iid, cmd.owner, session.id, caller=cmd.caller)
+        self.sessions[iid] = session
         coordinator = cast("Receiver", self)  # a registered receiver
         waiter = self.engine.register_session(session, receiver=coordinator)
+        waiting = self.cancels.get(iid)
+        if waiting:  # cancelled while it loaded: it ends before running anything
+            session.cancel(waiting[0].reason)
         waiter.on_complete(lambda done: self._finalize(cmd, base, session, done))
 
     def _finalize(
@@ -260,25 +272,30 @@ class SegmentLifecycle:
         # same instance again is admitted.
         iid = cmd.workflow_instance_id
         self.admissions.release(iid, owner=cmd.owner)
+        if self.sessions.get(iid) is session:
+            del self.sessions[iid]
         if done.status == "completed":
             segment: SegmentResult = done.result_nowait()
-            cmd.caller.complete(
-                WorkflowResult(
-                    state=segment.state,
-                    phase=segment.phase,
-                    workflow_instance_id=iid,
-                    revision=segment.revision if base is not None else None,
-                    halted=segment.phase != FINISH,
-                    workflow=cmd.definition.name,
-                    status="finished" if segment.phase == FINISH else "halted",
-                )
+            result = WorkflowResult(
+                state=segment.state,
+                phase=segment.phase,
+                workflow_instance_id=iid,
+                revision=segment.revision if base is not None else None,
+                halted=segment.status == "halted",
+                workflow=cmd.definition.name,
+                status=segment.status,
             )
-            return
-        error = done.error
-        assert error is not None
-        if base is not None and self.gateway is not None:
-            self._mark_failed_segment(cmd, base, session, error)
-        cmd.caller.fail(error)
+            if segment.status == "cancelled":
+                self._segment_cancelled(iid, cmd.caller, result)
+            else:
+                cmd.caller.complete(result)
+        else:
+            error = done.error
+            assert error is not None
+            if base is not None and self.gateway is not None:
+                self._mark_failed_segment(cmd, base, session, error)
+            cmd.caller.fail(error)
+        self._cancel_next(iid)  # cancels that waited for the segment to end
 
     def _mark_failed_segment(
         self,

@@ -9,7 +9,7 @@ from phronomy.engine import Event, GatedSession
 from phronomy.errors import EventRejectedError
 
 from ._definition import AUTO_EVENT, FINISH, START_EVENT
-from ._effects import EFFECT_FAILED, EffectRunner
+from ._effects import CANCEL_READY, EFFECT_FAILED, EffectRunner
 from ._machine import WorkflowMachine
 from ._messages import EventCounters, EventOutcome, SegmentResult, Step
 from ._state import State
@@ -88,6 +88,9 @@ class WorkflowSession(GatedSession, Generic[S]):
             engine, self.sink.post, instance=workflow_instance_id
         )
         self._on_park = on_park
+        self.cancel_reason: str | None = None
+        self._terminal: TerminalType = "finished"
+        self.cancelling = False
         self.counters = counters if counters is not None else EventCounters()
         self._auto = Event(type=AUTO_EVENT, target_id=self.id)
         self.parked = False
@@ -110,8 +113,11 @@ class WorkflowSession(GatedSession, Generic[S]):
 
         A resume event that every guard rejects ends the segment at once with
         :class:`~phronomy.EventRejectedError`: nothing ran, nothing is saved, and the
-        instance stays halted where it was.
+        instance stays halted where it was. A segment cancelled before it started runs
+        nothing: it ends as cancelled where it stands.
         """
+        if self.cancelling:
+            return
         try:
             if self.resume is None:
                 start = Event(type=START_EVENT, target_id=self.id)
@@ -131,6 +137,13 @@ class WorkflowSession(GatedSession, Generic[S]):
     def handle_live(self, event: Event) -> None:
         """Handle an event: an effect's failure fails the segment, others go to the
         machine (the state's hook, then the transition)."""
+        if event.type == CANCEL_READY:
+            self.request_terminal("cancelled", notify_stable=False)
+            return
+        if self.cancelling:  # no more events: the segment ends as cancelled
+            if event.caller is not None:
+                event.caller.complete(None)
+            return
         if event.type == EFFECT_FAILED:
             raise event.payload
         step = self.machine.handle(event)
@@ -165,6 +178,21 @@ class WorkflowSession(GatedSession, Generic[S]):
                 )
             )
 
+    def cancel(self, reason: str | None) -> bool:
+        """Stop taking events, cancel the effects' trio work, and once every effect
+        has physically finished, end as ``cancelled`` (saved, for durable segments).
+
+        Returns:
+            Whether the segment was live and is now cancelling.
+        """
+        if self.done or self.lifecycle != "running" or self.cancelling:
+            return False
+        self.cancelling = True
+        self.cancel_reason = reason
+        post = self.sink.post
+        self.effects.when_quiescent(lambda: post(CANCEL_READY))
+        return True
+
     def finish_with_error(self, error: BaseException) -> None:
         """End the segment with *error*, noting which instance and state it ended in."""
         if not self.done and not isinstance(error, EventRejectedError):
@@ -175,12 +203,21 @@ class WorkflowSession(GatedSession, Generic[S]):
         super().finish_with_error(error)
 
     def prepare_terminal(self, terminal_type: TerminalType) -> None:
-        """Set the phase before any snapshot: FINISH, or the wait state's name."""
+        """Set the phase before any snapshot: FINISH, or the state it stopped at."""
+        self._terminal = terminal_type
         self.phase = FINISH if terminal_type == "finished" else self.machine.current
 
-    def terminal_value(self) -> tuple[S, str | None]:
-        """What the terminal policy saves: the state and its phase."""
-        return self.machine.state, self.phase
+    def terminal_value(self) -> tuple[S, str | None, str | None]:
+        """What the terminal policy saves: the state, its phase, and a note (the
+        reason of a cancellation)."""
+        detail = None
+        if self._terminal == "cancelled":
+            detail = (
+                f"cancelled: {self.cancel_reason}"
+                if self.cancel_reason
+                else ("cancelled")
+            )
+        return self.machine.state, self.phase, detail
 
     def terminal_result(self, revision: int | None) -> SegmentResult:
         """The state, phase and revision (the saved one, if any) for the caller."""
@@ -189,6 +226,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             state=self.machine.state,
             phase=self.phase,
             revision=revision if revision is not None else self.revision,
+            status=self._terminal,
         )
 
     def notify_terminal_stable(self) -> None:

@@ -1,0 +1,106 @@
+"""Cancelling a stored instance that no segment runs: the store-side half."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from phronomy.errors import InstanceStateError, NotFoundError, RecoveryRequiredError
+
+from ._codec import FINISH_PHASE, decode_snapshot_builtins, encode_snapshot
+from ._ops import MarkOp, SaveOp
+from ._records import SaveRequest
+
+if TYPE_CHECKING:
+    from ._records import StoredRecord
+
+__all__ = ["cancellation"]
+
+
+def cancellation(
+    record: StoredRecord | None,
+    workflow_instance_id: str,
+    *,
+    reason: str | None,
+    write_id: str,
+    force: bool = False,
+) -> SaveOp | MarkOp | None:
+    """The revision-checked write that cancels a stored instance (not live here).
+
+    A saved instance gets a new revision with the same state and phase and the status
+    ``cancelled`` (the reason in its detail); one that never saved is marked. Pure:
+    it decides and encodes, the caller writes.
+
+    Args:
+        record: the instance's row, as read.
+        workflow_instance_id: the instance.
+        reason: why, saved with the row.
+        write_id: the save's ``write_id``.
+        force: cancel a ``running`` row too (only when no process runs it).
+
+    Returns:
+        The write, or ``None`` when the instance is cancelled already (idempotent).
+
+    Raises:
+        NotFoundError: nothing is stored under that id.
+        InstanceStateError: it is finished, or ``running`` (live in another process,
+            or its process stopped) without *force*.
+        RecoveryRequiredError: it requires recovery first.
+        CorruptRecordError: its snapshot does not decode.
+    """
+    iid = workflow_instance_id
+    if record is None:
+        raise NotFoundError(f"workflow instance {iid!r} does not exist")
+    if record.status == "cancelled":
+        return None
+    if record.status == "recovery_required":
+        raise RecoveryRequiredError(
+            f"workflow instance {iid!r} requires recovery; resolve it before "
+            "cancelling it",
+            instance_id=iid,
+        )
+    if record.status == "finished":
+        raise InstanceStateError(
+            f"workflow instance {iid!r} is finished (revision {record.revision}); "
+            "there is nothing to cancel"
+        )
+    if record.status == "running" and not force:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} is running, but not in this runtime: another "
+            "process runs it, or its process stopped. Cancelling a segment live in "
+            "another process needs leases (not yet available); if you know no process "
+            "runs it, cancel with force=True"
+        )
+    detail = f"cancelled: {reason}" if reason else "cancelled"
+    if record.snapshot is None:
+        return MarkOp(
+            workflow_instance_id=iid,
+            status="cancelled",
+            expected_revision=record.revision,
+            detail=detail,
+            workflow=record.workflow,
+        )
+    stored = decode_snapshot_builtins(
+        record.snapshot, workflow_instance_id=iid, revision=record.revision
+    )
+    revision = record.revision + 1
+    phase = record.phase if record.phase is not None else FINISH_PHASE
+    snapshot = encode_snapshot(
+        stored.fields,
+        workflow_instance_id=iid,
+        revision=revision,
+        phase=phase,
+        workflow=record.workflow,
+    )
+    return SaveOp(
+        request=SaveRequest(
+            workflow_instance_id=iid,
+            expected_revision=record.revision,
+            snapshot=snapshot,
+            write_id=write_id,
+            status="cancelled",
+            phase=phase,
+            workflow=record.workflow,
+            definition_version=record.definition_version,
+            detail=detail,
+        )
+    )

@@ -1,0 +1,186 @@
+"""Cancelling instances: live segments wait for their effects physically; stored ones
+get a cancelled revision; cancelling again is harmless."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+import phronomy
+from phronomy.storage import BeginOp, MarkOp
+from phronomy.testing import FaultyStore
+from phronomy.workflow import FINISH
+
+from .helpers import Value, admission_state, approval_flow, runtime_on, until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+def _blocking_flow(started: threading.Event, finished: list[float]) -> Any:
+    def slow_call() -> str:
+        started.set()
+        time.sleep(0.5)
+        finished.append(time.monotonic())
+        return "done"
+
+    def call(s: Value, e: Any, effects: phronomy.Effects) -> Value:
+        effects.offload(slow_call, on_done="answered")
+        return s.merge(steps=["calling"])
+
+    wf = phronomy.Workflow(Value, name="blocking").state("calling", entry=call)
+    wf.transition("calling", FINISH, on="answered")
+    return wf.build()
+
+
+async def test_cancel_settles_only_after_the_effects_thread_returned(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    store = make_store()
+    started, finished = threading.Event(), []
+    flow = _blocking_flow(started, finished)
+    async with runtime_on(store) as rt:
+        caller = rt.workflows.start(flow, workflow_instance_id="c-1")
+        await trio.to_thread.run_sync(started.wait)
+        cancelled = await rt.workflows.cancel(flow, "c-1", reason="customer left")
+        settled_at = time.monotonic()
+        assert finished  # the thread had returned before the cancel settled
+        assert finished[0] <= settled_at
+        assert (cancelled.status, cancelled.revision, cancelled.phase) == (
+            "cancelled",
+            1,
+            "calling",
+        )
+        assert cancelled.state.steps == ["calling"]
+        with pytest.raises(
+            phronomy.WorkflowCancelledError, match="customer left"
+        ) as err:
+            await caller.result()
+        assert (err.value.workflow_instance_id, err.value.reason) == (
+            "c-1",
+            "customer left",
+        )
+        row = store.load("c-1")  # type: ignore[attr-defined]
+        assert (row.status, row.revision, row.detail) == (
+            "cancelled",
+            1,
+            "cancelled: customer left",
+        )
+        again = await rt.workflows.cancel(flow, "c-1")  # idempotent
+        assert (again.status, again.revision) == ("cancelled", 1)
+        # a cancelled instance is closed: a start restarts it
+        restarted = rt.workflows.start(flow, workflow_instance_id="c-1")
+        await until(lambda: admission_state(rt, "c-1") == "executing")
+        await rt.workflows.cancel(flow, "c-1")
+        with pytest.raises(phronomy.WorkflowCancelledError):
+            await restarted.result()
+    history = [(e.revision, e.status) for e in store.history("c-1")]  # type: ignore[attr-defined]
+    assert history == [(2, "cancelled"), (1, "cancelled")]
+
+
+async def test_a_cancelled_segment_takes_no_more_events(
+    runtime: phronomy.Runtime,
+) -> None:
+    gate = trio.Event()
+
+    async def wait_for_gate() -> None:
+        await gate.wait()
+
+    def start(s: Value, e: Any, effects: phronomy.Effects) -> None:
+        effects.start_soon(wait_for_gate, on_done="finish")
+
+    wf = phronomy.Workflow(Value, name="live").state("live", entry=start)
+    wf.transition("live", "live", on="mark", action=lambda s: s.merge(count=1))
+    wf.transition("live", FINISH, on="finish")
+    flow = wf.build()
+    caller = runtime.workflows.start(flow, workflow_instance_id="e-1")  # no store
+    await until(lambda: admission_state(runtime, "e-1") == "executing")
+    result = await runtime.workflows.cancel(flow, "e-1")  # trio work is cancelled
+    assert (result.status, result.revision) == ("cancelled", None)
+    with pytest.raises(phronomy.WorkflowCancelledError):
+        await caller.result()
+    assert (await runtime.workflows.deliver(flow, "e-1", "mark")).status == "not_live"
+    with pytest.raises(phronomy.NotFoundError, match="no store"):
+        await runtime.workflows.cancel(flow, "e-1")
+
+
+async def test_cancelling_stored_instances(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    store = make_store()
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        halted = await rt.workflows.invoke(
+            flow, {"value": "v"}, workflow_instance_id="h"
+        )
+        done = await rt.workflows.cancel(flow, "h", reason="duplicate order")
+        assert (done.status, done.revision, done.phase) == ("cancelled", 2, "awaiting")
+        assert halted.revision == 1
+        await rt.workflows.invoke(flow, workflow_instance_id="f")
+        await rt.workflows.send_event(flow, "approve", workflow_instance_id="f")
+        with pytest.raises(phronomy.InstanceStateError, match="is finished"):
+            await rt.workflows.cancel(flow, "f")
+        with pytest.raises(phronomy.NotFoundError, match="does not exist"):
+            await rt.workflows.cancel(flow, "nobody")
+        store.run(
+            BeginOp(
+                workflow_instance_id="r", workflow=flow.name, expected_revision=None
+            )
+        )  # type: ignore[attr-defined]
+        with pytest.raises(phronomy.InstanceStateError, match="force=True"):
+            await rt.workflows.cancel(flow, "r")
+        forced = await rt.workflows.cancel(flow, "r", force=True)
+        assert (forced.status, forced.revision) == ("cancelled", 0)
+        await rt.workflows.invoke(flow, workflow_instance_id="q")
+        store.run(  # type: ignore[attr-defined]
+            MarkOp(
+                workflow_instance_id="q",
+                status="recovery_required",
+                detail="x",
+                expected_revision=1,
+            )
+        )
+        with pytest.raises(phronomy.RecoveryRequiredError):
+            await rt.workflows.cancel(flow, "q")
+        with pytest.raises(phronomy.InvalidInputError, match="reason must be text"):
+            await rt.workflows.cancel(flow, "h", reason=3)  # type: ignore[arg-type]
+    assert store.load("h").detail == "cancelled: duplicate order"  # type: ignore[attr-defined]
+
+
+async def test_a_cancel_during_loading_applies_once_loaded(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    store = FaultyStore(make_store())
+    wf = phronomy.Workflow(Value, name="two-step").wait_state("w").initial("w")
+    wf.state("live")
+    wf.transition("w", "live", on="approve")
+    wf.transition("live", FINISH, on="finish")
+    flow = wf.build()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="l")
+        gate = store.block("load.before")
+        resumed = rt.workflows.start_event(flow, "approve", workflow_instance_id="l")
+        await until(lambda: admission_state(rt, "l") == "admitting")
+        results: list[Any] = []
+        async with trio.open_nursery() as nursery:
+
+            async def cancel() -> None:
+                results.append(await rt.workflows.cancel(flow, "l", reason="late"))
+
+            nursery.start_soon(cancel)
+            await trio.testing.wait_all_tasks_blocked()
+            assert not results  # it waits for the segment being loaded
+            gate.set()
+        (cancelled,) = results
+        # it ran nothing: cancelled where it was halted
+        assert (cancelled.status, cancelled.phase, cancelled.revision) == (
+            "cancelled",
+            "w",
+            2,
+        )
+        with pytest.raises(phronomy.WorkflowCancelledError, match="late"):
+            await resumed.result()
