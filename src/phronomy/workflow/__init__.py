@@ -16,6 +16,7 @@ from ._messages import (
     EventOutcome as EventOutcome,
     EventStatus as EventStatus,
     IfExists as IfExists,
+    InstanceUpdate as InstanceUpdate,
     LiveSegment as LiveSegment,
     RecoveryEntry as RecoveryEntry,
     SegmentStatus as SegmentStatus,
@@ -26,6 +27,7 @@ from ._messages import (
 from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
 from ._state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
 from ._stream import WorkflowStream as WorkflowStream
+from ._watch import InstanceWatch as InstanceWatch
 
 __all__ = [
     "APPEND",
@@ -39,7 +41,9 @@ __all__ = [
     "EventOutcome",
     "EventStatus",
     "IfExists",
+    "InstanceUpdate",
     "InstanceView",
+    "InstanceWatch",
     "LiveSegment",
     "RecoveryClient",
     "RecoveryEntry",

@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import AdmissionTable, ResultHandle
-    from phronomy.storage import StoredRecord
+    from phronomy.storage import InstanceStatus, StoredRecord
 
     from ._messages import CancelCommand, SegmentResult
     from ._session import WorkflowSession
@@ -52,6 +52,15 @@ class Cancelling:
     if TYPE_CHECKING:
 
         def admit(self) -> None: ...
+
+        def _watched(
+            self,
+            iid: str,
+            status: InstanceStatus,
+            phase: str | None,
+            state: Any,
+            revision: int | None,
+        ) -> None: ...
 
         def post_message(
             self,
@@ -158,6 +167,9 @@ class Cancelling:
             cmd.done.fail(error)
             return
         assert record is not None
+        self._watched(
+            cmd.workflow_instance_id, "cancelled", record.phase, None, record.revision
+        )
         cmd.done.complete(
             WorkflowResult(
                 state=None,

@@ -26,6 +26,7 @@ from ._messages import (
     CancelLoaded,
     CancelSaved,
     EventCounters,
+    InstanceUpdate,
     LiveSegment,
     LoadReady,
     ResolveCommand,
@@ -34,6 +35,7 @@ from ._messages import (
     WorkflowStatistics,
 )
 from ._segments import PERSISTING, SegmentLifecycle
+from ._watch import Watchers
 
 if TYPE_CHECKING:
     from phronomy.durability import DurabilityService
@@ -87,6 +89,7 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         self.max_snapshot_bytes = max_snapshot_bytes
         self.counters = EventCounters()
         self.sessions: dict[str, WorkflowSession[Any]] = {}
+        self.watchers = Watchers()
         self.cancels: dict[str, list[CancelCommand]] = {}
         self.admissions = AdmissionTable(
             noun="workflow instance",
@@ -122,6 +125,7 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
 
     def shutdown(self, error: BaseException | None) -> None:
         """Clear every admission; pending recovery callers get a :class:`~phronomy.RecoveryRequiredError`."""
+        self.watchers.close()
         for record in self.admissions.clear():
             caller: ResultHandle[Any] | None = record.caller
             if caller is None or caller.done:
@@ -158,6 +162,17 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         if record is None:
             return
         iid = record.key
+        session = self.sessions.pop(iid, None)
+        if session is not None and self.watchers.watched(iid):
+            self.watchers.publish(
+                InstanceUpdate(
+                    workflow_instance_id=iid,
+                    status="recovery_required",
+                    phase=session.machine.current,
+                    state=session.machine.state,
+                    revision=session.revision,
+                )
+            )
         logger.warning(
             "workflow instance %r requires recovery (the outcome of its terminal save is "
             "unknown: %r); its caller stays pending until an operator resolves it or "
@@ -222,6 +237,19 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
             events_transitioned=counters.transitioned,
             events_rejected=counters.rejected,
             events_dropped=counters.dropped,
+        )
+
+    def current_update(self, workflow_instance_id: str) -> InstanceUpdate[Any] | None:
+        """The stable state of the instance's live segment here, or ``None``."""
+        session = self.sessions.get(workflow_instance_id)
+        if session is None:
+            return None
+        return InstanceUpdate(
+            workflow_instance_id=workflow_instance_id,
+            status="running",
+            phase=session.machine.current,
+            state=session.machine.state,
+            revision=session.revision,
         )
 
     def live_segment(self, workflow_instance_id: str) -> LiveSegment | None:

@@ -23,6 +23,7 @@ __all__ = [
     "EventStatus",
     "IfExists",
     "InputOverlay",
+    "InstanceUpdate",
     "LiveSegment",
     "LoadReady",
     "RecoveryEntry",
@@ -135,6 +136,31 @@ class LoadReady(msgspec.Struct, frozen=True, kw_only=True):
 
     command: StartCommand | ResumeCommand
     loaded: outcome.Outcome[Any]
+
+
+@final
+class InstanceUpdate(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
+    """A stable state of an instance, as ``runtime.workflows.watch`` reports it.
+
+    Attributes:
+        workflow_instance_id: the instance.
+        status: ``running`` while a segment is live (a stable state it passed or waits
+            at), then how the segment ended: ``halted``, ``finished``, ``cancelled`` or
+            ``failed``; or what the store says when the watch begins.
+        phase: the state it is at (``__end__`` when finished).
+        state: the state value (``None`` when unknown, for example after a failure
+            before anything was saved).
+        revision: the durable revision (``None`` without a store).
+        skipped: updates this watcher missed just before this one (it fell more than
+            its buffer behind).
+    """
+
+    workflow_instance_id: str
+    status: InstanceStatus
+    phase: str | None
+    state: S | None
+    revision: int | None
+    skipped: int = 0
 
 
 @final

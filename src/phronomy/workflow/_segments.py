@@ -29,6 +29,7 @@ from ._hydration import (
     start_state,
 )
 from ._messages import (
+    InstanceUpdate,
     LoadReady,
     ResumeCommand,
     SegmentResult,
@@ -43,10 +44,11 @@ if TYPE_CHECKING:
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import AdmissionTable, Host, Receiver, ResultHandle
-    from phronomy.storage import StoredRecord
+    from phronomy.storage import InstanceStatus, StoredRecord
 
     from ._messages import CancelCommand, EventCounters
     from ._state import State
+    from ._watch import Watchers
 
 __all__ = ["PERSISTING", "SegmentLifecycle"]
 
@@ -72,6 +74,7 @@ class SegmentLifecycle:
     admissions: AdmissionTable
     counters: EventCounters
     sessions: dict[str, WorkflowSession[Any]]
+    watchers: Watchers
     cancels: dict[str, list[CancelCommand]]
 
     if TYPE_CHECKING:
@@ -251,6 +254,7 @@ class SegmentLifecycle:
             resume=resume,
             on_park=on_park,
             counters=self.counters,
+            watchers=self.watchers,
         )
         self.admissions.bind(iid, cmd.owner, session.id, caller=cmd.caller)
         self.sessions[iid] = session
@@ -285,6 +289,9 @@ class SegmentLifecycle:
                 workflow=cmd.definition.name,
                 status=segment.status,
             )
+            self._watched(
+                iid, result.status, result.phase, result.state, result.revision
+            )
             if segment.status == "cancelled":
                 self._segment_cancelled(iid, cmd.caller, result)
             else:
@@ -292,10 +299,32 @@ class SegmentLifecycle:
         else:
             error = done.error
             assert error is not None
+            if not isinstance(error, _UNCHANGED):
+                machine, revision = session.machine, base.expected if base else None
+                self._watched(iid, "failed", machine.current, machine.state, revision)
             if base is not None and self.gateway is not None:
                 self._mark_failed_segment(cmd, base, session, error)
             cmd.caller.fail(error)
         self._cancel_next(iid)  # cancels that waited for the segment to end
+
+    def _watched(
+        self,
+        iid: str,
+        status: InstanceStatus,
+        phase: str | None,
+        state: Any,
+        revision: int | None,
+    ) -> None:
+        if self.watchers.watched(iid):
+            self.watchers.publish(
+                InstanceUpdate(
+                    workflow_instance_id=iid,
+                    status=status,
+                    phase=phase,
+                    state=state,
+                    revision=revision,
+                )
+            )
 
     def _mark_failed_segment(
         self,

@@ -11,7 +11,13 @@ from phronomy.errors import EventRejectedError
 from ._definition import AUTO_EVENT, FINISH, START_EVENT
 from ._effects import CANCEL_READY, EFFECT_FAILED, EffectRunner
 from ._machine import WorkflowMachine
-from ._messages import EventCounters, EventOutcome, SegmentResult, Step
+from ._messages import (
+    EventCounters,
+    EventOutcome,
+    InstanceUpdate,
+    SegmentResult,
+    Step,
+)
 from ._state import State
 
 if TYPE_CHECKING:
@@ -22,6 +28,7 @@ if TYPE_CHECKING:
     from ._definition import WorkflowDefinition
     from ._machine import MachineStep
     from ._messages import EventStatus
+    from ._watch import Watchers
 
 __all__ = ["WorkflowSession"]
 
@@ -53,6 +60,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         resume: tuple[str, str, Any] | None = None,
         on_park: Callable[[], None] | None = None,
         counters: EventCounters | None = None,
+        watchers: Watchers | None = None,
     ) -> None:
         """Create a session (runtime internal).
 
@@ -70,6 +78,7 @@ class WorkflowSession(GatedSession, Generic[S]):
                 waits for a signal or an effect (durable segments mark themselves
                 ``running`` in the store then).
             counters: where live events are counted (the runtime's statistics).
+            watchers: who watches instances (``runtime.workflows.watch``).
         """
         super().__init__(engine, terminal_policy=policy)
         self.machine = WorkflowMachine(
@@ -92,6 +101,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         self._terminal: TerminalType = "finished"
         self.cancelling = False
         self.counters = counters if counters is not None else EventCounters()
+        self.watchers = watchers
         self._auto = Event(type=AUTO_EVENT, target_id=self.id)
         self.parked = False
 
@@ -231,7 +241,7 @@ class WorkflowSession(GatedSession, Generic[S]):
 
     def notify_terminal_stable(self) -> None:
         """Publish the halted (or declared-leaf) state once the terminal save succeeded."""
-        self._publish()
+        self._notify_observer()
 
     def on_done(self) -> None:
         """Cancel the segment's effects."""
@@ -279,6 +289,21 @@ class WorkflowSession(GatedSession, Generic[S]):
         )
 
     def _publish(self) -> None:
+        """A stable state on the way (automatic, or waiting for an event)."""
+        watchers = self.watchers
+        if watchers is not None and watchers.watched(self.workflow_instance_id):
+            watchers.publish(
+                InstanceUpdate(
+                    workflow_instance_id=self.workflow_instance_id,
+                    status="running",
+                    phase=self.machine.current,
+                    state=self.machine.state,
+                    revision=self.revision,
+                )
+            )
+        self._notify_observer()
+
+    def _notify_observer(self) -> None:
         if self.observer is None:
             return
         current = self.machine.current

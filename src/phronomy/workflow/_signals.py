@@ -2,20 +2,28 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from phronomy.engine import ResultHandle
 from phronomy.errors import InvalidInputError
-from phronomy.storage import validate_instance_id
+from phronomy.storage import LoadOp, validate_instance_id
 
-from ._messages import EventOutcome
+from ._hydration import decode_stored
+from ._messages import EventOutcome, InstanceUpdate
+from ._state import State
+from ._watch import InstanceWatch
 
 if TYPE_CHECKING:
+    from collections.abc import AsyncGenerator
+
     from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
     from ._messages import LiveSegment, WorkflowStatistics
 
 __all__ = ["LiveInstances"]
+
+S = TypeVar("S", bound=State)
 
 
 class LiveInstances:
@@ -111,6 +119,85 @@ class LiveInstances:
     def statistics(self) -> WorkflowStatistics:
         """Counters of this runtime's workflows (live segments, what events did)."""
         return self._coordinator.statistics()
+
+    @asynccontextmanager
+    async def watch(
+        self,
+        workflow: WorkflowDefinition[S],
+        workflow_instance_id: str,
+        *,
+        buffer: int = 1024,
+    ) -> AsyncGenerator[InstanceWatch[S]]:
+        """Follow an instance's stable states from any trio task, across segments.
+
+        The first update is the current one (the live segment's, or what the store
+        says; none when the instance does not exist yet); then every stable state a
+        segment passes or waits at (``running``) and how each segment ends
+        (``halted``, ``finished``, ``cancelled``, ``failed``), in order. Nothing is
+        coalesced unless the consumer falls more than *buffer* updates behind (then
+        the next update says how many it missed).
+
+        Example::
+
+            async with runtime.workflows.watch(flow, "order-1") as updates:
+                async for update in updates:
+                    print(update.status, update.phase)
+                    if update.status in ("finished", "cancelled", "failed"):
+                        break
+
+        Args:
+            workflow: the instance's workflow (its state class decodes stored states).
+            workflow_instance_id: the instance (it need not exist yet).
+            buffer: updates kept for a slow consumer.
+
+        Yields:
+            An :class:`~phronomy.workflow.InstanceWatch` (an async iterator of
+            :class:`~phronomy.workflow.InstanceUpdate`).
+
+        Raises:
+            InvalidInputError: an invalid id or buffer.
+            ReentrancyError: called from a thread that does not run the runtime.
+            CorruptRecordError: the stored state does not decode.
+        """
+        self._coordinator.engine.check_thread("runtime.workflows.watch()")
+        iid = validate_instance_id(workflow_instance_id)
+        given: object = buffer  # checked at run time: callers are not typed
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise InvalidInputError(f"buffer must be an integer >= 1, got {buffer!r}")
+        watchers = self._coordinator.watchers
+        watch: InstanceWatch[S] = InstanceWatch(iid, buffer)
+        watchers.add(watch)
+        try:
+            current = self._coordinator.current_update(iid)
+            if current is None:
+                current = await self._stored_update(workflow, iid)
+                if watch.published:  # a segment moved on while the store was read
+                    current = None
+            if current is not None:
+                watch.publish_first(current)
+            yield watch
+        finally:
+            watchers.remove(watch)
+
+    async def _stored_update(
+        self, workflow: WorkflowDefinition[Any], iid: str
+    ) -> InstanceUpdate[Any] | None:
+        gateway = self._coordinator.gateway
+        if gateway is None:
+            return None
+        record, decoded = await gateway.run(
+            LoadOp(workflow_instance_id=iid),
+            finish=lambda row: decode_stored(workflow, row, resuming=False),
+        )
+        if record is None:
+            return None
+        return InstanceUpdate(
+            workflow_instance_id=iid,
+            status=record.status,
+            phase=record.phase,
+            state=None if decoded is None else decoded.fields,
+            revision=record.revision,
+        )
 
 
 def _live_event(
