@@ -130,6 +130,17 @@ async def test_portal_runs_every_operation_from_threads() -> None:
             )
         )
         assert result.value == 42
+        handle = await start_live(rt, live, "p4")
+        outcome = await in_thread(lambda: portal.deliver(live, "p4", "mark", None))
+        assert (outcome.status, outcome.phase) == ("transitioned", "waiting")
+        cancelled = await in_thread(lambda: portal.cancel(live, "p4", reason="ops"))
+        assert (cancelled.status, cancelled.revision) == ("cancelled", 1)
+        with pytest.raises(phronomy.WorkflowCancelledError, match="ops"):
+            await handle.result()
+        kept = await in_thread(
+            lambda: portal.invoke(flow, workflow_instance_id="p1", if_exists="return")
+        )
+        assert (kept.status, kept.revision) == ("finished", 2)
         # errors arrive as themselves
         with pytest.raises(phronomy.InvalidInputError):
             await in_thread(

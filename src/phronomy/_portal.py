@@ -8,16 +8,23 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import trio
 
 from phronomy.errors import ReentrancyError, RuntimeShutdownError
+from phronomy.workflow import State
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Mapping
 
-    from phronomy.workflow import WorkflowDefinition, WorkflowResult
-    from phronomy.workflow._client import WorkflowClient
+    from phronomy.workflow import (
+        EventOutcome,
+        IfExists,
+        WorkflowClient,
+        WorkflowDefinition,
+        WorkflowResult,
+    )
 
 __all__ = ["ThreadPortal"]
 
 T = TypeVar("T")
+S = TypeVar("S", bound=State)
 
 
 @final
@@ -49,10 +56,13 @@ class ThreadPortal:
 
     def invoke(
         self,
-        workflow: WorkflowDefinition[Any],
-        input: Mapping[str, Any] | Any = None,  # noqa: A002 - the workflow's input
-        **options: Any,
-    ) -> WorkflowResult[Any]:
+        workflow: WorkflowDefinition[S],
+        input: Mapping[str, Any] | S | None = None,  # noqa: A002 - the workflow's input
+        *,
+        workflow_instance_id: str | None = None,
+        if_exists: IfExists = "refuse",
+        recursion_limit: int | None = None,
+    ) -> WorkflowResult[S]:
         """Blocking :meth:`~phronomy.workflow.WorkflowClient.invoke`.
 
         Raises:
@@ -60,15 +70,26 @@ class ThreadPortal:
             RuntimeShutdownError: the runtime's trio run has ended.
         """
         return self.run(
-            functools.partial(self._client.invoke, workflow, input, **options)
+            functools.partial(
+                self._client.invoke,
+                workflow,
+                input,
+                workflow_instance_id=workflow_instance_id,
+                if_exists=if_exists,
+                recursion_limit=recursion_limit,
+            )
         )
 
     def send_event(
         self,
-        workflow: WorkflowDefinition[Any],
+        workflow: WorkflowDefinition[S],
         event: str,
-        **options: Any,
-    ) -> WorkflowResult[Any]:
+        *,
+        halted: WorkflowResult[S] | None = None,
+        workflow_instance_id: str | None = None,
+        payload: Any = None,
+        input: Mapping[str, Any] | S | None = None,  # noqa: A002
+    ) -> WorkflowResult[S]:
         """Blocking :meth:`~phronomy.workflow.WorkflowClient.send_event`.
 
         Raises:
@@ -76,19 +97,38 @@ class ThreadPortal:
             RuntimeShutdownError: the runtime's trio run has ended.
         """
         return self.run(
-            functools.partial(self._client.send_event, workflow, event, **options)
+            functools.partial(
+                self._client.send_event,
+                workflow,
+                event,
+                halted=halted,
+                workflow_instance_id=workflow_instance_id,
+                payload=payload,
+                input=input,
+            )
         )
 
     def resume(
-        self, workflow: WorkflowDefinition[Any], **options: Any
-    ) -> WorkflowResult[Any]:
+        self,
+        workflow: WorkflowDefinition[S],
+        halted: WorkflowResult[S] | None = None,
+        *,
+        workflow_instance_id: str | None = None,
+    ) -> WorkflowResult[S]:
         """Blocking :meth:`~phronomy.workflow.WorkflowClient.resume`.
 
         Raises:
             ReentrancyError: called from a thread that runs a trio loop.
             RuntimeShutdownError: the runtime's trio run has ended.
         """
-        return self.run(functools.partial(self._client.resume, workflow, **options))
+        return self.run(
+            functools.partial(
+                self._client.resume,
+                workflow,
+                halted,
+                workflow_instance_id=workflow_instance_id,
+            )
+        )
 
     def signal(
         self,
@@ -97,7 +137,8 @@ class ThreadPortal:
         event: str,
         payload: Any = None,
     ) -> bool:
-        """:meth:`~phronomy.workflow.WorkflowClient.signal` from a thread (waits only for the enqueue).
+        """:meth:`~phronomy.workflow.WorkflowClient.signal` from a thread (waits only
+        for the event to be queued).
 
         Raises:
             ReentrancyError: called from a thread that runs a trio loop.
@@ -105,6 +146,49 @@ class ThreadPortal:
         """
         return self.run_sync(
             self._client.signal, workflow, workflow_instance_id, event, payload
+        )
+
+    def deliver(
+        self,
+        workflow: WorkflowDefinition[Any],
+        workflow_instance_id: str,
+        event: str,
+        payload: Any = None,
+    ) -> EventOutcome:
+        """Blocking :meth:`~phronomy.workflow.WorkflowClient.deliver`.
+
+        Raises:
+            ReentrancyError: called from a thread that runs a trio loop.
+            RuntimeShutdownError: the runtime's trio run has ended.
+        """
+        return self.run(
+            functools.partial(
+                self._client.deliver, workflow, workflow_instance_id, event, payload
+            )
+        )
+
+    def cancel(
+        self,
+        workflow: WorkflowDefinition[S],
+        workflow_instance_id: str,
+        *,
+        reason: str | None = None,
+        force: bool = False,
+    ) -> WorkflowResult[S]:
+        """Blocking :meth:`~phronomy.workflow.WorkflowClient.cancel`.
+
+        Raises:
+            ReentrancyError: called from a thread that runs a trio loop.
+            RuntimeShutdownError: the runtime's trio run has ended.
+        """
+        return self.run(
+            functools.partial(
+                self._client.cancel,
+                workflow,
+                workflow_instance_id,
+                reason=reason,
+                force=force,
+            )
         )
 
     def run(self, fn: Callable[[], Awaitable[T]]) -> T:
