@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -14,7 +16,7 @@ import phronomy
 from phronomy.agent._messages import ExecutionRecord
 from phronomy.agent._records import record_request
 from phronomy.cli import build_parser, main
-from phronomy.storage import SaveRequest
+from phronomy.storage import SaveRequest, encode_snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -232,3 +234,75 @@ def test_executions_commands(
     assert capsys.readouterr().out == "crashed: execution record -> abandoned\n"
     assert main(["executions", "list", "--db", db]) == 0
     assert capsys.readouterr().out == ""
+
+
+def test_history_cancel_json_filters_and_migrate(
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    db = str(tmp_path / "life.db")
+    store = open_sqlite(db)
+    for iid, workflow in (("a-1", "alpha"), ("a-2", "alpha"), ("b-1", "beta")):
+        for revision in (None, 1):
+            store.save(
+                SaveRequest(
+                    workflow_instance_id=iid,
+                    expected_revision=revision,
+                    snapshot=encode_snapshot(
+                        {"n": revision or 0},
+                        workflow_instance_id=iid,
+                        revision=(revision or 0) + 1,
+                        phase="waiting",
+                        workflow=workflow,
+                    ),
+                    write_id=f"{iid}-{revision}",
+                    status="halted",
+                    phase="waiting",
+                    workflow=workflow,
+                )
+            )
+    store.close()
+    assert main(["instances", "list", "--db", db, "--workflow", "alpha", "--json"]) == 0
+    lines = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(r["workflow_instance_id"], r["revision"]) for r in lines] == [
+        ("a-1", 2),
+        ("a-2", 2),
+    ]
+    assert main(["instances", "list", "--db", db, "--limit", "1", "--json"]) == 0
+    first, more = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert (first["workflow_instance_id"], more) == ("a-1", {"next_after": "a-1"})
+    assert main(["instances", "cancel", "--db", db, "a-2", "--reason", "dup"]) == 0
+    assert capsys.readouterr().out == "a-2: cancelled at revision 3\n"
+    assert main(["instances", "cancel", "--db", db, "a-2"]) == 0
+    assert capsys.readouterr().out == "a-2: already cancelled\n"
+    assert main(["instances", "history", "--db", db, "a-2", "--json"]) == 0
+    history = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [(e["revision"], e["status"]) for e in history] == [
+        (3, "cancelled"),
+        (2, "halted"),
+        (1, "halted"),
+    ]
+    assert history[0]["detail"] == "cancelled: dup"
+    assert main(["instances", "history", "--db", db, "a-2", "--limit", "1"]) == 0
+    (line,) = capsys.readouterr().out.splitlines()
+    assert line.startswith("rev 3\tcancelled\twaiting\t")
+    assert main(["instances", "list", "--db", db, "--status", "cancelled"]) == 0
+    assert capsys.readouterr().out.startswith("a-2\talpha\tcancelled\trev 3")
+    assert main(["instances", "history", "--db", db, "nope"]) == 1
+    assert "no instance nope" in capsys.readouterr().err
+    assert main(["instances", "cancel", "--db", db, "nope"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_migrate_brings_an_old_database_up_to_date(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "old.db")
+    shutil.copy(ROOT / "tests" / "fixtures" / "schema_v1.db", db)
+    assert main(["instances", "list", "--db", db]) == 1  # read-only: refuses, explains
+    assert "phronomy migrate" in capsys.readouterr().err
+    assert main(["migrate", "--db", db]) == 0
+    assert capsys.readouterr().out == f"{db}: schema version 2\n"
+    assert main(["instances", "list", "--db", db, "--status", "halted"]) == 0
+    assert capsys.readouterr().out.startswith("halted-1\tfixture-flow\thalted\trev 1")

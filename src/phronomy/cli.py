@@ -3,10 +3,14 @@
 ::
 
     python -m phronomy demo [--db PATH]
-    python -m phronomy instances list --db PATH [--status STATUS] [--limit N] [--after ID]
+    python -m phronomy migrate --db PATH
+    python -m phronomy instances list --db PATH [--status S] [--workflow W] [--limit N]
+                                      [--after ID] [--json]
     python -m phronomy instances show --db PATH ID
+    python -m phronomy instances history --db PATH ID [--limit N] [--json]
+    python -m phronomy instances cancel --db PATH ID [--reason TEXT] [--force]
     python -m phronomy instances resolve --db PATH ID {adopt,release}
-    python -m phronomy executions list --db PATH
+    python -m phronomy executions list --db PATH [--json]
     python -m phronomy executions show --db PATH AGENT_ID
     python -m phronomy executions resolve --db PATH AGENT_ID {adopt,release}
 
@@ -17,42 +21,22 @@ print one line on stderr and exit with status 1 (2 for a usage error).
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import re
 import sys
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, get_args
 
-import msgspec
 import trio
 
-from phronomy import __version__
+from phronomy import __version__, _cli_commands as commands_module
+from phronomy._cli_commands import safe
 from phronomy._demo import run_demo
-from phronomy.agent._records import (
-    agent_key,
-    decode_record,
-    resolve_record,
-    stale_records,
-)
 from phronomy.errors import PhronomyError, StoreUnavailableError
-from phronomy.storage import (
-    InstanceStatus,
-    SQLiteStore,
-    decode_snapshot_builtins,
-    resolve_stored,
-)
+from phronomy.storage import InstanceStatus, SQLiteStore
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
 __all__ = ["build_parser", "main"]
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-
-
-def _safe(value: object) -> str:
-    """*value* as one line of text: control characters (tabs, newlines) escaped."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
 
 
 def _positive(text: str) -> int:
@@ -74,88 +58,6 @@ def _open(path: str, *, write: bool = False) -> SQLiteStore:
     store = SQLiteStore(path, read_only=not write)
     store.open()
     return store
-
-
-# --- instances -------------------------------------------------------------------------
-
-
-def _list(store: SQLiteStore, args: argparse.Namespace) -> int:
-    page = store.list_instances(status=args.status, limit=args.limit, after=args.after)
-    for r in page.records:
-        detail = f"  ({_safe(r.detail)})" if r.detail else ""
-        print(
-            f"{_safe(r.workflow_instance_id)}\t{_safe(r.workflow)}\t{r.status}\t"
-            f"rev {r.revision}\t{_safe(r.phase or '-')}{detail}"
-        )
-    if page.next_after is not None:
-        print(f"... more: add --after {_safe(page.next_after)}")
-    return 0
-
-
-def _show(store: SQLiteStore, args: argparse.Namespace) -> int:
-    record = store.load(args.id)
-    if record is None:
-        print(f"phronomy: no instance {_safe(args.id)}", file=sys.stderr)
-        return 1
-    view: dict[str, Any] = msgspec.to_builtins(
-        msgspec.structs.replace(record, snapshot=None)
-    )
-    status = 0
-    if record.snapshot is not None:
-        try:
-            decoded = decode_snapshot_builtins(
-                record.snapshot, workflow_instance_id=args.id, revision=record.revision
-            )
-        except PhronomyError as exc:  # a corrupt row: say so, show what is readable
-            view["snapshot_error"] = str(exc)
-            status = 1
-        else:
-            view["fields"] = decoded.fields
-    print(json.dumps(view, indent=2, sort_keys=True))
-    return status
-
-
-def _resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
-    record = resolve_stored(store, args.id, args.resolution, by="an operator (cli)")
-    print(f"{_safe(args.id)}: recovery_required -> {record.status}")
-    return 0
-
-
-# --- executions ------------------------------------------------------------------------
-
-
-def _executions_list(store: SQLiteStore, args: argparse.Namespace) -> int:
-    for stale in stale_records(store):
-        detail = f"  ({_safe(stale.detail)})" if stale.detail else ""
-        print(
-            f"{_safe(stale.agent_id)}\t{_safe(stale.execution_id or '-')}\t"
-            f"{stale.status}\tsteps {stale.steps_completed}{detail}"
-        )
-    return 0
-
-
-def _executions_show(store: SQLiteStore, args: argparse.Namespace) -> int:
-    row, record = decode_record(store.load(agent_key(args.agent_id)))
-    if row is None:
-        print(
-            f"phronomy: no execution record for {_safe(args.agent_id)}", file=sys.stderr
-        )
-        return 1
-    view: dict[str, Any] = msgspec.to_builtins(
-        msgspec.structs.replace(row, snapshot=None)
-    )
-    view["record"] = msgspec.to_builtins(record)
-    print(json.dumps(view, indent=2, sort_keys=True))
-    return 0
-
-
-def _executions_resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
-    record = resolve_record(
-        store, args.agent_id, args.resolution, by="an operator (cli)"
-    )
-    assert record is not None
-    print(f"{_safe(args.agent_id)}: execution record -> {record.status}")
-    return 0
 
 
 # --- the parser ------------------------------------------------------------------------
@@ -184,8 +86,10 @@ def build_parser() -> argparse.ArgumentParser:
         group: argparse._SubParsersAction[argparse.ArgumentParser],
         name: str,
         help_text: str,
+        run: Callable[[SQLiteStore, argparse.Namespace], int],
         *,
         write: bool = False,
+        json_output: bool = False,
     ) -> argparse.ArgumentParser:
         sub = group.add_parser(name, help=help_text, description=help_text)
         sub.add_argument(
@@ -195,36 +99,79 @@ def build_parser() -> argparse.ArgumentParser:
             help="an existing phronomy SQLite database"
             + ("" if write else " (opened read-only)"),
         )
-        sub.set_defaults(write=write)
+        if json_output:
+            sub.add_argument(
+                "--json", action="store_true", help="one JSON object per line"
+            )
+        sub.set_defaults(write=write, run=run, json=False)
         return sub
 
+    command(
+        commands,
+        "migrate",
+        "bring a database written by an earlier release to this release's schema",
+        commands_module.migrate,
+        write=True,
+    )
     instances = commands.add_parser(
-        "instances", help="inspect and resolve stored workflow instances"
+        "instances", help="inspect, cancel and resolve stored workflow instances"
     )
     actions = instances.add_subparsers(dest="action", required=True, metavar="ACTION")
-    listing = command(actions, "list", "list instances, ordered by id")
+    listing = command(
+        actions,
+        "list",
+        "list instances, ordered by id",
+        commands_module.listing,
+        json_output=True,
+    )
     listing.add_argument(
         "--status",
         choices=get_args(InstanceStatus),
         help="only instances with this status",
     )
-    listing.add_argument(
-        "--limit",
-        type=_positive,
-        default=100,
-        help="at most this many instances (default: %(default)s)",
-    )
+    listing.add_argument("--workflow", help="only instances of this workflow")
+    _paging(listing, "instances")
     listing.add_argument(
         "--after",
         metavar="ID",
         help="start after this instance id (the next page of an earlier listing)",
     )
-    listing.set_defaults(run=_list)
-    show = command(actions, "show", "show one instance: its row and stored fields")
+    show = command(
+        actions,
+        "show",
+        "show one instance: its row and stored fields",
+        commands_module.show,
+    )
     show.add_argument("id", help="the workflow instance id")
-    show.set_defaults(run=_show)
+    history = command(
+        actions,
+        "history",
+        "list an instance's last saves, newest first",
+        commands_module.history,
+        json_output=True,
+    )
+    history.add_argument("id", help="the workflow instance id")
+    _paging(history, "saves")
+    cancel = command(
+        actions,
+        "cancel",
+        "cancel a stored instance that no runtime runs (a cancelled revision)",
+        commands_module.cancel,
+        write=True,
+    )
+    cancel.add_argument("id", help="the workflow instance id")
+    cancel.add_argument("--reason", help="why (saved with the instance)")
+    cancel.add_argument(
+        "--force",
+        action="store_true",
+        help="cancel a 'running' instance too: only when you know its process is gone",
+    )
     resolve = command(
-        actions, "resolve", "resolve a recovery_required instance", write=True
+        actions,
+        "resolve",
+        "resolve a recovery_required instance",
+        commands_module.resolve,
+        write=True,
     )
     resolve.add_argument("id", help="the workflow instance id")
     resolve.add_argument(
@@ -232,22 +179,30 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["adopt", "release"],
         help="adopt: the stored state is the truth; release: mark it failed to retry",
     )
-    resolve.set_defaults(run=_resolve)
 
     executions = commands.add_parser(
         "executions", help="inspect and resolve supervised executions' records"
     )
     actions = executions.add_subparsers(dest="action", required=True, metavar="ACTION")
     command(
-        actions, "list", "list stale execution records (active or recovery_required)"
-    ).set_defaults(run=_executions_list)
-    show = command(actions, "show", "show one agent's execution record")
+        actions,
+        "list",
+        "list stale execution records (active or recovery_required)",
+        commands_module.executions_list,
+        json_output=True,
+    )
+    show = command(
+        actions,
+        "show",
+        "show one agent's execution record",
+        commands_module.executions_show,
+    )
     show.add_argument("agent_id", help="the agent id (the execution's key)")
-    show.set_defaults(run=_executions_show)
     resolve = command(
         actions,
         "resolve",
         "close a stale execution record so its key can start",
+        commands_module.executions_resolve,
         write=True,
     )
     resolve.add_argument("agent_id", help="the agent id (the execution's key)")
@@ -256,8 +211,16 @@ def build_parser() -> argparse.ArgumentParser:
         choices=["adopt", "release"],
         help="adopt: keep a recorded outcome; release: close the record as abandoned",
     )
-    resolve.set_defaults(run=_executions_resolve)
     return parser
+
+
+def _paging(parser: argparse.ArgumentParser, what: str) -> None:
+    parser.add_argument(
+        "--limit",
+        type=_positive,
+        default=100,
+        help=f"at most this many {what} (default: %(default)s)",
+    )
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -273,12 +236,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         store = _open(args.db, write=args.write)
     except PhronomyError as exc:
-        print(f"phronomy: error: {_safe(exc)}", file=sys.stderr)
+        print(f"phronomy: error: {safe(exc)}", file=sys.stderr)
         return 1
     try:
         status: int = args.run(store, args)
     except PhronomyError as exc:
-        print(f"phronomy: error: {_safe(exc)}", file=sys.stderr)
+        print(f"phronomy: error: {safe(exc)}", file=sys.stderr)
         return 1
     finally:
         store.close()
