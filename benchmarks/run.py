@@ -12,6 +12,8 @@
                two runs per instance
 * executions   1,000 trivial supervised executions vs 1,000 raw trio.to_thread round trips;
                time from cancel to settlement with a 0.5 s blocking tool
+* lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
+               one); thread-portal calls vs raw trio.from_thread.run_sync
 """
 
 from __future__ import annotations
@@ -454,6 +456,86 @@ def bench_executions() -> None:
     )
 
 
+# --- lifecycle --------------------------------------------------------------------------------
+
+
+def _chain(steps: int) -> phronomy.WorkflowDefinition[Counter]:
+    wf = phronomy.Workflow(Counter, name="chain").state("spin")
+    wf.transition(
+        "spin", "spin", guard=lambda s: s.n < steps, action=lambda s: s.merge(n=s.n + 1)
+    )
+    wf.transition("spin", phronomy.FINISH)
+    return wf.build()
+
+
+async def _watched_runs(runs: int, steps: int, watched: bool) -> float:
+    flow = _chain(steps)
+    async with phronomy.open_runtime() as runtime:
+        started = time.perf_counter()
+        for i in range(runs):
+            iid = f"chain-{i}"
+            if not watched:
+                await runtime.workflows.invoke(
+                    flow, workflow_instance_id=iid, recursion_limit=steps * 2
+                )
+                continue
+            async with runtime.workflows.watch(flow, iid, buffer=steps * 2) as updates:
+                await runtime.workflows.invoke(
+                    flow, workflow_instance_id=iid, recursion_limit=steps * 2
+                )
+                async for update in updates:
+                    if update.status == "finished":
+                        break
+        return time.perf_counter() - started
+
+
+async def _portal_calls(calls: int) -> tuple[float, float]:
+    async with phronomy.open_runtime() as runtime:
+        token = runtime.trio_token
+
+        def portal() -> float:
+            started = time.perf_counter()
+            for _ in range(calls):
+                runtime.from_thread.run_sync(int)
+            return time.perf_counter() - started
+
+        def raw() -> float:
+            started = time.perf_counter()
+            for _ in range(calls):
+                trio.from_thread.run_sync(int, trio_token=token)
+            return time.perf_counter() - started
+
+        return (
+            await trio.to_thread.run_sync(portal),
+            await trio.to_thread.run_sync(raw),
+        )
+
+
+def bench_lifecycle() -> None:
+    runs, steps = _n(20, 2), 1000
+    plain = statistics.median(
+        trio.run(_watched_runs, runs, steps, False) for _ in range(3)
+    )
+    watched = statistics.median(
+        trio.run(_watched_runs, runs, steps, True) for _ in range(3)
+    )
+    states = runs * (steps + 2)
+    print(
+        f"{'watch, per stable state':<34} {(watched - plain) / states * 1e6:>14.2f} us"
+        f"   | the run without a watcher: {plain / states * 1e6:.2f} us per state",
+        flush=True,
+    )
+    calls = _n(20_000, 2_000)
+    portal, raw = trio.run(_portal_calls, calls)
+    _report(
+        "portal calls/s (run_sync)",
+        calls / portal,
+        "calls/s",
+        calls / raw,
+        "raw trio.from_thread.run_sync",
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run the benchmarks."""
     global QUICK
@@ -473,6 +555,7 @@ def main(argv: list[str] | None = None) -> int:
             "durable": lambda: bench_durable(directory),
             "resume": lambda: bench_resume(directory),
             "executions": bench_executions,
+            "lifecycle": bench_lifecycle,
         }
         for name, bench in benches.items():
             if args.only is None or name in args.only:

@@ -46,6 +46,8 @@ def test_example_runs(example: Path, tmp_path: Path) -> None:
         "durable_orders": "order-1 __end__ at revision 2, approved by alice",
         "supervised_agent": "cancelled after",
         "tutorial_expenses": "exp-1 is __end__ at revision 2",
+        "instance_lifecycle": "dashboard saw: running@new, halted@awaiting_payment, "
+        "running@charging, cancelled@charging",
     }[example.stem]
     assert expected in output
 

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
     from phronomy.engine import AdmissionTable, ResultHandle
     from phronomy.storage import InstanceStatus, StoredRecord
 
-    from ._messages import CancelCommand, SegmentResult
+    from ._messages import CancelCommand
     from ._session import WorkflowSession
 
 __all__ = ["Cancelling"]
@@ -203,21 +203,6 @@ class Cancelling:
         """The instance's segment ended: cancels waiting for it run now."""
         for cmd in self.cancels.pop(iid, []):
             self._cancel(cmd)
-
-    @staticmethod
-    def cancelled_result(
-        iid: str, workflow: str, segment: SegmentResult, durable: bool
-    ) -> WorkflowResult[Any]:
-        """What ``cancel`` returns for a live segment that ended as cancelled."""
-        return WorkflowResult(
-            state=segment.state,
-            phase=segment.phase,
-            workflow_instance_id=iid,
-            revision=segment.revision if durable else None,
-            halted=False,
-            workflow=workflow,
-            status="cancelled",
-        )
 
 
 def _write_error(saved: outcome.Outcome[Any]) -> BaseException | None:
