@@ -134,7 +134,8 @@ def test_compiled_definition_is_immutable_and_indexed() -> None:
     assert d.name == "flow"
     assert d.external_events == ("approve", "reject")
     assert d.events_from["review"] == frozenset({"approve", "reject"})
-    assert d.first_event_from("review") == "approve"
+    assert d.external_events_from("review") == ("approve", "reject")
+    assert d.external_events_from("ship") == ()
     assert d.auto_states == frozenset({"draft", "ship"})
     assert d.transitions[-1].target == FINISH
     assert d.has_event("approve")

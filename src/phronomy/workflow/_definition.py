@@ -127,13 +127,10 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         """Whether *event* is a declared external event."""
         return event in self.by_event and event != AUTO_EVENT
 
-    def first_event_from(self, state: str) -> str | None:
-        """The first external event (in declaration order) with a transition from *state*."""
+    def external_events_from(self, state: str) -> tuple[str, ...]:
+        """The external events declared from *state*, in declaration order."""
         available = self.events_from.get(state, frozenset())
-        for event in self.external_events:
-            if event in available:
-                return event
-        return None
+        return tuple(e for e in self.external_events if e in available)
 
     def to_mermaid(self) -> str:
         """Return the workflow as Mermaid ``stateDiagram-v2`` text.

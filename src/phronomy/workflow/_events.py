@@ -46,7 +46,7 @@ def resolve_event(
         )
     available = definition.events_from.get(phase, frozenset())
     if event == RESUME and RESUME not in available:
-        candidates = tuple(e for e in definition.external_events if e in available)
+        candidates = definition.external_events_from(phase)
         if not candidates:
             raise InstanceStateError(
                 f"No external event registered for state {phase!r}"
