@@ -25,8 +25,12 @@ def v1_file(tmp_path: Path) -> Path:
     return path
 
 
+def _read_only(path: Path) -> sqlite3.Connection:
+    return sqlite3.connect(f"file:{path}?mode=ro", uri=True)  # never creates it
+
+
 def test_the_fixture_is_schema_1() -> None:
-    conn = sqlite3.connect(FIXTURE)
+    conn = _read_only(FIXTURE)
     try:
         assert conn.execute("PRAGMA user_version").fetchone()[0] == 1
     finally:
@@ -37,7 +41,7 @@ def test_every_row_and_its_history_survive_the_migration(
     open_sqlite: Callable[..., SQLiteStore], v1_file: Path
 ) -> None:
     store = open_sqlite(v1_file)
-    before = sqlite3.connect(FIXTURE)
+    before = _read_only(FIXTURE)
     rows = before.execute(
         "SELECT instance_id, revision, status, phase, snapshot, last_write_id, detail "
         "FROM phronomy_workflow_instances ORDER BY instance_id"
