@@ -114,7 +114,11 @@ def test_migration_is_idempotent_and_read_only_stores_refuse_old_files(
 ) -> None:
     with pytest.raises(errors.StoreUnavailableError, match="schema version 1 of an"):
         open_sqlite(v1_file, read_only=True).open()
-    assert sqlite3.connect(v1_file).execute("PRAGMA user_version").fetchone()[0] == 1
+    untouched = _read_only(v1_file)
+    try:
+        assert untouched.execute("PRAGMA user_version").fetchone()[0] == 1
+    finally:
+        untouched.close()
     open_sqlite(v1_file).open()
     second = open_sqlite(v1_file)
     second.open()  # already at the newest schema: nothing to do
