@@ -51,6 +51,9 @@ async def run_demo(db: str) -> None:
     2. Start an order: it halts at ``awaiting_approval`` and is saved.
     3. Close that runtime, open a new one, and approve the order by id alone.
     4. Start one more order and leave it halted for the next run.
+
+    Cancellation:
+        Cancelling it stops the demo's runtime at once.
     """
     flow = demo_workflow()
     async with phronomy.open_runtime(store=SQLiteStore(db)) as runtime:

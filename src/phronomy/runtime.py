@@ -139,6 +139,10 @@ class Runtime:
         """Shut down now (the ``async with`` exit then returns the same result).
 
         See :meth:`phronomy.lowlevel.Engine.shutdown`.
+
+        Cancellation:
+            Shielded and bounded by the two deadlines: cancelling the caller does not
+            leave the runtime half closed.
         """
         return await self._engine.shutdown(timeout=timeout, cancel_grace=cancel_grace)
 
@@ -194,6 +198,10 @@ async def open_runtime(
         StoreUnavailableError: the store cannot be used (for example a file that is
             not a phronomy database, or a read-only one); raised before the body runs.
         StoreUnavailableError: the store's schema is newer than this release.
+
+    Cancellation:
+        Cancelling the block stops the runtime at once (as an exception in the body
+        does); the shutdown itself is shielded and bounded by its deadlines.
     """
     engines: list[Engine] = []
     try:

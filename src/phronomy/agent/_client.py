@@ -164,7 +164,12 @@ class Executions:
         *,
         deadline: float | None = None,
     ) -> ExecutionResult:
-        """``start(...)`` and wait for the result (see :meth:`ExecutionHandle.result`)."""
+        """``start(...)`` and wait for the result (see :meth:`ExecutionHandle.result`).
+
+        Cancellation:
+            Cancelling the caller stops the wait only; the execution goes on (cancel it
+            with :meth:`cancel`).
+        """
         return await self.start(agent_id, steps, input, deadline=deadline).result()
 
     def owner(self, execution_id: str) -> ExecutionOwner | None:

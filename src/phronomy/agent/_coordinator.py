@@ -160,7 +160,11 @@ class ExecutionCoordinator(ExecutionReceiver):
         self.live.clear()
 
     async def flush(self) -> None:
-        """Wait for the store writes the executions owe (abandoned records)."""
+        """Wait for the store writes the executions owe (abandoned records).
+
+        Cancellation:
+            Bounded by the shutdown's grace deadline (writes already submitted still run).
+        """
         if self.gateway is not None:
             await self.gateway.wait_idle()
         else:

@@ -65,7 +65,11 @@ class Receiver(Protocol):
         ...
 
     async def flush(self) -> None:
-        """Finish the store writes it owes, before the pools close (at shutdown)."""
+        """Finish the store writes it owes, before the pools close (at shutdown).
+
+        Cancellation:
+            Bounded by the shutdown's grace deadline.
+        """
         ...
 
     def session_retired(

@@ -156,7 +156,11 @@ class Dispatcher:
                 return items
 
     async def stop(self, *, graceful: bool) -> None:
-        """Stop after the items already queued (*graceful*), or at once; then wait."""
+        """Stop after the items already queued (*graceful*), or at once; then wait.
+
+        Cancellation:
+            Callers shield it (the shutdown sequence).
+        """
         if not self.exited.is_set():
             if graceful:
                 self.enqueue(_STOP)
@@ -182,7 +186,11 @@ class Dispatcher:
     async def run(
         self, *, task_status: trio.TaskStatus[None] = trio.TASK_STATUS_IGNORED
     ) -> None:
-        """The dispatcher task: run until stopped (a failure goes to *on_failure*)."""
+        """The dispatcher task: run until stopped (a failure goes to *on_failure*).
+
+        Cancellation:
+            The engine's nursery cancels it when the runtime closes.
+        """
         self._lifecycle.task = trio.lowlevel.current_task()
         try:
             with self._scope:

@@ -408,6 +408,10 @@ async def open_engine(
     Raises:
         InvalidInputError: invalid settings.
         PhronomyInternalError: an internal task failed (a bug; please report it).
+
+    Cancellation:
+        Cancelling the block stops the engine at once; the teardown is shielded and
+        bounded.
     """
     config = EngineConfig(
         pool_size=pool_size,

@@ -60,6 +60,9 @@ class ExecutionReceiver:
         Called once at shutdown, after :meth:`shutdown` and before the offload pools
         close (for example status marks of work that was cut off). The runtime's
         cancel scope bounds the wait with the shutdown's grace deadline.
+
+        Cancellation:
+            The runtime's cancel scope bounds the wait (the shutdown's grace deadline).
         """
         await trio.lowlevel.checkpoint()
 

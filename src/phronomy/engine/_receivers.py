@@ -162,7 +162,11 @@ class ReceiverTable:
                 self._lifecycle.errors.append(failure)
 
     async def flush(self) -> None:
-        """Let receivers finish the writes they owe (the caller's scope bounds it)."""
+        """Let receivers finish the writes they owe (the caller's scope bounds it).
+
+        Cancellation:
+            The caller's scope bounds it; a receiver cut short is not retried.
+        """
         for receiver in list(self._receivers.values()):
             try:
                 await receiver.flush()

@@ -84,7 +84,11 @@ class Shutdown:
     # --- the sequences -----------------------------------------------------------------
 
     async def run(self, drain: float, grace: float) -> ShutdownResult:
-        """The graceful sequence; *drain* and *grace* are seconds."""
+        """The graceful sequence; *drain* and *grace* are seconds.
+
+        Cancellation:
+            Callers shield it; its waits are bounded by *drain* and *grace*.
+        """
         self.started = True
         try:
             self.result = await self._graceful(drain, grace)
@@ -119,7 +123,11 @@ class Shutdown:
         return self._finish(status, cut_off, threads, tasks_left)
 
     async def abort(self) -> None:
-        """The runtime block raised: stop at once, cut everything off, do not wait."""
+        """The runtime block raised: stop at once, cut everything off, do not wait.
+
+        Cancellation:
+            Callers shield it; it does not wait for threads.
+        """
         if self.result is not None:
             return
         self.started = True

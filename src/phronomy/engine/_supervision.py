@@ -77,7 +77,11 @@ class Supervisor:
         return all(pool.idle for pool in self._pools.values())
 
     async def wait_pools_idle(self) -> None:
-        """Wait until every operation of every pool has physically finished."""
+        """Wait until every operation of every pool has physically finished.
+
+        Cancellation:
+            Safe: nothing is changed (the caller's scope bounds the wait).
+        """
         for pool in list(self._pools.values()):
             await pool.wait_idle()
 
@@ -153,6 +157,9 @@ class Supervisor:
 
         Returns:
             Worker threads and supervised tasks still running.
+
+        Cancellation:
+            Callers shield it; the waits are bounded by *deadline*.
         """
         self._pools_closed = True
         cancelled = RuntimeShutdownError(

@@ -185,6 +185,10 @@ class WorkflowClient(LiveInstances):
 
         Yields:
             A :class:`~phronomy.workflow.WorkflowStream`.
+
+        Cancellation:
+            Leaving the block (or cancelling the consumer) stops the iteration only; the
+            segment runs on to its end.
         """
         send, receive = trio.open_memory_channel[Step[S]](math.inf)
 
@@ -276,7 +280,11 @@ class WorkflowClient(LiveInstances):
         input: Mapping[str, Any] | S | None = None,  # noqa: A002
     ) -> WorkflowResult[S]:
         """``send_event(workflow, "resume", halted=halted, ...)``: fire the halted phase's
-        first event."""
+        first event.
+
+        Cancellation:
+            As :meth:`send_event`.
+        """
         return await self.send_event(
             workflow,
             RESUME,

@@ -144,7 +144,11 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 caller.fail(error)
 
     async def flush(self) -> None:
-        """Wait for the store writes the workflows owe (cut-off marks, failures)."""
+        """Wait for the store writes the workflows owe (cut-off marks, failures).
+
+        Cancellation:
+            Bounded by the shutdown's grace deadline (writes already submitted still run).
+        """
         if self.gateway is not None:
             await self.gateway.wait_idle()
         else:

@@ -106,6 +106,9 @@ class RecoveryClient:
 
         Raises:
             CorruptRecordError: the stored snapshot does not decode.
+
+        Cancellation:
+            Safe: nothing is changed.
         """
         iid = validate_instance_id(workflow_instance_id)
         admission = self._coordinator.admissions.get(iid)

@@ -158,6 +158,10 @@ class LiveInstances:
             InvalidInputError: an invalid id or buffer.
             ReentrancyError: called from a thread that does not run the runtime.
             CorruptRecordError: the stored state does not decode.
+
+        Cancellation:
+            Safe: cancelling the consumer loses no update and changes nothing; leaving the
+            block stops the watch.
         """
         self._coordinator.engine.check_thread("runtime.workflows.watch()")
         iid = validate_instance_id(workflow_instance_id)

@@ -57,5 +57,9 @@ class WorkflowStream(Generic[S]):
         raise StopAsyncIteration
 
     async def result(self) -> WorkflowResult[S]:
-        """Wait for the segment and return its result (or raise its error)."""
+        """Wait for the segment and return its result (or raise its error).
+
+        Cancellation:
+            Cancelling the waiter leaves the segment running.
+        """
         return await self._handle.result()
