@@ -178,7 +178,7 @@ class LiveInstances:
                 if watch.published:  # a segment moved on while the store was read
                     current = None
             if current is not None:
-                watch.publish_first(current)
+                watch.publish(current)
             yield watch
         finally:
             watchers.remove(watch)

@@ -53,11 +53,6 @@ class InstanceWatch(Generic[S]):
         """Updates published to this watcher so far."""
         return self._progress.value[0]
 
-    def publish_first(self, update: InstanceUpdate[Any]) -> None:
-        """Queue the watch's first update (before any other is published)."""
-        assert not self.published
-        self.publish(update)
-
     def close(self) -> None:
         """No more updates: the watch ends once the buffered ones are taken."""
         published, _ = self._progress.value
