@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
@@ -18,20 +17,20 @@ from phronomy.errors import (
 from phronomy.storage import HistoryOp, validate_instance_id
 
 from ._events import RESUME, resolve_event
+from ._inputs import input_overlay, policy
 from ._messages import (
     CancelCommand,
-    InputOverlay,
     ResumeCommand,
     StartCommand,
     Step,
     WorkflowResult,
 )
 from ._signals import LiveInstances
-from ._state import State, validate_fields
+from ._state import State
 from ._stream import WorkflowStream
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Callable
+    from collections.abc import AsyncGenerator, Callable, Mapping
 
     from phronomy.storage import SaveLogEntry
 
@@ -107,7 +106,7 @@ class WorkflowClient(LiveInstances):
                 :attr:`~phronomy.Runtime.from_thread`).
         """
         self._coordinator.engine.check_thread("runtime.workflows.start()")
-        overlay = _input_overlay(workflow, input)
+        overlay = input_overlay(workflow, input)
         explicit = workflow_instance_id is not None
         iid = validate_instance_id(workflow_instance_id) if explicit else random_uuid()
         caller: ResultHandle[WorkflowResult[S]] = ResultHandle(
@@ -122,7 +121,7 @@ class WorkflowClient(LiveInstances):
             recursion_limit=self._limit(recursion_limit),
             caller=caller,
             observer=on_step,
-            if_exists=_policy(if_exists),
+            if_exists=policy(if_exists),
         )
         self._post(command, caller, "start")
         return caller
@@ -350,7 +349,7 @@ class WorkflowClient(LiveInstances):
                     f"{workflow.name!r} runs {workflow.state_type.__name__}"
                 )
             event = resolve_event(workflow, halted.phase, event, iid)
-        overlay = _input_overlay(workflow, input)
+        overlay = input_overlay(workflow, input)
         caller: ResultHandle[WorkflowResult[S]] = ResultHandle(
             f"workflow-resume:{workflow.name}:{iid}"
         )
@@ -479,29 +478,3 @@ class WorkflowClient(LiveInstances):
                     f"the runtime is shutting down; it refused the workflow {what}"
                 )
             )
-
-
-def _policy(value: object) -> IfExists:
-    if value not in ("refuse", "return", "restart"):
-        raise InvalidInputError(
-            f"if_exists must be 'refuse', 'return' or 'restart', got {value!r}"
-        )
-    return value
-
-
-def _input_overlay(workflow: WorkflowDefinition[Any], value: Any) -> InputOverlay:
-    if value is None:
-        return InputOverlay()
-    if isinstance(value, workflow.state_type):
-        return InputOverlay(state=value)
-    if isinstance(value, State):
-        raise InvalidInputError(
-            f"input is a {type(value).__name__}; workflow {workflow.name!r} runs "
-            f"{workflow.state_type.__name__}"
-        )
-    if not isinstance(value, Mapping):
-        raise InvalidInputError(
-            f"input must be a mapping of {workflow.state_type.__name__} fields or a "
-            f"{workflow.state_type.__name__}, got {type(value).__name__}"
-        )
-    return InputOverlay(fields=validate_fields(workflow.state_type, value))
