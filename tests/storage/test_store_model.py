@@ -16,7 +16,7 @@ import shutil
 import sqlite3
 import tempfile
 from pathlib import Path
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import msgspec
 import pytest
@@ -29,7 +29,7 @@ from hypothesis.stateful import (
 )
 
 from phronomy import errors
-from phronomy.storage import SAVE_LOG_DEPTH, SaveRequest, SQLiteStore
+from phronomy.storage import SAVE_LOG_DEPTH, SaveOp, SaveRequest, SQLiteStore, StoreOp
 
 _write_ids = itertools.count()
 
@@ -159,15 +159,19 @@ TestStoreModel.settings = settings(
 class NoRevisionCheck(SQLiteStore):
     """A deliberately broken store: it saves whatever revision the caller expected."""
 
-    def _save(self, conn: sqlite3.Connection, request: SaveRequest) -> int:
-        row = conn.execute(
-            "SELECT revision FROM phronomy_workflow_instances WHERE instance_id = ?",
-            (request.workflow_instance_id,),
-        ).fetchone()
-        current = row[0] if row else 0
-        return super()._save(
-            conn, msgspec.structs.replace(request, expected_revision=current or None)
-        )
+    def apply(self, conn: sqlite3.Connection, op: StoreOp) -> Any:
+        if isinstance(op, SaveOp):
+            row = conn.execute(
+                "SELECT revision FROM phronomy_workflow_instances"
+                " WHERE instance_id = ?",
+                (op.request.workflow_instance_id,),
+            ).fetchone()
+            current = row[0] if row else 0
+            request = msgspec.structs.replace(
+                op.request, expected_revision=current or None
+            )
+            op = SaveOp(request=request)
+        return super().apply(conn, op)
 
 
 def test_the_model_catches_a_store_without_revision_checks() -> None:

@@ -10,46 +10,20 @@ import threading
 import urllib.parse
 from typing import TYPE_CHECKING, Any, final
 
-from phronomy.errors import (
-    ConflictError,
-    InvalidInputError,
-    StoreUnavailableError,
-)
+from phronomy.errors import InvalidInputError, StoreUnavailableError
 
 from ._base import BaseStore
-from ._ops import (
-    BeginOp,
-    DeleteOp,
-    FindWriteOp,
-    HistoryOp,
-    ListOp,
-    LoadOp,
-    MarkOp,
-    SaveOp,
-)
-from ._records import InstancePage, SaveLogEntry
+from ._sql_ops import apply_op
 from ._sqlite_errors import translate
 from ._sqlite_schema import (
     MIGRATIONS,
     NETWORK_FILESYSTEMS,
     SCHEMA_VERSION,
-    SQL_BEGIN,
-    SQL_CREATE,
-    SQL_DELETE,
-    SQL_FIND_WRITE,
     SQL_FOREIGN_TABLES,
-    SQL_HISTORY,
-    SQL_LIST,
-    SQL_LOAD,
-    SQL_MARK,
-    SQL_MARK_OR_CREATE,
-    SQL_RESUME,
-    SQL_REVISION,
     SQL_SET_LOG_DEPTH,
-    SQL_UPDATE,
+    STATEMENTS,
     filesystem_type,
     now_ms,
-    record_from_row,
 )
 from ._store import SAVE_LOG_DEPTH
 
@@ -57,7 +31,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from ._ops import StoreOp
-    from ._records import SaveRequest
 
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
@@ -360,100 +333,4 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
 
     def apply(self, conn: sqlite3.Connection, op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
-        match op:
-            case LoadOp(workflow_instance_id=iid):
-                row = conn.execute(SQL_LOAD, (iid,)).fetchone()
-                return None if row is None else record_from_row(row)
-            case ListOp(status=status, limit=limit, after=after, workflow=workflow):
-                params = {
-                    "status": status,
-                    "workflow": workflow,
-                    "after": after,
-                    "limit": limit + 1,
-                }
-                rows = conn.execute(SQL_LIST, params).fetchall()
-                records = tuple(record_from_row(row) for row in rows[:limit])
-                more = len(rows) > limit
-                return InstancePage(
-                    records=records,
-                    next_after=records[-1].workflow_instance_id if more else None,
-                )
-            case HistoryOp(workflow_instance_id=iid, limit=limit):
-                return [
-                    SaveLogEntry(
-                        revision=row[0],
-                        status=row[1],
-                        phase=row[2],
-                        write_id=row[3],
-                        committed_at_ms=row[4],
-                        definition_version=row[5],
-                        detail=row[6],
-                    )
-                    for row in conn.execute(SQL_HISTORY, (iid, limit))
-                ]
-            case FindWriteOp(workflow_instance_id=iid, write_id=write_id):
-                row = conn.execute(SQL_FIND_WRITE, (iid, write_id)).fetchone()
-                return None if row is None else int(row[0])
-            case BeginOp():
-                params = {
-                    "id": op.workflow_instance_id,
-                    "workflow": op.workflow,
-                    "now": now_ms(),
-                    "expected": op.expected_revision,
-                }
-                sql = SQL_RESUME if op.expected_revision else SQL_BEGIN
-                return conn.execute(sql, params).rowcount == 1
-            case SaveOp(request=request):
-                return self._save(conn, request)
-            case MarkOp():
-                cursor = conn.execute(
-                    SQL_MARK_OR_CREATE if op.create else SQL_MARK,
-                    {
-                        "id": op.workflow_instance_id,
-                        "workflow": op.workflow,
-                        "status": op.status,
-                        "detail": op.detail,
-                        "now": now_ms(),
-                        "expected": op.expected_revision,
-                    },
-                )
-                return cursor.rowcount == 1
-            case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
-                if conn.execute(SQL_DELETE, (iid, expected)).rowcount != 1:
-                    raise _conflict(conn, iid, expected, "delete")
-                return None
-        raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
-
-    @staticmethod
-    def _save(conn: sqlite3.Connection, request: SaveRequest) -> int:
-        expected = request.expected_revision
-        params = {
-            "id": request.workflow_instance_id,
-            "workflow": request.workflow,
-            "status": request.status,
-            "phase": request.phase,
-            "snapshot": request.snapshot,
-            "write_id": request.write_id,
-            "detail": request.detail,
-            "version": request.definition_version,
-            "now": now_ms(),
-            "expected": expected,
-        }
-        cursor = conn.execute(SQL_UPDATE if expected else SQL_CREATE, params)
-        if cursor.rowcount != 1:
-            raise _conflict(conn, request.workflow_instance_id, expected, "save")
-        return (expected or 0) + 1
-
-
-def _conflict(
-    conn: sqlite3.Connection,
-    workflow_instance_id: str,
-    expected: int | None,
-    action: str,
-) -> ConflictError:
-    row = conn.execute(SQL_REVISION, (workflow_instance_id,)).fetchone()
-    found = None if row is None else row[0]
-    return ConflictError(
-        f"cannot {action} workflow instance {workflow_instance_id!r}: expected revision "
-        f"{expected}, the store has {found or 'no saved revision'}"
-    )
+        return apply_op(conn, op, STATEMENTS, now_ms)

@@ -8,9 +8,8 @@ from __future__ import annotations
 
 import os
 import time
-from typing import Any
 
-from ._records import StoredRecord
+from ._sql_ops import Statements
 
 __all__ = [
     "COLUMNS",
@@ -32,9 +31,9 @@ __all__ = [
     "SQL_REVISION",
     "SQL_SET_LOG_DEPTH",
     "SQL_UPDATE",
+    "STATEMENTS",
     "filesystem_type",
     "now_ms",
-    "record_from_row",
 ]
 
 SCHEMA_VERSION = 2
@@ -240,26 +239,25 @@ SQL_LIST = f"""
     ORDER BY instance_id LIMIT :limit
 """  # noqa: S608 - constant
 
+STATEMENTS = Statements(
+    load=SQL_LOAD,
+    revision=SQL_REVISION,
+    list=SQL_LIST,
+    history=SQL_HISTORY,
+    find_write=SQL_FIND_WRITE,
+    begin=SQL_BEGIN,
+    resume=SQL_RESUME,
+    create=SQL_CREATE,
+    update=SQL_UPDATE,
+    mark=SQL_MARK,
+    mark_or_create=SQL_MARK_OR_CREATE,
+    delete=SQL_DELETE,
+)
+
 
 def now_ms() -> int:
     """Wall-clock milliseconds (stored timestamps)."""
     return time.time_ns() // 1_000_000
-
-
-def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
-    """A row of the instances table (columns in ``COLUMNS`` order) as a record."""
-    return StoredRecord(
-        workflow_instance_id=row[0],
-        workflow=row[1],
-        revision=row[2],
-        status=row[3],
-        phase=row[4],
-        snapshot=row[5],
-        write_id=row[6],
-        detail=row[7],
-        updated_at_ms=row[8],
-        definition_version=row[9],
-    )
 
 
 def filesystem_type(path: str) -> str | None:

@@ -1,0 +1,199 @@
+"""The store operations as SQL, written once for every SQL backend.
+
+A backend supplies its statements (:class:`Statements`: the same statements in its
+dialect) and a DB-API connection; :func:`apply_op` runs one operation on it.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+
+from phronomy.errors import ConflictError
+
+from ._ops import (
+    BeginOp,
+    DeleteOp,
+    FindWriteOp,
+    HistoryOp,
+    ListOp,
+    LoadOp,
+    MarkOp,
+    SaveOp,
+)
+from ._records import InstancePage, SaveLogEntry, StoredRecord
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    from ._ops import StoreOp
+    from ._records import SaveRequest
+
+__all__ = ["Connection", "Statements", "apply_op", "record_from_row"]
+
+
+class _Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """The part of a DB-API connection the operations use."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> _Cursor:
+        """Run one statement; return its cursor."""
+        ...
+
+
+class Statements(NamedTuple):
+    """One backend's statements (named parameters for writes and listings).
+
+    ``load``, ``revision``, ``find_write``, ``history`` and ``delete`` take positional
+    parameters, the others named ones (``now`` is passed for backends whose clock is
+    the client's).
+    """
+
+    load: str
+    revision: str
+    list: str
+    history: str
+    find_write: str
+    begin: str
+    resume: str
+    create: str
+    update: str
+    mark: str
+    mark_or_create: str
+    delete: str
+
+
+def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
+    """A row of the instances table (its load columns, in order) as a record."""
+    snapshot = row[5]
+    return StoredRecord(
+        workflow_instance_id=row[0],
+        workflow=row[1],
+        revision=row[2],
+        status=row[3],
+        phase=row[4],
+        snapshot=None if snapshot is None else bytes(snapshot),
+        write_id=row[6],
+        detail=row[7],
+        updated_at_ms=row[8],
+        definition_version=row[9],
+    )
+
+
+def apply_op(
+    conn: Connection, op: StoreOp, sql: Statements, now_ms: Callable[[], int]
+) -> Any:
+    """Run one operation on *conn* with the backend's statements *sql*.
+
+    Raises:
+        ConflictError: a revision precondition of a save or a delete failed.
+    """
+    match op:
+        case LoadOp(workflow_instance_id=iid):
+            row = conn.execute(sql.load, (iid,)).fetchone()
+            return None if row is None else record_from_row(row)
+        case ListOp(status=status, limit=limit, after=after, workflow=workflow):
+            params = {
+                "status": status,
+                "workflow": workflow,
+                "after": after,
+                "limit": limit + 1,
+            }
+            rows = conn.execute(sql.list, params).fetchall()
+            records = tuple(record_from_row(row) for row in rows[:limit])
+            more = len(rows) > limit
+            return InstancePage(
+                records=records,
+                next_after=records[-1].workflow_instance_id if more else None,
+            )
+        case HistoryOp(workflow_instance_id=iid, limit=limit):
+            return [
+                SaveLogEntry(
+                    revision=row[0],
+                    status=row[1],
+                    phase=row[2],
+                    write_id=row[3],
+                    committed_at_ms=row[4],
+                    definition_version=row[5],
+                    detail=row[6],
+                )
+                for row in conn.execute(sql.history, (iid, limit))
+            ]
+        case FindWriteOp(workflow_instance_id=iid, write_id=write_id):
+            row = conn.execute(sql.find_write, (iid, write_id)).fetchone()
+            return None if row is None else int(row[0])
+        case BeginOp():
+            params = {
+                "id": op.workflow_instance_id,
+                "workflow": op.workflow,
+                "now": now_ms(),
+                "expected": op.expected_revision,
+            }
+            statement = sql.resume if op.expected_revision else sql.begin
+            return conn.execute(statement, params).rowcount == 1
+        case SaveOp(request=request):
+            return _save(conn, request, sql, now_ms)
+        case MarkOp():
+            cursor = conn.execute(
+                sql.mark_or_create if op.create else sql.mark,
+                {
+                    "id": op.workflow_instance_id,
+                    "workflow": op.workflow,
+                    "status": op.status,
+                    "detail": op.detail,
+                    "now": now_ms(),
+                    "expected": op.expected_revision,
+                },
+            )
+            return cursor.rowcount == 1
+        case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
+            if conn.execute(sql.delete, (iid, expected)).rowcount != 1:
+                raise _conflict(conn, sql, iid, expected, "delete")
+            return None
+    raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
+
+
+def _save(
+    conn: Connection, request: SaveRequest, sql: Statements, now_ms: Callable[[], int]
+) -> int:
+    expected = request.expected_revision
+    params = {
+        "id": request.workflow_instance_id,
+        "workflow": request.workflow,
+        "status": request.status,
+        "phase": request.phase,
+        "snapshot": request.snapshot,
+        "write_id": request.write_id,
+        "detail": request.detail,
+        "version": request.definition_version,
+        "now": now_ms(),
+        "expected": expected,
+    }
+    cursor = conn.execute(sql.update if expected else sql.create, params)
+    if cursor.rowcount != 1:
+        raise _conflict(conn, sql, request.workflow_instance_id, expected, "save")
+    return (expected or 0) + 1
+
+
+def _conflict(
+    conn: Connection,
+    sql: Statements,
+    workflow_instance_id: str,
+    expected: int | None,
+    action: str,
+) -> ConflictError:
+    row = conn.execute(sql.revision, (workflow_instance_id,)).fetchone()
+    found = None if row is None else row[0]
+    return ConflictError(
+        f"cannot {action} workflow instance {workflow_instance_id!r}: expected revision "
+        f"{expected}, the store has {found or 'no saved revision'}"
+    )
