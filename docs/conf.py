@@ -32,7 +32,7 @@ nitpick_ignore_regex = [
     # other projects' objects (no intersphinx inventories here)
     (
         r"py:.*",
-        r"(trio|msgspec|outcome|functools|collections|typing|typing_extensions|contextlib|types|threading|sqlite3|os|enum)\..*",
+        r"(trio|msgspec|outcome|functools|collections|typing|typing_extensions|contextlib|types|threading|sqlite3|psycopg|os|enum)\..*",
     ),
     (
         r"py:class",

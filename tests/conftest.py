@@ -1,6 +1,8 @@
 from __future__ import annotations
 
 import logging
+import os
+import secrets
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -10,7 +12,6 @@ import phronomy
 from phronomy.engine import Engine, open_engine
 
 if TYPE_CHECKING:
-    import os
     from collections.abc import AsyncGenerator, Callable, Iterator
 
 
@@ -52,3 +53,45 @@ def open_sqlite() -> Iterator[Callable[..., phronomy.SQLiteStore]]:
     yield open_store
     for store in opened:
         store.close()
+
+
+@pytest.fixture(scope="session")
+def postgres_dsn() -> str:
+    """The DSN of the test PostgreSQL server (``scripts/postgres-test-server start``).
+
+    Without one, PostgreSQL tests skip with the reason, or fail where the server is
+    required (``PHRONOMY_REQUIRE_POSTGRES=1``, set by CI).
+    """
+    dsn = os.environ.get("PHRONOMY_TEST_POSTGRES_DSN")
+    if dsn:
+        return dsn
+    reason = (
+        'no PostgreSQL server: run `eval "$(scripts/postgres-test-server start)"` '
+        "to test PostgresStore"
+    )
+    if os.environ.get("PHRONOMY_REQUIRE_POSTGRES"):
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture
+def open_postgres(
+    postgres_dsn: str,
+) -> Iterator[Callable[..., phronomy.PostgresStore]]:
+    """Open PostgreSQL stores, each test in a schema of its own (dropped at the end)."""
+    import psycopg
+
+    schema = f"test_{secrets.token_hex(6)}"
+    opened: list[phronomy.PostgresStore] = []
+
+    def open_store(**options: Any) -> phronomy.PostgresStore:
+        options.setdefault("schema", schema)
+        store = phronomy.PostgresStore(postgres_dsn, **options)
+        opened.append(store)
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -41,7 +41,11 @@ from .errors import (
     WorkflowCancelledError as WorkflowCancelledError,
 )
 from .runtime import Runtime as Runtime, open_runtime as open_runtime
-from .storage import MemoryStore as MemoryStore, SQLiteStore as SQLiteStore
+from .storage import (
+    MemoryStore as MemoryStore,
+    PostgresStore as PostgresStore,
+    SQLiteStore as SQLiteStore,
+)
 from .workflow import (
     APPEND as APPEND,
     CONSUME as CONSUME,
@@ -84,6 +88,7 @@ __all__ = [
     "NotFoundError",
     "PhronomyError",
     "PhronomyInternalError",
+    "PostgresStore",
     "RecoveryRequiredError",
     "ReentrancyError",
     "ResultHandle",

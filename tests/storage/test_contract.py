@@ -50,11 +50,19 @@ STORES: dict[str, Callable[[Path], WorkflowStore]] = {
     "sqlite": lambda path: SQLiteStore(path / "contract.db"),
     "faulty-sqlite": lambda path: FaultyStore(SQLiteStore(path / "faulty.db")),
 }
+SERVER_STORES: dict[str, Callable[[Callable[..., WorkflowStore]], WorkflowStore]] = {
+    "postgres": lambda open_postgres: open_postgres(),
+    "faulty-postgres": lambda open_postgres: FaultyStore(open_postgres()),
+}
 
 
-@pytest.fixture(params=sorted(STORES))
+@pytest.fixture(params=sorted(STORES) + sorted(SERVER_STORES))
 def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkflowStore]:
-    made = STORES[request.param](tmp_path)
+    if request.param in SERVER_STORES:
+        opener = request.getfixturevalue("open_postgres")
+        made = SERVER_STORES[request.param](opener)
+    else:
+        made = STORES[request.param](tmp_path)
     yield made
     made.close()
 

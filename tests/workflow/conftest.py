@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 
-@pytest.fixture(params=["memory", "sqlite"])
+@pytest.fixture(params=["memory", "sqlite", "postgres"])
 def make_store(
     request: pytest.FixtureRequest,
     tmp_path: Path,
@@ -22,4 +22,6 @@ def make_store(
     if request.param == "memory":
         shared = phronomy.MemoryStore()
         return lambda: shared
+    if request.param == "postgres":  # every call: another store on one schema
+        return request.getfixturevalue("open_postgres")  # type: ignore[no-any-return]
     return lambda: open_sqlite(tmp_path / "durable.db")

@@ -1,4 +1,4 @@
-"""Durable storage: the store contract, the snapshot codec, MemoryStore and SQLiteStore.
+"""Durable storage: the store contract, the codec and the stores (memory, SQLite, PostgreSQL).
 
 This layer is synchronous and imports no trio: the runtime calls stores from worker
 threads.
@@ -32,6 +32,7 @@ from ._ops import (
     StoreOp as StoreOp,
     op_name as op_name,
 )
+from ._postgres import PostgresStore as PostgresStore
 from ._quarantine import (
     quarantine as quarantine,
     quarantined as quarantined,
@@ -91,6 +92,7 @@ __all__ = [
     "LoadOp",
     "MarkOp",
     "MemoryStore",
+    "PostgresStore",
     "SQLiteStore",
     "SaveLogEntry",
     "SaveOp",

@@ -1,0 +1,361 @@
+"""The PostgreSQL store: the SQLite store's contract on a server that many machines share."""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import re
+import threading
+import time
+from typing import TYPE_CHECKING, Any, final
+
+from phronomy.errors import InvalidInputError, StoreUnavailableError
+
+from ._base import BaseStore
+from ._postgres_schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    SQL_CLEAR_VERSION,
+    SQL_CREATE_VERSION_TABLE,
+    SQL_LOCK_SCHEMA,
+    SQL_SCHEMA_VERSION,
+    SQL_SET_LOG_DEPTH,
+    SQL_SET_VERSION,
+    SQL_TERMINATE,
+    SQL_XACT,
+    SQL_XACT_STATUS,
+    STATEMENTS,
+)
+from ._sql_ops import apply_op
+from ._store import SAVE_LOG_DEPTH
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+
+    import psycopg
+
+    from ._ops import StoreOp
+
+__all__ = ["PostgresStore"]
+
+logger = logging.getLogger(__name__)
+
+_SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+def _no_clock() -> int:  # PostgreSQL statements read the database's clock
+    return 0
+
+
+@final
+class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
+    """A :class:`~phronomy.storage.WorkflowStore` in a PostgreSQL database (13 or later).
+
+    The same contract, tables and rules as :class:`~phronomy.SQLiteStore`:
+    every save is one conditional statement, a trigger keeps the save log in the same
+    transaction, a batch of saves commits as one transaction (group commit), stored
+    timestamps come from the database's clock. Install the driver with the extra
+    ``phronomy[postgres]`` (psycopg 3).
+
+    * One connection for writes and one for reads, each used by one thread at a time
+      (the runtime runs the synchronous driver in its store worker threads). A broken
+      connection is replaced at the next call.
+    * The schema is created (``CREATE SCHEMA IF NOT EXISTS``) and migrated on open,
+      under an advisory lock, so that runtimes starting together migrate it once.
+    * Unknown outcomes are resolved soundly: each write transaction learns its
+      transaction id before it writes. When its commit outcome is unknown (the
+      connection broke, the server restarted), the store waits until that
+      transaction can no longer commit (``pg_xact_status``; a backend still running
+      it is terminated) before it classifies the save by ``write_id``; if it cannot
+      tell, the save stays ``outcome_unknown`` (the instance requires recovery).
+    * A server running with ``synchronous_commit = off`` is refused: a commit it
+      acknowledges could still be lost.
+
+    Errors become :class:`~phronomy.StoreUnavailableError` naming the server
+    (``host:port/database``, never the password).
+    """
+
+    max_concurrency = 1
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = "public",
+        connect_timeout: float = 10.0,
+        fence_timeout: float = 30.0,
+        save_log_depth: int = SAVE_LOG_DEPTH,
+        fault_hook: Callable[[str], None] | None = None,
+    ) -> None:
+        """Configure a store; the server is reached by :meth:`open` or on first use.
+
+        Args:
+            dsn: a libpq connection string or URI
+                (``postgresql://user@host:5432/dbname``); a password may also come
+                from ``PGPASSWORD`` or ``~/.pgpass``.
+            schema: the PostgreSQL schema that holds phronomy's tables (created if
+                missing): lower-case letters, digits and ``_``. Runtimes share
+                instances only within one schema.
+            connect_timeout: seconds to wait for the server when connecting.
+            fence_timeout: seconds to wait, after a write whose outcome is unknown,
+                until its transaction can no longer commit; after that the save is
+                reported ``outcome_unknown``.
+            save_log_depth: saves kept per instance in its history (and for
+                reconciling uncertain saves by ``write_id``); at least 2. The setting
+                belongs to the database schema: the last store that opened it sets it.
+            fault_hook: test hook called at each fault point (see
+                :class:`~phronomy.storage.BaseStore`); it may raise or delay.
+
+        Raises:
+            InvalidInputError: an invalid schema name, timeout or depth.
+            StoreUnavailableError: psycopg is not installed, or *dsn* cannot be parsed.
+        """
+        super().__init__(fault_hook=fault_hook)
+        given: object = schema
+        if not isinstance(given, str) or not _SCHEMA_NAME.fullmatch(given):
+            raise InvalidInputError(
+                "schema must be a PostgreSQL name of lower-case letters, digits and "
+                f"'_' (at most 63), got {schema!r}"
+            )
+        depth: object = save_log_depth
+        if not isinstance(depth, int) or isinstance(depth, bool) or depth < 2:
+            raise InvalidInputError(
+                f"save_log_depth must be an integer >= 2, got {save_log_depth!r}"
+            )
+        timeouts: tuple[tuple[str, object], ...] = (
+            ("connect_timeout", connect_timeout),
+            ("fence_timeout", fence_timeout),
+        )
+        for name, value in timeouts:
+            if (
+                isinstance(value, bool)
+                or not isinstance(value, (int, float))
+                or not value > 0
+            ):
+                raise InvalidInputError(f"{name} must be > 0 seconds, got {value!r}")
+        driver = _driver()
+        try:
+            params = driver.conninfo.conninfo_to_dict(dsn)
+        except driver.ProgrammingError as exc:
+            raise StoreUnavailableError(
+                f"cannot parse the PostgreSQL DSN: {exc}", path="postgresql:?"
+            ) from None  # the DSN may hold a password: not kept as the cause
+        self._dsn = dsn
+        self._schema = schema
+        self._connect_timeout = connect_timeout
+        self._fence_timeout = fence_timeout
+        self._save_log_depth = save_log_depth
+        self._address = (
+            f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
+            f"/{params.get('dbname') or params.get('user') or ''}"
+        )
+        self._lock = threading.RLock()
+        self._conn: psycopg.Connection[Any] | None = None
+        self._read_lock = threading.Lock()
+        self._read_conn: psycopg.Connection[Any] | None = None
+        self._pending: tuple[str, int] | None = None
+        """The transaction id and backend of a write whose outcome is not known yet."""
+
+    @property
+    def address(self) -> str:
+        """``host:port/database`` (the DSN without its credentials)."""
+        return self._address
+
+    @property
+    def schema(self) -> str:
+        """The PostgreSQL schema that holds the tables."""
+        return self._schema
+
+    @property
+    def identity(self) -> str:
+        """``postgresql:``, the server, the database and the schema."""
+        return f"postgresql:{self._address}/{self._schema}"
+
+    def __repr__(self) -> str:
+        return f"PostgresStore({self._address!r}, schema={self._schema!r})"
+
+    # --- connections ---------------------------------------------------------------
+
+    def open(self) -> None:
+        """Connect now, create or migrate the schema, and check the server (blocking).
+
+        Raises:
+            StoreUnavailableError: the server cannot be reached or refuses the login,
+                the schema is newer than this release, or ``synchronous_commit`` is
+                off.
+        """
+        super().open()
+        with self._lock, self._translated("_conn"):
+            self._connection()
+
+    def close(self) -> None:
+        """Close the connections (the next call reopens them)."""
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+        with self._read_lock:
+            if self._read_conn is not None:
+                self._read_conn.close()
+                self._read_conn = None
+
+    @contextlib.contextmanager
+    def _translated(self, connection: str | None = None) -> Iterator[None]:
+        """Errors as :class:`~phronomy.StoreUnavailableError`; a broken *connection*
+        (the attribute's name; its lock is held) is dropped, to be reopened."""
+        try:
+            yield
+        except _driver().Error as exc:
+            conn = None if connection is None else getattr(self, connection)
+            if conn is not None and (conn.broken or conn.closed):
+                conn.close()
+                setattr(self, connection, None)  # type: ignore[arg-type]
+            raise StoreUnavailableError(
+                f"PostgreSQL at {self._address} (schema {self._schema!r}) failed: "
+                f"{type(exc).__name__}: {str(exc).strip()}; check that the server is "
+                "up and reachable and that the DSN's user may use the database",
+                path=f"postgresql:{self._address}",
+            ) from exc
+
+    def _connect(self) -> psycopg.Connection[Any]:
+        conn: psycopg.Connection[Any] = _driver().connect(
+            self._dsn,
+            autocommit=True,  # transactions are explicit: BEGIN ... COMMIT
+            connect_timeout=max(1, round(self._connect_timeout)),
+            options=f"-c search_path={self._schema}",
+            application_name="phronomy",
+        )
+        return conn
+
+    def _connection(self) -> psycopg.Connection[Any]:
+        if self._conn is None:
+            conn = self._connect()
+            try:
+                self._check_server(conn)
+                self._migrate(conn)
+            except BaseException:
+                conn.close()
+                raise
+            self._conn = conn
+        return self._conn
+
+    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
+        setting = conn.execute("SHOW synchronous_commit").fetchone()
+        if setting is not None and setting[0] == "off":
+            raise StoreUnavailableError(
+                f"PostgreSQL at {self._address} runs with synchronous_commit = off: a "
+                "commit it acknowledges can still be lost, so phronomy refuses it; set "
+                "synchronous_commit = on (or local) for the database or the user",
+                path=f"postgresql:{self._address}",
+            )
+
+    def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        with conn.transaction():
+            conn.execute(SQL_LOCK_SCHEMA)  # one migrator at a time, across machines
+            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
+            conn.execute(SQL_CREATE_VERSION_TABLE)
+            row = conn.execute(SQL_SCHEMA_VERSION).fetchone()
+            version = int(row[0]) if row and row[0] is not None else 0
+            if version > SCHEMA_VERSION:
+                raise StoreUnavailableError(
+                    f"PostgreSQL schema {self._schema!r} at {self._address} has phronomy "
+                    f"schema version {version}; this release understands up to "
+                    f"{SCHEMA_VERSION} (upgrade phronomy to use it)",
+                    path=f"postgresql:{self._address}",
+                )
+            for step in range(version, SCHEMA_VERSION):
+                for statement in MIGRATIONS[step]:
+                    conn.execute(statement)
+            if version != SCHEMA_VERSION:
+                conn.execute(SQL_CLEAR_VERSION)
+                conn.execute(SQL_SET_VERSION, (SCHEMA_VERSION,))
+            depth = self._save_log_depth
+            conn.execute(SQL_SET_LOG_DEPTH, (depth, depth))
+
+    @contextlib.contextmanager
+    def _reading(self) -> Iterator[psycopg.Connection[Any]]:
+        """The read connection (autocommit: each statement sees the latest commit)."""
+        with self._read_lock, self._translated("_read_conn"):
+            if self._read_conn is None:
+                with self._lock:  # the schema exists before the first read
+                    self._connection()
+                self._read_conn = self._connect()
+            yield self._read_conn
+
+    @contextlib.contextmanager
+    def _writing(self) -> Iterator[psycopg.Connection[Any]]:
+        """One transaction on the write connection; its id is known before it writes."""
+        with self._lock, self._translated("_conn"):
+            if self._pending is not None:
+                self.fence()  # an earlier transaction must be settled first
+            conn = self._connection()
+            conn.execute("BEGIN")
+            try:
+                row = conn.execute(SQL_XACT).fetchone()
+                assert row is not None
+                self._pending = (row[0], row[1])
+                yield conn
+                conn.execute("COMMIT")
+                self._pending = None
+            except BaseException:
+                try:
+                    conn.execute("ROLLBACK")
+                    self._pending = None
+                except Exception:  # noqa: BLE001 - fence() decides the outcome
+                    conn.close()  # never reused: its state is unknown
+                    self._conn = None
+                raise
+
+    def fence(self) -> None:
+        """Wait until the last failed write transaction can no longer commit (blocking).
+
+        Its transaction id was learnt before it wrote. While the server reports it
+        ``in progress``, its backend is terminated (only if it still runs that
+        transaction) and the status polled again.
+
+        Raises:
+            StoreUnavailableError: the server cannot tell within ``fence_timeout``.
+        """
+        with self._lock:
+            if self._pending is None:
+                return
+            xid, pid = self._pending
+            deadline = time.monotonic() + self._fence_timeout
+            # a connection of its own: the others may be broken or busy
+            with self._translated(), self._connect() as conn:
+                while True:
+                    row = conn.execute(SQL_XACT_STATUS, (xid,)).fetchone()
+                    status = None if row is None else row[0]
+                    if status != "in progress":
+                        logger.info(
+                            "failed write transaction %s ended: %s", xid, status
+                        )
+                        self._pending = None
+                        return
+                    if time.monotonic() >= deadline:
+                        raise StoreUnavailableError(
+                            f"PostgreSQL at {self._address}: transaction {xid} of a "
+                            f"failed write was still in progress after "
+                            f"{self._fence_timeout} s",
+                            path=f"postgresql:{self._address}",
+                        )
+                    conn.execute(SQL_TERMINATE, {"pid": pid, "xid": xid})
+                    time.sleep(0.05)
+
+    # --- operations ----------------------------------------------------------------
+
+    def apply(self, conn: psycopg.Connection[Any], op: StoreOp) -> Any:
+        """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
+        return apply_op(conn, op, STATEMENTS, _no_clock)
+
+
+def _driver() -> Any:
+    """The psycopg module, imported when a PostgreSQL store is first used."""
+    try:
+        import psycopg
+    except ImportError:
+        raise StoreUnavailableError(
+            "PostgresStore needs psycopg 3: pip install 'phronomy[postgres]'",
+            path="postgresql:?",
+        ) from None
+    return psycopg

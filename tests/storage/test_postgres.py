@@ -1,0 +1,211 @@
+"""PostgresStore on a real server: schema, errors, sound unknown-outcome resolution.
+
+The store contract itself runs on PostgreSQL in ``test_contract.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import socket
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import psycopg
+import pytest
+
+from phronomy import PostgresStore, errors
+from phronomy.storage import SaveOp
+
+from .test_contract import request
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    OpenPostgres = Callable[..., PostgresStore]
+
+
+def _admin(dsn: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(dsn, autocommit=True)
+
+
+def _writer_pid(store: PostgresStore, dsn: str) -> int:
+    """The backend of the store's write connection (the newest 'phronomy' backend
+    that runs a transaction)."""
+    with _admin(dsn) as conn:
+        row = conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE application_name = 'phronomy'"
+            " AND backend_xid IS NOT NULL ORDER BY xact_start DESC LIMIT 1"
+        ).fetchone()
+    assert row is not None, "no phronomy transaction is running"
+    return int(row[0])
+
+
+def test_open_creates_the_schema_once_and_reopens_it(
+    open_postgres: OpenPostgres, postgres_dsn: str
+) -> None:
+    first = open_postgres(save_log_depth=5)
+    first.open()
+    assert first.save(request("a", None)) == 1
+    others = [open_postgres() for _ in range(6)]
+    failures: list[BaseException] = []
+
+    def open_one(store: PostgresStore) -> None:
+        try:
+            store.open()
+        except BaseException as exc:
+            failures.append(exc)
+
+    threads = [threading.Thread(target=open_one, args=(s,)) for s in others]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert failures == []
+    assert others[0].load("a") is not None
+    with _admin(postgres_dsn) as conn:
+        rows = conn.execute(f"SELECT version FROM {first.schema}.phronomy_schema")
+        assert [r[0] for r in rows] == [2]
+    assert first.identity == f"postgresql:{first.address}/{first.schema}"
+    assert first.identity == others[0].identity
+    assert "@" not in first.address  # never the user or a password
+
+
+def test_a_newer_schema_is_refused(
+    open_postgres: OpenPostgres, postgres_dsn: str
+) -> None:
+    store = open_postgres()
+    store.open()
+    store.close()
+    with _admin(postgres_dsn) as conn:
+        conn.execute(f"UPDATE {store.schema}.phronomy_schema SET version = 99")
+    with pytest.raises(errors.StoreUnavailableError, match="schema version 99") as info:
+        open_postgres().open()
+    assert "upgrade phronomy" in str(info.value)
+
+
+def test_bad_settings_are_refused_with_what_was_wrong(postgres_dsn: str) -> None:
+    with pytest.raises(errors.InvalidInputError, match="schema must be"):
+        PostgresStore(postgres_dsn, schema="Robert'); DROP TABLE x;--")
+    with pytest.raises(errors.InvalidInputError, match="save_log_depth"):
+        PostgresStore(postgres_dsn, save_log_depth=1)
+    with pytest.raises(errors.InvalidInputError, match="fence_timeout"):
+        PostgresStore(postgres_dsn, fence_timeout=0)
+    with pytest.raises(errors.StoreUnavailableError, match="cannot parse"):
+        PostgresStore("host=a port")
+
+
+def test_an_unreachable_server_names_it_but_not_the_password() -> None:
+    store = PostgresStore(
+        "postgresql://u:secret@127.0.0.1:1/nowhere", connect_timeout=2
+    )
+    with pytest.raises(errors.StoreUnavailableError) as info:
+        store.open()
+    assert "127.0.0.1:1/nowhere" in str(info.value)
+    assert info.value.path == "postgresql:127.0.0.1:1/nowhere"
+    assert "secret" not in str(info.value)
+    with pytest.raises(errors.StoreUnavailableError):
+        store.load("a")  # reads too, and nothing hangs
+
+
+def test_a_write_whose_backend_died_is_classified_by_its_transaction(
+    open_postgres: OpenPostgres, postgres_dsn: str
+) -> None:
+    killed: list[int] = []
+
+    def kill_own_backend(point: str) -> None:
+        if point == "save.applied" and not killed:
+            pid = _writer_pid(store, postgres_dsn)
+            with _admin(postgres_dsn) as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+            killed.append(pid)
+
+    store = open_postgres(fault_hook=kill_own_backend)
+    store.open()
+    outcome = store.save_classified(request("k", None))
+    assert killed
+    assert outcome.outcome == "known_failure"
+    assert isinstance(outcome.error, errors.StoreUnavailableError)
+    assert store.load("k") is None
+    assert store.save(request("k", None)) == 1  # a new connection, the same store
+
+
+def _lose_connection_mid_statement(conn: psycopg.Connection[Any]) -> None:
+    """The server goes on running a statement of the transaction; the client's socket
+    is dead (as when the network drops)."""
+    conn.pgconn.send_query(b"SELECT pg_sleep(60)")
+    with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def test_fencing_ends_a_transaction_still_running_on_the_server(
+    open_postgres: OpenPostgres, postgres_dsn: str
+) -> None:
+    """The client lost the connection but the server still runs its transaction: it
+    is terminated (never waited for forever) before the save is classified."""
+    pids: list[int] = []
+
+    def lose_the_connection(point: str) -> None:
+        if point == "commit.before" and not pids:
+            pids.append(_writer_pid(store, postgres_dsn))
+            _lose_connection_mid_statement(store._conn)  # type: ignore[arg-type]
+
+    store = open_postgres(fault_hook=lose_the_connection)
+    store.open()
+    started = time.monotonic()
+    outcome = store.save_classified(request("f", None))
+    assert time.monotonic() - started < 10  # not the 60 s of the stranded statement
+    assert pids
+    assert outcome.outcome == "known_failure"
+    assert store.load("f") is None
+    assert store.save(request("f", None)) == 1
+
+
+def test_injected_unknown_outcomes_are_all_classified_correctly(
+    open_postgres: OpenPostgres, postgres_dsn: str
+) -> None:
+    """Faults at random points of group commits; every reported outcome must match
+    what the database holds afterwards."""
+    rng = random.Random(11)
+    plan: list[str | None] = []
+
+    def hook(point: str) -> None:
+        if not plan or plan[0] is None:
+            return
+        fault = plan[0]
+        if fault == "kill" and point == "save.applied":
+            plan[0] = None
+            pid = _writer_pid(store, postgres_dsn)
+            with _admin(postgres_dsn) as conn:
+                conn.execute("SELECT pg_terminate_backend(%s)", (pid,))
+        elif point == fault:
+            plan[0] = None
+            raise OSError(f"injected at {point}")
+
+    store = open_postgres(fault_hook=hook)
+    store.open()
+    revisions: dict[str, int] = {}
+    counts = {"success": 0, "known_failure": 0}
+    faults = ("kill", "commit.before", "commit.after", "save.applied", None)
+    for batch in range(40):
+        plan[:] = [rng.choice(faults)]
+        ids = [f"i{rng.randrange(12)}" for _ in range(rng.randrange(1, 6))]
+        ids = list(dict.fromkeys(ids))  # one save per instance per batch
+        ops = [SaveOp(request=request(iid, revisions.get(iid))) for iid in ids]
+        results = store.execute(ops)
+        for iid, op, result in zip(ids, ops, results, strict=True):
+            verdict = result.unwrap()
+            row = store.load(iid)
+            assert verdict.outcome in counts, (batch, iid, verdict)
+            counts[verdict.outcome] += 1
+            if verdict.outcome == "success":
+                assert row is not None
+                assert row.write_id == op.request.write_id
+                assert row.revision == verdict.revision
+                revisions[iid] = verdict.revision
+            else:
+                assert row is None or row.write_id != op.request.write_id
+    print(f"postgres unknown outcomes: {counts} over 40 batches, 0 misclassified")  # noqa: T201
+    assert counts["success"] > 0
+    assert counts["known_failure"] > 0
