@@ -5,9 +5,12 @@ The store contract itself runs on PostgreSQL in ``test_contract.py``.
 
 from __future__ import annotations
 
+import collections
+import itertools
 import os
 import random
 import socket
+import subprocess
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -209,3 +212,80 @@ def test_injected_unknown_outcomes_are_all_classified_correctly(
     print(f"postgres unknown outcomes: {counts} over 40 batches, 0 misclassified")  # noqa: T201
     assert counts["success"] > 0
     assert counts["known_failure"] > 0
+
+
+@pytest.fixture
+def restart_server() -> Callable[[], None]:
+    """Crash the test server (immediate stop: no checkpoint, WAL replay) and start it."""
+    ctl = os.environ.get("PHRONOMY_TEST_POSTGRES_CTL")
+    if not ctl:
+        reason = "no PostgreSQL server of scripts/postgres-test-server to crash"
+        if os.environ.get("PHRONOMY_REQUIRE_POSTGRES"):
+            pytest.fail(reason)
+        pytest.skip(reason)
+
+    def restart() -> None:
+        subprocess.run([ctl, "crash-restart"], check=True, timeout=120)
+
+    return restart
+
+
+@pytest.mark.slow
+def test_server_crashes_lose_no_acknowledged_save(
+    open_postgres: OpenPostgres, restart_server: Callable[[], None]
+) -> None:
+    """Saves run in a loop while the server crashes three times: every save reported
+    committed is in the database afterwards, whatever errors the others met."""
+    store = open_postgres(connect_timeout=2, save_log_depth=1000)
+    store.open()
+    acked: list[tuple[str, int, str]] = []
+    outcomes: collections.Counter[str] = collections.Counter()
+    stop = threading.Event()
+
+    def save_loop() -> None:
+        revisions: dict[str, int | None] = {}
+        for n in itertools.count():
+            if stop.is_set():
+                return
+            iid = f"s{n % 16}"
+            if iid not in revisions:  # unknown after a failure: read it again
+                try:
+                    row = store.load(iid)
+                except errors.StoreUnavailableError:
+                    outcomes["load failed"] += 1
+                    time.sleep(0.02)
+                    continue
+                revisions[iid] = None if row is None else row.revision
+            saved = request(iid, revisions[iid])
+            verdict = store.save_classified(saved)
+            outcomes[verdict.outcome] += 1
+            if verdict.outcome == "success":
+                assert verdict.revision is not None
+                revisions[iid] = verdict.revision
+                acked.append((iid, verdict.revision, saved.write_id))
+            else:
+                del revisions[iid]
+
+    worker = threading.Thread(target=save_loop)
+    worker.start()
+    try:
+        for _ in range(3):
+            time.sleep(0.4)
+            restart_server()
+        time.sleep(0.4)
+    finally:
+        stop.set()
+        worker.join(timeout=60)
+    assert not worker.is_alive()
+    lost = [
+        (iid, revision)
+        for iid, revision, write_id in acked
+        if store.find_write(iid, write_id) != revision
+    ]
+    print(  # noqa: T201 - the figures of the run
+        f"postgres crash loop: 3 crashes, {len(acked)} acknowledged saves, "
+        f"{len(lost)} lost; outcomes {dict(outcomes)}"
+    )
+    assert lost == []
+    assert len(acked) > 20
+    assert outcomes["success"] == len(acked)

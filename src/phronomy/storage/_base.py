@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
@@ -21,7 +22,6 @@ from ._shortcuts import OneAtATime
 from ._store import KNOWN_FAILURES, classify_uncertain_save
 
 if TYPE_CHECKING:
-    import contextlib
     from collections.abc import Callable, Sequence
 
     from ._ops import StoreOp
@@ -41,7 +41,8 @@ class BaseStore(OneAtATime, Generic[C]):
 
     A backend implements ``_reading`` (a connection that sees committed data),
     ``_writing`` (one transaction: committed when the block ends, rolled back when it
-    raises) and :meth:`apply` (one operation on that connection), and may override
+    raises), ``_read_errors`` (its errors as store errors, around each read) and
+    :meth:`apply` (one operation on that connection), and may override
     :meth:`open`, :meth:`close`, :meth:`fence` and :attr:`identity`.
 
     :meth:`execute` runs a batch: reads on the read connection; writes in one
@@ -72,6 +73,10 @@ class BaseStore(OneAtATime, Generic[C]):
 
     def _writing(self) -> contextlib.AbstractContextManager[C]:
         raise NotImplementedError
+
+    def _read_errors(self) -> contextlib.AbstractContextManager[None]:
+        """Translate the driver's errors of a read (backend; by default none)."""
+        return contextlib.nullcontext()
 
     def apply(self, conn: C, op: StoreOp) -> Any:
         """Run one operation on *conn* (backend).
@@ -129,7 +134,8 @@ class BaseStore(OneAtATime, Generic[C]):
     def _read(self, conn: C, op: StoreOp) -> Any:
         name = op_name(op)
         self._hook(f"{name}.before")
-        value = self.apply(conn, op)
+        with self._read_errors():  # captured per operation: translated here
+            value = self.apply(conn, op)
         self._hook(f"{name}.after")
         return value
 

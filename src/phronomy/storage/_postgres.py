@@ -217,6 +217,9 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                 path=f"postgresql:{self._address}",
             ) from exc
 
+    def _read_errors(self) -> contextlib.AbstractContextManager[None]:
+        return self._translated("_read_conn")  # under the read lock
+
     def _connect(self) -> psycopg.Connection[Any]:
         conn: psycopg.Connection[Any] = _driver().connect(
             self._dsn,

@@ -158,6 +158,9 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         except sqlite3.Error as exc:
             raise translate(exc, self._path) from exc
 
+    def _read_errors(self) -> contextlib.AbstractContextManager[None]:
+        return self._translated()
+
     def _connection(self) -> sqlite3.Connection:
         if self._conn is None:
             self._conn = self._open()
