@@ -10,6 +10,9 @@
                clients); CPU per run and the median write batch beside it
 * resume       durable halt + resume-by-id pairs/s, 64 concurrent, vs the same loop with
                two runs per instance
+* postgres     the durable runs on PostgresStore (a server from PHRONOMY_BENCH_POSTGRES_DSN
+               or PHRONOMY_TEST_POSTGRES_DSN) vs the same store work in a raw trio +
+               psycopg loop with pipelined group commits
 * executions   1,000 trivial supervised executions vs 1,000 raw trio.to_thread round trips;
                time from cancel to settlement with a 0.5 s blocking tool
 * lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import math
+import os
 import sqlite3
 import statistics
 import sys
@@ -281,7 +285,7 @@ async def _fair_limit(path: str, total: int, rounds: int) -> tuple[float, float,
     return per * 64 / elapsed, cpu / (per * 64), statistics.median(batches)
 
 
-def _write_batches(store: phronomy.SQLiteStore) -> list[int]:
+def _write_batches(store: phronomy.SQLiteStore | phronomy.PostgresStore) -> list[int]:
     """Record the size of every write batch the store runs (its group commits)."""
     sizes: list[int] = []
     execute = store.execute
@@ -346,14 +350,18 @@ def _median_run(
 
 
 def _report_durable(
-    name: str, unit: str, ours: tuple[float, float, float], limit: Any
+    name: str,
+    unit: str,
+    ours: tuple[float, float, float],
+    limit: Any,
+    limit_name: str = "fair limit (raw trio + sqlite3)",
 ) -> None:
     _report(
         name,
         ours[0],
         unit,
         limit[0],
-        "fair limit (raw trio + sqlite3)",
+        limit_name,
         "target ratio >= 0.60",
     )
     print(
@@ -400,6 +408,165 @@ def bench_resume(directory: Path) -> None:
         ]
     )
     _report_durable("durable halt + resume pairs/s", "pairs/s", pairs, limit)
+
+
+# --- PostgreSQL --------------------------------------------------------------------------------
+
+
+def _postgres_dsn() -> str | None:
+    return os.environ.get("PHRONOMY_BENCH_POSTGRES_DSN") or os.environ.get(
+        "PHRONOMY_TEST_POSTGRES_DSN"
+    )
+
+
+def _group(run: Any) -> Any:
+    """``submit(item)``: items that arrive while a batch runs form the next batch, run
+    by *run* (a list in, a list of results out) in one worker thread."""
+    limiter = trio.CapacityLimiter(1)
+    pending: list[tuple[Any, list[Any]]] = []
+    flushing = [False]
+
+    async def flush() -> None:
+        flushing[0] = True
+        while pending:
+            batch = pending[:]
+            pending.clear()
+            results = await trio.to_thread.run_sync(
+                run, [item for item, _ in batch], limiter=limiter
+            )
+            for (_, slot), result in zip(batch, results, strict=True):
+                slot.append(result)
+                slot[0].set()
+        flushing[0] = False
+
+    async def submit(item: Any) -> Any:
+        slot: list[Any] = [trio.Event()]
+        pending.append((item, slot))
+        if not flushing[0]:
+            await flush()
+        await slot[0].wait()
+        return slot[1]
+
+    return submit
+
+
+async def _postgres_limit(
+    dsn: str, schema: str, total: int
+) -> tuple[float, float, float]:
+    """The limit of a durable run on PostgreSQL: the same store work in a raw trio +
+    psycopg loop (one load, one revision-checked upsert with its log row; the writes of
+    64 clients group-committed in one pipelined transaction per batch)."""
+    import psycopg
+
+    options = f"-c search_path={schema}"
+    write = psycopg.connect(dsn, autocommit=True, options=options)
+    read = psycopg.connect(dsn, autocommit=True, options=options)
+    write.execute(f"CREATE SCHEMA {schema}")
+    write.execute(
+        "CREATE TABLE t (id text PRIMARY KEY, revision bigint NOT NULL, snapshot bytea, "
+        "write_id text)"
+    )
+    write.execute(
+        "CREATE TABLE log (id text, revision bigint, write_id text, "
+        "PRIMARY KEY (id, revision))"
+    )
+    batches: list[int] = []
+
+    def run_writes(writes: list[tuple[Any, ...]]) -> list[Any]:
+        with write.transaction(), write.pipeline():
+            for iid, revision, blob, write_id in writes:
+                if revision == 0:
+                    write.execute(
+                        "INSERT INTO t VALUES (%s, 1, %s, %s) ON CONFLICT (id) DO NOTHING",
+                        (iid, blob, write_id),
+                    )
+                else:
+                    write.execute(
+                        "UPDATE t SET revision = revision + 1, snapshot = %s, "
+                        "write_id = %s WHERE id = %s AND revision = %s",
+                        (blob, write_id, iid, revision),
+                    )
+                write.execute(
+                    "INSERT INTO log VALUES (%s, %s, %s)", (iid, revision + 1, write_id)
+                )
+        batches.append(len(writes))
+        return [None] * len(writes)
+
+    def run_loads(ids: list[str]) -> list[Any]:
+        with read.pipeline():
+            cursors = [
+                read.execute("SELECT revision FROM t WHERE id = %s", (iid,))
+                for iid in ids
+            ]
+        return [cursor.fetchone() for cursor in cursors]
+
+    load = _group(run_loads)
+    save = _group(run_writes)
+
+    async def client(ids: range) -> None:
+        for i in ids:
+            row = await load(f"raw-{i}")
+            revision = 0 if row is None else row[0]
+            await save((f"raw-{i}", revision, b'{"fields":{"n":3}}', f"w{i}"))
+
+    per = total // 64
+    cpu, started = time.process_time(), time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for k in range(64):
+            nursery.start_soon(client, range(k * per, (k + 1) * per))
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    write.execute(f"DROP SCHEMA {schema} CASCADE")
+    write.close()
+    read.close()
+    return per * 64 / elapsed, cpu / (per * 64), statistics.median(batches)
+
+
+async def _postgres_runs(
+    dsn: str, schema: str, total: int
+) -> tuple[float, float, float]:
+    store = phronomy.PostgresStore(dsn, schema=schema)
+    sizes = _write_batches(store)
+    try:
+        async with phronomy.open_runtime(store=store) as runtime:
+            cpu = time.process_time()
+            rate = await _runs(runtime, three_steps(), total, 64, "run")
+            cpu = time.process_time() - cpu
+    finally:
+        store.close()
+        import psycopg
+
+        with psycopg.connect(dsn, autocommit=True) as conn:
+            conn.execute(f"DROP SCHEMA {schema} CASCADE")
+    return rate, cpu / total, statistics.median(sizes)
+
+
+def bench_postgres() -> None:
+    dsn = _postgres_dsn()
+    if dsn is None:
+        print(
+            "durable runs/s (PostgreSQL)        skipped: set PHRONOMY_BENCH_POSTGRES_DSN "
+            '(or eval "$(scripts/postgres-test-server start)")',
+            flush=True,
+        )
+        return
+    total = _n(10_000, 500)
+    tag = f"{os.getpid()}_{time.monotonic_ns()}"
+    limit = _median_run(
+        [
+            trio.run(_postgres_limit, dsn, f"bench_raw_{tag}_{i}", total)
+            for i in range(3)
+        ]
+    )
+    runs = _median_run(
+        [trio.run(_postgres_runs, dsn, f"bench_{tag}_{i}", total) for i in range(3)]
+    )
+    _report_durable(
+        "durable runs/s (PostgreSQL)",
+        "runs/s",
+        runs,
+        limit,
+        "fair limit (raw trio + pipelined psycopg)",
+    )
 
 
 # --- executions --------------------------------------------------------------------------------
@@ -554,6 +721,7 @@ def main(argv: list[str] | None = None) -> int:
             "workflows": bench_workflows,
             "durable": lambda: bench_durable(directory),
             "resume": lambda: bench_resume(directory),
+            "postgres": bench_postgres,
             "executions": bench_executions,
             "lifecycle": bench_lifecycle,
         }
