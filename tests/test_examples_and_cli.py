@@ -16,7 +16,7 @@ import phronomy
 from phronomy.agent._messages import ExecutionRecord
 from phronomy.agent._records import record_request
 from phronomy.cli import build_parser, main
-from phronomy.storage import SaveRequest, encode_snapshot
+from phronomy.storage import SCHEMA_VERSION, SaveRequest, encode_snapshot
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -305,6 +305,6 @@ def test_migrate_brings_an_old_database_up_to_date(
     assert main(["instances", "list", "--db", db]) == 1  # read-only: refuses, explains
     assert "phronomy migrate" in capsys.readouterr().err
     assert main(["migrate", "--db", db]) == 0
-    assert capsys.readouterr().out == f"{db}: schema version 2\n"
+    assert capsys.readouterr().out == f"{db}: schema version {SCHEMA_VERSION}\n"
     assert main(["instances", "list", "--db", db, "--status", "halted"]) == 0
     assert capsys.readouterr().out.startswith("halted-1\tfixture-flow\thalted\trev 1")

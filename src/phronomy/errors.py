@@ -27,6 +27,7 @@
     ├── BackpressureError                   a bounded queue is full
     ├── StorageError
     │   ├── ConflictError                   the stored revision moved on
+    │   │   └── LeaseLostError              another runtime took the instance over
     │   ├── NotFoundError (LookupError)     nothing is stored (or live) under that id
     │   ├── SerializationError (ValueError) a value cannot be stored faithfully
     │   │   └── CorruptRecordError          a stored record does not decode
@@ -57,6 +58,7 @@ __all__ = [
     "InstanceStateError",
     "InvalidActionResultError",
     "InvalidInputError",
+    "LeaseLostError",
     "NotFoundError",
     "PhronomyError",
     "PhronomyInternalError",
@@ -288,6 +290,13 @@ class StorageError(PhronomyError):
 
 class ConflictError(StorageError):
     """A revision or identity precondition failed (optimistic concurrency)."""
+
+
+class LeaseLostError(ConflictError):
+    """Another runtime took the instance over: this runtime's lease on it expired (it
+    could not renew it in time) and was claimed with a newer epoch. Nothing this
+    runtime writes for that segment is accepted any more; its caller gets this error.
+    """
 
 
 class NotFoundError(StorageError, LookupError):

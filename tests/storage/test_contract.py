@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 from typing import TYPE_CHECKING
 
+import msgspec
 import outcome
 import pytest
 
@@ -13,9 +14,12 @@ from phronomy.storage import (
     SAVE_LOG_DEPTH,
     BeginOp,
     DeleteOp,
+    Lease,
     LoadOp,
     MarkOp,
     MemoryStore,
+    RecoverOp,
+    RenewOp,
     SaveOp,
     SaveRequest,
     SQLiteStore,
@@ -229,8 +233,8 @@ def test_batches_check_each_save_on_its_own(store: WorkflowStore) -> None:
     assert isinstance(values[1].error, errors.ConflictError)
     assert (values[2].outcome, values[2].revision) == ("success", 2)
     assert values[3].revision == 2  # operations run in order
-    assert values[4] is True
-    assert values[5] is False
+    assert values[4] == 1  # the first claim: epoch 1
+    assert values[5] is None
     assert values[6] is True
     assert store.load("x").revision == 2  # type: ignore[union-attr]
 
@@ -246,3 +250,104 @@ def test_errors_stay_inside_the_batch(store: WorkflowStore) -> None:
     assert isinstance(results[0], outcome.Error)
     assert isinstance(results[0].error, errors.ConflictError)
     assert results[1].unwrap().outcome == "success"  # type: ignore[union-attr]
+
+
+def leased(
+    iid: str, expected: int | None, lease: Lease | None, status: str = "halted"
+) -> SaveRequest:
+    return msgspec.structs.replace(request(iid, expected, status=status), lease=lease)
+
+
+def test_a_lease_admits_one_owner_and_fences_its_writes(store: WorkflowStore) -> None:
+    assert store.begin("l", "wf", lease_owner="A", ttl_ms=60_000) == 1
+    assert store.begin("l", "wf", lease_owner="B", ttl_ms=60_000) is None  # held
+    row = store.load("l")
+    assert row is not None
+    assert (row.status, row.lease_owner, row.lease_epoch) == ("running", "A", 1)
+    assert row.lease_expires_at_ms is not None
+    with pytest.raises(errors.LeaseLostError, match="epoch 1"):
+        store.save(leased("l", None, Lease(owner="B", epoch=1)))
+    with pytest.raises(errors.ConflictError, match="holds \\(or held\\) its lease"):
+        store.save(leased("l", None, None))  # a writer without the lease
+    assert store.run(RenewOp(owner="A", instance_ids=("l", "x"), ttl_ms=60_000)) == {
+        "l": 1
+    }
+    assert store.run(RenewOp(owner="B", instance_ids=("l",), ttl_ms=60_000)) == {}
+    assert store.save(leased("l", None, Lease(owner="A", epoch=1))) == 1
+    row = store.load("l")
+    assert row is not None  # a halted save releases the lease, the epoch stays
+    assert (row.lease_owner, row.lease_epoch, row.lease_expires_at_ms) == (
+        None,
+        1,
+        None,
+    )
+    assert (
+        store.begin("l", "wf", expected_revision=1, lease_owner="B", ttl_ms=60_000) == 2
+    )
+    with pytest.raises(errors.LeaseLostError):  # A's stale segment: fenced
+        store.save(leased("l", 1, Lease(owner="A", epoch=1)))
+    assert store.save(leased("l", 1, Lease(owner="B", epoch=2), "finished")) == 2
+
+
+def test_an_expired_lease_can_be_claimed_by_another_owner(store: WorkflowStore) -> None:
+    assert store.begin("e", "wf", lease_owner="A", ttl_ms=0) == 1  # expires at once
+    assert store.begin("e", "wf", lease_owner="B", ttl_ms=60_000) == 2
+    with pytest.raises(errors.LeaseLostError, match="epoch 2"):
+        store.save(leased("e", None, Lease(owner="A", epoch=1)))
+    assert store.run(RenewOp(owner="A", instance_ids=("e",), ttl_ms=60_000)) == {}
+    assert store.save(leased("e", None, Lease(owner="B", epoch=2))) == 1
+
+
+def test_marks_keep_the_lease_only_while_the_outcome_is_open(
+    store: WorkflowStore,
+) -> None:
+    store.begin("m", "wf", lease_owner="A", ttl_ms=60_000)
+    assert store.mark("m", "recovery_required", detail="unknown outcome")
+    row = store.load("m")
+    assert row is not None
+    assert row.lease_owner == "A"  # held: no runtime is admitted until it is resolved
+    assert store.mark("m", "failed")
+    row = store.load("m")
+    assert row is not None
+    assert (row.lease_owner, row.lease_expires_at_ms) == (None, None)
+
+
+def test_the_recovery_sweep_puts_expired_instances_back(store: WorkflowStore) -> None:
+    store.save(request("h", None))  # halted at revision 1
+    assert store.begin("h", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)
+    assert store.begin("n", "wf", lease_owner="A", ttl_ms=0)  # never saved
+    assert store.begin("live", "wf", lease_owner="A", ttl_ms=60_000)
+    recovered = store.run(RecoverOp(limit=10, max_takeovers=2))
+    assert sorted(recovered) == [("h", "halted"), ("n", "failed")]
+    row = store.load("h")
+    assert row is not None
+    assert (row.status, row.revision, row.lease_owner) == ("halted", 1, None)
+    assert (row.lease_epoch, row.takeovers) == (2, 1)
+    assert "back at revision 1" in (row.detail or "")
+    with pytest.raises(errors.LeaseLostError):  # the stopped runtime's late save
+        store.save(leased("h", 1, Lease(owner="A", epoch=1)))
+    live = store.load("live")
+    assert live is not None
+    assert (live.status, live.lease_owner) == ("running", "A")
+    # a second takeover in a row (max_takeovers=2): the instance is poison
+    assert store.begin("h", "wf", expected_revision=1, lease_owner="C", ttl_ms=0) == 3
+    assert store.run(RecoverOp(limit=10, max_takeovers=2)) == [
+        ("h", "recovery_required")
+    ]
+    assert store.run(RecoverOp(limit=10, max_takeovers=2)) == []
+    row = store.load("h")
+    assert row is not None
+    assert (row.takeovers, row.lease_owner) == (2, None)
+    assert "2 times in a row" in (row.detail or "")
+
+
+def test_a_save_resets_the_takeover_count(store: WorkflowStore) -> None:
+    store.save(request("t", None))
+    store.begin("t", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)
+    store.run(RecoverOp())
+    epoch = store.begin("t", "wf", expected_revision=1, lease_owner="B", ttl_ms=60_000)
+    assert epoch is not None
+    store.save(leased("t", 1, Lease(owner="B", epoch=epoch)))
+    row = store.load("t")
+    assert row is not None
+    assert (row.revision, row.takeovers, row.status) == (2, 0, "halted")

@@ -52,7 +52,7 @@ def test_every_row_and_its_history_survive_the_migration(
     ).fetchall()
     before.close()
     store.open()
-    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 2
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 3
     for iid, revision, status, phase, snapshot, write_id, detail in rows:
         record = store.load(iid)
         assert record is not None
@@ -130,3 +130,45 @@ def test_bad_log_depths_are_refused(tmp_path: Path) -> None:
     for depth in (1, 0, "3", True):
         with pytest.raises(errors.InvalidInputError, match="save_log_depth"):
             SQLiteStore(tmp_path / "x.db", save_log_depth=depth)  # type: ignore[arg-type]
+
+
+def test_a_schema_2_file_gains_leases_and_keeps_every_row(
+    open_sqlite: Callable[..., SQLiteStore], tmp_path: Path
+) -> None:
+    fixture = FIXTURE.with_name("schema_v2.db")
+    before = _read_only(fixture)
+    try:
+        assert before.execute("PRAGMA user_version").fetchone()[0] == 2
+        rows = before.execute(
+            "SELECT instance_id, revision, status, phase, snapshot, last_write_id, "
+            "detail, definition_version FROM phronomy_workflow_instances"
+        ).fetchall()
+    finally:
+        before.close()
+    path = tmp_path / "v2.db"
+    shutil.copy(fixture, path)
+    store = open_sqlite(path)
+    store.open()
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION
+    for iid, revision, status, phase, snapshot, write_id, detail, version in rows:
+        record = store.load(iid)
+        assert record is not None
+        assert (record.revision, record.status, record.phase) == (
+            revision,
+            status,
+            phase,
+        )
+        assert (record.snapshot, record.write_id, record.detail) == (
+            snapshot,
+            write_id,
+            detail,
+        )
+        assert record.definition_version == version
+        assert (record.lease_owner, record.lease_epoch, record.takeovers) == (
+            None,
+            0,
+            0,
+        )
+    assert [e.revision for e in store.history("finished-1")] == [2, 1]
+    # a row left running by a runtime without leases can be claimed again
+    assert store.begin("running-1", "fixture-flow", lease_owner="A", ttl_ms=1000) == 1

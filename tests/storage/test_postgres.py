@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from phronomy import PostgresStore, errors
-from phronomy.storage import SaveOp
+from phronomy.storage import SCHEMA_VERSION, SaveOp
 
 from .test_contract import request
 
@@ -69,7 +69,7 @@ def test_open_creates_the_schema_once_and_reopens_it(
     assert others[0].load("a") is not None
     with _admin(postgres_dsn) as conn:
         rows = conn.execute(f"SELECT version FROM {first.schema}.phronomy_schema")
-        assert [r[0] for r in rows] == [2]
+        assert [r[0] for r in rows] == [SCHEMA_VERSION]
     assert first.identity == f"postgresql:{first.address}/{first.schema}"
     assert first.identity == others[0].identity
     assert "@" not in first.address  # never the user or a password

@@ -20,10 +20,12 @@ from ._ops import (
     ListOp,
     LoadOp,
     MarkOp,
+    RecoverOp,
+    RenewOp,
     SaveOp,
 )
 from ._records import InstancePage, SaveLogEntry, SaveRequest, StoredRecord
-from ._store import SAVE_LOG_DEPTH
+from ._store import SAVE_LOG_DEPTH, conflict_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -65,6 +67,15 @@ class _Tables:
         for iid, row, log in reversed(undo):
             _set(self.rows, iid, row)
             _set(self.log, iid, log)
+
+
+def _claimable(row: StoredRecord, owner: str | None, now: int) -> bool:
+    """No other runtime holds an unexpired lease on *row*."""
+    return (
+        row.lease_owner is None
+        or row.lease_owner == owner
+        or (row.lease_expires_at_ms or 0) <= now
+    )
 
 
 def _set(table: dict[str, Any], key: str, value: Any) -> None:
@@ -162,6 +173,10 @@ class MemoryStore(BaseStore[_Tables]):
                 return self._save(conn, request)
             case MarkOp():
                 return self._mark(conn, op)
+            case RenewOp():
+                return self._renew(conn, op)
+            case RecoverOp():
+                return self._recover(conn, op)
             case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
                 row = conn.rows.get(iid)
                 if row is None or row.revision != expected:
@@ -174,12 +189,12 @@ class MemoryStore(BaseStore[_Tables]):
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
     @staticmethod
-    def _begin(conn: _Tables, op: BeginOp) -> bool:
-        iid = op.workflow_instance_id
+    def _begin(conn: _Tables, op: BeginOp) -> int | None:
+        iid, owner, now = op.workflow_instance_id, op.lease_owner, _now_ms()
         row = conn.rows.get(iid)
         if row is None:
             if op.expected_revision:
-                return False
+                return None
             row = StoredRecord(
                 workflow_instance_id=iid,
                 workflow=op.workflow,
@@ -189,29 +204,115 @@ class MemoryStore(BaseStore[_Tables]):
         elif (
             row.revision != (op.expected_revision or 0)
             or row.status == "recovery_required"
+            or not _claimable(row, owner, now)
         ):
-            return False
+            return None
+        epoch = row.lease_epoch + 1
         conn.put(
             iid,
             msgspec.structs.replace(
                 row,
                 status="running",
                 workflow=row.workflow or op.workflow,
-                updated_at_ms=_now_ms(),
+                updated_at_ms=now,
+                lease_owner=owner,
+                lease_epoch=epoch,
+                lease_expires_at_ms=None if owner is None else now + op.ttl_ms,
             ),
             conn.log.get(iid),
         )
-        return True
+        return epoch
+
+    @staticmethod
+    def _renew(conn: _Tables, op: RenewOp) -> dict[str, int]:
+        now, renewed = _now_ms(), {}
+        for iid in op.instance_ids:
+            row = conn.rows.get(iid)
+            if row is not None and row.lease_owner == op.owner:
+                expires = now + op.ttl_ms
+                row = msgspec.structs.replace(row, lease_expires_at_ms=expires)
+                conn.put(iid, row, conn.log.get(iid))
+                renewed[iid] = row.lease_epoch
+        return renewed
+
+    @staticmethod
+    def _recover(conn: _Tables, op: RecoverOp) -> list[tuple[str, str]]:
+        now = _now_ms()
+        expired = sorted(
+            (
+                r
+                for r in conn.rows.values()
+                if r.status == "running"
+                and r.lease_owner is not None
+                and (r.lease_expires_at_ms or 0) <= now
+            ),
+            key=lambda r: r.lease_expires_at_ms or 0,
+        )[: op.limit]
+        recovered = []
+        for row in expired:
+            iid = row.workflow_instance_id
+            log = conn.log.get(iid)
+            saved = [e for e in (log or {}).values() if e.revision == row.revision]
+            if row.revision == 0:
+                status, detail = (
+                    "failed",
+                    (
+                        "the runtime that started it stopped before its first save "
+                        "(its lease expired)"
+                    ),
+                )
+            elif row.takeovers + 1 >= op.max_takeovers:
+                status, detail = (
+                    "recovery_required",
+                    (
+                        f"its runtime stopped {row.takeovers + 1} times in a row while "
+                        "running it (lease expired)"
+                    ),
+                )
+            else:
+                status = saved[0].status if saved else "halted"
+                detail = (
+                    "its runtime stopped while running it (lease expired); back at "
+                    f"revision {row.revision}"
+                )
+            conn.put(
+                iid,
+                msgspec.structs.replace(
+                    row,
+                    status=status,
+                    detail=detail,
+                    updated_at_ms=now,
+                    lease_owner=None,
+                    lease_expires_at_ms=None,
+                    lease_epoch=row.lease_epoch + 1,
+                    takeovers=row.takeovers + 1,
+                ),
+                log,
+            )
+            recovered.append((iid, status))
+        return recovered
 
     def _save(self, conn: _Tables, request: SaveRequest) -> int:
         iid = request.workflow_instance_id
         row = conn.rows.get(iid)
         current = 0 if row is None else row.revision
-        if current != (request.expected_revision or 0):
-            raise ConflictError(
-                f"workflow instance {iid!r} is at revision {current if row else None}, "
-                f"expected {request.expected_revision}"
+        lease = request.lease
+        if current != (request.expected_revision or 0) or (
+            row is not None
+            and (row.lease_owner, row.lease_epoch)
+            != (
+                (None, row.lease_epoch) if lease is None else (lease.owner, lease.epoch)
             )
+        ):
+            found = None if row is None else (current, row.lease_owner, row.lease_epoch)
+            raise conflict_error(
+                iid,
+                "save",
+                expected=request.expected_revision,
+                lease=lease,
+                found=found,
+            )
+        running = request.status == "running"
         revision = current + 1
         log = {
             w: e
@@ -241,6 +342,11 @@ class MemoryStore(BaseStore[_Tables]):
                 detail=request.detail,
                 updated_at_ms=now,
                 definition_version=request.definition_version,
+                lease_owner=row.lease_owner if row and running else None,
+                lease_epoch=row.lease_epoch if row else 0,
+                lease_expires_at_ms=row.lease_expires_at_ms
+                if row and running
+                else None,
             ),
             log,
         )
@@ -261,10 +367,16 @@ class MemoryStore(BaseStore[_Tables]):
             op.expected_revision is not None and row.revision != op.expected_revision
         ):
             return False
+        keep = op.status in ("running", "recovery_required")  # the lease stays held
         conn.put(
             iid,
             msgspec.structs.replace(
-                row, status=op.status, detail=op.detail, updated_at_ms=_now_ms()
+                row,
+                status=op.status,
+                detail=op.detail,
+                updated_at_ms=_now_ms(),
+                lease_owner=row.lease_owner if keep else None,
+                lease_expires_at_ms=row.lease_expires_at_ms if keep else None,
             ),
             conn.log.get(iid),
         )

@@ -24,6 +24,8 @@ __all__ = [
     "ListOp",
     "LoadOp",
     "MarkOp",
+    "RecoverOp",
+    "RenewOp",
     "SaveOp",
     "StoreOp",
     "op_name",
@@ -72,15 +74,51 @@ class FindWriteOp(
 
 @final
 class BeginOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="begin"):
-    """Mark an instance ``running`` if it is still at *expected_revision*.
+    """Claim an instance: mark it ``running`` if it is still at *expected_revision*.
 
-    Creates a revision-0 placeholder row when the instance has none yet. The result
-    says whether a row was marked (``False`` if it moved on or requires recovery).
+    Creates a revision-0 placeholder row when the instance has none yet. With
+    *lease_owner*, the row's lease goes to that owner for *ttl_ms* (on the store's
+    clock) — only if no other owner holds an unexpired one. The result is the new
+    fencing epoch, or ``None`` when nothing was claimed (the row moved on, requires
+    recovery, or another runtime holds its lease).
     """
 
     workflow_instance_id: str
     workflow: str
     expected_revision: int | None = None
+    lease_owner: str | None = None
+    ttl_ms: int = 0
+
+
+@final
+class RenewOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="renew"):
+    """Renew the leases *owner* still holds on *instance_ids* for *ttl_ms* (a heartbeat).
+
+    ``ttl_ms=0`` releases them: they expire at once, for the recovery sweep. The result
+    maps each instance whose lease was renewed to its epoch; an instance missing from
+    it was taken over (or has ended).
+    """
+
+    owner: str
+    instance_ids: tuple[str, ...]
+    ttl_ms: int
+
+
+@final
+class RecoverOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="recover"):
+    """Take over up to *limit* ``running`` instances whose lease expired (their runtime
+    stopped) and put each back at its last saved revision, released.
+
+    Each goes back to the status it had when that revision was saved (``halted``,
+    ``finished``, ...): the event or start that was running was never acknowledged. An
+    instance that never saved becomes ``failed``; one taken over *max_takeovers* times
+    without a save in between becomes ``recovery_required``. Each takeover increments
+    the epoch, so a late write of the stopped runtime is refused. The result lists
+    ``(instance_id, status)`` of the instances recovered.
+    """
+
+    limit: int = 100
+    max_takeovers: int = 5
 
 
 @final
@@ -121,7 +159,16 @@ class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="delete"
 
 
 StoreOp = (
-    LoadOp | ListOp | HistoryOp | FindWriteOp | BeginOp | SaveOp | MarkOp | DeleteOp
+    LoadOp
+    | ListOp
+    | HistoryOp
+    | FindWriteOp
+    | BeginOp
+    | SaveOp
+    | MarkOp
+    | DeleteOp
+    | RenewOp
+    | RecoverOp
 )
 """Every operation a store runs."""
 

@@ -18,6 +18,7 @@ __all__ = [
     "SQL_CREATE",
     "SQL_CREATE_VERSION_TABLE",
     "SQL_DELETE",
+    "SQL_EXPIRED",
     "SQL_FIND_WRITE",
     "SQL_HISTORY",
     "SQL_LIST",
@@ -25,6 +26,8 @@ __all__ = [
     "SQL_LOCK_SCHEMA",
     "SQL_MARK",
     "SQL_MARK_OR_CREATE",
+    "SQL_RECOVER",
+    "SQL_RENEW",
     "SQL_RESUME",
     "SQL_REVISION",
     "SQL_SCHEMA_VERSION",
@@ -37,7 +40,7 @@ __all__ = [
     "STATEMENTS",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """The newest schema this release writes (the SQLite store's numbering)."""
 
 SQL_CREATE_VERSION_TABLE = (
@@ -121,17 +124,32 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TRIGGER phronomy_log_delete AFTER DELETE ON phronomy_workflow_instances
             FOR EACH ROW EXECUTE FUNCTION phronomy_log_forget()""",
     ),
+    (  # version 3: leases with fencing (one live segment across machines)
+        """ALTER TABLE phronomy_workflow_instances
+            ADD COLUMN lease_owner text,
+            ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0,
+            ADD COLUMN lease_expires_at_ms bigint,
+            ADD COLUMN takeovers integer NOT NULL DEFAULT 0""",
+        """CREATE INDEX phronomy_workflow_instances_leases
+            ON phronomy_workflow_instances (lease_expires_at_ms)
+            WHERE lease_owner IS NOT NULL""",
+    ),
 )
 
 COLUMNS = (
     "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, "
-    "updated_at_ms, definition_version"
+    "updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms, "
+    "takeovers"
 )
-SQL_REVISION = "SELECT revision FROM phronomy_workflow_instances WHERE instance_id = %s"
+SQL_REVISION = (
+    "SELECT revision, lease_owner, lease_epoch FROM phronomy_workflow_instances "
+    "WHERE instance_id = %s"
+)
 SQL_LOAD = f"SELECT {COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = %s"  # noqa: S608 - constant
 SQL_LIST = """
     SELECT instance_id, workflow, revision, status, phase, NULL, last_write_id, detail,
-        updated_at_ms, definition_version
+        updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms,
+        takeovers
     FROM phronomy_workflow_instances
     WHERE (%(status)s::text IS NULL OR status = %(status)s)
       AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
@@ -145,24 +163,44 @@ SQL_HISTORY = """
 SQL_FIND_WRITE = (
     "SELECT revision FROM phronomy_save_log WHERE instance_id = %s AND write_id = %s"
 )
+_EXPIRES = f"CASE WHEN %(owner)s::text IS NULL THEN NULL ELSE {_NOW_MS} + %(ttl)s END"
+_CLAIM = f"""
+        lease_owner = %(owner)s,
+        lease_epoch = t.lease_epoch + 1,
+        lease_expires_at_ms = {_EXPIRES}"""
+_CLAIMABLE = f"""t.status != 'recovery_required' AND (t.lease_owner IS NULL
+        OR t.lease_owner = %(owner)s OR t.lease_expires_at_ms <= {_NOW_MS})"""
 SQL_BEGIN = f"""
     INSERT INTO phronomy_workflow_instances AS t
-        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
-    VALUES (%(id)s, %(workflow)s, 0, 'running', {_NOW_MS}, {_NOW_MS})
+        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms,
+         lease_owner, lease_epoch, lease_expires_at_ms)
+    VALUES (%(id)s, %(workflow)s, 0, 'running', {_NOW_MS}, {_NOW_MS}, %(owner)s, 1,
+        {_EXPIRES})
     ON CONFLICT (instance_id) DO UPDATE SET
         status = 'running',
         updated_at_ms = excluded.updated_at_ms,
-        workflow = CASE WHEN t.workflow = '' THEN excluded.workflow ELSE t.workflow END
-    WHERE t.revision = coalesce(%(expected)s::bigint, 0)
-      AND t.status != 'recovery_required'
+        workflow = CASE WHEN t.workflow = '' THEN excluded.workflow ELSE t.workflow END,
+        {_CLAIM}
+    WHERE t.revision = coalesce(%(expected)s::bigint, 0) AND {_CLAIMABLE}
+    RETURNING lease_epoch
 """  # noqa: S608 - constant
 SQL_RESUME = f"""
-    UPDATE phronomy_workflow_instances SET
+    UPDATE phronomy_workflow_instances AS t SET
         status = 'running', updated_at_ms = {_NOW_MS},
-        workflow = CASE WHEN workflow = '' THEN %(workflow)s ELSE workflow END
-    WHERE instance_id = %(id)s AND revision = %(expected)s
-      AND status != 'recovery_required'
+        workflow = CASE WHEN t.workflow = '' THEN %(workflow)s ELSE t.workflow END,
+        {_CLAIM}
+    WHERE t.instance_id = %(id)s AND t.revision = %(expected)s AND {_CLAIMABLE}
+    RETURNING lease_epoch
 """  # noqa: S608 - constant
+_FENCED = """t.lease_owner IS NOT DISTINCT FROM %(owner)s::text
+        AND (%(owner)s::text IS NULL OR t.lease_epoch = %(epoch)s)"""
+"""A save is accepted only from the lease holder (or, without a lease, when none)."""
+_RELEASE = """
+        lease_owner = CASE WHEN %(status)s = 'running' THEN t.lease_owner END,
+        lease_expires_at_ms = CASE WHEN %(status)s = 'running'
+                                   THEN t.lease_expires_at_ms END,
+        takeovers = 0"""
+"""A save of any status but ``running`` ends the segment: its lease goes with it."""
 SQL_CREATE = f"""
     INSERT INTO phronomy_workflow_instances AS t
         (instance_id, workflow, revision, status, phase, snapshot, last_write_id,
@@ -174,21 +212,28 @@ SQL_CREATE = f"""
         snapshot = excluded.snapshot, last_write_id = excluded.last_write_id,
         detail = excluded.detail, updated_at_ms = excluded.updated_at_ms,
         definition_version = excluded.definition_version,
-        workflow = CASE WHEN t.workflow = '' THEN excluded.workflow ELSE t.workflow END
-    WHERE t.revision = 0
+        workflow = CASE WHEN t.workflow = '' THEN excluded.workflow ELSE t.workflow END,
+        {_RELEASE}
+    WHERE t.revision = 0 AND {_FENCED}
 """  # noqa: S608 - constant
 SQL_UPDATE = f"""
-    UPDATE phronomy_workflow_instances SET
-        revision = revision + 1, status = %(status)s, phase = %(phase)s,
+    UPDATE phronomy_workflow_instances AS t SET
+        revision = t.revision + 1, status = %(status)s, phase = %(phase)s,
         snapshot = %(snapshot)s, last_write_id = %(write_id)s, detail = %(detail)s,
         updated_at_ms = {_NOW_MS}, definition_version = %(version)s,
-        workflow = CASE WHEN workflow = '' THEN %(workflow)s ELSE workflow END
-    WHERE instance_id = %(id)s AND revision = %(expected)s
+        workflow = CASE WHEN t.workflow = '' THEN %(workflow)s ELSE t.workflow END,
+        {_RELEASE}
+    WHERE t.instance_id = %(id)s AND t.revision = %(expected)s AND {_FENCED}
 """  # noqa: S608 - constant
+_KEEP_LEASE = "%(status)s IN ('running', 'recovery_required')"
+"""A mark to these statuses keeps the lease (an unknown outcome keeps it held)."""
 SQL_MARK = f"""
-    UPDATE phronomy_workflow_instances SET status = %(status)s, detail = %(detail)s,
-        updated_at_ms = {_NOW_MS}
-    WHERE instance_id = %(id)s AND (%(expected)s::bigint IS NULL OR revision = %(expected)s)
+    UPDATE phronomy_workflow_instances AS t SET status = %(status)s,
+        detail = %(detail)s, updated_at_ms = {_NOW_MS},
+        lease_owner = CASE WHEN {_KEEP_LEASE} THEN t.lease_owner END,
+        lease_expires_at_ms = CASE WHEN {_KEEP_LEASE} THEN t.lease_expires_at_ms END
+    WHERE t.instance_id = %(id)s
+      AND (%(expected)s::bigint IS NULL OR t.revision = %(expected)s)
 """  # noqa: S608 - constant
 SQL_MARK_OR_CREATE = f"""
     INSERT INTO phronomy_workflow_instances AS t
@@ -196,8 +241,46 @@ SQL_MARK_OR_CREATE = f"""
     VALUES (%(id)s, %(workflow)s, 0, %(status)s, %(detail)s, {_NOW_MS}, {_NOW_MS})
     ON CONFLICT (instance_id) DO UPDATE SET
         status = excluded.status, detail = excluded.detail,
-        updated_at_ms = excluded.updated_at_ms
+        updated_at_ms = excluded.updated_at_ms,
+        lease_owner = CASE WHEN {_KEEP_LEASE} THEN t.lease_owner END,
+        lease_expires_at_ms = CASE WHEN {_KEEP_LEASE} THEN t.lease_expires_at_ms END
     WHERE %(expected)s::bigint IS NULL OR t.revision = %(expected)s
+"""  # noqa: S608 - constant
+SQL_RENEW = f"""
+    UPDATE phronomy_workflow_instances SET lease_expires_at_ms = {_NOW_MS} + %(ttl)s
+    WHERE lease_owner = %(owner)s
+      AND instance_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
+    RETURNING instance_id, lease_epoch
+"""  # noqa: S608 - constant
+SQL_EXPIRED = f"""
+    SELECT instance_id, lease_epoch FROM phronomy_workflow_instances
+    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= {_NOW_MS}
+      AND status = 'running'
+    ORDER BY lease_expires_at_ms LIMIT %(limit)s
+    FOR UPDATE SKIP LOCKED
+"""  # noqa: S608 - constant
+SQL_RECOVER = f"""
+    UPDATE phronomy_workflow_instances AS t SET
+        status = CASE
+            WHEN t.revision = 0 THEN 'failed'
+            WHEN t.takeovers + 1 >= %(max)s THEN 'recovery_required'
+            ELSE coalesce((SELECT l.status FROM phronomy_save_log AS l
+                           WHERE l.instance_id = t.instance_id
+                             AND l.revision = t.revision), 'halted')
+        END,
+        detail = CASE
+            WHEN t.revision = 0 THEN 'the runtime that started it stopped before its '
+                                  || 'first save (its lease expired)'
+            WHEN t.takeovers + 1 >= %(max)s THEN 'its runtime stopped '
+                || (t.takeovers + 1) || ' times in a row while running it (lease expired)'
+            ELSE 'its runtime stopped while running it (lease expired); back at '
+                 || 'revision ' || t.revision
+        END,
+        updated_at_ms = {_NOW_MS}, lease_owner = NULL, lease_expires_at_ms = NULL,
+        lease_epoch = t.lease_epoch + 1, takeovers = t.takeovers + 1
+    WHERE t.instance_id = %(id)s AND t.lease_epoch = %(epoch)s AND t.status = 'running'
+      AND t.lease_owner IS NOT NULL AND t.lease_expires_at_ms <= {_NOW_MS}
+    RETURNING t.status
 """  # noqa: S608 - constant
 SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = %s AND revision = %s"
@@ -229,4 +312,7 @@ STATEMENTS = Statements(
     mark=SQL_MARK,
     mark_or_create=SQL_MARK_OR_CREATE,
     delete=SQL_DELETE,
+    renew=SQL_RENEW,
+    expired=SQL_EXPIRED,
+    recover=SQL_RECOVER,
 )

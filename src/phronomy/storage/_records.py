@@ -16,6 +16,7 @@ __all__ = [
     "OPEN_STATUSES",
     "InstancePage",
     "InstanceStatus",
+    "Lease",
     "SaveLogEntry",
     "SaveOutcome",
     "SaveRequest",
@@ -68,6 +69,12 @@ class StoredRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         updated_at_ms: wall-clock milliseconds of the last change.
         definition_version: the version of the workflow definition that saved it
             (empty before the first save, or when saved by a release without versions).
+        lease_owner: the owner token of the runtime that holds the instance's lease
+            (``None``: no runtime does).
+        lease_epoch: the fencing epoch (each claim and takeover increments it).
+        lease_expires_at_ms: when the lease expires, on the store's clock.
+        takeovers: how many times in a row its runtime stopped while running it (the
+            recovery sweep took it over); a save resets it.
     """
 
     workflow_instance_id: str
@@ -80,6 +87,23 @@ class StoredRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     detail: str | None = None
     updated_at_ms: int = 0
     definition_version: str = ""
+    lease_owner: str | None = None
+    lease_epoch: int = 0
+    lease_expires_at_ms: int | None = None
+    takeovers: int = 0
+
+
+@final
+class Lease(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A runtime's claim on an instance: the capability every fenced write presents.
+
+    Attributes:
+        owner: the runtime's owner token (one per runtime).
+        epoch: the fencing epoch its claim returned; a takeover increments it.
+    """
+
+    owner: str
+    epoch: int
 
 
 @final
@@ -97,6 +121,9 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         workflow: the owning workflow's name.
         definition_version: the version of the definition that saves it.
         detail: a note kept with the row (for example why it was cancelled).
+        lease: the writer's lease: the save is accepted only while the row holds it
+            (``None``: only while no runtime holds one). A save of any status but
+            ``running`` releases it.
     """
 
     workflow_instance_id: str
@@ -108,6 +135,7 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     workflow: str = ""
     definition_version: str = ""
     detail: str | None = None
+    lease: Lease | None = None
 
 
 @final

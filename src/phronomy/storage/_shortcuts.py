@@ -125,16 +125,20 @@ class OneAtATime:
         workflow: str,
         *,
         expected_revision: int | None = None,
-    ) -> bool:
-        """See :class:`~phronomy.storage.BeginOp`."""
-        marked: bool = self.run(
+        lease_owner: str | None = None,
+        ttl_ms: int = 0,
+    ) -> int | None:
+        """See :class:`~phronomy.storage.BeginOp`: the new epoch, or ``None``."""
+        epoch: int | None = self.run(
             BeginOp(
                 workflow_instance_id=workflow_instance_id,
                 workflow=workflow,
                 expected_revision=expected_revision,
+                lease_owner=lease_owner,
+                ttl_ms=ttl_ms,
             )
         )
-        return marked
+        return epoch
 
     def mark(
         self,

@@ -6,9 +6,8 @@ dialect) and a DB-API connection; :func:`apply_op` runs one operation on it.
 
 from __future__ import annotations
 
+import json
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
-
-from phronomy.errors import ConflictError
 
 from ._ops import (
     BeginOp,
@@ -18,15 +17,20 @@ from ._ops import (
     ListOp,
     LoadOp,
     MarkOp,
+    RecoverOp,
+    RenewOp,
     SaveOp,
 )
 from ._records import InstancePage, SaveLogEntry, StoredRecord
+from ._store import conflict_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from phronomy.errors import ConflictError
+
     from ._ops import StoreOp
-    from ._records import SaveRequest
+    from ._records import Lease, SaveRequest
 
 __all__ = ["Connection", "Statements", "apply_op", "record_from_row"]
 
@@ -55,7 +59,8 @@ class Statements(NamedTuple):
 
     ``load``, ``revision``, ``find_write``, ``history`` and ``delete`` take positional
     parameters, the others named ones (``now`` is passed for backends whose clock is
-    the client's).
+    the client's). ``begin``, ``resume``, ``renew``, ``expired`` and ``recover``
+    return rows.
     """
 
     load: str
@@ -70,6 +75,9 @@ class Statements(NamedTuple):
     mark: str
     mark_or_create: str
     delete: str
+    renew: str
+    expired: str
+    recover: str
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
@@ -86,6 +94,10 @@ def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
         detail=row[7],
         updated_at_ms=row[8],
         definition_version=row[9],
+        lease_owner=row[10],
+        lease_epoch=row[11],
+        lease_expires_at_ms=row[12],
+        takeovers=row[13],
     )
 
 
@@ -132,14 +144,36 @@ def apply_op(
             row = conn.execute(sql.find_write, (iid, write_id)).fetchone()
             return None if row is None else int(row[0])
         case BeginOp():
+            owner = op.lease_owner
             params = {
                 "id": op.workflow_instance_id,
                 "workflow": op.workflow,
                 "now": now_ms(),
                 "expected": op.expected_revision,
+                "owner": owner,
+                "ttl": op.ttl_ms,
             }
             statement = sql.resume if op.expected_revision else sql.begin
-            return conn.execute(statement, params).rowcount == 1
+            row = conn.execute(statement, params).fetchone()
+            return None if row is None else int(row[0])
+        case RenewOp(owner=owner, instance_ids=ids, ttl_ms=ttl):
+            params = {
+                "owner": owner,
+                "ids": json.dumps(ids),
+                "now": now_ms(),
+                "ttl": ttl,
+            }
+            return {row[0]: int(row[1]) for row in conn.execute(sql.renew, params)}
+        case RecoverOp(limit=limit, max_takeovers=max_takeovers):
+            now = now_ms()
+            candidates = conn.execute(sql.expired, {"now": now, "limit": limit})
+            recovered = []
+            for iid, epoch in candidates.fetchall():
+                params = {"id": iid, "epoch": epoch, "now": now, "max": max_takeovers}
+                row = conn.execute(sql.recover, params).fetchone()
+                if row is not None:
+                    recovered.append((iid, row[0]))
+            return recovered
         case SaveOp(request=request):
             return _save(conn, request, sql, now_ms)
         case MarkOp():
@@ -177,10 +211,14 @@ def _save(
         "version": request.definition_version,
         "now": now_ms(),
         "expected": expected,
+        "owner": None if request.lease is None else request.lease.owner,
+        "epoch": None if request.lease is None else request.lease.epoch,
     }
     cursor = conn.execute(sql.update if expected else sql.create, params)
     if cursor.rowcount != 1:
-        raise _conflict(conn, sql, request.workflow_instance_id, expected, "save")
+        raise _conflict(
+            conn, sql, request.workflow_instance_id, expected, "save", request.lease
+        )
     return (expected or 0) + 1
 
 
@@ -190,10 +228,13 @@ def _conflict(
     workflow_instance_id: str,
     expected: int | None,
     action: str,
+    lease: Lease | None = None,
 ) -> ConflictError:
     row = conn.execute(sql.revision, (workflow_instance_id,)).fetchone()
-    found = None if row is None else row[0]
-    return ConflictError(
-        f"cannot {action} workflow instance {workflow_instance_id!r}: expected revision "
-        f"{expected}, the store has {found or 'no saved revision'}"
+    return conflict_error(
+        workflow_instance_id,
+        action,
+        expected=expected,
+        lease=lease,
+        found=None if row is None else (row[0], row[1], row[2]),
     )

@@ -20,6 +20,7 @@ __all__ = [
     "SQL_BEGIN",
     "SQL_CREATE",
     "SQL_DELETE",
+    "SQL_EXPIRED",
     "SQL_FIND_WRITE",
     "SQL_FOREIGN_TABLES",
     "SQL_HISTORY",
@@ -27,6 +28,8 @@ __all__ = [
     "SQL_LOAD",
     "SQL_MARK",
     "SQL_MARK_OR_CREATE",
+    "SQL_RECOVER",
+    "SQL_RENEW",
     "SQL_RESUME",
     "SQL_REVISION",
     "SQL_SET_LOG_DEPTH",
@@ -36,7 +39,7 @@ __all__ = [
     "now_ms",
 ]
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 """``PRAGMA user_version`` of the newest schema this release writes."""
 
 NETWORK_FILESYSTEMS = frozenset({
@@ -151,41 +154,77 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             DELETE FROM phronomy_save_log WHERE instance_id = OLD.instance_id;
         END""",
     ),
+    (  # version 3: leases with fencing (one live segment across processes)
+        "ALTER TABLE phronomy_workflow_instances ADD COLUMN lease_owner TEXT",
+        """ALTER TABLE phronomy_workflow_instances
+            ADD COLUMN lease_epoch INTEGER NOT NULL DEFAULT 0""",
+        "ALTER TABLE phronomy_workflow_instances ADD COLUMN lease_expires_at_ms INTEGER",
+        """ALTER TABLE phronomy_workflow_instances
+            ADD COLUMN takeovers INTEGER NOT NULL DEFAULT 0""",
+        """CREATE INDEX phronomy_workflow_instances_leases
+            ON phronomy_workflow_instances (lease_expires_at_ms)
+            WHERE lease_owner IS NOT NULL""",
+    ),
 )
 
 COLUMNS = (
     "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, "
-    "updated_at_ms, definition_version"
+    "updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms, "
+    "takeovers"
 )
 LIST_COLUMNS = (
     "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, "
-    "updated_at_ms, definition_version"
+    "updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms, "
+    "takeovers"
 )
 
 SQL_FOREIGN_TABLES = (
     "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
     "AND name NOT LIKE 'phronomy_%'"
 )
-SQL_REVISION = "SELECT revision FROM phronomy_workflow_instances WHERE instance_id = ?"
+SQL_REVISION = (
+    "SELECT revision, lease_owner, lease_epoch FROM phronomy_workflow_instances "
+    "WHERE instance_id = ?"
+)
 SQL_LOAD = f"SELECT {COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = ?"  # noqa: S608 - constant
-SQL_BEGIN = """
+_CLAIM = """
+        lease_owner = :owner,
+        lease_epoch = lease_epoch + 1,
+        lease_expires_at_ms = CASE WHEN :owner IS NULL THEN NULL ELSE :now + :ttl END"""
+_CLAIMABLE = """status != 'recovery_required'
+      AND (lease_owner IS NULL OR lease_owner = :owner OR lease_expires_at_ms <= :now)"""
+SQL_BEGIN = f"""
     INSERT INTO phronomy_workflow_instances
-        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms)
-    VALUES (:id, :workflow, 0, 'running', :now, :now)
+        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms,
+         lease_owner, lease_epoch, lease_expires_at_ms)
+    VALUES (:id, :workflow, 0, 'running', :now, :now, :owner, 1,
+        CASE WHEN :owner IS NULL THEN NULL ELSE :now + :ttl END)
     ON CONFLICT (instance_id) DO UPDATE SET
         status = 'running',
         updated_at_ms = excluded.updated_at_ms,
-        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
-    WHERE revision = coalesce(:expected, 0) AND status != 'recovery_required'
-"""
+        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END,
+        {_CLAIM}
+    WHERE revision = coalesce(:expected, 0) AND {_CLAIMABLE}
+    RETURNING lease_epoch
+"""  # noqa: S608 - constant
 # An upsert cannot express "the row must exist at revision N": resuming updates only.
-SQL_RESUME = """
+SQL_RESUME = f"""
     UPDATE phronomy_workflow_instances SET
         status = 'running', updated_at_ms = :now,
-        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
-    WHERE instance_id = :id AND revision = :expected AND status != 'recovery_required'
-"""
-SQL_CREATE = """
+        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END,
+        {_CLAIM}
+    WHERE instance_id = :id AND revision = :expected AND {_CLAIMABLE}
+    RETURNING lease_epoch
+"""  # noqa: S608 - constant
+_FENCED = "lease_owner IS :owner AND (:owner IS NULL OR lease_epoch = :epoch)"
+"""A save is accepted only from the lease holder (or, without a lease, when none)."""
+_RELEASE = """
+        lease_owner = CASE WHEN :status = 'running' THEN lease_owner END,
+        lease_expires_at_ms = CASE WHEN :status = 'running'
+                                   THEN lease_expires_at_ms END,
+        takeovers = 0"""
+"""A save of any status but ``running`` ends the segment: its lease goes with it."""
+SQL_CREATE = f"""
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, phase, snapshot, last_write_id,
          detail, created_at_ms, updated_at_ms, definition_version)
@@ -196,34 +235,78 @@ SQL_CREATE = """
         snapshot = excluded.snapshot, last_write_id = excluded.last_write_id,
         detail = excluded.detail, updated_at_ms = excluded.updated_at_ms,
         definition_version = excluded.definition_version,
-        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END
-    WHERE revision = 0
-"""
-SQL_UPDATE = """
+        workflow = CASE WHEN workflow = '' THEN excluded.workflow ELSE workflow END,
+        {_RELEASE}
+    WHERE revision = 0 AND {_FENCED}
+"""  # noqa: S608 - constant
+SQL_UPDATE = f"""
     UPDATE phronomy_workflow_instances SET
         revision = revision + 1, status = :status, phase = :phase, snapshot = :snapshot,
         last_write_id = :write_id, detail = :detail, updated_at_ms = :now,
         definition_version = :version,
-        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END
-    WHERE instance_id = :id AND revision = :expected
-"""
+        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END,
+        {_RELEASE}
+    WHERE instance_id = :id AND revision = :expected AND {_FENCED}
+"""  # noqa: S608 - constant
 SQL_HISTORY = """
     SELECT revision, status, phase, write_id, committed_at_ms, definition_version, detail
     FROM phronomy_save_log WHERE instance_id = ? ORDER BY revision DESC LIMIT ?
 """
 SQL_SET_LOG_DEPTH = "UPDATE phronomy_settings SET value = ? WHERE name = 'save_log_depth' AND value != ?"
-SQL_MARK = """
-    UPDATE phronomy_workflow_instances SET status = :status, detail = :detail, updated_at_ms = :now
+_KEEP_LEASE = "('running', 'recovery_required')"
+"""A mark to these statuses keeps the lease (an unknown outcome keeps it held)."""
+SQL_MARK = f"""
+    UPDATE phronomy_workflow_instances SET status = :status, detail = :detail,
+        updated_at_ms = :now,
+        lease_owner = CASE WHEN :status IN {_KEEP_LEASE} THEN lease_owner END,
+        lease_expires_at_ms = CASE WHEN :status IN {_KEEP_LEASE}
+                                   THEN lease_expires_at_ms END
     WHERE instance_id = :id AND (:expected IS NULL OR revision = :expected)
-"""
-SQL_MARK_OR_CREATE = """
+"""  # noqa: S608 - constant
+SQL_MARK_OR_CREATE = f"""
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, detail, created_at_ms, updated_at_ms)
     VALUES (:id, :workflow, 0, :status, :detail, :now, :now)
     ON CONFLICT (instance_id) DO UPDATE SET
         status = excluded.status, detail = excluded.detail,
-        updated_at_ms = excluded.updated_at_ms
+        updated_at_ms = excluded.updated_at_ms,
+        lease_owner = CASE WHEN :status IN {_KEEP_LEASE} THEN lease_owner END,
+        lease_expires_at_ms = CASE WHEN :status IN {_KEEP_LEASE}
+                                   THEN lease_expires_at_ms END
     WHERE :expected IS NULL OR revision = :expected
+"""  # noqa: S608 - constant
+SQL_RENEW = """
+    UPDATE phronomy_workflow_instances SET lease_expires_at_ms = :now + :ttl
+    WHERE lease_owner = :owner AND instance_id IN (SELECT value FROM json_each(:ids))
+    RETURNING instance_id, lease_epoch
+"""
+SQL_EXPIRED = """
+    SELECT instance_id, lease_epoch FROM phronomy_workflow_instances
+    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= :now AND status = 'running'
+    ORDER BY lease_expires_at_ms LIMIT :limit
+"""
+SQL_RECOVER = """
+    UPDATE phronomy_workflow_instances AS t SET
+        status = CASE
+            WHEN revision = 0 THEN 'failed'
+            WHEN takeovers + 1 >= :max THEN 'recovery_required'
+            ELSE coalesce((SELECT l.status FROM phronomy_save_log AS l
+                           WHERE l.instance_id = t.instance_id
+                             AND l.revision = t.revision), 'halted')
+        END,
+        detail = CASE
+            WHEN revision = 0 THEN 'the runtime that started it stopped before its '
+                                || 'first save (its lease expired)'
+            WHEN takeovers + 1 >= :max THEN 'its runtime stopped ' || (takeovers + 1)
+                                || ' times in a row while running it (lease expired)'
+            ELSE 'its runtime stopped while running it (lease expired); back at '
+                 || 'revision ' || revision
+        END,
+        updated_at_ms = :now, lease_owner = NULL, lease_expires_at_ms = NULL,
+        lease_epoch = lease_epoch + 1, takeovers = takeovers + 1
+    WHERE instance_id = :id AND lease_epoch = :epoch AND status = 'running'
+      AND lease_owner IS NOT NULL AND lease_expires_at_ms <= :now
+    RETURNING status
 """
 SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = ? AND revision = ?"
@@ -252,6 +335,9 @@ STATEMENTS = Statements(
     mark=SQL_MARK,
     mark_or_create=SQL_MARK_OR_CREATE,
     delete=SQL_DELETE,
+    renew=SQL_RENEW,
+    expired=SQL_EXPIRED,
+    recover=SQL_RECOVER,
 )
 
 

@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 from phronomy.errors import (
     ConflictError,
     InstanceStateError,
+    LeaseLostError,
     NotFoundError,
     RecoveryRequiredError,
     SerializationError,
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     import outcome
 
     from ._ops import StoreOp
-    from ._records import SaveRequest, StoredRecord
+    from ._records import Lease, SaveRequest, StoredRecord
 
 __all__ = [
     "KNOWN_FAILURES",
@@ -30,6 +31,7 @@ __all__ = [
     "check_not_quarantined",
     "check_startable",
     "classify_uncertain_save",
+    "conflict_error",
     "run_op",
 ]
 
@@ -85,6 +87,48 @@ class WorkflowStore(Protocol):
     def close(self) -> None:
         """Release connections (the store reopens on the next call)."""
         ...
+
+
+def conflict_error(
+    workflow_instance_id: str,
+    action: str,
+    *,
+    expected: int | None,
+    lease: Lease | None,
+    found: tuple[int, str | None, int] | None,
+) -> ConflictError:
+    """The error of a revision-checked write that changed nothing.
+
+    Args:
+        workflow_instance_id: the instance.
+        action: what was refused (``"save"``, ``"delete"``).
+        expected: the revision the writer expected.
+        lease: the writer's lease, if any.
+        found: the row's ``(revision, lease_owner, lease_epoch)``, or ``None``.
+
+    Returns:
+        :class:`~phronomy.errors.LeaseLostError` when another runtime took over the writer's
+        lease, else a :class:`~phronomy.ConflictError` that says what was found.
+    """
+    iid = workflow_instance_id
+    if found is not None:
+        _, owner, epoch = found
+        if lease is not None and (owner, epoch) != (lease.owner, lease.epoch):
+            return LeaseLostError(
+                f"cannot {action} workflow instance {iid!r}: another runtime took it "
+                f"over (lease epoch {epoch}, this runtime held epoch {lease.epoch}); "
+                "this runtime no longer writes it"
+            )
+        if lease is None and owner is not None:
+            return ConflictError(
+                f"cannot {action} workflow instance {iid!r}: a runtime holds (or "
+                f"held) its lease (epoch {epoch}); only a runtime that claims it may "
+                "write it"
+            )
+    return ConflictError(
+        f"cannot {action} workflow instance {iid!r}: expected revision {expected}, "
+        f"the store has {found[0] if found else 'no saved revision'}"
+    )
 
 
 def run_op(store: WorkflowStore, op: StoreOp) -> Any:
