@@ -14,7 +14,7 @@ import trio
 
 from phronomy._portal import ThreadPortal
 from phronomy.agent import ExecutionCoordinator, Executions
-from phronomy.durability import DurabilityService
+from phronomy.durability import DurabilityService, LeaseSettings
 from phronomy.engine import open_engine
 from phronomy.errors import InvalidInputError
 from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
@@ -160,6 +160,11 @@ async def open_runtime(
     backlog_threshold: int = 1000,
     starvation_threshold: float | None = None,
     dispatch_threshold: float | None = None,
+    lease_ttl: float = 30.0,
+    heartbeat_interval: float = 10.0,
+    lease_margin: float = 5.0,
+    sweep_interval: float = 5.0,
+    max_takeovers: int = 5,
 ) -> AsyncGenerator[Runtime]:
     """Run a phronomy runtime for the duration of the ``async with`` block.
 
@@ -189,6 +194,18 @@ async def open_runtime(
         backlog_threshold: dispatcher queue depth that logs a backlog warning.
         starvation_threshold: optional queue-lag warning threshold (seconds).
         dispatch_threshold: optional long-dispatch warning threshold (seconds).
+        lease_ttl: seconds a durable segment's lease lasts without renewal; another
+            runtime (process or machine) on the same store can take the instance over
+            only after it expired (see the durability how-to).
+        heartbeat_interval: seconds between renewals of this runtime's leases (one
+            statement for all of them); ``lease_ttl - lease_margin`` must exceed it.
+        lease_margin: a segment whose lease was not renewed stops this many seconds
+            before the lease could expire (its caller gets
+            :class:`~phronomy.errors.LeaseLostError`).
+        sweep_interval: seconds between this runtime's recovery sweeps, which put
+            back instances whose runtime stopped while running them (``0``: none).
+        max_takeovers: an instance whose runtime stopped this many times in a row
+            while running it becomes ``recovery_required``.
 
     Yields:
         The :class:`Runtime`.
@@ -222,9 +239,20 @@ async def open_runtime(
                         f"{store!r} was opened with read_only=True; a runtime writes to "
                         "its store (read-only stores are for inspecting a database)"
                     )
-                gateway = DurabilityService(engine, store, queue_size=queue_size)
+                settings = LeaseSettings(
+                    ttl=lease_ttl,
+                    heartbeat_interval=heartbeat_interval,
+                    margin=lease_margin,
+                    sweep_interval=sweep_interval,
+                    max_takeovers=max_takeovers,
+                )
+                gateway = DurabilityService(
+                    engine, store, queue_size=queue_size, leases=settings
+                )
                 # a broken, foreign or read-only file is refused before anything runs
                 await gateway.open()
+                engine.start_task(gateway.leases.heartbeat, name="lease heartbeat")
+                engine.start_task(gateway.leases.sweep, name="recovery sweep")
             workflows = engine.receiver(
                 WorkflowCoordinator,
                 functools.partial(

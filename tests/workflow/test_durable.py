@@ -14,6 +14,7 @@ import trio
 import phronomy
 from phronomy.engine import Event
 from phronomy.storage import (
+    Lease,
     SaveRequest,
     StoredRecord,
     decode_snapshot_builtins,
@@ -52,6 +53,19 @@ def fields(
         record.snapshot, workflow_instance_id=iid, revision=record.revision
     )
     return record, decoded.fields
+
+
+def durable_view(record: StoredRecord) -> tuple[Any, ...]:
+    """What a row says about the instance (not its lease or its timestamps)."""
+    return (
+        record.revision,
+        record.status,
+        record.phase,
+        record.snapshot,
+        record.write_id,
+        record.detail,
+        record.definition_version,
+    )
 
 
 def status_of(store: phronomy.storage.WorkflowStore, iid: str) -> str | None:
@@ -201,7 +215,11 @@ async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
                 assert rejected.workflow_instance_id == "order-1"
                 assert "order-1" in str(rejected)
                 assert admission_state(rt, "order-1") is None  # released
-                assert store.load("order-1") == before  # not a byte changed
+                # the row is back as it was (its claim, and the lease, are released)
+                after = store.load("order-1")
+                assert after is not None
+                assert durable_view(after) == durable_view(before)
+                assert (after.lease_owner, after.lease_expires_at_ms) == (None, None)
             done = await rt.workflows.send_event(
                 flow, "approve", workflow_instance_id="order-1", payload="yes"
             )
@@ -413,7 +431,11 @@ async def test_conflicting_save_fails_the_caller(
     flow = live_flow()
     async with runtime_on(store) as rt:
         handle = await start_live(rt, flow, "cf")
-        # another writer creates revision 1 meanwhile
+        # another writer creates revision 1 meanwhile (with the segment's own lease:
+        # without it, the store refuses it)
+        claimed = store.load("cf")
+        assert claimed is not None
+        assert claimed.lease_owner is not None
         store.save(
             SaveRequest(
                 workflow_instance_id="cf",
@@ -422,8 +444,9 @@ async def test_conflicting_save_fails_the_caller(
                     Value(), workflow_instance_id="cf", revision=1, phase=FINISH
                 ),
                 write_id="other",
-                status="finished",
+                status="running",
                 phase=FINISH,
+                lease=Lease(owner=claimed.lease_owner, epoch=claimed.lease_epoch),
             )
         )
         rt.workflows.signal(flow, "cf", "finish")
@@ -508,14 +531,18 @@ async def test_unknown_outcome_requires_recovery(
         running = segment_id(rt, "u")
         assert running is not None
         if readback == "third-state":  # another writer created the row meanwhile
+            claimed = inner.load("u")
+            assert claimed is not None
+            assert claimed.lease_owner is not None
             inner.save(
                 SaveRequest(
                     workflow_instance_id="u",
                     expected_revision=None,
                     snapshot=b"{}",
                     write_id="third",
-                    status="halted",
+                    status="running",
                     phase="x",
+                    lease=Lease(owner=claimed.lease_owner, epoch=claimed.lease_epoch),
                 )
             )
         else:
@@ -921,22 +948,23 @@ async def test_status_is_running_while_parked_and_failed_after_an_error(
         .transition("s", FINISH)
     )
     async with runtime_on(store) as rt:
-        # straight through to FINISH: one read, one save, no separate "running" write
+        # straight through to FINISH: one read, one claim (the lease), one save that
+        # releases it
         assert (
             await rt.workflows.invoke(counter_flow(), workflow_instance_id="quick")
         ).revision == 1
         assert (store.count("load"), store.count("begin"), store.count("save")) == (
             1,
-            0,
+            1,
             1,
         )
-        # parked at a state waiting for a signal: marked running once, then finished
+        # parked at a state waiting for a signal: running (claimed), then finished
         handle = await start_live(rt, flow, "st")
         await until(lambda: status_of(store, "st") == "running")
         rt.workflows.signal(flow, "st", "finish")
         await handle.result()
         assert status_of(store, "st") == "finished"
-        assert store.count("begin") == 1
+        assert store.count("begin") == 2
         # a fresh instance that failed before any save is listed as failed
         with pytest.raises(ValueError, match="action exploded"):
             await rt.workflows.invoke(wf.build(), workflow_instance_id="broken")

@@ -1,5 +1,6 @@
 """Durability: the runtime's one service between its features and its store."""
 
+from ._leases import Leases as Leases, LeaseSettings as LeaseSettings
 from ._service import (
     DurabilityService as DurabilityService,
     DurabilityStatistics as DurabilityStatistics,
@@ -12,6 +13,8 @@ from ._service import (
 __all__ = [
     "DurabilityService",
     "DurabilityStatistics",
+    "LeaseSettings",
+    "Leases",
     "RecordKind",
     "kind_of",
     "mark_op",

@@ -25,9 +25,11 @@ from phronomy.storage import (
     StoreOp,
 )
 
+from ._leases import Leases, LeaseSettings
+
 if TYPE_CHECKING:
     from phronomy.engine import Engine
-    from phronomy.storage import InstanceStatus, StoredRecord, WorkflowStore
+    from phronomy.storage import InstanceStatus, Lease, StoredRecord, WorkflowStore
 
 __all__ = [
     "DurabilityService",
@@ -88,10 +90,17 @@ class DurabilityService:
     """
 
     def __init__(
-        self, engine: Engine, store: WorkflowStore, *, queue_size: int
+        self,
+        engine: Engine,
+        store: WorkflowStore,
+        *,
+        queue_size: int,
+        leases: LeaseSettings | None = None,
     ) -> None:
-        """Create the service's pools on *engine* (the store is opened by :meth:`open`)."""
+        """Create the service's pools on *engine* (the store is opened by :meth:`open`);
+        its :attr:`leases` follow *leases* (the defaults if ``None``)."""
         self.store = store
+        self.leases = Leases(self.run, leases or LeaseSettings())
         self._pool = engine.pool(
             "phronomy.store", size=store.max_concurrency, queue_size=queue_size
         )
@@ -242,16 +251,19 @@ def mark_op(
     status: InstanceStatus,
     *,
     expected_revision: int | None,
-    detail: str,
+    detail: str | None,
     workflow: str = "",
+    lease: Lease | None = None,
 ) -> MarkOp:
     """A status-only write (``detail`` truncated to 1000 characters) that creates a
-    placeholder row for an instance that never saved (so operators see it)."""
+    placeholder row for an instance that never saved (so operators see it); with
+    *lease*, only while the row holds that lease."""
     return MarkOp(
         workflow_instance_id=workflow_instance_id,
         status=status,
         expected_revision=expected_revision,
-        detail=detail[:1000],
+        detail=None if detail is None else detail[:1000],
         create=not expected_revision,
         workflow=workflow,
+        lease=lease,
     )

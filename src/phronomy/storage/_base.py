@@ -12,6 +12,7 @@ from phronomy.errors import ConflictError
 
 from ._ops import (
     READ_OPS,
+    BeginOp,
     FindWriteOp,
     LoadOp,
     SaveOp,
@@ -168,8 +169,33 @@ class BaseStore(OneAtATime, Generic[C]):
     ) -> outcome.Outcome[Any]:
         if isinstance(op, SaveOp):
             return outcome.Value(self.reconcile(op.request, error))
+        if isinstance(op, BeginOp) and op.lease_owner is not None:
+            return self._reconcile_claim(op, error)
         if isinstance(op, READ_OPS) and index < len(results):
             return results[index]  # a read that already completed stays valid
+        return outcome.Error(error)
+
+    def _reconcile_claim(self, op: BeginOp, error: Exception) -> outcome.Outcome[Any]:
+        """A claim whose commit outcome is unknown: its epoch if the row holds this
+        owner's lease (owner tokens are unique to a runtime, which claims an instance
+        once at a time), else the error (nothing was claimed)."""
+        iid = op.workflow_instance_id
+        try:
+            self._hook("readback.before")
+            self.fence()
+            with self._reading() as conn:
+                row = self.apply(conn, LoadOp(workflow_instance_id=iid))
+        except Exception as read_error:  # noqa: BLE001 - the claim stays unknown
+            logger.warning("reconciliation read of %r failed: %r", iid, read_error)
+            return outcome.Error(error)
+        if (
+            row is not None
+            and row.lease_owner == op.lease_owner
+            and row.status == "running"
+            and row.revision == (op.expected_revision or 0)
+        ):
+            logger.info("uncertain claim of %r had committed", iid)
+            return outcome.Value(row.lease_epoch)
         return outcome.Error(error)
 
     def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:

@@ -363,8 +363,17 @@ class MemoryStore(BaseStore[_Tables]):
                 revision=0,
                 status=op.status,
             )
-        if row is None or (
-            op.expected_revision is not None and row.revision != op.expected_revision
+        if (
+            row is None
+            or (
+                op.expected_revision is not None
+                and row.revision != op.expected_revision
+            )
+            or (
+                op.lease is not None
+                and (row.lease_owner, row.lease_epoch)
+                != (op.lease.owner, op.lease.epoch)
+            )
         ):
             return False
         keep = op.status in ("running", "recovery_required")  # the lease stays held

@@ -13,7 +13,7 @@ from typing import final
 
 import msgspec
 
-from ._records import InstanceStatus, SaveRequest
+from ._records import InstanceStatus, Lease, SaveRequest
 
 __all__ = [
     "READ_OPS",
@@ -139,7 +139,9 @@ class MarkOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="mark"):
     Metadata only; the result says whether a row changed. With ``create=True`` a missing
     row becomes a revision-0 placeholder of *workflow* with that status, so a failure or
     an unknown outcome stays visible (and fail-closed) even for an instance that never
-    saved.
+    saved. With *lease*, only a row that holds that lease changes (the writer's
+    segment still owns it). A mark to ``running`` or ``recovery_required`` keeps the
+    row's lease; any other status releases it.
     """
 
     workflow_instance_id: str
@@ -148,6 +150,7 @@ class MarkOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="mark"):
     detail: str | None = None
     create: bool = False
     workflow: str = ""
+    lease: Lease | None = None
 
 
 @final

@@ -225,6 +225,9 @@ SQL_UPDATE = f"""
         {_RELEASE}
     WHERE t.instance_id = %(id)s AND t.revision = %(expected)s AND {_FENCED}
 """  # noqa: S608 - constant
+_HOLDS = """(%(owner)s::text IS NULL
+        OR (t.lease_owner = %(owner)s AND t.lease_epoch = %(epoch)s))"""
+"""A mark with a lease changes only a row that still holds it."""
 _KEEP_LEASE = "%(status)s IN ('running', 'recovery_required')"
 """A mark to these statuses keeps the lease (an unknown outcome keeps it held)."""
 SQL_MARK = f"""
@@ -233,7 +236,7 @@ SQL_MARK = f"""
         lease_owner = CASE WHEN {_KEEP_LEASE} THEN t.lease_owner END,
         lease_expires_at_ms = CASE WHEN {_KEEP_LEASE} THEN t.lease_expires_at_ms END
     WHERE t.instance_id = %(id)s
-      AND (%(expected)s::bigint IS NULL OR t.revision = %(expected)s)
+      AND (%(expected)s::bigint IS NULL OR t.revision = %(expected)s) AND {_HOLDS}
 """  # noqa: S608 - constant
 SQL_MARK_OR_CREATE = f"""
     INSERT INTO phronomy_workflow_instances AS t
@@ -244,7 +247,7 @@ SQL_MARK_OR_CREATE = f"""
         updated_at_ms = excluded.updated_at_ms,
         lease_owner = CASE WHEN {_KEEP_LEASE} THEN t.lease_owner END,
         lease_expires_at_ms = CASE WHEN {_KEEP_LEASE} THEN t.lease_expires_at_ms END
-    WHERE %(expected)s::bigint IS NULL OR t.revision = %(expected)s
+    WHERE (%(expected)s::bigint IS NULL OR t.revision = %(expected)s) AND {_HOLDS}
 """  # noqa: S608 - constant
 SQL_RENEW = f"""
     UPDATE phronomy_workflow_instances SET lease_expires_at_ms = {_NOW_MS} + %(ttl)s

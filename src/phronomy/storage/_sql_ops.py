@@ -186,6 +186,8 @@ def apply_op(
                     "detail": op.detail,
                     "now": now_ms(),
                     "expected": op.expected_revision,
+                    "owner": None if op.lease is None else op.lease.owner,
+                    "epoch": None if op.lease is None else op.lease.epoch,
                 },
             )
             return cursor.rowcount == 1

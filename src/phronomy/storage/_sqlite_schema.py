@@ -253,6 +253,8 @@ SQL_HISTORY = """
     FROM phronomy_save_log WHERE instance_id = ? ORDER BY revision DESC LIMIT ?
 """
 SQL_SET_LOG_DEPTH = "UPDATE phronomy_settings SET value = ? WHERE name = 'save_log_depth' AND value != ?"
+_HOLDS = "(:owner IS NULL OR (lease_owner = :owner AND lease_epoch = :epoch))"
+"""A mark with a lease changes only a row that still holds it."""
 _KEEP_LEASE = "('running', 'recovery_required')"
 """A mark to these statuses keeps the lease (an unknown outcome keeps it held)."""
 SQL_MARK = f"""
@@ -262,6 +264,7 @@ SQL_MARK = f"""
         lease_expires_at_ms = CASE WHEN :status IN {_KEEP_LEASE}
                                    THEN lease_expires_at_ms END
     WHERE instance_id = :id AND (:expected IS NULL OR revision = :expected)
+      AND {_HOLDS}
 """  # noqa: S608 - constant
 SQL_MARK_OR_CREATE = f"""
     INSERT INTO phronomy_workflow_instances
@@ -273,7 +276,7 @@ SQL_MARK_OR_CREATE = f"""
         lease_owner = CASE WHEN :status IN {_KEEP_LEASE} THEN lease_owner END,
         lease_expires_at_ms = CASE WHEN :status IN {_KEEP_LEASE}
                                    THEN lease_expires_at_ms END
-    WHERE :expected IS NULL OR revision = :expected
+    WHERE (:expected IS NULL OR revision = :expected) AND {_HOLDS}
 """  # noqa: S608 - constant
 SQL_RENEW = """
     UPDATE phronomy_workflow_instances SET lease_expires_at_ms = :now + :ttl

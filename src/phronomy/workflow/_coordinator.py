@@ -25,8 +25,10 @@ from ._messages import (
     CancelCommand,
     CancelLoaded,
     CancelSaved,
+    ClaimReady,
     EventCounters,
     InstanceUpdate,
+    LeaseLost,
     LiveSegment,
     LoadReady,
     ResolveCommand,
@@ -112,6 +114,10 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 self._begin(message)
             case LoadReady():
                 self._apply_load(message)
+            case ClaimReady():
+                self._apply_claim(message)
+            case LeaseLost():
+                self._lease_lost(message)
             case ResolveCommand():
                 self._resolve(message)
             case CancelCommand():

@@ -53,10 +53,11 @@ class DurableBase(msgspec.Struct, frozen=True, kw_only=True):
         """What *record* (the instance's row, if any) says the segment starts from."""
         if record is None or record.revision == 0 or record.phase is None:
             return cls(expected=None, status="failed")  # nothing durable yet
-        return cls(
-            expected=record.revision,
-            status="finished" if record.phase == FINISH else "halted",
-        )
+        if record.status in ("running", "recovery_required"):  # what the save says
+            status: InstanceStatus = "finished" if record.phase == FINISH else "halted"
+        else:
+            status = record.status
+        return cls(expected=record.revision, status=status)
 
 
 def start_state(

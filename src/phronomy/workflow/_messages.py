@@ -18,12 +18,14 @@ __all__ = [
     "CancelCommand",
     "CancelLoaded",
     "CancelSaved",
+    "ClaimReady",
     "EventCounters",
     "EventOutcome",
     "EventStatus",
     "IfExists",
     "InputOverlay",
     "InstanceUpdate",
+    "LeaseLost",
     "LiveSegment",
     "LoadReady",
     "RecoveryEntry",
@@ -173,6 +175,27 @@ class CancelCommand(msgspec.Struct, frozen=True, kw_only=True):
     force: bool
     owner: object
     done: ResultHandle[Any]
+
+
+@final
+class ClaimReady(msgspec.Struct, frozen=True, kw_only=True):
+    """The claim of a durable segment came back: ``(epoch or None, the row if the
+    claim was refused)`` (a continuation of :class:`LoadReady`)."""
+
+    command: StartCommand | ResumeCommand
+    state: Any
+    base: Any
+    resume: tuple[str, str, Any] | None
+    sent: float
+    claimed: outcome.Outcome[Any]
+
+
+@final
+class LeaseLost(msgspec.Struct, frozen=True, kw_only=True):
+    """A live segment's lease was lost: it must stop without writing."""
+
+    session: Any
+    error: BaseException
 
 
 @final

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import EventSink, TerminalType
-    from phronomy.storage import InstanceStatus
+    from phronomy.storage import InstanceStatus, Lease
 
 __all__ = ["TERMINAL_RESULT", "TerminalPersistence"]
 
@@ -55,8 +55,10 @@ class TerminalPersistence:
         version: str,
         expected_revision: int | None,
         max_snapshot_bytes: int,
+        lease: Lease | None = None,
     ) -> None:
-        """Create the policy of one segment (runtime internal)."""
+        """Create the policy of one segment (runtime internal); its save presents
+        *lease* (the store refuses it once another runtime took the instance over)."""
         self._gateway = gateway
         self._on_persisting = on_persisting
         self._instance_id = instance_id
@@ -64,6 +66,7 @@ class TerminalPersistence:
         self._version = version
         self._expected = expected_revision
         self._max_bytes = max_snapshot_bytes
+        self._lease = lease
 
     def start(
         self, *, terminal_type: TerminalType, value: Any, sink: EventSink
@@ -100,6 +103,7 @@ class TerminalPersistence:
             workflow=self._workflow,
             definition_version=self._version,
             detail=detail,
+            lease=self._lease,
         )
 
         def deliver(saved: outcome.Outcome[Any]) -> None:

@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any, cast
+
+import outcome
+import trio
 
 from phronomy.durability import mark_op
 from phronomy.errors import (
+    BusyError,
+    ConflictError,
     EventRejectedError,
+    LeaseLostError,
+    NotFoundError,
     RecoveryRequiredError,
     RuntimeShutdownError,
 )
 from phronomy.storage import (
-    BeginOp,
+    Lease,
     LoadOp,
+    MarkOp,
     check_not_quarantined,
     check_startable,
+    run_op,
 )
 
 from ._definition import FINISH
@@ -29,7 +39,9 @@ from ._hydration import (
     start_state,
 )
 from ._messages import (
+    ClaimReady,
     InstanceUpdate,
+    LeaseLost,
     LoadReady,
     ResumeCommand,
     SegmentResult,
@@ -40,8 +52,6 @@ from ._persistence import TerminalPersistence
 from ._session import WorkflowSession
 
 if TYPE_CHECKING:
-    import outcome
-
     from phronomy.durability import DurabilityService
     from phronomy.engine import AdmissionTable, Host, Receiver, ResultHandle
     from phronomy.storage import InstanceStatus, StoredRecord
@@ -52,15 +62,23 @@ if TYPE_CHECKING:
 
 __all__ = ["PERSISTING", "SegmentLifecycle"]
 
+logger = logging.getLogger(__name__)
+
 Command = StartCommand | ResumeCommand
 
 PERSISTING = "persisting_terminal"
 """The admission state of a segment whose terminal save is in flight."""
 
-_UNCHANGED = (RuntimeShutdownError, RecoveryRequiredError, EventRejectedError)
-"""Segment errors that leave the durable instance as it was (its status is not
-touched): a cut-off at shutdown, an unknown save outcome (marked separately), a
-rejected event."""
+_UNCHANGED = (
+    RuntimeShutdownError,
+    RecoveryRequiredError,
+    EventRejectedError,
+    LeaseLostError,
+)
+"""Segment errors that leave the durable instance's last revision as it was: a
+cut-off at shutdown and a rejected event (the row goes back to what that revision
+says), an unknown save outcome (marked separately), a lost lease (another runtime
+owns the instance now)."""
 
 
 class SegmentLifecycle:
@@ -168,7 +186,7 @@ class SegmentLifecycle:
                 # phase is ignored (the segment restarts at the entry point).
                 stored = decoded.fields if decoded is not None else None
                 state = start_state(definition, cmd.input, stored)
-                self._register(cmd, state, base=base, resume=None)
+                self._claim(cmd, state, base, None)
                 return
             if cmd.halted is not None:
                 if decoded is not None:
@@ -183,9 +201,80 @@ class SegmentLifecycle:
                 )
                 state = resume_state(cmd.input, decoded.fields)
                 resume = (phase, event, cmd.payload)
-            self._register(cmd, state, base=base, resume=resume)
+            self._claim(cmd, state, base, resume)
         except Exception as exc:  # noqa: BLE001 - the caller's error
             self._abort(cmd, exc)
+
+    def _claim(
+        self,
+        cmd: Command,
+        state: State,
+        base: DurableBase,
+        resume: tuple[str, str, Any] | None,
+    ) -> None:
+        """Claim the instance's lease before anything runs: across runtimes (processes,
+        machines) on one store, exactly one claim of a revision succeeds."""
+        gateway = self.gateway
+        assert gateway is not None
+        iid, store = cmd.workflow_instance_id, gateway.store
+        op = gateway.leases.claim_op(iid, cmd.definition.name, base.expected)
+        sent = trio.current_time()
+
+        def diagnose(epoch: int | None) -> tuple[int | None, StoredRecord | None]:
+            # In the store's worker: a refused claim reads the row to say why.
+            if epoch is not None:
+                return epoch, None
+            row: StoredRecord | None = run_op(store, LoadOp(workflow_instance_id=iid))
+            return None, row
+
+        def claimed(done: outcome.Outcome[Any]) -> None:
+            message = ClaimReady(
+                command=cmd,
+                state=state,
+                base=base,
+                resume=resume,
+                sent=sent,
+                claimed=done,
+            )
+            if not self.post_message(message, completion=cmd.caller):
+                cmd.caller.fail(
+                    RuntimeShutdownError(
+                        f"the runtime shut down while claiming workflow instance {iid!r}"
+                    )
+                )
+
+        gateway.submit(op, claimed, finish=diagnose)
+
+    def _apply_claim(self, message: ClaimReady) -> None:
+        cmd = message.command
+        try:
+            epoch, row = message.claimed.unwrap()
+        except Exception as exc:  # noqa: BLE001 - the caller's error
+            self._abort(cmd, exc)
+            return
+        if epoch is None:
+            self._abort(cmd, _refused(cmd.workflow_instance_id, message.base, row))
+            return
+        try:
+            assert self.gateway is not None
+            lease = Lease(owner=self.gateway.leases.owner, epoch=epoch)
+            self._register(
+                cmd,
+                message.state,
+                base=message.base,
+                resume=message.resume,
+                claim=(lease, message.sent),
+            )
+        except Exception as exc:  # noqa: BLE001 - the caller's error
+            self._abort(cmd, exc)
+
+    def _lease_lost(self, message: LeaseLost) -> None:
+        session: WorkflowSession[Any] = message.session
+        if self.sessions.get(session.workflow_instance_id) is not session:
+            return  # it ended meanwhile
+        if session.lifecycle == "running":
+            # A terminal save in flight is fenced by the store: it decides.
+            session.finish_with_error(message.error)
 
     def _return_stored(
         self, cmd: StartCommand, record: StoredRecord, decoded: Any
@@ -212,14 +301,15 @@ class SegmentLifecycle:
         *,
         base: DurableBase | None,
         resume: tuple[str, str, Any] | None,
+        claim: tuple[Lease, float] | None = None,
     ) -> None:
-        """Create the segment's session; *base* is what a durable segment started from."""
+        """Create the segment's session; *base* is what a durable segment started from,
+        *claim* its lease and when the claim was sent."""
         iid = cmd.workflow_instance_id
-        policy = on_park = None
+        policy = None
         if base is not None:
             gateway = self.gateway
             assert gateway is not None
-            expected = base.expected
             admissions, owner = self.admissions, cmd.owner
             policy = TerminalPersistence(
                 gateway=gateway,
@@ -227,21 +317,10 @@ class SegmentLifecycle:
                 instance_id=iid,
                 workflow=cmd.definition.name,
                 version=cmd.definition.version,
-                expected_revision=expected,
+                expected_revision=base.expected,
                 max_snapshot_bytes=self.max_snapshot_bytes,
+                lease=None if claim is None else claim[0],
             )
-
-            def on_park() -> None:
-                # Queued before any terminal save of the segment (the batcher is FIFO).
-                gateway.submit_quietly(
-                    BeginOp(
-                        workflow_instance_id=iid,
-                        workflow=cmd.definition.name,
-                        expected_revision=expected,
-                    ),
-                    f"mark workflow instance {iid!r} running",
-                )
-
         session: WorkflowSession[Any] = WorkflowSession(
             self.engine,
             cmd.definition,
@@ -252,18 +331,25 @@ class SegmentLifecycle:
             policy=policy,
             observer=cmd.observer,
             resume=resume,
-            on_park=on_park,
             counters=self.counters,
             watchers=self.watchers,
         )
         self.admissions.bind(iid, cmd.owner, session.id, caller=cmd.caller)
         self.sessions[iid] = session
+        if claim is not None:
+            assert self.gateway is not None
+            lease, sent = claim
+
+            def lost(error: LeaseLostError) -> None:
+                self.post_message(LeaseLost(session=session, error=error))
+
+            self.gateway.leases.hold(iid, lease.epoch, lost, claimed_at=sent)
         coordinator = cast("Receiver", self)  # a registered receiver
         waiter = self.engine.register_session(session, receiver=coordinator)
         waiting = self.cancels.get(iid)
         if waiting:  # cancelled while it loaded: it ends before running anything
             session.cancel(waiting[0].reason)
-        waiter.on_complete(lambda done: self._finalize(cmd, base, session, done))
+        waiter.on_complete(lambda done: self._finalize(cmd, base, session, done, claim))
 
     def _finalize(
         self,
@@ -271,11 +357,14 @@ class SegmentLifecycle:
         base: DurableBase | None,
         session: WorkflowSession[Any],
         done: ResultHandle[Any],
+        claim: tuple[Lease, float] | None,
     ) -> None:
         # Release before settling the caller: a caller that immediately starts the
         # same instance again is admitted.
         iid = cmd.workflow_instance_id
         self.admissions.release(iid, owner=cmd.owner)
+        if claim is not None and self.gateway is not None:
+            self.gateway.leases.drop(iid)
         if self.sessions.get(iid) is session:
             del self.sessions[iid]
         if done.status == "completed":
@@ -302,10 +391,34 @@ class SegmentLifecycle:
             if not isinstance(error, _UNCHANGED):
                 machine, revision = session.machine, base.expected if base else None
                 self._watched(iid, "failed", machine.current, machine.state, revision)
+            mark = None
             if base is not None and self.gateway is not None:
-                self._mark_failed_segment(cmd, base, session, error)
-            cmd.caller.fail(error)
+                lease = None if claim is None else claim[0]
+                mark = _segment_mark(cmd, base, error, lease)
+            if mark is None:
+                cmd.caller.fail(error)
+            else:
+                self._write_mark(mark, cmd.caller, error)
         self._cancel_next(iid)  # cancels that waited for the segment to end
+
+    def _write_mark(
+        self, mark: MarkOp, caller: ResultHandle[Any], error: BaseException
+    ) -> None:
+        """Write the row's status after a failed segment; the caller hears of the
+        failure once the row says it (a caller cut off at shutdown: at once)."""
+        assert self.gateway is not None
+        what = f"mark workflow instance {mark.workflow_instance_id!r} {mark.status}"
+        if isinstance(error, RuntimeShutdownError):
+            self.gateway.submit_quietly(mark, what)
+            caller.fail(error)
+            return
+
+        def marked(done: outcome.Outcome[Any]) -> None:
+            if isinstance(done, outcome.Error) or not done.unwrap():
+                logger.warning("could not %s: %r", what, done)
+            caller.fail(error)
+
+        self.gateway.submit(mark, marked)
 
     def _watched(
         self,
@@ -326,36 +439,56 @@ class SegmentLifecycle:
                 )
             )
 
-    def _mark_failed_segment(
-        self,
-        cmd: Command,
-        base: DurableBase,
-        session: WorkflowSession[Any],
-        error: BaseException,
-    ) -> None:
-        assert self.gateway is not None
-        iid, expected = cmd.workflow_instance_id, base.expected or 0
-        if isinstance(error, RuntimeShutdownError) and session.parked:
-            # The row says "running" but nothing runs it any more: back to what its
-            # last durable revision says.
-            unchanged = (
-                f"revision {base.expected} is unchanged"
-                if base.expected
-                else "it had not saved yet"
-            )
-            status, detail = (
-                base.status,
-                f"its segment was cut off when the runtime shut down; {unchanged}",
-            )
-        elif not isinstance(error, _UNCHANGED):
-            status, detail = "failed", f"{type(error).__name__}: {error}"
-        else:
-            return
-        mark = mark_op(
-            iid,
-            status,
-            expected_revision=expected,
-            detail=detail,
-            workflow=cmd.definition.name,
+
+def _segment_mark(
+    cmd: Command, base: DurableBase, error: BaseException, lease: Lease | None
+) -> MarkOp | None:
+    """The status write a durable segment that failed with *error* needs, if any."""
+    iid, expected = cmd.workflow_instance_id, base.expected or 0
+    detail: str | None
+    if isinstance(error, RuntimeShutdownError):
+        # The claim marked the row "running" but nothing runs it any more: back to
+        # what its last durable revision says (the lease goes with it).
+        unchanged = (
+            f"revision {base.expected} is unchanged"
+            if base.expected
+            else "it had not saved yet"
         )
-        self.gateway.submit_quietly(mark, f"mark workflow instance {iid!r} {status}")
+        status = base.status
+        detail = f"its segment was cut off when the runtime shut down; {unchanged}"
+    elif isinstance(error, EventRejectedError):
+        status, detail = base.status, None  # as it was before the event
+    elif not isinstance(error, _UNCHANGED):
+        status, detail = "failed", f"{type(error).__name__}: {error}"
+    else:
+        return None
+    return mark_op(
+        iid,
+        status,
+        expected_revision=expected,
+        detail=detail,
+        workflow=cmd.definition.name,
+        lease=lease,
+    )
+
+
+def _refused(iid: str, base: DurableBase, row: StoredRecord | None) -> Exception:
+    """Why a claim was refused, from the row read after it."""
+    if row is None:
+        return NotFoundError(
+            f"workflow instance {iid!r} was deleted while it was being admitted"
+        )
+    if row.status == "recovery_required":
+        return RecoveryRequiredError(
+            f"workflow instance {iid!r} requires recovery: {row.detail or 'unknown'}"
+        )
+    if row.revision != (base.expected or 0):
+        return ConflictError(
+            f"workflow instance {iid!r} moved on to revision {row.revision} (another "
+            f"runtime saved it) while this runtime admitted it at revision "
+            f"{base.expected or 0}; send the event again"
+        )
+    return BusyError(
+        f"Workflow instance {iid!r} already has a live execution segment in another "
+        f"runtime (lease epoch {row.lease_epoch}, owner {row.lease_owner})"
+    )

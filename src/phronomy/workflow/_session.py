@@ -58,7 +58,6 @@ class WorkflowSession(GatedSession, Generic[S]):
         policy: TerminalPolicy | None = None,
         observer: Callable[[Step[S]], object] | None = None,
         resume: tuple[str, str, Any] | None = None,
-        on_park: Callable[[], None] | None = None,
         counters: EventCounters | None = None,
         watchers: Watchers | None = None,
     ) -> None:
@@ -74,9 +73,6 @@ class WorkflowSession(GatedSession, Generic[S]):
             policy: the terminal persistence policy of durable segments.
             observer: called with each stable :class:`Step`.
             resume: ``(phase, event, payload)`` to resume from a halted phase.
-            on_park: called once, the first time the segment stops at a state that
-                waits for a signal or an effect (durable segments mark themselves
-                ``running`` in the store then).
             counters: where live events are counted (the runtime's statistics).
             watchers: who watches instances (``runtime.workflows.watch``).
         """
@@ -96,14 +92,12 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.effects = EffectRunner(
             engine, self.sink.post, instance=workflow_instance_id
         )
-        self._on_park = on_park
         self.cancel_reason: str | None = None
         self._terminal: TerminalType = "finished"
         self.cancelling = False
         self.counters = counters if counters is not None else EventCounters()
         self.watchers = watchers
         self._auto = Event(type=AUTO_EVENT, target_id=self.id)
-        self.parked = False
 
     def __repr__(self) -> str:
         return (
@@ -259,10 +253,6 @@ class WorkflowSession(GatedSession, Generic[S]):
                     continue
                 case "wait":
                     self._publish()
-                    if not self.parked:
-                        self.parked = True
-                        if self._on_park is not None:
-                            self._on_park()
                 case "finish":
                     self.request_terminal("finished", notify_stable=False)
                 case "halt":

@@ -1,0 +1,265 @@
+"""A runtime's leases on the instances it runs: claims, heartbeats, loss, recovery.
+
+A segment is admitted across processes by claiming the instance's lease (one
+conditional statement that returns a fencing epoch); every save of the segment
+presents the lease, and the store refuses it once another runtime took the instance
+over. This runtime renews all its leases in one statement per heartbeat, stops a
+segment whose lease it could not renew before the margin, and sweeps the store for
+instances whose runtime stopped (their lease expired) to put them back at their last
+saved revision.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import secrets
+import socket
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, final
+
+import msgspec
+import trio
+import trio_util
+
+from phronomy.errors import InvalidInputError, LeaseLostError
+from phronomy.storage import BeginOp, Lease, RecoverOp, RenewOp
+
+if TYPE_CHECKING:
+    from collections.abc import Awaitable
+
+    from phronomy.storage import StoreOp
+
+__all__ = ["LeaseSettings", "Leases"]
+
+logger = logging.getLogger(__name__)
+
+
+@final
+class LeaseSettings(msgspec.Struct, frozen=True, kw_only=True):
+    """How long a runtime's leases last and how it keeps them.
+
+    The defaults follow the usual rule (a TTL of three heartbeats): a runtime that
+    stops is replaced within ``ttl + sweep_interval`` (35 s), and a runtime whose store
+    answers slowly for up to ``ttl - margin - heartbeat_interval`` (15 s) keeps its
+    leases.
+
+    Attributes:
+        ttl: seconds a claim or a renewal holds the lease (on the store's clock).
+        heartbeat_interval: seconds between renewals.
+        margin: a segment whose lease was not renewed stops this long before the lease
+            could expire (measured on this runtime's monotonic clock from the moment
+            the renewal was sent), so it never acts after another runtime could take
+            over.
+        sweep_interval: seconds between recovery sweeps (``0``: no sweep in this
+            runtime).
+        max_takeovers: an instance whose runtime stopped this many times in a row
+            while running it becomes ``recovery_required`` instead of being put back.
+    """
+
+    ttl: float = 30.0
+    heartbeat_interval: float = 10.0
+    margin: float = 5.0
+    sweep_interval: float = 5.0
+    max_takeovers: int = 5
+
+    def __post_init__(self) -> None:
+        """Check the settings.
+
+        Raises:
+            InvalidInputError: a value out of range, or ``ttl - margin`` not above
+                ``heartbeat_interval`` (a lease would lapse between two renewals).
+        """
+        for name in ("ttl", "heartbeat_interval", "margin"):
+            value = getattr(self, name)
+            if not (isinstance(value, (int, float)) and 0 < value < math.inf):
+                raise InvalidInputError(
+                    f"lease {name} must be > 0 seconds, got {value!r}"
+                )
+        if not self.sweep_interval >= 0:
+            raise InvalidInputError(
+                f"sweep_interval must be >= 0 seconds, got {self.sweep_interval!r}"
+            )
+        if self.ttl - self.margin <= self.heartbeat_interval:
+            raise InvalidInputError(
+                f"lease ttl ({self.ttl}) minus margin ({self.margin}) must exceed "
+                f"heartbeat_interval ({self.heartbeat_interval}): a lease would lapse "
+                "between two renewals"
+            )
+        if self.max_takeovers < 1:
+            raise InvalidInputError(
+                f"max_takeovers must be >= 1, got {self.max_takeovers!r}"
+            )
+
+
+class _Held(msgspec.Struct, kw_only=True):
+    epoch: int
+    deadline: float  # trio time: stop the segment if not renewed by then
+    on_lost: Callable[[LeaseLostError], object]
+
+
+@final
+class Leases:
+    """The leases of one runtime (its owner token is unique to it).
+
+    Used on the runtime's trio thread only; the heartbeat and the sweep run as
+    supervised tasks (:meth:`heartbeat`, :meth:`sweep`).
+    """
+
+    def __init__(
+        self, run: Callable[[StoreOp], Awaitable[Any]], settings: LeaseSettings
+    ) -> None:
+        """Lease instances with *settings*, running store operations with *run* (the
+        durability service's batched path)."""
+        self.settings = settings
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
+        self._run = run
+        self._held: dict[str, _Held] = {}
+        self.ttl_ms = round(settings.ttl * 1000)
+        self.recovered = 0
+        """Instances this runtime's sweeps put back."""
+
+    def claim_op(
+        self, workflow_instance_id: str, workflow: str, expected_revision: int | None
+    ) -> BeginOp:
+        """The claim of a segment (see :class:`~phronomy.storage.BeginOp`)."""
+        return BeginOp(
+            workflow_instance_id=workflow_instance_id,
+            workflow=workflow,
+            expected_revision=expected_revision,
+            lease_owner=self.owner,
+            ttl_ms=self.ttl_ms,
+        )
+
+    def hold(
+        self,
+        workflow_instance_id: str,
+        epoch: int,
+        on_lost: Callable[[LeaseLostError], object],
+        *,
+        claimed_at: float,
+    ) -> Lease:
+        """Keep renewing the lease the claim sent at *claimed_at* (trio time) returned;
+        *on_lost* is called (once) if it cannot be."""
+        deadline = claimed_at + self.settings.ttl - self.settings.margin
+        self._held[workflow_instance_id] = _Held(
+            epoch=epoch, deadline=deadline, on_lost=on_lost
+        )
+        return Lease(owner=self.owner, epoch=epoch)
+
+    def drop(self, workflow_instance_id: str) -> None:
+        """Stop renewing that lease (its segment ended: saved, released or lost)."""
+        self._held.pop(workflow_instance_id, None)
+
+    @property
+    def held(self) -> int:
+        """Leases this runtime renews."""
+        return len(self._held)
+
+    async def heartbeat(self) -> None:
+        """Renew the held leases every ``heartbeat_interval`` seconds, in one statement.
+
+        A lease the store no longer gives this runtime is lost at once; one not renewed
+        by its deadline (the store failed or answered too slowly) is lost at that
+        deadline: its segment stops.
+
+        Cancellation:
+            The loop ends (shutdown); a renewal in flight still completes.
+        """
+        tick = trio.current_time()
+        while True:
+            await self.renew()
+            tick += self.settings.heartbeat_interval
+            while (earliest := self._earliest()) < tick:  # a renewal failed
+                await trio.sleep_until(earliest)
+                self._expire(trio.current_time())
+            await trio.sleep_until(tick)
+
+    def _earliest(self) -> float:
+        return min((h.deadline for h in self._held.values()), default=math.inf)
+
+    def _expire(self, now: float) -> None:
+        for iid, held in list(self._held.items()):
+            if now >= held.deadline:
+                self._lose(iid, held, taken=False)
+
+    async def renew(self) -> None:
+        """One renewal of every held lease (see :meth:`heartbeat`).
+
+        Cancellation:
+            Stops the wait only: a renewal in flight still completes.
+        """
+        if not self._held:
+            return
+        sent = trio.current_time()
+        ids = tuple(self._held)
+        renewed: dict[str, int] | None = None
+        with trio.move_on_at(self._earliest()):
+            try:
+                renewed = await self._run(
+                    RenewOp(owner=self.owner, instance_ids=ids, ttl_ms=self.ttl_ms)
+                )
+            except Exception as exc:  # noqa: BLE001 - lost at the deadline, below
+                logger.warning("could not renew %d leases: %r", len(ids), exc)
+        if renewed is not None:
+            for iid in ids:
+                held = self._held.get(iid)
+                if held is None:
+                    continue  # ended meanwhile
+                if renewed.get(iid) == held.epoch:
+                    held.deadline = sent + self.settings.ttl - self.settings.margin
+                else:
+                    self._lose(iid, held, taken=True)
+        self._expire(trio.current_time())
+
+    def _lose(self, iid: str, held: _Held, *, taken: bool) -> None:
+        del self._held[iid]
+        why = (
+            "another runtime took it over"
+            if taken
+            else "this runtime could not renew its lease in time"
+        )
+        held.on_lost(
+            LeaseLostError(
+                f"workflow instance {iid!r}: {why} (lease epoch {held.epoch}); its "
+                "segment stopped and writes nothing more"
+            )
+        )
+
+    async def sweep(self) -> None:
+        """Every ``sweep_interval`` seconds, put back the instances whose runtime
+        stopped (see :class:`~phronomy.storage.RecoverOp`).
+
+        Cancellation:
+            The loop ends (shutdown); a sweep in flight still completes.
+        """
+        if self.settings.sweep_interval == 0:
+            return
+        ticks = trio_util.periodic(self.settings.sweep_interval)
+        async with contextlib.aclosing(ticks):
+            async for _ in ticks:
+                await self.sweep_once()
+
+    async def sweep_once(self) -> list[tuple[str, str]]:
+        """One recovery sweep: the instances put back and their status.
+
+        Cancellation:
+            Stops the wait only: a sweep in flight still completes.
+        """
+        op = RecoverOp(limit=100, max_takeovers=self.settings.max_takeovers)
+        try:
+            recovered: list[tuple[str, str]] = await self._run(op)
+        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+            logger.warning("the recovery sweep failed: %r", exc)
+            return []
+        for iid, status in recovered:
+            logger.warning(
+                "workflow instance %r: its runtime stopped while running it (lease "
+                "expired); put back as %s",
+                iid,
+                status,
+            )
+        self.recovered += len(recovered)
+        return recovered

@@ -1,0 +1,310 @@
+"""Leases across runtimes: one live segment per instance whatever the process or
+machine, zombies fenced, instances of a stopped runtime put back by the sweep.
+
+Runtimes in one process stand in for processes where that is enough (each runtime has
+its own owner token, and shares nothing with the other but the store); the tests
+marked slow use real processes and SIGKILL.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+import phronomy
+from phronomy.errors import LeaseLostError
+from phronomy.testing import FaultyStore
+
+from .helpers import Value, admission_state, live_flow, start_live, until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from pathlib import Path
+
+
+class Order(phronomy.State):
+    """The state of the workflows the child processes run."""
+
+    step: int = 0
+
+
+FAST = {
+    "lease_ttl": 0.6,
+    "heartbeat_interval": 0.1,
+    "lease_margin": 0.2,
+    "sweep_interval": 0.1,
+}
+"""Lease settings that make expiry observable within a test."""
+
+
+def counted_flow(ran: list[str]) -> phronomy.WorkflowDefinition[Value]:
+    """A live flow whose entry action records each time it runs."""
+    wf = phronomy.Workflow(Value, name="counted")
+    wf.state("waiting", entry=lambda s: ran.append("entry") or s)
+    wf.transition("waiting", "waiting", on="mark")
+    wf.transition("waiting", phronomy.FINISH, on="finish")
+    return wf.build()
+
+
+async def test_a_second_runtime_is_refused_before_any_action_runs(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    ran: list[str] = []
+    flow = counted_flow(ran)
+    async with (
+        phronomy.open_runtime(store=make_store(), shutdown_timeout=2) as first,
+        phronomy.open_runtime(store=make_store(), shutdown_timeout=2) as second,
+    ):
+        handle = first.workflows.start(flow, workflow_instance_id="one")
+        await until(lambda: admission_state(first, "one") == "executing")
+        with pytest.raises(phronomy.InstanceExistsError, match="running"):
+            await second.workflows.invoke(flow, workflow_instance_id="one")
+        with pytest.raises(phronomy.BusyError, match="another runtime"):
+            await second.workflows.invoke(
+                flow, workflow_instance_id="one", if_exists="restart"
+            )
+        assert ran == ["entry"]  # the refused runtime ran nothing
+        first.workflows.signal(flow, "one", "finish")
+        done = await handle.result()
+        assert (done.status, done.revision) == ("finished", 1)
+
+
+async def test_a_stale_owner_stops_at_its_margin_and_is_fenced(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    request: pytest.FixtureRequest,
+) -> None:
+    """T2: a runtime that cannot renew (its store fails every renewal) stops its
+    segment before the lease can expire; another runtime then takes the instance over,
+    and the stale runtime's writes are refused."""
+    if request.node.callspec.params["make_store"] == "memory":
+        pytest.skip("two runtimes share one MemoryStore: its faults would reach both")
+    flow = live_flow()
+    stale_store = FaultyStore(make_store())
+    stale_store.fail("renew.before", OSError("renewals lost"), times=None)
+    async with (
+        phronomy.open_runtime(store=stale_store, shutdown_timeout=2, **FAST) as stale,
+        phronomy.open_runtime(store=make_store(), shutdown_timeout=2, **FAST) as other,
+    ):
+        started = trio.current_time()
+        handle = await start_live(stale, flow, "z")
+        with pytest.raises(LeaseLostError, match="could not renew its lease in time"):
+            with trio.fail_after(5):
+                await handle.result()
+        stopped_after = trio.current_time() - started
+        # at its deadline (ttl - margin), before anyone could take over
+        assert stopped_after < FAST["lease_ttl"] - FAST["lease_margin"] + 0.1
+        row = stale_store.load("z")
+        assert row is not None
+        assert row.status == "running"  # it wrote nothing on its way out
+        # after expiry the other runtime claims it (epoch + 1) and finishes it
+        await trio.sleep(FAST["lease_ttl"])
+        taken = other.workflows.start(
+            flow, workflow_instance_id="z", if_exists="restart"
+        )
+        await until(lambda: other.workflows.signal(flow, "z", "finish"))
+        done = await taken.result()
+        assert done.status == "finished"
+        row = stale_store.load("z")
+        assert row is not None
+        # claimed (1), taken over by the other runtime's sweep (2), claimed again (3)
+        assert (row.status, row.lease_owner, row.lease_epoch) == ("finished", None, 3)
+        print(f"stale owner stopped after {stopped_after:.2f} s (ttl 0.6 s)")  # noqa: T201
+
+
+async def test_the_sweep_puts_back_a_segment_whose_lease_expired(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    flow = live_flow()
+    store = make_store()
+    async with phronomy.open_runtime(store=store, shutdown_timeout=2) as first:
+        await first.workflows.invoke(
+            phronomy.Workflow(Value, name="live")
+            .wait_state("waiting")
+            .initial("waiting")
+            .transition("waiting", phronomy.FINISH, on="finish")
+            .build(),
+            workflow_instance_id="s",
+        )
+    halted = store.load("s")
+    assert halted is not None
+    # a runtime that claims it and then vanishes (its lease is never renewed)
+    epoch = store.begin("s", "live", expected_revision=1, lease_owner="gone", ttl_ms=1)
+    assert epoch == 2
+    async with phronomy.open_runtime(store=make_store(), **FAST) as sweeper:
+        await until(lambda: store.load("s").status == "halted", limit=5)  # type: ignore[union-attr]
+        back = store.load("s")
+        assert back is not None
+        assert (back.revision, back.lease_owner, back.takeovers) == (1, None, 1)
+        assert back.snapshot == halted.snapshot
+        assert "back at revision 1" in (back.detail or "")
+        handle = await start_live(sweeper, flow, "fresh")  # the runtime works on
+        sweeper.workflows.signal(flow, "fresh", "finish")
+        await handle.result()
+
+
+_RACER = r"""
+import sys, time, trio, phronomy
+
+class Order(phronomy.State):
+    step: int = 0
+
+def act(state, event):
+    with open(sys.argv[3], "a") as ran:
+        ran.write("ran\n")
+    time.sleep(0.3)  # hold the segment while the others arrive
+    return state.merge(step=state.step + 1)
+
+wf = phronomy.Workflow(Order, name="race")
+wf.wait_state("awaiting").initial("awaiting")
+wf.transition("awaiting", phronomy.FINISH, on="go", action=act)
+flow = wf.build()
+
+def store():
+    if sys.argv[1].startswith("postgresql://"):
+        return phronomy.PostgresStore(sys.argv[1], schema=sys.argv[4])
+    return phronomy.SQLiteStore(sys.argv[1])
+
+async def main():
+    async with phronomy.open_runtime(store=store()) as rt:
+        if sys.argv[2] == "create":
+            await rt.workflows.invoke(flow, workflow_instance_id="order")
+            return
+        try:
+            await rt.workflows.send_event(flow, "go", workflow_instance_id="order")
+            print("won")
+        except phronomy.BusyError:
+            print("busy")
+        except phronomy.InstanceStateError:
+            print("finished")  # it arrived after the winner had finished
+
+trio.run(main)
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["sqlite", "postgres"])
+def test_processes_racing_for_one_instance_run_it_once(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    """T1: processes send the same event to the same halted instance at once: exactly
+    one runs the action, the others are refused before running anything."""
+    if backend == "postgres":
+        opener = request.getfixturevalue("open_postgres")
+        target, schema = request.getfixturevalue("postgres_dsn"), opener().schema
+    else:
+        target, schema = str(tmp_path / "race.db"), ""
+    rounds, racers, outcomes = 4, 6, []
+    for round_id in range(rounds):
+        ran = tmp_path / f"ran-{round_id}.txt"
+        db = target if backend == "postgres" else f"{target}.{round_id}"
+        args = [sys.executable, "-c", _RACER, db]
+        sub = schema and f"{schema}_{round_id}"
+        subprocess.run([*args, "create", str(ran), sub], check=True, timeout=60)
+        procs = [
+            subprocess.Popen(
+                [*args, "go", str(ran), sub], stdout=subprocess.PIPE, text=True
+            )
+            for _ in range(racers)
+        ]
+        results = sorted(p.communicate(timeout=60)[0].strip() for p in procs)
+        assert [p.returncode for p in procs] == [0] * racers, results
+        assert results.count("won") == 1, results
+        assert ran.read_text().count("ran") == 1  # the losers ran nothing
+        outcomes += results
+    if backend == "postgres":
+        import psycopg
+
+        with psycopg.connect(target, autocommit=True) as conn:
+            for round_id in range(rounds):
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema}_{round_id} CASCADE")
+    print(  # noqa: T201 - the figures of the run
+        f"admission race ({backend}): {rounds} rounds x {racers} processes: "
+        f"{outcomes.count('won')} winners, {outcomes.count('busy')} refused busy, "
+        f"{outcomes.count('finished')} arrived after the end, 0 actions by losers"
+    )
+
+
+_VICTIM = r"""
+import sys, trio, phronomy
+
+class Order(phronomy.State):
+    step: int = 0
+
+wf = phronomy.Workflow(Order, name="victim")
+wf.wait_state("awaiting").initial("awaiting")
+wf.state("working")
+wf.transition("awaiting", "working", on="go")
+wf.transition("working", phronomy.FINISH, on="done")
+flow = wf.build()
+
+async def main():
+    store = phronomy.SQLiteStore(sys.argv[1])
+    async with phronomy.open_runtime(store=store, lease_ttl=1.0, heartbeat_interval=0.2,
+                                     lease_margin=0.2) as rt:
+        if sys.argv[2] == "create":
+            await rt.workflows.invoke(flow, workflow_instance_id="v")
+            return
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(lambda: rt.workflows.send_event(flow, "go", workflow_instance_id="v"))
+            while store.load("v").status != "running":
+                await trio.sleep(0.01)
+            print("live", flush=True)
+            await trio.sleep_forever()
+
+trio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_after_sigkill_another_runtime_takes_the_instance_over(tmp_path: Path) -> None:
+    """T3: the process running a segment is killed; within ttl + one sweep another
+    runtime has put the instance back at its last saved revision, and runs it on."""
+    db = str(tmp_path / "victim.db")
+    args = [sys.executable, "-c", _VICTIM, db]
+    subprocess.run([*args, "create"], check=True, timeout=60)
+    victim = subprocess.Popen([*args, "run"], stdout=subprocess.PIPE, text=True)
+    assert victim.stdout is not None
+    assert victim.stdout.readline().strip() == "live"
+    os.kill(victim.pid, signal.SIGKILL)
+    victim.wait(timeout=30)
+    victim.stdout.close()
+
+    async def recover() -> tuple[float, Any]:
+        store = phronomy.SQLiteStore(db)
+        try:
+            async with phronomy.open_runtime(store=store, sweep_interval=0.1) as rt:
+                started = trio.current_time()
+                await until(lambda: store.load("v").status == "halted", limit=10)  # type: ignore[union-attr]
+                took = trio.current_time() - started
+                flow = (
+                    phronomy.Workflow(Order, name="victim")
+                    .wait_state("awaiting")
+                    .initial("awaiting")
+                    .state("working")
+                    .transition("awaiting", "working", on="go")
+                    .transition("working", phronomy.FINISH, on="done")
+                    .build()
+                )
+                handle = rt.workflows.start_event(flow, "go", workflow_instance_id="v")
+                await until(lambda: rt.workflows.signal(flow, "v", "done"))
+                return took, await handle.result()
+        finally:
+            store.close()
+
+    took, done = trio.run(recover)
+    assert (done.status, done.revision) == ("finished", 2)
+    history = phronomy.SQLiteStore(db)
+    try:
+        entries = history.history("v")
+        assert [e.revision for e in entries] == [2, 1]  # no duplicate terminal save
+        assert [e.status for e in entries] == ["finished", "halted"]
+    finally:
+        history.close()
+    assert took < 1.0 + 1.0  # ttl + sweep + slack
+    print(f"SIGKILLed segment put back after {took:.2f} s (ttl 1.0 s)")  # noqa: T201
