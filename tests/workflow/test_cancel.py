@@ -162,7 +162,7 @@ async def test_a_cancel_during_loading_applies_once_loaded(
     flow = wf.build()
     async with runtime_on(store) as rt:
         await rt.workflows.invoke(flow, workflow_instance_id="l")
-        gate = store.block("load.before")
+        gate = store.block("claim.before")
         resumed = rt.workflows.start_event(flow, "approve", workflow_instance_id="l")
         await until(lambda: admission_state(rt, "l") == "admitting")
         results: list[Any] = []

@@ -380,7 +380,7 @@ async def test_competitors_are_refused_while_loading_and_saving(
     store = FaultyStore(make_store())
     flow = live_flow()
     async with runtime_on(store) as rt:
-        load_gate = store.block("load.before")
+        load_gate = store.block("claim.before")
         first = rt.workflows.start(flow, workflow_instance_id="c")
         await until(lambda: admission_state(rt, "c") == "admitting")
         assert not rt.workflows.signal(
@@ -402,7 +402,7 @@ async def test_competitors_are_refused_while_loading_and_saving(
         done = await first.result()
         assert (done.phase, done.state.count) == (FINISH, 1)
         assert admission_state(rt, "c") is None
-    assert store.count("load") == 1  # the competitors never touched the store
+    assert store.count("claim") == 1  # the competitors never touched the store
 
 
 async def test_load_errors_fail_the_caller_and_release(
@@ -413,11 +413,11 @@ async def test_load_errors_fail_the_caller_and_release(
     flow = approval_flow()
     async with runtime_on(store) as rt:
         halted = await rt.workflows.invoke(flow, workflow_instance_id="le")
-        store.fail("load.before", OSError("disk unplugged"))
+        store.fail("claim.before", OSError("disk unplugged"))
         with pytest.raises(OSError, match="disk unplugged"):
             await rt.workflows.invoke(flow, workflow_instance_id="le2")
         assert admission_state(rt, "le2") is None
-        store.fail("load.before", OSError("still unplugged"))
+        store.fail("claim.before", OSError("still unplugged"))
         with pytest.raises(OSError, match="still unplugged"):
             await rt.workflows.send_event(flow, "approve", halted=halted)
         assert admission_state(rt, "le") is None
@@ -948,13 +948,13 @@ async def test_status_is_running_while_parked_and_failed_after_an_error(
         .transition("s", FINISH)
     )
     async with runtime_on(store) as rt:
-        # straight through to FINISH: one read, one claim (the lease), one save that
-        # releases it
+        # straight through to FINISH: one write that loads and claims it (the
+        # lease), one save that releases it
         assert (
             await rt.workflows.invoke(counter_flow(), workflow_instance_id="quick")
         ).revision == 1
-        assert (store.count("load"), store.count("begin"), store.count("save")) == (
-            1,
+        assert (store.count("load"), store.count("claim"), store.count("save")) == (
+            0,
             1,
             1,
         )
@@ -964,7 +964,7 @@ async def test_status_is_running_while_parked_and_failed_after_an_error(
         rt.workflows.signal(flow, "st", "finish")
         await handle.result()
         assert status_of(store, "st") == "finished"
-        assert store.count("begin") == 2
+        assert store.count("claim") == 2
         # a fresh instance that failed before any save is listed as failed
         with pytest.raises(ValueError, match="action exploded"):
             await rt.workflows.invoke(wf.build(), workflow_instance_id="broken")
@@ -1072,7 +1072,7 @@ async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
     # Before: a start whose load was blocked past both deadlines was listed as cut off
     # but its handle stayed pending after the block (same for a durable execution).
     store = FaultyStore(phronomy.MemoryStore())
-    gate = store.block("load.before", times=None)
+    gate = store.block("claim.before", times=None)
     try:
         async with runtime_on(store, shutdown_timeout=0.1, cancel_grace=0.1) as rt:
             workflow = rt.workflows.start(

@@ -22,6 +22,7 @@ from ._memory import MemoryStore as MemoryStore
 from ._ops import (
     READ_OPS as READ_OPS,
     BeginOp as BeginOp,
+    ClaimOp as ClaimOp,
     DeleteOp as DeleteOp,
     FindWriteOp as FindWriteOp,
     HistoryOp as HistoryOp,
@@ -85,6 +86,7 @@ __all__ = [
     "SNAPSHOT_FORMAT",
     "BaseStore",
     "BeginOp",
+    "ClaimOp",
     "DecodedSnapshot",
     "DeleteOp",
     "FindWriteOp",

@@ -6,6 +6,7 @@ import contextlib
 import logging
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
+import msgspec
 import outcome
 
 from phronomy.errors import ConflictError
@@ -13,7 +14,9 @@ from phronomy.errors import ConflictError
 from ._ops import (
     READ_OPS,
     BeginOp,
+    ClaimOp,
     FindWriteOp,
+    HistoryOp,
     LoadOp,
     SaveOp,
     op_name,
@@ -26,9 +29,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ._ops import StoreOp
-    from ._records import (
-        SaveRequest,
-    )
+    from ._records import SaveRequest, StoredRecord
 
 __all__ = ["BaseStore"]
 
@@ -148,8 +149,12 @@ class BaseStore(OneAtATime, Generic[C]):
         """
         name = op_name(op)
         self._hook(f"{name}.before")
+        value: Any
         try:
-            value = self.apply(conn, op)
+            if isinstance(op, ClaimOp):
+                value = self._claim(conn, op)
+            else:
+                value = self.apply(conn, op)
         except KNOWN_FAILURES as exc:
             self._hook(f"{name}.applied")
             if isinstance(op, SaveOp):
@@ -169,13 +174,37 @@ class BaseStore(OneAtATime, Generic[C]):
     ) -> outcome.Outcome[Any]:
         if isinstance(op, SaveOp):
             return outcome.Value(self.reconcile(op.request, error))
-        if isinstance(op, BeginOp) and op.lease_owner is not None:
+        if isinstance(op, ClaimOp) or (
+            isinstance(op, BeginOp) and op.lease_owner is not None
+        ):
             return self._reconcile_claim(op, error)
         if isinstance(op, READ_OPS) and index < len(results):
             return results[index]  # a read that already completed stays valid
         return outcome.Error(error)
 
-    def _reconcile_claim(self, op: BeginOp, error: Exception) -> outcome.Outcome[Any]:
+    def _claim(self, conn: C, op: ClaimOp) -> tuple[StoredRecord | None, int | None]:
+        """Run a :class:`ClaimOp`: a load, then a claim at the revision it read."""
+        iid = op.workflow_instance_id
+        row: StoredRecord | None = self.apply(conn, LoadOp(workflow_instance_id=iid))
+        if (row is None and not op.create) or (
+            row is not None and row.status not in op.statuses
+        ):
+            return row, None
+        begin = BeginOp(
+            workflow_instance_id=iid,
+            workflow=op.workflow,
+            expected_revision=row.revision
+            if row is not None and row.revision
+            else None,
+            lease_owner=op.lease_owner,
+            ttl_ms=op.ttl_ms,
+        )
+        epoch: int | None = self.apply(conn, begin)
+        return row, epoch
+
+    def _reconcile_claim(
+        self, op: BeginOp | ClaimOp, error: Exception
+    ) -> outcome.Outcome[Any]:
         """A claim whose commit outcome is unknown: its epoch if the row holds this
         owner's lease (owner tokens are unique to a runtime, which claims an instance
         once at a time), else the error (nothing was claimed)."""
@@ -185,18 +214,28 @@ class BaseStore(OneAtATime, Generic[C]):
             self.fence()
             with self._reading() as conn:
                 row = self.apply(conn, LoadOp(workflow_instance_id=iid))
+                saved = (
+                    self.apply(conn, HistoryOp(workflow_instance_id=iid, limit=1))
+                    if row is not None and row.revision
+                    else []
+                )
         except Exception as read_error:  # noqa: BLE001 - the claim stays unknown
             logger.warning("reconciliation read of %r failed: %r", iid, read_error)
             return outcome.Error(error)
+        expected = op.expected_revision if isinstance(op, BeginOp) else None
         if (
-            row is not None
-            and row.lease_owner == op.lease_owner
-            and row.status == "running"
-            and row.revision == (op.expected_revision or 0)
+            row is None
+            or row.lease_owner != op.lease_owner
+            or row.status != "running"
+            or (isinstance(op, BeginOp) and row.revision != (expected or 0))
         ):
-            logger.info("uncertain claim of %r had committed", iid)
+            return outcome.Error(error)
+        logger.info("uncertain claim of %r had committed", iid)
+        if isinstance(op, BeginOp):
             return outcome.Value(row.lease_epoch)
-        return outcome.Error(error)
+        # the row as it was before the claim: its last save says its status
+        before = msgspec.structs.replace(row, status=saved[0].status) if saved else None
+        return outcome.Value((before, row.lease_epoch))
 
     def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
         """Classify a save with an unknown outcome once it can no longer commit.

@@ -18,6 +18,7 @@ from ._records import InstanceStatus, Lease, SaveRequest
 __all__ = [
     "READ_OPS",
     "BeginOp",
+    "ClaimOp",
     "DeleteOp",
     "FindWriteOp",
     "HistoryOp",
@@ -88,6 +89,24 @@ class BeginOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="begin"):
     expected_revision: int | None = None
     lease_owner: str | None = None
     ttl_ms: int = 0
+
+
+@final
+class ClaimOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="claim"):
+    """Load an instance and, if it may be claimed, claim it in the same transaction.
+
+    The row is claimed (see :class:`BeginOp`, at its current revision) when its status
+    is one of *statuses*, or when there is none and *create* is set. The result is
+    ``(row, epoch)``: the row as it was before the claim (``None`` if absent) and the
+    new fencing epoch, or ``None`` when nothing was claimed.
+    """
+
+    workflow_instance_id: str
+    workflow: str
+    lease_owner: str
+    ttl_ms: int
+    statuses: tuple[InstanceStatus, ...] = ()
+    create: bool = False
 
 
 @final
@@ -172,6 +191,7 @@ StoreOp = (
     | DeleteOp
     | RenewOp
     | RecoverOp
+    | ClaimOp
 )
 """Every operation a store runs."""
 

@@ -8,25 +8,28 @@ from typing import TYPE_CHECKING, Any, cast
 import outcome
 import trio
 
-from phronomy.durability import mark_op
 from phronomy.errors import (
-    BusyError,
-    ConflictError,
-    EventRejectedError,
     LeaseLostError,
-    NotFoundError,
-    RecoveryRequiredError,
     RuntimeShutdownError,
 )
 from phronomy.storage import (
+    ClaimOp,
     Lease,
     LoadOp,
-    MarkOp,
     check_not_quarantined,
     check_startable,
     run_op,
 )
 
+from ._claims import (
+    UNCHANGED,
+    Command,
+    Loaded,
+    refused,
+    release_op,
+    runs_on,
+    segment_mark,
+)
 from ._definition import FINISH
 from ._events import resolve_event
 from ._hydration import (
@@ -54,7 +57,7 @@ from ._session import WorkflowSession
 if TYPE_CHECKING:
     from phronomy.durability import DurabilityService
     from phronomy.engine import AdmissionTable, Host, Receiver, ResultHandle
-    from phronomy.storage import InstanceStatus, StoredRecord
+    from phronomy.storage import DeleteOp, InstanceStatus, MarkOp, StoredRecord
 
     from ._messages import CancelCommand, EventCounters
     from ._state import State
@@ -64,21 +67,9 @@ __all__ = ["PERSISTING", "SegmentLifecycle"]
 
 logger = logging.getLogger(__name__)
 
-Command = StartCommand | ResumeCommand
 
 PERSISTING = "persisting_terminal"
 """The admission state of a segment whose terminal save is in flight."""
-
-_UNCHANGED = (
-    RuntimeShutdownError,
-    RecoveryRequiredError,
-    EventRejectedError,
-    LeaseLostError,
-)
-"""Segment errors that leave the durable instance's last revision as it was: a
-cut-off at shutdown and a rejected event (the row goes back to what that revision
-says), an unknown save outcome (marked separately), a lost lease (another runtime
-owns the instance now)."""
 
 
 class SegmentLifecycle:
@@ -146,17 +137,40 @@ class SegmentLifecycle:
         cmd.caller.fail(error)
 
     def _load(self, cmd: Command) -> None:
-        assert self.gateway is not None
+        """Load the instance and, when its status lets the command run, claim its
+        lease in the same write (the common case: one store round trip)."""
+        gateway = self.gateway
+        assert gateway is not None
         iid = cmd.workflow_instance_id
         definition = cmd.definition
         resuming = isinstance(cmd, ResumeCommand)
+        statuses, create = runs_on(cmd)
+        op = ClaimOp(
+            workflow_instance_id=iid,
+            workflow=definition.name,
+            lease_owner=gateway.leases.owner,
+            ttl_ms=gateway.leases.ttl_ms,
+            statuses=statuses,
+            create=create,
+        )
+        sent = trio.current_time()
 
-        def decode(record: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
+        def decode(claimed: tuple[StoredRecord | None, int | None]) -> Loaded:
             # Runs in the store's worker thread: decoding stays off the dispatcher.
-            return decode_stored(definition, record, resuming=resuming)
+            # Never raises: a claim that was made must be released.
+            record, epoch = claimed
+            try:
+                return (
+                    record,
+                    decode_stored(definition, record, resuming=resuming)[1],
+                    None,
+                    epoch,
+                )
+            except Exception as exc:  # noqa: BLE001 - reported on the dispatcher
+                return record, None, exc, epoch
 
         def loaded(done: outcome.Outcome[Any]) -> None:
-            message = LoadReady(command=cmd, loaded=done)
+            message = LoadReady(command=cmd, loaded=done, sent=sent)
             if not self.post_message(message, completion=cmd.caller):
                 cmd.caller.fail(
                     RuntimeShutdownError(
@@ -164,46 +178,76 @@ class SegmentLifecycle:
                     )
                 )
 
-        # Only a read: a batch of reads needs no write transaction (no fsync), and a
-        # rejected start or resume never touches the stored status.
-        self.gateway.submit(LoadOp(workflow_instance_id=iid), loaded, finish=decode)
+        gateway.submit(op, loaded, finish=decode)
 
     def _apply_load(self, message: LoadReady) -> None:
         cmd = message.command
         try:
-            record, decoded = message.loaded.unwrap()
-            definition = cmd.definition
-            assert self.gateway is not None
-            check_not_quarantined(self.gateway.store.identity, cmd.workflow_instance_id)
-            if record is not None:
-                check_startable(record, definition.name)
-            base = DurableBase.of(record)
-            if isinstance(cmd, StartCommand):
-                if record is not None and existing(cmd, record, decoded) == "return":
-                    self._return_stored(cmd, record, decoded)
-                    return
-                # Start hydration: stored fields, overridden by the input; the stored
-                # phase is ignored (the segment restarts at the entry point).
-                stored = decoded.fields if decoded is not None else None
-                state = start_state(definition, cmd.input, stored)
-                self._claim(cmd, state, base, None)
-                return
-            if cmd.halted is not None:
-                if decoded is not None:
-                    check_unchanged(cmd, decoded.fields, decoded.phase)
-                state = resume_state(cmd.input, cmd.halted.state)
-                resume = (cmd.halted.phase, cmd.event, cmd.payload)
-            else:
-                require_durable(decoded, cmd.workflow_instance_id)
-                phase = decoded.phase or FINISH
-                event = resolve_event(
-                    definition, phase, cmd.event, cmd.workflow_instance_id
-                )
-                state = resume_state(cmd.input, decoded.fields)
-                resume = (phase, event, cmd.payload)
-            self._claim(cmd, state, base, resume)
+            loaded: Loaded = message.loaded.unwrap()
         except Exception as exc:  # noqa: BLE001 - the caller's error
             self._abort(cmd, exc)
+            return
+        record, decoded, problem, epoch = loaded
+        assert self.gateway is not None
+        claim = None
+        if epoch is not None:
+            claim = (Lease(owner=self.gateway.leases.owner, epoch=epoch), message.sent)
+        error: Exception | None = problem
+        if error is None:
+            try:
+                self._continue_loaded(cmd, record, decoded, claim)
+            except Exception as exc:  # noqa: BLE001 - the caller's error
+                error = exc
+            else:
+                return
+        if claim is None:
+            self._abort(cmd, error)
+            return
+        # the claim is given back before the caller hears why it did not run
+        self.admissions.release(cmd.workflow_instance_id, owner=cmd.owner)
+        self._write_then_fail(release_op(cmd, record, claim[0]), cmd.caller, error)
+
+    def _continue_loaded(
+        self,
+        cmd: Command,
+        record: StoredRecord | None,
+        decoded: Any,
+        claim: tuple[Lease, float] | None,
+    ) -> None:
+        """Validate the loaded instance, then run the segment (claiming it first if
+        the load did not)."""
+        definition = cmd.definition
+        assert self.gateway is not None
+        check_not_quarantined(self.gateway.store.identity, cmd.workflow_instance_id)
+        if record is not None:
+            check_startable(record, definition.name)
+        base = DurableBase.of(record)
+        resume = None
+        if isinstance(cmd, StartCommand):
+            if record is not None and existing(cmd, record, decoded) == "return":
+                self._return_stored(cmd, record, decoded)  # never claimed
+                return
+            # Start hydration: stored fields, overridden by the input; the stored
+            # phase is ignored (the segment restarts at the entry point).
+            stored = decoded.fields if decoded is not None else None
+            state = start_state(definition, cmd.input, stored)
+        elif cmd.halted is not None:
+            if decoded is not None:
+                check_unchanged(cmd, decoded.fields, decoded.phase)
+            state = resume_state(cmd.input, cmd.halted.state)
+            resume = (cmd.halted.phase, cmd.event, cmd.payload)
+        else:
+            require_durable(decoded, cmd.workflow_instance_id)
+            phase = decoded.phase or FINISH
+            event = resolve_event(
+                definition, phase, cmd.event, cmd.workflow_instance_id
+            )
+            state = resume_state(cmd.input, decoded.fields)
+            resume = (phase, event, cmd.payload)
+        if claim is None:
+            self._claim(cmd, state, base, resume)
+        else:
+            self._register(cmd, state, base=base, resume=resume, claim=claim)
 
     def _claim(
         self,
@@ -253,7 +297,7 @@ class SegmentLifecycle:
             self._abort(cmd, exc)
             return
         if epoch is None:
-            self._abort(cmd, _refused(cmd.workflow_instance_id, message.base, row))
+            self._abort(cmd, refused(cmd.workflow_instance_id, message.base, row))
             return
         try:
             assert self.gateway is not None
@@ -388,37 +432,38 @@ class SegmentLifecycle:
         else:
             error = done.error
             assert error is not None
-            if not isinstance(error, _UNCHANGED):
+            if not isinstance(error, UNCHANGED):
                 machine, revision = session.machine, base.expected if base else None
                 self._watched(iid, "failed", machine.current, machine.state, revision)
             mark = None
             if base is not None and self.gateway is not None:
                 lease = None if claim is None else claim[0]
-                mark = _segment_mark(cmd, base, error, lease)
+                mark = segment_mark(cmd, base, error, lease)
             if mark is None:
                 cmd.caller.fail(error)
             else:
-                self._write_mark(mark, cmd.caller, error)
+                self._write_then_fail(mark, cmd.caller, error)
         self._cancel_next(iid)  # cancels that waited for the segment to end
 
-    def _write_mark(
-        self, mark: MarkOp, caller: ResultHandle[Any], error: BaseException
+    def _write_then_fail(
+        self, op: MarkOp | DeleteOp, caller: ResultHandle[Any], error: BaseException
     ) -> None:
-        """Write the row's status after a failed segment; the caller hears of the
-        failure once the row says it (a caller cut off at shutdown: at once)."""
+        """Write the row's status after a segment that did not end with its save; the
+        caller hears of the failure once the row says it (cut off at shutdown: at
+        once)."""
         assert self.gateway is not None
-        what = f"mark workflow instance {mark.workflow_instance_id!r} {mark.status}"
+        what = f"write the status of workflow instance {op.workflow_instance_id!r}"
         if isinstance(error, RuntimeShutdownError):
-            self.gateway.submit_quietly(mark, what)
+            self.gateway.submit_quietly(op, what)
             caller.fail(error)
             return
 
-        def marked(done: outcome.Outcome[Any]) -> None:
-            if isinstance(done, outcome.Error) or not done.unwrap():
+        def written(done: outcome.Outcome[Any]) -> None:
+            if isinstance(done, outcome.Error) or done.unwrap() is False:
                 logger.warning("could not %s: %r", what, done)
             caller.fail(error)
 
-        self.gateway.submit(mark, marked)
+        self.gateway.submit(op, written)
 
     def _watched(
         self,
@@ -438,57 +483,3 @@ class SegmentLifecycle:
                     revision=revision,
                 )
             )
-
-
-def _segment_mark(
-    cmd: Command, base: DurableBase, error: BaseException, lease: Lease | None
-) -> MarkOp | None:
-    """The status write a durable segment that failed with *error* needs, if any."""
-    iid, expected = cmd.workflow_instance_id, base.expected or 0
-    detail: str | None
-    if isinstance(error, RuntimeShutdownError):
-        # The claim marked the row "running" but nothing runs it any more: back to
-        # what its last durable revision says (the lease goes with it).
-        unchanged = (
-            f"revision {base.expected} is unchanged"
-            if base.expected
-            else "it had not saved yet"
-        )
-        status = base.status
-        detail = f"its segment was cut off when the runtime shut down; {unchanged}"
-    elif isinstance(error, EventRejectedError):
-        status, detail = base.status, None  # as it was before the event
-    elif not isinstance(error, _UNCHANGED):
-        status, detail = "failed", f"{type(error).__name__}: {error}"
-    else:
-        return None
-    return mark_op(
-        iid,
-        status,
-        expected_revision=expected,
-        detail=detail,
-        workflow=cmd.definition.name,
-        lease=lease,
-    )
-
-
-def _refused(iid: str, base: DurableBase, row: StoredRecord | None) -> Exception:
-    """Why a claim was refused, from the row read after it."""
-    if row is None:
-        return NotFoundError(
-            f"workflow instance {iid!r} was deleted while it was being admitted"
-        )
-    if row.status == "recovery_required":
-        return RecoveryRequiredError(
-            f"workflow instance {iid!r} requires recovery: {row.detail or 'unknown'}"
-        )
-    if row.revision != (base.expected or 0):
-        return ConflictError(
-            f"workflow instance {iid!r} moved on to revision {row.revision} (another "
-            f"runtime saved it) while this runtime admitted it at revision "
-            f"{base.expected or 0}; send the event again"
-        )
-    return BusyError(
-        f"Workflow instance {iid!r} already has a live execution segment in another "
-        f"runtime (lease epoch {row.lease_epoch}, owner {row.lease_owner})"
-    )
