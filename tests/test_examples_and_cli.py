@@ -308,3 +308,26 @@ def test_migrate_brings_an_old_database_up_to_date(
     assert capsys.readouterr().out == f"{db}: schema version {SCHEMA_VERSION}\n"
     assert main(["instances", "list", "--db", db, "--status", "halted"]) == 0
     assert capsys.readouterr().out.startswith("halted-1\tfixture-flow\thalted\trev 1")
+
+
+def test_operators_see_who_holds_a_lease_and_whether_it_is_live(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "leases.db")
+    store = phronomy.SQLiteStore(db)
+    try:
+        store.begin("held", "wf", lease_owner="host:1:abc", ttl_ms=60_000)
+        store.begin("lapsed", "wf", lease_owner="host:2:def", ttl_ms=0)
+    finally:
+        store.close()
+    assert main(["instances", "list", "--db", db]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "lease: live for" in lines[0]
+    assert "epoch 1, owner host:1:abc" in lines[0]
+    assert "lease: expired" in lines[1]
+    assert "recovery sweep puts it back" in lines[1]
+    assert main(["instances", "show", "--db", db, "held"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["lease_owner"] == "host:1:abc"
+    assert shown["lease_epoch"] == 1
+    assert shown["lease"].startswith("live for")

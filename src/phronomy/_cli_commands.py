@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import re
 import sys
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -28,7 +29,7 @@ from phronomy.storage import (
 if TYPE_CHECKING:
     import argparse
 
-    from phronomy.storage import SQLiteStore
+    from phronomy.storage import SQLiteStore, StoredRecord
 
 __all__ = [
     "cancel",
@@ -36,6 +37,7 @@ __all__ = [
     "executions_resolve",
     "executions_show",
     "history",
+    "lease_state",
     "listing",
     "migrate",
     "resolve",
@@ -58,6 +60,20 @@ def _json(value: Any) -> str:
 # --- instances -------------------------------------------------------------------------
 
 
+def lease_state(record: StoredRecord) -> str:
+    """Who holds the instance's lease and whether it is live, in words."""
+    if record.lease_owner is None:
+        return "none (no runtime runs it)"
+    held = f"epoch {record.lease_epoch}, owner {safe(record.lease_owner)}"
+    left = ((record.lease_expires_at_ms or 0) - time.time_ns() // 1_000_000) / 1000
+    if left > 0:
+        return f"live for {left:.1f} s more ({held})"
+    return (
+        f"expired {-left:.1f} s ago ({held}): its runtime stopped; a runtime's "
+        "recovery sweep puts it back at its last saved revision"
+    )
+
+
 def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``instances list``: one line (or JSON object) per instance, then the next page."""
     page = store.list_instances(
@@ -68,9 +84,10 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
             print(_json(r))
             continue
         detail = f"  ({safe(r.detail)})" if r.detail else ""
+        lease = f"\tlease: {lease_state(r)}" if r.lease_owner else ""
         print(
             f"{safe(r.workflow_instance_id)}\t{safe(r.workflow)}\t{r.status}\t"
-            f"rev {r.revision}\t{safe(r.phase or '-')}{detail}"
+            f"rev {r.revision}\t{safe(r.phase or '-')}{lease}{detail}"
         )
     if page.next_after is not None:
         if args.json:
@@ -89,6 +106,7 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(record, snapshot=None)
     )
+    view["lease"] = lease_state(record)
     status = 0
     if record.snapshot is not None:
         try:
