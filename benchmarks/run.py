@@ -13,6 +13,8 @@
 * postgres     the durable runs on PostgresStore (a server from PHRONOMY_BENCH_POSTGRES_DSN
                or PHRONOMY_TEST_POSTGRES_DSN) vs the same store work in a raw trio +
                psycopg loop with pipelined group commits
+* processes    durable runs/s of 1, 2 and 4 processes sharing one SQLite file (and one
+               PostgreSQL schema when configured): leases keep their instances apart
 * executions   1,000 trivial supervised executions vs 1,000 raw trio.to_thread round trips;
                time from cancel to settlement with a 0.5 s blocking tool
 * lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
@@ -33,6 +35,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _processes
 import trio
 import trio.lowlevel
 
@@ -569,6 +572,53 @@ def bench_postgres() -> None:
     )
 
 
+# --- several processes -------------------------------------------------------------------------
+
+
+def bench_processes(directory: Path) -> None:
+    """Durable runs/s with 1, 2 and 4 processes on one SQLite file (and on PostgreSQL
+    when a server is configured), beside the single-process raw limits."""
+    total = _n(8_000, 800)
+    limit = _median_run(
+        [
+            trio.run(_fair_limit, str(directory / f"rawm{i}.db"), total, 1)
+            for i in range(3)
+        ]
+    )
+    for processes in (1, 2, 4):
+        ours = _processes.runs_per_second(
+            str(directory / f"procs{processes}.db"), processes, total
+        )
+        _report(
+            f"durable runs/s, {processes} process(es), SQLite",
+            ours,
+            "runs/s",
+            limit[0],
+            "fair limit (raw trio + sqlite3, 1 process)",
+        )
+    dsn = _postgres_dsn()
+    if dsn is None:
+        return
+    import psycopg
+
+    tag = f"{os.getpid()}_{time.monotonic_ns()}"
+    raw = trio.run(_postgres_limit, dsn, f"bench_rawm_{tag}", total)
+    for processes in (1, 2, 4):
+        schema = f"bench_procs_{tag}_{processes}"
+        try:
+            ours = _processes.runs_per_second(dsn, processes, total, schema)
+        finally:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+        _report(
+            f"durable runs/s, {processes} process(es), PostgreSQL",
+            ours,
+            "runs/s",
+            raw[0],
+            "fair limit (raw pipelined psycopg, 1 process)",
+        )
+
+
 # --- executions --------------------------------------------------------------------------------
 
 
@@ -722,6 +772,7 @@ def main(argv: list[str] | None = None) -> int:
             "durable": lambda: bench_durable(directory),
             "resume": lambda: bench_resume(directory),
             "postgres": bench_postgres,
+            "processes": lambda: bench_processes(directory),
             "executions": bench_executions,
             "lifecycle": bench_lifecycle,
         }

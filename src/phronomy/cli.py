@@ -164,7 +164,8 @@ def build_parser() -> argparse.ArgumentParser:
     cancel.add_argument(
         "--force",
         action="store_true",
-        help="cancel a 'running' instance too: only when you know its process is gone",
+        help="cancel a 'running' instance that holds no lease too: only when you know "
+        "no process runs it",
     )
     resolve = command(
         actions,

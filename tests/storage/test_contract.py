@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import outcome
@@ -13,6 +13,7 @@ from phronomy import errors
 from phronomy.storage import (
     SAVE_LOG_DEPTH,
     BeginOp,
+    ClaimOp,
     DeleteOp,
     Lease,
     LoadOp,
@@ -351,3 +352,34 @@ def test_a_save_resets_the_takeover_count(store: WorkflowStore) -> None:
     row = store.load("t")
     assert row is not None
     assert (row.revision, row.takeovers, row.status) == (2, 0, "halted")
+
+
+def test_a_claim_loads_and_claims_in_one_write(store: WorkflowStore) -> None:
+    def claim(iid: str, owner: str, statuses: tuple[str, ...], create: bool) -> Any:
+        return store.run(
+            ClaimOp(
+                workflow_instance_id=iid,
+                workflow="wf",
+                lease_owner=owner,
+                ttl_ms=60_000,
+                statuses=statuses,  # type: ignore[arg-type]
+                create=create,
+            )
+        )
+
+    assert claim("new", "A", (), True) == (None, 1)  # a new instance: created, claimed
+    row = store.load("new")
+    assert row is not None
+    assert (row.status, row.revision, row.lease_owner) == ("running", 0, "A")
+    assert claim("absent", "A", ("halted",), False) == (None, None)
+    assert store.load("absent") is None  # a resume never creates a row
+    store.save(request("h", None))
+    before, epoch = claim("h", "A", ("halted",), False)
+    assert (before.status, before.revision, epoch) == ("halted", 1, 1)
+    assert store.load("h").status == "running"  # type: ignore[union-attr]
+    before, epoch = claim("h", "B", ("halted", "running"), False)
+    assert (before.lease_owner, epoch) == ("A", None)  # held by A: not claimed
+    store.save(request("f", None, status="finished"))
+    before, epoch = claim("f", "A", ("halted",), True)  # a status it does not run on
+    assert (before.status, epoch) == ("finished", None)
+    assert store.load("f").status == "finished"  # type: ignore[union-attr]

@@ -135,6 +135,17 @@ async def test_cancelling_stored_instances(
             await rt.workflows.cancel(flow, "r")
         forced = await rt.workflows.cancel(flow, "r", force=True)
         assert (forced.status, forced.revision) == ("cancelled", 0)
+        store.run(  # type: ignore[attr-defined]
+            BeginOp(
+                workflow_instance_id="leased",
+                workflow=flow.name,
+                lease_owner="another runtime",
+                ttl_ms=60_000,
+            )
+        )
+        for force in (False, True):  # never under another runtime's lease
+            with pytest.raises(phronomy.InstanceStateError, match="another runtime"):
+                await rt.workflows.cancel(flow, "leased", force=force)
         await rt.workflows.invoke(flow, workflow_instance_id="q")
         store.run(  # type: ignore[attr-defined]
             MarkOp(

@@ -185,6 +185,17 @@ class BaseStore(OneAtATime, Generic[C]):
     def _claim(self, conn: C, op: ClaimOp) -> tuple[StoredRecord | None, int | None]:
         """Run a :class:`ClaimOp`: a load, then a claim at the revision it read."""
         iid = op.workflow_instance_id
+        if op.create:  # the common case, a new instance: one statement
+            new = BeginOp(
+                workflow_instance_id=iid,
+                workflow=op.workflow,
+                lease_owner=op.lease_owner,
+                ttl_ms=op.ttl_ms,
+                only_new=True,
+            )
+            created: int | None = self.apply(conn, new)
+            if created is not None:
+                return None, created
         row: StoredRecord | None = self.apply(conn, LoadOp(workflow_instance_id=iid))
         if (row is None and not op.create) or (
             row is not None and row.status not in op.statuses

@@ -35,15 +35,16 @@ def cancellation(
         workflow_instance_id: the instance.
         reason: why, saved with the row.
         write_id: the save's ``write_id``.
-        force: cancel a ``running`` row too (only when no process runs it).
+        force: cancel a ``running`` row that holds no lease too (left by a release
+            without leases; only when no process runs it).
 
     Returns:
         The write, or ``None`` when the instance is cancelled already (idempotent).
 
     Raises:
         NotFoundError: nothing is stored under that id.
-        InstanceStateError: it is finished, or ``running`` (live in another process,
-            or its process stopped) without *force*.
+        InstanceStateError: it is finished, or ``running`` under another runtime's
+            lease, or ``running`` without a lease and without *force*.
         RecoveryRequiredError: it requires recovery first.
         CorruptRecordError: its snapshot does not decode.
     """
@@ -63,12 +64,19 @@ def cancellation(
             f"workflow instance {iid!r} is finished (revision {record.revision}); "
             "there is nothing to cancel"
         )
+    if record.status == "running" and record.lease_owner is not None:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} is running in another runtime (lease epoch "
+            f"{record.lease_epoch}, owner {record.lease_owner}): cancel it from that "
+            "runtime, or once it halts. If that runtime stopped, a recovery sweep puts "
+            "the instance back at its last saved revision once the lease expired; "
+            "cancel it then"
+        )
     if record.status == "running" and not force:
         raise InstanceStateError(
-            f"workflow instance {iid!r} is running, but not in this runtime: another "
-            "process runs it, or its process stopped. Cancelling a segment live in "
-            "another process needs leases (not yet available); if you know no process "
-            "runs it, cancel with force=True"
+            f"workflow instance {iid!r} is running without a lease: a runtime of a "
+            "release without leases left it so (it may still run it). If you know no "
+            "process runs it, cancel with force=True"
         )
     detail = f"cancelled: {reason}" if reason else "cancelled"
     if record.snapshot is None:

@@ -192,6 +192,8 @@ class MemoryStore(BaseStore[_Tables]):
     def _begin(conn: _Tables, op: BeginOp) -> int | None:
         iid, owner, now = op.workflow_instance_id, op.lease_owner, _now_ms()
         row = conn.rows.get(iid)
+        if row is not None and op.only_new:
+            return None
         if row is None:
             if op.expected_revision:
                 return None

@@ -89,6 +89,8 @@ class BeginOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="begin"):
     expected_revision: int | None = None
     lease_owner: str | None = None
     ttl_ms: int = 0
+    only_new: bool = False
+    """Claim only an instance that has no row yet (create it); never an existing one."""
 
 
 @final

@@ -14,6 +14,7 @@ __all__ = [
     "MIGRATIONS",
     "SCHEMA_VERSION",
     "SQL_BEGIN",
+    "SQL_BEGIN_NEW",
     "SQL_CLEAR_VERSION",
     "SQL_CREATE",
     "SQL_CREATE_VERSION_TABLE",
@@ -184,6 +185,15 @@ SQL_BEGIN = f"""
     WHERE t.revision = coalesce(%(expected)s::bigint, 0) AND {_CLAIMABLE}
     RETURNING lease_epoch
 """  # noqa: S608 - constant
+SQL_BEGIN_NEW = f"""
+    INSERT INTO phronomy_workflow_instances
+        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms,
+         lease_owner, lease_epoch, lease_expires_at_ms)
+    VALUES (%(id)s, %(workflow)s, 0, 'running', {_NOW_MS}, {_NOW_MS}, %(owner)s, 1,
+        {_EXPIRES})
+    ON CONFLICT (instance_id) DO NOTHING
+    RETURNING lease_epoch
+"""  # noqa: S608 - constant
 SQL_RESUME = f"""
     UPDATE phronomy_workflow_instances AS t SET
         status = 'running', updated_at_ms = {_NOW_MS},
@@ -309,6 +319,7 @@ STATEMENTS = Statements(
     history=SQL_HISTORY,
     find_write=SQL_FIND_WRITE,
     begin=SQL_BEGIN,
+    begin_new=SQL_BEGIN_NEW,
     resume=SQL_RESUME,
     create=SQL_CREATE,
     update=SQL_UPDATE,

@@ -69,6 +69,7 @@ class Statements(NamedTuple):
     history: str
     find_write: str
     begin: str
+    begin_new: str
     resume: str
     create: str
     update: str
@@ -153,7 +154,10 @@ def apply_op(
                 "owner": owner,
                 "ttl": op.ttl_ms,
             }
-            statement = sql.resume if op.expected_revision else sql.begin
+            if op.only_new:
+                statement = sql.begin_new
+            else:
+                statement = sql.resume if op.expected_revision else sql.begin
             row = conn.execute(statement, params).fetchone()
             return None if row is None else int(row[0])
         case RenewOp(owner=owner, instance_ids=ids, ttl_ms=ttl):
@@ -212,11 +216,13 @@ def _save(
         "detail": request.detail,
         "version": request.definition_version,
         "now": now_ms(),
-        "expected": expected,
+        "expected": expected or 0,
         "owner": None if request.lease is None else request.lease.owner,
         "epoch": None if request.lease is None else request.lease.epoch,
     }
-    cursor = conn.execute(sql.update if expected else sql.create, params)
+    # A leased instance has its row (its claim made it): revision 0 is updated too.
+    leased = request.lease is not None
+    cursor = conn.execute(sql.update if expected or leased else sql.create, params)
     if cursor.rowcount != 1:
         raise _conflict(
             conn, sql, request.workflow_instance_id, expected, "save", request.lease

@@ -18,6 +18,7 @@ __all__ = [
     "NETWORK_FILESYSTEMS",
     "SCHEMA_VERSION",
     "SQL_BEGIN",
+    "SQL_BEGIN_NEW",
     "SQL_CREATE",
     "SQL_DELETE",
     "SQL_EXPIRED",
@@ -207,6 +208,15 @@ SQL_BEGIN = f"""
     WHERE revision = coalesce(:expected, 0) AND {_CLAIMABLE}
     RETURNING lease_epoch
 """  # noqa: S608 - constant
+SQL_BEGIN_NEW = """
+    INSERT INTO phronomy_workflow_instances
+        (instance_id, workflow, revision, status, created_at_ms, updated_at_ms,
+         lease_owner, lease_epoch, lease_expires_at_ms)
+    VALUES (:id, :workflow, 0, 'running', :now, :now, :owner, 1,
+        CASE WHEN :owner IS NULL THEN NULL ELSE :now + :ttl END)
+    ON CONFLICT (instance_id) DO NOTHING
+    RETURNING lease_epoch
+"""
 # An upsert cannot express "the row must exist at revision N": resuming updates only.
 SQL_RESUME = f"""
     UPDATE phronomy_workflow_instances SET
@@ -332,6 +342,7 @@ STATEMENTS = Statements(
     history=SQL_HISTORY,
     find_write=SQL_FIND_WRITE,
     begin=SQL_BEGIN,
+    begin_new=SQL_BEGIN_NEW,
     resume=SQL_RESUME,
     create=SQL_CREATE,
     update=SQL_UPDATE,

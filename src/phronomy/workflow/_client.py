@@ -395,17 +395,17 @@ class WorkflowClient(LiveInstances):
             workflow: the instance's workflow.
             workflow_instance_id: the instance.
             reason: saved with the instance (and given to the segment's caller).
-            force: also cancel a stored ``running`` instance that no segment runs in
-                this runtime. Without leases across processes, only do so when you know
-                its process is gone.
+            force: also cancel a stored ``running`` instance that holds no lease (left
+                by a release without leases): only when you know no process runs it.
+                An instance under another runtime's lease is never cancelled here.
 
         Returns:
             The cancelled instance (``status="cancelled"``; its revision with a store).
 
         Raises:
             NotFoundError: nothing is live or stored under that id.
-            InstanceStateError: it is finished, or ``running`` in another process
-                (without *force*).
+            InstanceStateError: it is finished, or ``running`` in another runtime
+                (under its lease; without a lease: unless *force*).
             RecoveryRequiredError: it requires recovery first.
             InvalidInputError: an invalid id or reason.
             ReentrancyError: called from a thread that does not run the runtime.
