@@ -21,6 +21,7 @@ from phronomy.storage import (
     MemoryStore,
     RecoverOp,
     RenewOp,
+    RequestCancelOp,
     SaveOp,
     SaveRequest,
     SQLiteStore,
@@ -271,7 +272,7 @@ def test_a_lease_admits_one_owner_and_fences_its_writes(store: WorkflowStore) ->
     with pytest.raises(errors.ConflictError, match="holds \\(or held\\) its lease"):
         store.save(leased("l", None, None))  # a writer without the lease
     assert store.run(RenewOp(owner="A", instance_ids=("l", "x"), ttl_ms=60_000)) == {
-        "l": 1
+        "l": (1, None)
     }
     assert store.run(RenewOp(owner="B", instance_ids=("l",), ttl_ms=60_000)) == {}
     assert store.save(leased("l", None, Lease(owner="A", epoch=1))) == 1
@@ -297,6 +298,25 @@ def test_an_expired_lease_can_be_claimed_by_another_owner(store: WorkflowStore) 
         store.save(leased("e", None, Lease(owner="A", epoch=1)))
     assert store.run(RenewOp(owner="A", instance_ids=("e",), ttl_ms=60_000)) == {}
     assert store.save(leased("e", None, Lease(owner="B", epoch=2))) == 1
+
+
+def test_a_cancel_request_reaches_the_lease_holder_and_ends_with_it(
+    store: WorkflowStore,
+) -> None:
+    assert store.run(RequestCancelOp(workflow_instance_id="c", reason="x")) is None
+    store.begin("c", "wf", lease_owner="A", ttl_ms=60_000)
+    assert store.run(RequestCancelOp(workflow_instance_id="c", reason="dup")) == 1
+    renewed = store.run(RenewOp(owner="A", instance_ids=("c",), ttl_ms=60_000))
+    assert renewed == {"c": (1, "dup")}
+    store.save(leased("c", None, Lease(owner="A", epoch=1), "cancelled"))
+    row = store.load("c")
+    assert row is not None
+    assert (row.status, row.cancel_requested, row.lease_owner) == (
+        "cancelled",
+        None,
+        None,
+    )
+    assert store.run(RequestCancelOp(workflow_instance_id="c")) is None  # not running
 
 
 def test_marks_keep_the_lease_only_while_the_outcome_is_open(

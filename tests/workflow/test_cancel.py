@@ -11,7 +11,7 @@ import pytest
 import trio
 
 import phronomy
-from phronomy.storage import BeginOp, MarkOp
+from phronomy.storage import BeginOp, MarkOp, cancellation
 from phronomy.testing import FaultyStore
 from phronomy.workflow import FINISH
 
@@ -143,9 +143,10 @@ async def test_cancelling_stored_instances(
                 ttl_ms=60_000,
             )
         )
-        for force in (False, True):  # never under another runtime's lease
+        leased = store.load("leased")  # type: ignore[attr-defined]
+        for force in (False, True):  # offline, never under another runtime's lease
             with pytest.raises(phronomy.InstanceStateError, match="another runtime"):
-                await rt.workflows.cancel(flow, "leased", force=force)
+                cancellation(leased, "leased", reason=None, write_id="w", force=force)
         await rt.workflows.invoke(flow, workflow_instance_id="q")
         store.run(  # type: ignore[attr-defined]
             MarkOp(

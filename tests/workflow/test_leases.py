@@ -117,6 +117,30 @@ async def test_a_stale_owner_stops_at_its_margin_and_is_fenced(
         print(f"stale owner stopped after {stopped_after:.2f} s (ttl 0.6 s)")  # noqa: T201
 
 
+async def test_an_instance_live_in_another_runtime_is_cancelled_through_its_row(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    flow = live_flow()
+    async with (
+        phronomy.open_runtime(store=make_store(), shutdown_timeout=2, **FAST) as owner,
+        phronomy.open_runtime(store=make_store(), shutdown_timeout=2, **FAST) as other,
+    ):
+        handle = await start_live(owner, flow, "x")
+        with trio.fail_after(5):
+            cancelled = await other.workflows.cancel(flow, "x", reason="duplicate")
+        assert cancelled.status == "cancelled"
+        with pytest.raises(phronomy.WorkflowCancelledError, match="duplicate"):
+            await handle.result()
+        store = make_store()
+        row = store.load("x")
+        assert row is not None
+        assert (row.status, row.detail) == ("cancelled", "cancelled: duplicate")
+        assert (row.lease_owner, row.cancel_requested) == (None, None)
+        # cancelling again answers the same, without asking anybody
+        again = await other.workflows.cancel(flow, "x")
+        assert again.revision == cancelled.revision
+
+
 async def test_the_sweep_puts_back_a_segment_whose_lease_expired(
     make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:

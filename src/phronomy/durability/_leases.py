@@ -98,6 +98,8 @@ class _Held(msgspec.Struct, kw_only=True):
     epoch: int
     deadline: float  # trio time: stop the segment if not renewed by then
     on_lost: Callable[[LeaseLostError], object]
+    on_cancel: Callable[[str | None], object]
+    cancel_seen: bool = False
 
 
 @final
@@ -138,14 +140,16 @@ class Leases:
         workflow_instance_id: str,
         epoch: int,
         on_lost: Callable[[LeaseLostError], object],
+        on_cancel: Callable[[str | None], object],
         *,
         claimed_at: float,
     ) -> Lease:
         """Keep renewing the lease the claim sent at *claimed_at* (trio time) returned;
-        *on_lost* is called (once) if it cannot be."""
+        *on_lost* is called (once) if it cannot be, *on_cancel* (once, with the reason)
+        when another runtime asks for the instance to be cancelled."""
         deadline = claimed_at + self.settings.ttl - self.settings.margin
         self._held[workflow_instance_id] = _Held(
-            epoch=epoch, deadline=deadline, on_lost=on_lost
+            epoch=epoch, deadline=deadline, on_lost=on_lost, on_cancel=on_cancel
         )
         return Lease(owner=self.owner, epoch=epoch)
 
@@ -195,7 +199,7 @@ class Leases:
             return
         sent = trio.current_time()
         ids = tuple(self._held)
-        renewed: dict[str, int] | None = None
+        renewed: dict[str, tuple[int, str | None]] | None = None
         with trio.move_on_at(self._earliest()):
             try:
                 renewed = await self._run(
@@ -208,10 +212,14 @@ class Leases:
                 held = self._held.get(iid)
                 if held is None:
                     continue  # ended meanwhile
-                if renewed.get(iid) == held.epoch:
-                    held.deadline = sent + self.settings.ttl - self.settings.margin
-                else:
+                epoch, cancel = renewed.get(iid, (None, None))
+                if epoch != held.epoch:
                     self._lose(iid, held, taken=True)
+                    continue
+                held.deadline = sent + self.settings.ttl - self.settings.margin
+                if cancel is not None and not held.cancel_seen:
+                    held.cancel_seen = True
+                    held.on_cancel(cancel or None)
         self._expire(trio.current_time())
 
     def _lose(self, iid: str, held: _Held, *, taken: bool) -> None:

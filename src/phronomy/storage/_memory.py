@@ -22,6 +22,7 @@ from ._ops import (
     MarkOp,
     RecoverOp,
     RenewOp,
+    RequestCancelOp,
     SaveOp,
 )
 from ._records import InstancePage, SaveLogEntry, SaveRequest, StoredRecord
@@ -177,6 +178,8 @@ class MemoryStore(BaseStore[_Tables]):
                 return self._renew(conn, op)
             case RecoverOp():
                 return self._recover(conn, op)
+            case RequestCancelOp():
+                return self._request_cancel(conn, op)
             case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
                 row = conn.rows.get(iid)
                 if row is None or row.revision != expected:
@@ -220,13 +223,14 @@ class MemoryStore(BaseStore[_Tables]):
                 lease_owner=owner,
                 lease_epoch=epoch,
                 lease_expires_at_ms=None if owner is None else now + op.ttl_ms,
+                cancel_requested=None,
             ),
             conn.log.get(iid),
         )
         return epoch
 
     @staticmethod
-    def _renew(conn: _Tables, op: RenewOp) -> dict[str, int]:
+    def _renew(conn: _Tables, op: RenewOp) -> dict[str, tuple[int, str | None]]:
         now, renewed = _now_ms(), {}
         for iid in op.instance_ids:
             row = conn.rows.get(iid)
@@ -234,8 +238,18 @@ class MemoryStore(BaseStore[_Tables]):
                 expires = now + op.ttl_ms
                 row = msgspec.structs.replace(row, lease_expires_at_ms=expires)
                 conn.put(iid, row, conn.log.get(iid))
-                renewed[iid] = row.lease_epoch
+                renewed[iid] = (row.lease_epoch, row.cancel_requested)
         return renewed
+
+    @staticmethod
+    def _request_cancel(conn: _Tables, op: RequestCancelOp) -> int | None:
+        iid = op.workflow_instance_id
+        row = conn.rows.get(iid)
+        if row is None or row.status != "running" or row.lease_owner is None:
+            return None
+        requested = msgspec.structs.replace(row, cancel_requested=op.reason or "")
+        conn.put(iid, requested, conn.log.get(iid))
+        return row.lease_epoch
 
     @staticmethod
     def _recover(conn: _Tables, op: RecoverOp) -> list[tuple[str, str]]:
@@ -288,6 +302,7 @@ class MemoryStore(BaseStore[_Tables]):
                     lease_expires_at_ms=None,
                     lease_epoch=row.lease_epoch + 1,
                     takeovers=row.takeovers + 1,
+                    cancel_requested=None,
                 ),
                 log,
             )
@@ -388,6 +403,7 @@ class MemoryStore(BaseStore[_Tables]):
                 updated_at_ms=_now_ms(),
                 lease_owner=row.lease_owner if keep else None,
                 lease_expires_at_ms=row.lease_expires_at_ms if keep else None,
+                cancel_requested=row.cancel_requested if keep else None,
             ),
             conn.log.get(iid),
         )

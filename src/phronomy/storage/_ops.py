@@ -27,6 +27,7 @@ __all__ = [
     "MarkOp",
     "RecoverOp",
     "RenewOp",
+    "RequestCancelOp",
     "SaveOp",
     "StoreOp",
     "op_name",
@@ -126,6 +127,20 @@ class RenewOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="renew"):
 
 
 @final
+class RequestCancelOp(
+    msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="request_cancel"
+):
+    """Ask the runtime that holds a ``running`` instance's lease to cancel it.
+
+    The result is that lease's epoch, or ``None`` if the instance is not running
+    under a lease (any more).
+    """
+
+    workflow_instance_id: str
+    reason: str | None = None
+
+
+@final
 class RecoverOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="recover"):
     """Take over up to *limit* ``running`` instances whose lease expired (their runtime
     stopped) and put each back at its last saved revision, released.
@@ -194,6 +209,7 @@ StoreOp = (
     | RenewOp
     | RecoverOp
     | ClaimOp
+    | RequestCancelOp
 )
 """Every operation a store runs."""
 

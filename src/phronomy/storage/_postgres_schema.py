@@ -29,6 +29,7 @@ __all__ = [
     "SQL_MARK_OR_CREATE",
     "SQL_RECOVER",
     "SQL_RENEW",
+    "SQL_REQUEST_CANCEL",
     "SQL_RESUME",
     "SQL_REVISION",
     "SQL_SCHEMA_VERSION",
@@ -130,7 +131,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             ADD COLUMN lease_owner text,
             ADD COLUMN lease_epoch bigint NOT NULL DEFAULT 0,
             ADD COLUMN lease_expires_at_ms bigint,
-            ADD COLUMN takeovers integer NOT NULL DEFAULT 0""",
+            ADD COLUMN takeovers integer NOT NULL DEFAULT 0,
+            ADD COLUMN cancel_requested text""",
         """CREATE INDEX phronomy_workflow_instances_leases
             ON phronomy_workflow_instances (lease_expires_at_ms)
             WHERE lease_owner IS NOT NULL""",
@@ -140,7 +142,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 COLUMNS = (
     "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, "
     "updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms, "
-    "takeovers"
+    "takeovers, cancel_requested"
 )
 SQL_REVISION = (
     "SELECT revision, lease_owner, lease_epoch FROM phronomy_workflow_instances "
@@ -150,7 +152,7 @@ SQL_LOAD = f"SELECT {COLUMNS} FROM phronomy_workflow_instances WHERE instance_id
 SQL_LIST = """
     SELECT instance_id, workflow, revision, status, phase, NULL, last_write_id, detail,
         updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms,
-        takeovers
+        takeovers, cancel_requested
     FROM phronomy_workflow_instances
     WHERE (%(status)s::text IS NULL OR status = %(status)s)
       AND (%(workflow)s::text IS NULL OR workflow = %(workflow)s)
@@ -167,6 +169,7 @@ SQL_FIND_WRITE = (
 _EXPIRES = f"CASE WHEN %(owner)s::text IS NULL THEN NULL ELSE {_NOW_MS} + %(ttl)s END"
 _CLAIM = f"""
         lease_owner = %(owner)s,
+        cancel_requested = NULL,
         lease_epoch = t.lease_epoch + 1,
         lease_expires_at_ms = {_EXPIRES}"""
 _CLAIMABLE = f"""t.status != 'recovery_required' AND (t.lease_owner IS NULL
@@ -209,6 +212,7 @@ _RELEASE = """
         lease_owner = CASE WHEN %(status)s = 'running' THEN t.lease_owner END,
         lease_expires_at_ms = CASE WHEN %(status)s = 'running'
                                    THEN t.lease_expires_at_ms END,
+        cancel_requested = CASE WHEN %(status)s = 'running' THEN t.cancel_requested END,
         takeovers = 0"""
 """A save of any status but ``running`` ends the segment: its lease goes with it."""
 SQL_CREATE = f"""
@@ -244,7 +248,8 @@ SQL_MARK = f"""
     UPDATE phronomy_workflow_instances AS t SET status = %(status)s,
         detail = %(detail)s, updated_at_ms = {_NOW_MS},
         lease_owner = CASE WHEN {_KEEP_LEASE} THEN t.lease_owner END,
-        lease_expires_at_ms = CASE WHEN {_KEEP_LEASE} THEN t.lease_expires_at_ms END
+        lease_expires_at_ms = CASE WHEN {_KEEP_LEASE} THEN t.lease_expires_at_ms END,
+        cancel_requested = CASE WHEN {_KEEP_LEASE} THEN t.cancel_requested END
     WHERE t.instance_id = %(id)s
       AND (%(expected)s::bigint IS NULL OR t.revision = %(expected)s) AND {_HOLDS}
 """  # noqa: S608 - constant
@@ -256,15 +261,21 @@ SQL_MARK_OR_CREATE = f"""
         status = excluded.status, detail = excluded.detail,
         updated_at_ms = excluded.updated_at_ms,
         lease_owner = CASE WHEN {_KEEP_LEASE} THEN t.lease_owner END,
-        lease_expires_at_ms = CASE WHEN {_KEEP_LEASE} THEN t.lease_expires_at_ms END
+        lease_expires_at_ms = CASE WHEN {_KEEP_LEASE} THEN t.lease_expires_at_ms END,
+        cancel_requested = CASE WHEN {_KEEP_LEASE} THEN t.cancel_requested END
     WHERE (%(expected)s::bigint IS NULL OR t.revision = %(expected)s) AND {_HOLDS}
 """  # noqa: S608 - constant
 SQL_RENEW = f"""
     UPDATE phronomy_workflow_instances SET lease_expires_at_ms = {_NOW_MS} + %(ttl)s
     WHERE lease_owner = %(owner)s
       AND instance_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
-    RETURNING instance_id, lease_epoch
+    RETURNING instance_id, lease_epoch, cancel_requested
 """  # noqa: S608 - constant
+SQL_REQUEST_CANCEL = """
+    UPDATE phronomy_workflow_instances SET cancel_requested = %(reason)s
+    WHERE instance_id = %(id)s AND status = 'running' AND lease_owner IS NOT NULL
+    RETURNING lease_epoch
+"""
 SQL_EXPIRED = f"""
     SELECT instance_id, lease_epoch FROM phronomy_workflow_instances
     WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= {_NOW_MS}
@@ -290,7 +301,8 @@ SQL_RECOVER = f"""
                  || 'revision ' || t.revision
         END,
         updated_at_ms = {_NOW_MS}, lease_owner = NULL, lease_expires_at_ms = NULL,
-        lease_epoch = t.lease_epoch + 1, takeovers = t.takeovers + 1
+        cancel_requested = NULL, lease_epoch = t.lease_epoch + 1,
+        takeovers = t.takeovers + 1
     WHERE t.instance_id = %(id)s AND t.lease_epoch = %(epoch)s AND t.status = 'running'
       AND t.lease_owner IS NOT NULL AND t.lease_expires_at_ms <= {_NOW_MS}
     RETURNING t.status
@@ -327,6 +339,7 @@ STATEMENTS = Statements(
     mark_or_create=SQL_MARK_OR_CREATE,
     delete=SQL_DELETE,
     renew=SQL_RENEW,
+    request_cancel=SQL_REQUEST_CANCEL,
     expired=SQL_EXPIRED,
     recover=SQL_RECOVER,
 )

@@ -75,6 +75,8 @@ class StoredRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         lease_expires_at_ms: when the lease expires, on the store's clock.
         takeovers: how many times in a row its runtime stopped while running it (the
             recovery sweep took it over); a save resets it.
+        cancel_requested: a cancellation another runtime asked for (its reason, or
+            ``""``); the runtime holding the lease sees it at its next heartbeat.
     """
 
     workflow_instance_id: str
@@ -91,6 +93,7 @@ class StoredRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     lease_epoch: int = 0
     lease_expires_at_ms: int | None = None
     takeovers: int = 0
+    cancel_requested: str | None = None
 
 
 @final

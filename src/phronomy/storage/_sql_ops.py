@@ -19,6 +19,7 @@ from ._ops import (
     MarkOp,
     RecoverOp,
     RenewOp,
+    RequestCancelOp,
     SaveOp,
 )
 from ._records import InstancePage, SaveLogEntry, StoredRecord
@@ -77,6 +78,7 @@ class Statements(NamedTuple):
     mark_or_create: str
     delete: str
     renew: str
+    request_cancel: str
     expired: str
     recover: str
 
@@ -99,6 +101,7 @@ def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
         lease_epoch=row[11],
         lease_expires_at_ms=row[12],
         takeovers=row[13],
+        cancel_requested=row[14],
     )
 
 
@@ -167,7 +170,12 @@ def apply_op(
                 "now": now_ms(),
                 "ttl": ttl,
             }
-            return {row[0]: int(row[1]) for row in conn.execute(sql.renew, params)}
+            renewed = conn.execute(sql.renew, params)
+            return {row[0]: (int(row[1]), row[2]) for row in renewed}
+        case RequestCancelOp(workflow_instance_id=iid, reason=reason):
+            params = {"id": iid, "reason": reason or ""}
+            row = conn.execute(sql.request_cancel, params).fetchone()
+            return None if row is None else int(row[0])
         case RecoverOp(limit=limit, max_takeovers=max_takeovers):
             now = now_ms()
             candidates = conn.execute(sql.expired, {"now": now, "limit": limit})

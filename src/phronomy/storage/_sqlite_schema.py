@@ -31,6 +31,7 @@ __all__ = [
     "SQL_MARK_OR_CREATE",
     "SQL_RECOVER",
     "SQL_RENEW",
+    "SQL_REQUEST_CANCEL",
     "SQL_RESUME",
     "SQL_REVISION",
     "SQL_SET_LOG_DEPTH",
@@ -162,6 +163,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         "ALTER TABLE phronomy_workflow_instances ADD COLUMN lease_expires_at_ms INTEGER",
         """ALTER TABLE phronomy_workflow_instances
             ADD COLUMN takeovers INTEGER NOT NULL DEFAULT 0""",
+        "ALTER TABLE phronomy_workflow_instances ADD COLUMN cancel_requested TEXT",
         """CREATE INDEX phronomy_workflow_instances_leases
             ON phronomy_workflow_instances (lease_expires_at_ms)
             WHERE lease_owner IS NOT NULL""",
@@ -171,12 +173,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 COLUMNS = (
     "instance_id, workflow, revision, status, phase, snapshot, last_write_id, detail, "
     "updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms, "
-    "takeovers"
+    "takeovers, cancel_requested"
 )
 LIST_COLUMNS = (
     "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, "
     "updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms, "
-    "takeovers"
+    "takeovers, cancel_requested"
 )
 
 SQL_FOREIGN_TABLES = (
@@ -190,6 +192,7 @@ SQL_REVISION = (
 SQL_LOAD = f"SELECT {COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = ?"  # noqa: S608 - constant
 _CLAIM = """
         lease_owner = :owner,
+        cancel_requested = NULL,
         lease_epoch = lease_epoch + 1,
         lease_expires_at_ms = CASE WHEN :owner IS NULL THEN NULL ELSE :now + :ttl END"""
 _CLAIMABLE = """status != 'recovery_required'
@@ -232,6 +235,7 @@ _RELEASE = """
         lease_owner = CASE WHEN :status = 'running' THEN lease_owner END,
         lease_expires_at_ms = CASE WHEN :status = 'running'
                                    THEN lease_expires_at_ms END,
+        cancel_requested = CASE WHEN :status = 'running' THEN cancel_requested END,
         takeovers = 0"""
 """A save of any status but ``running`` ends the segment: its lease goes with it."""
 SQL_CREATE = f"""
@@ -272,7 +276,9 @@ SQL_MARK = f"""
         updated_at_ms = :now,
         lease_owner = CASE WHEN :status IN {_KEEP_LEASE} THEN lease_owner END,
         lease_expires_at_ms = CASE WHEN :status IN {_KEEP_LEASE}
-                                   THEN lease_expires_at_ms END
+                                   THEN lease_expires_at_ms END,
+        cancel_requested = CASE WHEN :status IN {_KEEP_LEASE}
+                                THEN cancel_requested END
     WHERE instance_id = :id AND (:expected IS NULL OR revision = :expected)
       AND {_HOLDS}
 """  # noqa: S608 - constant
@@ -285,13 +291,20 @@ SQL_MARK_OR_CREATE = f"""
         updated_at_ms = excluded.updated_at_ms,
         lease_owner = CASE WHEN :status IN {_KEEP_LEASE} THEN lease_owner END,
         lease_expires_at_ms = CASE WHEN :status IN {_KEEP_LEASE}
-                                   THEN lease_expires_at_ms END
+                                   THEN lease_expires_at_ms END,
+        cancel_requested = CASE WHEN :status IN {_KEEP_LEASE}
+                                THEN cancel_requested END
     WHERE (:expected IS NULL OR revision = :expected) AND {_HOLDS}
 """  # noqa: S608 - constant
 SQL_RENEW = """
     UPDATE phronomy_workflow_instances SET lease_expires_at_ms = :now + :ttl
     WHERE lease_owner = :owner AND instance_id IN (SELECT value FROM json_each(:ids))
-    RETURNING instance_id, lease_epoch
+    RETURNING instance_id, lease_epoch, cancel_requested
+"""
+SQL_REQUEST_CANCEL = """
+    UPDATE phronomy_workflow_instances SET cancel_requested = :reason
+    WHERE instance_id = :id AND status = 'running' AND lease_owner IS NOT NULL
+    RETURNING lease_epoch
 """
 SQL_EXPIRED = """
     SELECT instance_id, lease_epoch FROM phronomy_workflow_instances
@@ -316,7 +329,8 @@ SQL_RECOVER = """
                  || 'revision ' || revision
         END,
         updated_at_ms = :now, lease_owner = NULL, lease_expires_at_ms = NULL,
-        lease_epoch = lease_epoch + 1, takeovers = takeovers + 1
+        cancel_requested = NULL, lease_epoch = lease_epoch + 1,
+        takeovers = takeovers + 1
     WHERE instance_id = :id AND lease_epoch = :epoch AND status = 'running'
       AND lease_owner IS NOT NULL AND lease_expires_at_ms <= :now
     RETURNING status
@@ -350,6 +364,7 @@ STATEMENTS = Statements(
     mark_or_create=SQL_MARK_OR_CREATE,
     delete=SQL_DELETE,
     renew=SQL_RENEW,
+    request_cancel=SQL_REQUEST_CANCEL,
     expired=SQL_EXPIRED,
     recover=SQL_RECOVER,
 )

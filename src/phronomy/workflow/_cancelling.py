@@ -15,16 +15,22 @@ from phronomy.errors import (
     RuntimeShutdownError,
     WorkflowCancelledError,
 )
-from phronomy.storage import LoadOp, cancellation
+from phronomy.storage import LoadOp, RequestCancelOp, cancellation
 
 from ._definition import FINISH
-from ._messages import CancelLoaded, CancelSaved, WorkflowResult
+from ._messages import (
+    CancelAsked,
+    CancelLoaded,
+    CancelRequested,
+    CancelSaved,
+    WorkflowResult,
+)
 
 if TYPE_CHECKING:
     import outcome
 
     from phronomy.durability import DurabilityService
-    from phronomy.engine import AdmissionTable, ResultHandle
+    from phronomy.engine import AdmissionTable, Host, ResultHandle
     from phronomy.storage import InstanceStatus, StoredRecord
 
     from ._messages import CancelCommand
@@ -39,17 +45,23 @@ class Cancelling:
     A segment live here stops taking events, its effects' trio work is cancelled and
     their threads are waited for, then it ends as ``cancelled`` (saved, for durable
     segments) and its caller fails with :class:`~phronomy.WorkflowCancelledError`. An
-    instance loading or saving here is cancelled once that is done. An instance that
-    no segment runs here is cancelled in the store: a new revision with the same state
-    and the status ``cancelled``.
+    instance loading or saving here is cancelled once that is done. An instance live
+    under another runtime's lease is asked, through its row, to cancel itself; the
+    cancel returns once its row says it ended. An instance that no segment runs is
+    cancelled in the store: a new revision with the same state and the status
+    ``cancelled``.
     """
 
     gateway: DurabilityService | None
     admissions: AdmissionTable
     sessions: dict[str, WorkflowSession[Any]]
     cancels: dict[str, list[CancelCommand]]
+    remote_cancels: dict[str, CancelCommand]
 
     if TYPE_CHECKING:
+
+        @property
+        def engine(self) -> Host: ...
 
         def admit(self) -> None: ...
 
@@ -122,6 +134,13 @@ class Cancelling:
         assert self.gateway is not None
         try:
             record: StoredRecord | None = message.loaded.unwrap()
+            if (
+                record is not None
+                and record.status == "running"
+                and record.lease_owner not in (None, self.gateway.leases.owner)
+            ):
+                self._cancel_remote(cmd, record)
+                return
             op = cancellation(
                 record,
                 cmd.workflow_instance_id,
@@ -141,6 +160,58 @@ class Cancelling:
             self._post_cancel(CancelSaved(command=cmd, saved=done), cmd)
 
         self.gateway.submit(op, saved)
+
+    def _cancel_remote(self, cmd: CancelCommand, record: StoredRecord) -> None:
+        """The instance is live in another runtime: ask it (in the row; it sees the
+        request at its next heartbeat), then wait until the row says it ended."""
+        assert self.gateway is not None
+        if record.cancel_requested is not None:  # asked already: wait on
+            self._cancel_poll(cmd, record.lease_epoch)
+            return
+        op = RequestCancelOp(
+            workflow_instance_id=cmd.workflow_instance_id, reason=cmd.reason
+        )
+
+        def requested(done: outcome.Outcome[Any]) -> None:
+            self._post_cancel(CancelRequested(command=cmd, requested=done), cmd)
+
+        self.gateway.submit(op, requested)
+
+    def _cancel_requested(self, message: CancelRequested) -> None:
+        try:
+            epoch: int | None = message.requested.unwrap()
+        except Exception as exc:  # noqa: BLE001 - the caller's error
+            self._cancel_done(message.command, error=exc)
+            return
+        self._cancel_poll(message.command, epoch)
+
+    def _cancel_poll(self, cmd: CancelCommand, epoch: int | None) -> None:
+        """Read the row again: at once if the request found no live lease (the row
+        changed), else after a quarter heartbeat."""
+        assert self.gateway is not None
+        iid = cmd.workflow_instance_id
+        self.remote_cancels[iid] = cmd
+        interval = self.gateway.leases.settings.heartbeat_interval / 4
+        gateway = self.gateway
+
+        def reload() -> None:
+            if self.remote_cancels.get(iid) is not cmd:
+                return  # the runtime shut down meanwhile
+            del self.remote_cancels[iid]
+            gateway.submit(
+                LoadOp(workflow_instance_id=iid),
+                lambda done: self._post_cancel(
+                    CancelLoaded(command=cmd, loaded=done), cmd
+                ),
+            )
+
+        self.engine.timers.schedule(0 if epoch is None else interval, reload)
+
+    def _cancel_asked(self, message: CancelAsked) -> None:
+        """Another runtime asked for this live segment's instance to be cancelled."""
+        session: WorkflowSession[Any] = message.session
+        if self.sessions.get(session.workflow_instance_id) is session:
+            session.cancel(message.reason)
 
     def _cancel_saved(self, message: CancelSaved) -> None:
         cmd = message.command
@@ -183,11 +254,16 @@ class Cancelling:
         )
 
     def _segment_cancelled(
-        self, iid: str, caller: ResultHandle[Any], result: WorkflowResult[Any]
+        self,
+        iid: str,
+        caller: ResultHandle[Any],
+        result: WorkflowResult[Any],
+        reason: str | None = None,
     ) -> None:
-        """A live segment ended as cancelled: its caller fails, the cancels complete."""
+        """A live segment ended as cancelled (*reason*: the session's): its caller
+        fails, the cancels complete."""
         reasons = [c.reason for c in self.cancels.get(iid, ()) if c.reason]
-        reason = reasons[0] if reasons else None
+        reason = reasons[0] if reasons else reason
         caller.fail(
             WorkflowCancelledError(
                 f"workflow instance {iid!r} was cancelled"

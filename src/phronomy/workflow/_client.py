@@ -385,7 +385,10 @@ class WorkflowClient(LiveInstances):
         instance is saved as ``cancelled`` and the segment's caller fails with
         :class:`~phronomy.WorkflowCancelledError`. A halted (or failed) instance is
         saved as ``cancelled`` directly. An instance loading or saving here is
-        cancelled once that is done. Cancelling a cancelled instance returns it again.
+        cancelled once that is done. An instance live in another runtime (process or
+        machine) is asked through its row: that runtime cancels it at its next
+        heartbeat, and this call returns once the row says so. Cancelling a cancelled
+        instance returns it again.
 
         Example::
 
@@ -397,15 +400,14 @@ class WorkflowClient(LiveInstances):
             reason: saved with the instance (and given to the segment's caller).
             force: also cancel a stored ``running`` instance that holds no lease (left
                 by a release without leases): only when you know no process runs it.
-                An instance under another runtime's lease is never cancelled here.
 
         Returns:
             The cancelled instance (``status="cancelled"``; its revision with a store).
 
         Raises:
             NotFoundError: nothing is live or stored under that id.
-            InstanceStateError: it is finished, or ``running`` in another runtime
-                (under its lease; without a lease: unless *force*).
+            InstanceStateError: it is finished, or ``running`` without a lease
+                (unless *force*).
             RecoveryRequiredError: it requires recovery first.
             InvalidInputError: an invalid id or reason.
             ReentrancyError: called from a thread that does not run the runtime.

@@ -15,6 +15,7 @@ from phronomy.errors import (
     BusyError,
     PhronomyInternalError,
     RecoveryRequiredError,
+    RuntimeShutdownError,
 )
 from phronomy.storage import (
     quarantine,
@@ -22,8 +23,10 @@ from phronomy.storage import (
 
 from ._cancelling import Cancelling
 from ._messages import (
+    CancelAsked,
     CancelCommand,
     CancelLoaded,
+    CancelRequested,
     CancelSaved,
     ClaimReady,
     EventCounters,
@@ -93,6 +96,7 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         self.sessions: dict[str, WorkflowSession[Any]] = {}
         self.watchers = Watchers()
         self.cancels: dict[str, list[CancelCommand]] = {}
+        self.remote_cancels: dict[str, CancelCommand] = {}
         self.admissions = AdmissionTable(
             noun="workflow instance",
             busy_states=_BUSY,
@@ -118,6 +122,8 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 self._apply_claim(message)
             case LeaseLost():
                 self._lease_lost(message)
+            case CancelAsked():
+                self._cancel_asked(message)
             case ResolveCommand():
                 self._resolve(message)
             case CancelCommand():
@@ -126,12 +132,22 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 self._cancel_loaded(message)
             case CancelSaved():
                 self._cancel_saved(message)
+            case CancelRequested():
+                self._cancel_requested(message)
             case _:
                 raise PhronomyInternalError(f"unknown workflow command {message!r}")
 
     def shutdown(self, error: BaseException | None) -> None:
         """Clear every admission; pending recovery callers get a :class:`~phronomy.RecoveryRequiredError`."""
         self.watchers.close()
+        for cmd in self.remote_cancels.values():
+            cmd.done.fail(
+                RuntimeShutdownError(
+                    "the runtime shut down while workflow instance "
+                    f"{cmd.workflow_instance_id!r} was being cancelled in another runtime"
+                )
+            )
+        self.remote_cancels.clear()
         for record in self.admissions.clear():
             caller: ResultHandle[Any] | None = record.caller
             if caller is None or caller.done:

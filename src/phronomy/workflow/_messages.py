@@ -15,8 +15,10 @@ from ._definition import WorkflowDefinition
 from ._state import State
 
 __all__ = [
+    "CancelAsked",
     "CancelCommand",
     "CancelLoaded",
+    "CancelRequested",
     "CancelSaved",
     "ClaimReady",
     "EventCounters",
@@ -193,6 +195,14 @@ class ClaimReady(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @final
+class CancelAsked(msgspec.Struct, frozen=True, kw_only=True):
+    """Another runtime asked for a live segment's instance to be cancelled."""
+
+    session: Any
+    reason: str | None
+
+
+@final
 class LeaseLost(msgspec.Struct, frozen=True, kw_only=True):
     """A live segment's lease was lost: it must stop without writing."""
 
@@ -206,6 +216,14 @@ class CancelLoaded(msgspec.Struct, frozen=True, kw_only=True):
 
     command: CancelCommand
     loaded: outcome.Outcome[Any]
+
+
+@final
+class CancelRequested(msgspec.Struct, frozen=True, kw_only=True):
+    """The request to cancel an instance live in another runtime was written."""
+
+    command: CancelCommand
+    requested: outcome.Outcome[Any]
 
 
 @final

@@ -42,6 +42,7 @@ from ._hydration import (
     start_state,
 )
 from ._messages import (
+    CancelAsked,
     ClaimReady,
     InstanceUpdate,
     LeaseLost,
@@ -102,7 +103,11 @@ class SegmentLifecycle:
         ) -> bool: ...
 
         def _segment_cancelled(
-            self, iid: str, caller: ResultHandle[Any], result: WorkflowResult[Any]
+            self,
+            iid: str,
+            caller: ResultHandle[Any],
+            result: WorkflowResult[Any],
+            reason: str | None = None,
         ) -> None: ...
 
         def _cancel_next(self, iid: str) -> None: ...
@@ -387,7 +392,10 @@ class SegmentLifecycle:
             def lost(error: LeaseLostError) -> None:
                 self.post_message(LeaseLost(session=session, error=error))
 
-            self.gateway.leases.hold(iid, lease.epoch, lost, claimed_at=sent)
+            def cancel(reason: str | None) -> None:  # asked for by another runtime
+                self.post_message(CancelAsked(session=session, reason=reason))
+
+            self.gateway.leases.hold(iid, lease.epoch, lost, cancel, claimed_at=sent)
         coordinator = cast("Receiver", self)  # a registered receiver
         waiter = self.engine.register_session(session, receiver=coordinator)
         waiting = self.cancels.get(iid)
@@ -426,7 +434,8 @@ class SegmentLifecycle:
                 iid, result.status, result.phase, result.state, result.revision
             )
             if segment.status == "cancelled":
-                self._segment_cancelled(iid, cmd.caller, result)
+                reason = session.cancel_reason
+                self._segment_cancelled(iid, cmd.caller, result, reason)
             else:
                 cmd.caller.complete(result)
         else:
