@@ -5,7 +5,7 @@ from __future__ import annotations
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -15,6 +15,8 @@ from phronomy.storage import SCHEMA_VERSION, SaveRequest, SQLiteStore
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from phronomy.storage import StoredRecord
+
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "schema_v1.db"
 
 
@@ -23,6 +25,19 @@ def v1_file(tmp_path: Path) -> Path:
     path = tmp_path / "old.db"
     shutil.copy(FIXTURE, path)
     return path
+
+
+def _saved(record: StoredRecord) -> tuple[Any, ...]:
+    """What a row says, in the fixtures' column order (definition version last)."""
+    return (
+        record.revision,
+        record.status,
+        record.phase,
+        record.snapshot,
+        record.write_id,
+        record.detail,
+        record.definition_version,
+    )
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
@@ -53,20 +68,10 @@ def test_every_row_and_its_history_survive_the_migration(
     before.close()
     store.open()
     assert store.pragmas()["user_version"] == SCHEMA_VERSION == 3
-    for iid, revision, status, phase, snapshot, write_id, detail in rows:
+    for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
-        assert (record.revision, record.status, record.phase) == (
-            revision,
-            status,
-            phase,
-        )
-        assert (record.snapshot, record.write_id, record.detail) == (
-            snapshot,
-            write_id,
-            detail,
-        )
-        assert record.definition_version == ""
+        assert _saved(record) == (*saved, "")
     for iid, revision, write_id, status in logs:
         assert store.find_write(iid, write_id) == revision
         (entry,) = [e for e in store.history(iid) if e.revision == revision]
@@ -150,20 +155,10 @@ def test_a_schema_2_file_gains_leases_and_keeps_every_row(
     store = open_sqlite(path)
     store.open()
     assert store.pragmas()["user_version"] == SCHEMA_VERSION
-    for iid, revision, status, phase, snapshot, write_id, detail, version in rows:
+    for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
-        assert (record.revision, record.status, record.phase) == (
-            revision,
-            status,
-            phase,
-        )
-        assert (record.snapshot, record.write_id, record.detail) == (
-            snapshot,
-            write_id,
-            detail,
-        )
-        assert record.definition_version == version
+        assert _saved(record) == tuple(saved)
         assert (record.lease_owner, record.lease_epoch, record.takeovers) == (
             None,
             0,

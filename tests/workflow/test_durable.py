@@ -1081,7 +1081,7 @@ async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
             execution = rt.executions.start("agent-blocked", [lambda v: v])
             await until(
                 lambda: (
-                    store.count("load") == 1
+                    store.count("claim") == 1  # the start is blocked in its claim
                     and rt.executions.is_admitted("agent-blocked")
                 )
             )

@@ -176,14 +176,20 @@ class SegmentLifecycle:
 
         def loaded(done: outcome.Outcome[Any]) -> None:
             message = LoadReady(command=cmd, loaded=done, sent=sent)
-            if not self.post_message(message, completion=cmd.caller):
-                cmd.caller.fail(
-                    RuntimeShutdownError(
-                        f"the runtime shut down while loading workflow instance {iid!r}"
-                    )
-                )
+            self._continue_with(message, cmd, "loading")
 
         gateway.submit(op, loaded, finish=decode)
+
+    def _continue_with(self, message: Any, cmd: Command, what: str) -> None:
+        """Post the continuation of *cmd*'s admission; if the runtime is shutting
+        down, its caller fails."""
+        if not self.post_message(message, completion=cmd.caller):
+            cmd.caller.fail(
+                RuntimeShutdownError(
+                    f"the runtime shut down while {what} workflow instance "
+                    f"{cmd.workflow_instance_id!r}"
+                )
+            )
 
     def _apply_load(self, message: LoadReady) -> None:
         cmd = message.command
@@ -285,12 +291,7 @@ class SegmentLifecycle:
                 sent=sent,
                 claimed=done,
             )
-            if not self.post_message(message, completion=cmd.caller):
-                cmd.caller.fail(
-                    RuntimeShutdownError(
-                        f"the runtime shut down while claiming workflow instance {iid!r}"
-                    )
-                )
+            self._continue_with(message, cmd, "claiming")
 
         gateway.submit(op, claimed, finish=diagnose)
 
