@@ -134,12 +134,13 @@ def test_a_write_whose_backend_died_is_classified_by_its_transaction(
     assert store.save(request("k", None)) == 1  # a new connection, the same store
 
 
-def _lose_connection_mid_statement(conn: psycopg.Connection[Any]) -> None:
+def _lose_connection_mid_statement(conn: psycopg.Connection[Any], dsn: str) -> None:
     """The server goes on running a statement of the transaction; the client's socket
     is dead (as when the network drops)."""
-    conn.pgconn.send_query(b"SELECT pg_sleep(60)")
-    with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
-        sock.shutdown(socket.SHUT_RDWR)
+    pid = conn.info.backend_pid
+    _lose_connection_after(
+        conn, b"SELECT pg_sleep(60)", running=_backend_waits(dsn, pid, None)
+    )
 
 
 def test_fencing_ends_a_transaction_still_running_on_the_server(
@@ -289,3 +290,86 @@ def test_server_crashes_lose_no_acknowledged_save(
     assert lost == []
     assert len(acked) > 20
     assert outcomes["success"] == len(acked)
+
+
+def test_a_reload_alone_misclassifies_a_commit_still_in_flight(
+    open_postgres: OpenPostgres, postgres_dsn: str
+) -> None:
+    """T5, the negative control: a client sends its save and COMMIT, then loses the
+    connection before the server ran them (here the row is locked by another
+    transaction). A reload shows the pre-state, so a classifier that trusts a reload
+    says "not saved" — and the commit lands afterwards. (The store settles the
+    transaction first: see the fencing tests above.)"""
+    store = open_postgres()
+    store.open()
+    assert store.save(request("t5", None)) == 1
+    table = f"{store.schema}.phronomy_workflow_instances"
+    client = _admin(
+        postgres_dsn
+    )  # the lost client: closed, never committed or rolled back
+    try:
+        with _admin(postgres_dsn) as locker:
+            locker.execute("BEGIN")
+            locker.execute(f"SELECT 1 FROM {table} WHERE instance_id = 't5' FOR UPDATE")
+            client.execute("BEGIN")
+            row = client.execute(
+                "SELECT pg_current_xact_id()::text, pg_backend_pid()"
+            ).fetchone()
+            assert row is not None
+            xid, pid = row
+            save = f"UPDATE {table} SET revision = 2, last_write_id = 'late' "
+            save += "WHERE instance_id = 't5' AND revision = 1; COMMIT"
+            waits = _backend_waits(postgres_dsn, pid, "Lock")
+            _lose_connection_after(client, save.encode(), running=waits)
+            reloaded = store.load("t5")
+            assert reloaded is not None
+            naive_verdict = "saved" if reloaded.write_id == "late" else "not saved"
+            locker.execute("ROLLBACK")  # the server goes on with the lost commit
+    finally:
+        client.pgconn.finish()
+    with _admin(postgres_dsn) as watcher:
+        deadline = time.monotonic() + 10
+        while watcher.execute("SELECT pg_xact_status(%s::xid8)", (xid,)).fetchone() == (
+            "in progress",
+        ):
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+    final = store.load("t5")
+    assert final is not None
+    truth = "saved" if final.write_id == "late" else "not saved"
+    print(f"negative control: a reload said {naive_verdict!r}, the truth: {truth!r}")  # noqa: T201
+    assert (naive_verdict, truth) == ("not saved", "saved")  # the checker catches it
+
+
+def _lose_connection_after(
+    conn: psycopg.Connection[Any], query: bytes, *, running: Callable[[], bool]
+) -> None:
+    """Send *query*, wait until the server is *running* it, and drop the connection
+    without waiting for its results."""
+    conn.pgconn.send_query(query)
+    while conn.pgconn.flush():  # a non-blocking connection may keep part of it
+        time.sleep(0.001)
+    deadline = time.monotonic() + 10
+    while not running():
+        assert time.monotonic() < deadline, "the server never started the query"
+        time.sleep(0.005)
+    with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+        sock.shutdown(socket.SHUT_RDWR)
+
+
+def _backend_waits(dsn: str, pid: int, event_type: str | None) -> Callable[[], bool]:
+    """Whether backend *pid* runs a statement (waiting on *event_type*, if given)."""
+
+    def check() -> bool:
+        with _admin(dsn) as conn:
+            row = conn.execute(
+                "SELECT state, wait_event_type FROM pg_stat_activity WHERE pid = %s",
+                (pid,),
+            ).fetchone()
+        return (
+            row is not None
+            and row[0] == "active"
+            and (event_type is None or row[1] == event_type)
+        )
+
+    return check

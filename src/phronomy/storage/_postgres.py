@@ -19,6 +19,7 @@ from ._postgres_schema import (
     SQL_CREATE_VERSION_TABLE,
     SQL_LOCK_SCHEMA,
     SQL_SCHEMA_VERSION,
+    SQL_SERVER_STARTED,
     SQL_SET_LOG_DEPTH,
     SQL_SET_VERSION,
     SQL_TERMINATE,
@@ -153,8 +154,9 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         self._conn: psycopg.Connection[Any] | None = None
         self._read_lock = threading.Lock()
         self._read_conn: psycopg.Connection[Any] | None = None
-        self._pending: tuple[str, int] | None = None
-        """The transaction id and backend of a write whose outcome is not known yet."""
+        self._pending: tuple[str, int, str] | None = None
+        """The transaction id, backend and server start time of a write whose outcome
+        is not known yet."""
 
     @property
     def address(self) -> str:
@@ -296,7 +298,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             try:
                 row = conn.execute(SQL_XACT).fetchone()
                 assert row is not None
-                self._pending = (row[0], row[1])
+                self._pending = (row[0], row[1], row[2])
                 yield conn
                 conn.execute("COMMIT")
                 self._pending = None
@@ -312,9 +314,10 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
     def fence(self) -> None:
         """Wait until the last failed write transaction can no longer commit (blocking).
 
-        Its transaction id was learnt before it wrote. While the server reports it
-        ``in progress``, its backend is terminated (only if it still runs that
-        transaction) and the status polled again.
+        Its transaction id was learnt before it wrote. If the server restarted since,
+        the transaction died with it. While the server reports it ``in progress``, its
+        backend is terminated (only if it still runs that transaction) and the status
+        polled again.
 
         Raises:
             StoreUnavailableError: the server cannot tell within ``fence_timeout``.
@@ -322,10 +325,17 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         with self._lock:
             if self._pending is None:
                 return
-            xid, pid = self._pending
+            xid, pid, started = self._pending
             deadline = time.monotonic() + self._fence_timeout
             # a connection of its own: the others may be broken or busy
             with self._translated(), self._connect() as conn:
+                row = conn.execute(SQL_SERVER_STARTED).fetchone()
+                if row is None or row[0] != started:
+                    # the server restarted: the transaction died with it (and its
+                    # id may be given to another transaction now)
+                    logger.info("failed write transaction %s: server restarted", xid)
+                    self._pending = None
+                    return
                 while True:
                     row = conn.execute(SQL_XACT_STATUS, (xid,)).fetchone()
                     status = None if row is None else row[0]

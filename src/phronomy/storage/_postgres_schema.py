@@ -33,6 +33,7 @@ __all__ = [
     "SQL_RESUME",
     "SQL_REVISION",
     "SQL_SCHEMA_VERSION",
+    "SQL_SERVER_STARTED",
     "SQL_SET_LOG_DEPTH",
     "SQL_SET_VERSION",
     "SQL_TERMINATE",
@@ -101,7 +102,10 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             value bigint NOT NULL
         )""",
         "INSERT INTO phronomy_settings VALUES ('save_log_depth', 32)",
-        """CREATE FUNCTION phronomy_log_save() RETURNS trigger LANGUAGE plpgsql AS $$
+        # SET search_path FROM CURRENT: the triggers find their tables whatever the
+        # search_path of the session that writes the row
+        """CREATE FUNCTION phronomy_log_save() RETURNS trigger LANGUAGE plpgsql
+        SET search_path FROM CURRENT AS $$
         BEGIN
             IF NEW.revision > 0 AND (TG_OP = 'INSERT' OR NEW.revision > OLD.revision)
             THEN
@@ -118,7 +122,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE TRIGGER phronomy_log_insert AFTER INSERT OR UPDATE OF revision
             ON phronomy_workflow_instances
             FOR EACH ROW EXECUTE FUNCTION phronomy_log_save()""",
-        """CREATE FUNCTION phronomy_log_forget() RETURNS trigger LANGUAGE plpgsql AS $$
+        """CREATE FUNCTION phronomy_log_forget() RETURNS trigger LANGUAGE plpgsql
+        SET search_path FROM CURRENT AS $$
         BEGIN
             DELETE FROM phronomy_save_log WHERE instance_id = OLD.instance_id;
             RETURN NULL;
@@ -319,8 +324,13 @@ SQL_TERMINATE = """
     WHERE pid = %(pid)s AND backend_xid::text::bigint = %(xid)s::bigint %% 4294967296
 """
 """End the backend still running the failed write (its transaction then aborts)."""
-SQL_XACT = "SELECT pg_current_xact_id()::text, pg_backend_pid()"
-"""The transaction id of a write (learnt before it writes) and its backend."""
+SQL_XACT = (
+    "SELECT pg_current_xact_id()::text, pg_backend_pid(), "
+    "pg_postmaster_start_time()::text"
+)
+"""The transaction id of a write (learnt before it writes), its backend, and when the
+server started (after a restart, an old transaction id means nothing any more)."""
+SQL_SERVER_STARTED = "SELECT pg_postmaster_start_time()::text"
 SQL_XACT_STATUS = "SELECT pg_xact_status(%s::xid8)"
 """``committed``, ``aborted``, ``in progress`` or NULL (too old to tell)."""
 
