@@ -343,7 +343,8 @@ async def test_durable_records_and_admission_before_storage(
     async with phronomy.open_runtime(store=store) as rt:
         gate = store.block("load.before")
         first = rt.executions.start("a", [lambda v: "done"])
-        await until(lambda: rt.executions.is_admitted("a"))
+        # admitted, and its load is blocked in the store
+        await until(lambda: rt.executions.is_admitted("a") and store.count("load") == 1)
         loads = store.count("load")
         with pytest.raises(phronomy.BusyError):
             await rt.executions.invoke("a", [lambda v: v])

@@ -27,6 +27,7 @@ __all__ = [
     "UNCHANGED",
     "Command",
     "Loaded",
+    "busy_elsewhere",
     "refused",
     "release_op",
     "runs_on",
@@ -64,6 +65,7 @@ UNCHANGED = (
     RecoveryRequiredError,
     EventRejectedError,
     LeaseLostError,
+    NotFoundError,
 )
 """Segment errors that leave the durable instance's last revision as it was: a
 cut-off at shutdown and a rejected event (the row goes back to what that revision
@@ -140,7 +142,17 @@ def refused(iid: str, base: DurableBase, row: StoredRecord | None) -> Exception:
             f"runtime saved it) while this runtime admitted it at revision "
             f"{base.expected or 0}; send the event again"
         )
+    return busy_elsewhere(iid, row)
+
+
+def busy_elsewhere(iid: str, row: StoredRecord | None) -> BusyError:
+    """The refusal of an instance another runtime runs (*row*: as read, if any)."""
+    held = (
+        ""
+        if row is None or row.lease_owner is None
+        else (f" (lease epoch {row.lease_epoch}, owner {row.lease_owner})")
+    )
     return BusyError(
         f"Workflow instance {iid!r} already has a live execution segment in another "
-        f"runtime (lease epoch {row.lease_epoch}, owner {row.lease_owner})"
+        f"runtime{held}"
     )

@@ -25,6 +25,7 @@ from ._claims import (
     UNCHANGED,
     Command,
     Loaded,
+    busy_elsewhere,
     refused,
     release_op,
     runs_on,
@@ -181,8 +182,7 @@ class SegmentLifecycle:
         gateway.submit(op, loaded, finish=decode)
 
     def _continue_with(self, message: Any, cmd: Command, what: str) -> None:
-        """Post the continuation of *cmd*'s admission; if the runtime is shutting
-        down, its caller fails."""
+        """Post the continuation of *cmd*'s admission (or fail its caller)."""
         if not self.post_message(message, completion=cmd.caller):
             cmd.caller.fail(
                 RuntimeShutdownError(
@@ -256,6 +256,11 @@ class SegmentLifecycle:
             state = resume_state(cmd.input, decoded.fields)
             resume = (phase, event, cmd.payload)
         if claim is None:
+            statuses, create = runs_on(cmd)
+            if (record is None and create) or (
+                record is not None and record.status in statuses
+            ):  # the load tried to claim it: another runtime holds it
+                raise busy_elsewhere(cmd.workflow_instance_id, record)
             self._claim(cmd, state, base, resume)
         else:
             self._register(cmd, state, base=base, resume=resume, claim=claim)
@@ -459,8 +464,7 @@ class SegmentLifecycle:
         self, op: MarkOp | DeleteOp, caller: ResultHandle[Any], error: BaseException
     ) -> None:
         """Write the row's status after a segment that did not end with its save; the
-        caller hears of the failure once the row says it (cut off at shutdown: at
-        once)."""
+        caller hears of the failure once the row says it (at shutdown: at once)."""
         assert self.gateway is not None
         what = f"write the status of workflow instance {op.workflow_instance_id!r}"
         if isinstance(error, RuntimeShutdownError):
