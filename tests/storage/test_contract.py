@@ -403,3 +403,14 @@ def test_a_claim_loads_and_claims_in_one_write(store: WorkflowStore) -> None:
     before, epoch = claim("f", "A", ("halted",), True)  # a status it does not run on
     assert (before.status, epoch) == ("finished", None)
     assert store.load("f").status == "finished"  # type: ignore[union-attr]
+
+
+def test_store_identities_are_never_reused() -> None:
+    # Before: the identity was id(store), reused by the next store once the first was
+    # gone, and a quarantine of the old store's instances reached the new one.
+    seen = set()
+    for _ in range(100):
+        store = MemoryStore()
+        seen.add(store.identity)
+        del store
+    assert len(seen) == 100

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
@@ -37,6 +38,9 @@ logger = logging.getLogger(__name__)
 
 C = TypeVar("C")
 
+_stores = itertools.count(1)
+"""Numbers the store objects of the process (their default identities)."""
+
 
 class BaseStore(OneAtATime, Generic[C]):
     """A store: the batch logic of the contract around one backend ``apply``.
@@ -67,6 +71,8 @@ class BaseStore(OneAtATime, Generic[C]):
     def __init__(self, *, fault_hook: Callable[[str], None] | None = None) -> None:
         """Set the test hook called at each fault point (see the class docstring)."""
         self.fault_hook = fault_hook
+        # unique for the life of the process (an id() is reused once its object is gone)
+        self._object_identity = f"{type(self).__name__}:{next(_stores)}"
 
     # --- the backend ---------------------------------------------------------------
 
@@ -91,7 +97,7 @@ class BaseStore(OneAtATime, Generic[C]):
     @property
     def identity(self) -> str:
         """See :attr:`~phronomy.storage.WorkflowStore.identity` (this object)."""
-        return f"{type(self).__name__}:{id(self):x}"
+        return self._object_identity
 
     def open(self) -> None:
         """See :meth:`~phronomy.storage.WorkflowStore.open`."""
