@@ -5,17 +5,17 @@ from __future__ import annotations
 import shutil
 import sqlite3
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import pytest
 
 from phronomy import errors
 from phronomy.storage import SCHEMA_VERSION, SaveRequest, SQLiteStore
+from records import durable_view
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from phronomy.storage import StoredRecord
 
 FIXTURE = Path(__file__).parent.parent / "fixtures" / "schema_v1.db"
 
@@ -25,19 +25,6 @@ def v1_file(tmp_path: Path) -> Path:
     path = tmp_path / "old.db"
     shutil.copy(FIXTURE, path)
     return path
-
-
-def _saved(record: StoredRecord) -> tuple[Any, ...]:
-    """What a row says, in the fixtures' column order (definition version last)."""
-    return (
-        record.revision,
-        record.status,
-        record.phase,
-        record.snapshot,
-        record.write_id,
-        record.detail,
-        record.definition_version,
-    )
 
 
 def _read_only(path: Path) -> sqlite3.Connection:
@@ -71,7 +58,7 @@ def test_every_row_and_its_history_survive_the_migration(
     for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
-        assert _saved(record) == (*saved, "")
+        assert durable_view(record) == (*saved, "")
     for iid, revision, write_id, status in logs:
         assert store.find_write(iid, write_id) == revision
         (entry,) = [e for e in store.history(iid) if e.revision == revision]
@@ -158,7 +145,7 @@ def test_a_schema_2_file_gains_leases_and_keeps_every_row(
     for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
-        assert _saved(record) == tuple(saved)
+        assert durable_view(record) == tuple(saved)
         assert (record.lease_owner, record.lease_epoch, record.takeovers) == (
             None,
             0,

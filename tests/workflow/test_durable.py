@@ -23,6 +23,7 @@ from phronomy.storage import (
 from phronomy.testing import FaultyStore
 from phronomy.workflow._definition import FINISH
 from phronomy.workflow._persistence import TERMINAL_RESULT
+from records import durable_view
 
 from .helpers import (
     Value,
@@ -53,19 +54,6 @@ def fields(
         record.snapshot, workflow_instance_id=iid, revision=record.revision
     )
     return record, decoded.fields
-
-
-def durable_view(record: StoredRecord) -> tuple[Any, ...]:
-    """What a row says about the instance (not its lease or its timestamps)."""
-    return (
-        record.revision,
-        record.status,
-        record.phase,
-        record.snapshot,
-        record.write_id,
-        record.detail,
-        record.definition_version,
-    )
 
 
 def status_of(store: phronomy.storage.WorkflowStore, iid: str) -> str | None:
