@@ -256,7 +256,7 @@ async def test_writes_still_running_at_the_deadline_are_reported_honestly() -> N
 
 
 async def test_shutdown_arguments_are_validated(engine: Engine) -> None:
-    with pytest.raises(ValueError, match="non-negative"):
+    with pytest.raises(errors.InvalidInputError, match="non-negative"):
         await engine.shutdown(timeout=-1)
 
 

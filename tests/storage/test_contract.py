@@ -213,6 +213,9 @@ def test_listing_filters_and_paginates(store: WorkflowStore) -> None:
     assert rest.next_after is None
     halted = store.list_instances(status="halted")
     assert [r.workflow_instance_id for r in halted.records] == ["i1", "i3"]
+    for bad in (store.list_instances, lambda limit: store.history("i1", limit=limit)):
+        with pytest.raises(errors.InvalidInputError, match="limit must be >= 1, got 0"):
+            bad(limit=0)
 
 
 def test_batches_check_each_save_on_its_own(store: WorkflowStore) -> None:

@@ -618,7 +618,7 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
         ).revision == 2
         with pytest.raises(phronomy.NotFoundError, match="does not require recovery"):
             await rt.recovery.resolve("rr", action="release")
-        with pytest.raises(ValueError, match="adopt"):
+        with pytest.raises(phronomy.InvalidInputError, match="adopt"):
             await rt.recovery.resolve("rr", action="forget")  # type: ignore[arg-type]
 
 

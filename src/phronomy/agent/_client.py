@@ -345,7 +345,9 @@ class Executions:
         """
         key = _validate_agent_id(agent_id)
         if action not in ("adopt", "release"):
-            raise ValueError(f"action must be 'adopt' or 'release', got {action!r}")
+            raise InvalidInputError(
+                f"action must be 'adopt' or 'release', got {action!r}"
+            )
         admission = self._coordinator.admissions.get(key)
         if admission is not None and admission.state != "recovery_required":
             raise BusyError(

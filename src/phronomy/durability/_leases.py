@@ -25,7 +25,7 @@ import trio
 import trio_util
 
 from phronomy.errors import InvalidInputError, LeaseLostError
-from phronomy.storage import BeginOp, Lease, RecoverOp, RenewOp
+from phronomy.storage import BeginOp, RecoverOp, RenewOp
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -120,8 +120,6 @@ class Leases:
         self._run = run
         self._held: dict[str, _Held] = {}
         self.ttl_ms = round(settings.ttl * 1000)
-        self.recovered = 0
-        """Instances this runtime's sweeps put back."""
 
     def claim_op(
         self, workflow_instance_id: str, workflow: str, expected_revision: int | None
@@ -143,7 +141,7 @@ class Leases:
         on_cancel: Callable[[str | None], object],
         *,
         claimed_at: float,
-    ) -> Lease:
+    ) -> None:
         """Keep renewing the lease the claim sent at *claimed_at* (trio time) returned;
         *on_lost* is called (once) if it cannot be, *on_cancel* (once, with the reason)
         when another runtime asks for the instance to be cancelled."""
@@ -151,16 +149,10 @@ class Leases:
         self._held[workflow_instance_id] = _Held(
             epoch=epoch, deadline=deadline, on_lost=on_lost, on_cancel=on_cancel
         )
-        return Lease(owner=self.owner, epoch=epoch)
 
     def drop(self, workflow_instance_id: str) -> None:
         """Stop renewing that lease (its segment ended: saved, released or lost)."""
         self._held.pop(workflow_instance_id, None)
-
-    @property
-    def held(self) -> int:
-        """Leases this runtime renews."""
-        return len(self._held)
 
     async def heartbeat(self) -> None:
         """Renew the held leases every ``heartbeat_interval`` seconds, in one statement.
@@ -250,8 +242,8 @@ class Leases:
             async for _ in ticks:
                 await self.sweep_once()
 
-    async def sweep_once(self) -> list[tuple[str, str]]:
-        """One recovery sweep: the instances put back and their status.
+    async def sweep_once(self) -> None:
+        """One recovery sweep (its takeovers are logged).
 
         Cancellation:
             Stops the wait only: a sweep in flight still completes.
@@ -261,7 +253,7 @@ class Leases:
             recovered: list[tuple[str, str]] = await self._run(op)
         except Exception as exc:  # noqa: BLE001 - the next sweep tries again
             logger.warning("the recovery sweep failed: %r", exc)
-            return []
+            return
         for iid, status in recovered:
             logger.warning(
                 "workflow instance %r: its runtime stopped while running it (lease "
@@ -269,5 +261,3 @@ class Leases:
                 iid,
                 status,
             )
-        self.recovered += len(recovered)
-        return recovered

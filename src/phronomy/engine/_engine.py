@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, final
 import trio
 
 from phronomy.errors import (
+    InvalidInputError,
     PhronomyInternalError,
     ReentrancyError,
 )
@@ -358,7 +359,10 @@ class Engine:
         if (timeout is not None and timeout < 0) or (
             cancel_grace is not None and cancel_grace < 0
         ):
-            raise ValueError("timeout and cancel_grace must be non-negative")
+            raise InvalidInputError(
+                f"timeout and cancel_grace must be non-negative, got {timeout!r} and "
+                f"{cancel_grace!r}"
+            )
         drain = self._config.shutdown_timeout if timeout is None else timeout
         grace = cancel_grace if cancel_grace is not None else self._config.cancel_grace
         with trio.CancelScope(shield=True):

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
+from phronomy.errors import InvalidInputError
+
 from ._ops import (
     BeginOp,
     DeleteOp,
@@ -71,10 +73,10 @@ class OneAtATime:
             after: start after this instance id (the previous page's ``next_after``).
 
         Raises:
-            ValueError: *limit* is below 1.
+            InvalidInputError: *limit* is below 1.
         """
         if limit < 1:
-            raise ValueError("limit must be >= 1")
+            raise InvalidInputError(f"limit must be >= 1, got {limit}")
         op = ListOp(status=status, workflow=workflow, limit=limit, after=after)
         page: InstancePage = self.run(op)
         return page
@@ -85,10 +87,10 @@ class OneAtATime:
         """The last saves of an instance, newest first (the store keeps a few).
 
         Raises:
-            ValueError: *limit* is below 1.
+            InvalidInputError: *limit* is below 1.
         """
         if limit < 1:
-            raise ValueError("limit must be >= 1")
+            raise InvalidInputError(f"limit must be >= 1, got {limit}")
         entries: list[SaveLogEntry] = self.run(
             HistoryOp(workflow_instance_id=workflow_instance_id, limit=limit)
         )

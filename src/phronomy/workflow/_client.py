@@ -339,7 +339,7 @@ class WorkflowClient(LiveInstances):
                 what="Halted WorkflowResult has no workflow_instance_id",
             )
             if workflow_instance_id is not None and workflow_instance_id != iid:
-                raise ValueError(
+                raise InvalidInputError(
                     f"workflow_instance_id {workflow_instance_id!r} differs from the halted "
                     f"result's {iid!r}"
                 )

@@ -140,7 +140,7 @@ class LoadReady(msgspec.Struct, frozen=True, kw_only=True):
 
     command: StartCommand | ResumeCommand
     loaded: outcome.Outcome[Any]
-    sent: float = 0.0
+    sent: float
     """When the load (and its claim) was sent, in trio time."""
 
 

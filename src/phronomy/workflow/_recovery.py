@@ -8,7 +8,12 @@ import msgspec
 import trio
 
 from phronomy.engine import ResultHandle
-from phronomy.errors import ConflictError, NotFoundError, RuntimeShutdownError
+from phronomy.errors import (
+    ConflictError,
+    InvalidInputError,
+    NotFoundError,
+    RuntimeShutdownError,
+)
 from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
     LoadOp,
@@ -148,13 +153,15 @@ class RecoveryClient:
 
         Raises:
             NotFoundError: the instance does not require recovery here or in the store.
-            ValueError: an unknown *action*.
+            InvalidInputError: an unknown *action*.
 
         Cancellation:
             The resolution runs to completion once started (shielded).
         """
         if action not in ("adopt", "release"):
-            raise ValueError(f"action must be 'adopt' or 'release', got {action!r}")
+            raise InvalidInputError(
+                f"action must be 'adopt' or 'release', got {action!r}"
+            )
         iid = validate_instance_id(workflow_instance_id)
         with trio.CancelScope(shield=True):
             resolved = await self._resolve(iid, action)
