@@ -406,6 +406,46 @@ def test_a_claim_loads_and_claims_in_one_write(store: WorkflowStore) -> None:
     before, epoch = claim("f", "A", ("halted",), True)  # a status it does not run on
     assert (before.status, epoch) == ("finished", None)
     assert store.load("f").status == "finished"  # type: ignore[union-attr]
+    # a placeholder whose first segment failed before it saved: claimed on request
+    store.run(MarkOp(workflow_instance_id="p", status="failed", create=True))
+    before, epoch = claim("p", "A", (), True)
+    assert (before.status, epoch) == ("failed", None)  # not without placeholders
+    placeholder = ClaimOp(
+        workflow_instance_id="p",
+        workflow="wf",
+        lease_owner="A",
+        ttl_ms=60_000,
+        create=True,
+        placeholders=True,
+    )
+    before, epoch = store.run(placeholder)
+    assert (before.status, before.revision, epoch) == ("failed", 0, 1)
+    store.save(
+        msgspec.structs.replace(request("p", None), lease=Lease(owner="A", epoch=1))
+    )
+    # a saved failure is no placeholder any more
+    store.run(MarkOp(workflow_instance_id="p", status="failed", expected_revision=1))
+    before, epoch = store.run(placeholder)
+    assert (before.revision, epoch) == (1, None)
+
+
+def test_a_leased_save_of_a_row_that_is_gone_is_a_conflict(
+    store: WorkflowStore,
+) -> None:
+    # Before: MemoryStore accepted it and created the row again (the SQL stores
+    # refused it): a lease-holding save always updates the row its claim made.
+    assert store.begin("x", "wf", lease_owner="A", ttl_ms=60_000) == 1
+    store.delete("x", 0)
+    leased = msgspec.structs.replace(
+        request("x", None), lease=Lease(owner="A", epoch=1)
+    )
+    with pytest.raises(errors.ConflictError, match="no saved revision"):
+        store.save(leased)
+    assert store.load("x") is None
+    with pytest.raises(
+        errors.ConflictError, match="cannot delete workflow instance 'x'"
+    ):
+        store.delete("x", 0)
 
 
 def test_store_identities_are_never_reused() -> None:

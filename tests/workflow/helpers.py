@@ -12,6 +12,8 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from contextlib import AbstractAsyncContextManager
 
+    from phronomy.workflow import IfExists
+
 T = TypeVar("T")
 
 
@@ -106,10 +108,16 @@ def segment_id(runtime: phronomy.Runtime, iid: str) -> str | None:
 
 
 async def start_live(
-    runtime: phronomy.Runtime, flow: phronomy.WorkflowDefinition[Value], iid: str
+    runtime: phronomy.Runtime,
+    flow: phronomy.WorkflowDefinition[Value],
+    iid: str,
+    *,
+    if_exists: IfExists = "refuse",
 ) -> ResultHandle[phronomy.WorkflowResult[Value]]:
     """Start *flow* (a :func:`live_flow`) as *iid*; return once it accepted a signal."""
-    handle = runtime.workflows.start(flow, workflow_instance_id=iid)
+    handle = runtime.workflows.start(
+        flow, workflow_instance_id=iid, if_exists=if_exists
+    )
     await until(lambda: runtime.workflows.signal(flow, iid, "mark"))
     return handle
 

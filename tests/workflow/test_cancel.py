@@ -72,8 +72,12 @@ async def test_cancel_settles_only_after_the_effects_thread_returned(
         )
         again = await rt.workflows.cancel(flow, "c-1")  # idempotent
         assert (again.status, again.revision) == ("cancelled", 1)
-        # a cancelled instance is closed: a start restarts it
-        restarted = rt.workflows.start(flow, workflow_instance_id="c-1")
+        # a cancelled instance is closed: a start refuses it, a restart runs it
+        with pytest.raises(phronomy.InstanceExistsError, match="cancelled"):
+            await rt.workflows.invoke(flow, workflow_instance_id="c-1")
+        restarted = rt.workflows.start(
+            flow, workflow_instance_id="c-1", if_exists="restart"
+        )
         await until(lambda: admission_state(rt, "c-1") == "executing")
         await rt.workflows.cancel(flow, "c-1")
         with pytest.raises(phronomy.WorkflowCancelledError):
@@ -196,3 +200,51 @@ async def test_a_cancel_during_loading_applies_once_loaded(
         )
         with pytest.raises(phronomy.WorkflowCancelledError, match="late"):
             await resumed.result()
+
+
+async def test_a_cancelled_instance_refuses_every_event_and_nothing_is_written(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    # Before: after cancel saved "cancelled" at revision 2, send_event and resume (by
+    # id, or with halted=) claimed the row a second time, ran the transition and saved
+    # "finished" at revision 3 over the cancellation (a cancelled order shipped).
+    store = make_store()
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        halted = await rt.workflows.invoke(flow, workflow_instance_id="o-1")
+        await rt.workflows.cancel(flow, "o-1", reason="customer left")
+        before = store.load("o-1")  # type: ignore[attr-defined]
+        assert (before.status, before.revision) == ("cancelled", 2)
+        calls = [
+            lambda: rt.workflows.send_event(
+                flow, "approve", workflow_instance_id="o-1"
+            ),
+            lambda: rt.workflows.resume(flow, workflow_instance_id="o-1"),
+            lambda: rt.workflows.send_event(flow, "approve", halted=halted),
+            lambda: rt.workflows.resume(flow, halted),
+        ]
+        for call in calls:
+            with pytest.raises(phronomy.InstanceStateError) as caught:
+                await call()
+            message = str(caught.value)
+            assert "'o-1' is cancelled (revision 2)" in message
+            assert "if_exists='restart'" in message  # how to start a new one
+            assert not isinstance(caught.value, phronomy.InstanceExistsError)
+            assert store.load("o-1") == before  # type: ignore[attr-defined]
+        assert rt.workflows.segment("o-1") is None
+    assert [e.revision for e in store.history("o-1")] == [2, 1]  # type: ignore[attr-defined]
+
+
+async def test_a_finished_instance_refuses_events_by_id_and_nothing_is_written(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    store = make_store()
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="f-1")
+        await rt.workflows.send_event(flow, "approve", workflow_instance_id="f-1")
+        before = store.load("f-1")  # type: ignore[attr-defined]
+        assert (before.status, before.revision) == ("finished", 2)
+        with pytest.raises(phronomy.InstanceStateError, match="is finished"):
+            await rt.workflows.send_event(flow, "approve", workflow_instance_id="f-1")
+        assert store.load("f-1") == before  # type: ignore[attr-defined]

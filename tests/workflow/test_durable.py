@@ -80,12 +80,16 @@ async def test_durable_invocations_hydrate_and_save_revisions(
             "finished",
             1,
         )
-        second = await rt.workflows.invoke(flow, {}, workflow_instance_id="t1")
+        # a finished instance is refused by default (nothing runs twice silently)
+        with pytest.raises(phronomy.InstanceExistsError, match="finished"):
+            await rt.workflows.invoke(flow, {}, workflow_instance_id="t1")
+        assert fields(store, "t1")[0].revision == 1
+        # restart hydrates from the stored fields (the Ruby runtime's start)
+        again = {"workflow_instance_id": "t1", "if_exists": "restart"}
+        second = await rt.workflows.invoke(flow, {}, **again)  # type: ignore[arg-type]
         assert (second.revision, second.state.count) == (2, 2)
-        await rt.workflows.invoke(flow, {"count": 10}, workflow_instance_id="t1")
-        overridden = await rt.workflows.invoke(
-            flow, {"count": 0}, workflow_instance_id="t1"
-        )
+        await rt.workflows.invoke(flow, {"count": 10}, **again)  # type: ignore[arg-type]
+        overridden = await rt.workflows.invoke(flow, {"count": 0}, **again)  # type: ignore[arg-type]
         assert (overridden.state.count, overridden.revision) == (1, 4)
 
 
@@ -305,7 +309,9 @@ async def test_stream_over_a_durable_instance(
     async with runtime_on(store) as rt:
         await rt.workflows.invoke(flow, {"count": 9}, workflow_instance_id="s")
         names = []
-        async with rt.workflows.stream(flow, workflow_instance_id="s") as steps:
+        async with rt.workflows.stream(
+            flow, workflow_instance_id="s", if_exists="restart"
+        ) as steps:
             async for step in steps:
                 names.append(step.name)
         result = await steps.result()
@@ -718,7 +724,7 @@ async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
         old_session = segment_id(rt, "inc")
         rt.workflows.signal(flow, "inc", "finish")
         assert (await first.result()).revision == 1
-        second = await start_live(rt, flow, "inc")
+        second = await start_live(rt, flow, "inc", if_exists="restart")
         stale = phronomy.engine.Event(
             type=TERMINAL_RESULT, target_id=old_session or "", payload=None
         )
@@ -872,7 +878,10 @@ async def test_snapshot_size_limit(
         ).revision == 1
         with pytest.raises(phronomy.SerializationError, match="limit is 500 bytes"):
             await rt.workflows.invoke(
-                flow, {"text": "x" * 1000}, workflow_instance_id="big"
+                flow,
+                {"text": "x" * 1000},
+                workflow_instance_id="big",
+                if_exists="restart",
             )
     record, stored = fields(store, "big")
     assert (record.revision, stored["text"]) == (1, "small")
@@ -1118,7 +1127,10 @@ async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fai
         assert "unknown" in (listed[0].error or "")
         assert not pending.done
         await b.recovery.resolve("q", action="adopt")  # from the other runtime
-        assert (await b.workflows.invoke(flow, workflow_instance_id="q")).revision == 2
+        rerun = await b.workflows.invoke(
+            flow, workflow_instance_id="q", if_exists="restart"
+        )
+        assert rerun.revision == 2
         await a.recovery.resolve("q", action="adopt")  # its own admission
         with pytest.raises(phronomy.RecoveryRequiredError, match="resolved"):
             await pending.result()

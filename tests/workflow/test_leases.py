@@ -21,7 +21,14 @@ import phronomy
 from phronomy.errors import LeaseLostError
 from phronomy.testing import FaultyStore
 
-from .helpers import Value, admission_state, live_flow, start_live, until
+from .helpers import (
+    Value,
+    admission_state,
+    live_flow,
+    runtime_on,
+    start_live,
+    until,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -332,3 +339,18 @@ def test_after_sigkill_another_runtime_takes_the_instance_over(tmp_path: Path) -
         history.close()
     assert took < 1.0 + 1.0  # ttl + sweep + slack
     print(f"SIGKILLed segment put back after {took:.2f} s (ttl 1.0 s)")  # noqa: T201
+
+
+async def test_an_event_for_an_unsaved_instance_live_elsewhere_is_busy(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    # Before: send_event to an instance live in another runtime that had never saved
+    # raised NotFoundError ("has no durable state"): it exists, and it is busy.
+    flow = live_flow()
+    async with runtime_on(make_store()) as a, runtime_on(make_store()) as b:
+        first = await start_live(a, flow, "busy-1")
+        with pytest.raises(phronomy.BusyError, match="another runtime") as caught:
+            await b.workflows.send_event(flow, "mark", workflow_instance_id="busy-1")
+        assert "owner" in str(caught.value)
+        assert a.workflows.signal(flow, "busy-1", "finish")
+        assert (await first.result()).revision == 1

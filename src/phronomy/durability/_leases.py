@@ -25,7 +25,7 @@ import trio
 import trio_util
 
 from phronomy.errors import InvalidInputError, LeaseLostError
-from phronomy.storage import BeginOp, RecoverOp, RenewOp
+from phronomy.storage import RecoverOp, RenewOp
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -120,18 +120,6 @@ class Leases:
         self._run = run
         self._held: dict[str, _Held] = {}
         self.ttl_ms = round(settings.ttl * 1000)
-
-    def claim_op(
-        self, workflow_instance_id: str, workflow: str, expected_revision: int | None
-    ) -> BeginOp:
-        """The claim of a segment (see :class:`~phronomy.storage.BeginOp`)."""
-        return BeginOp(
-            workflow_instance_id=workflow_instance_id,
-            workflow=workflow,
-            expected_revision=expected_revision,
-            lease_owner=self.owner,
-            ttl_ms=self.ttl_ms,
-        )
 
     def hold(
         self,

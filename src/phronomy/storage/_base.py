@@ -24,7 +24,7 @@ from ._ops import (
 )
 from ._records import SaveOutcome
 from ._shortcuts import OneAtATime
-from ._store import KNOWN_FAILURES, classify_uncertain_save
+from ._store import KNOWN_FAILURES, claimable, classify_uncertain_save
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -203,9 +203,7 @@ class BaseStore(OneAtATime, Generic[C]):
             if created is not None:
                 return None, created
         row: StoredRecord | None = self.apply(conn, LoadOp(workflow_instance_id=iid))
-        if (row is None and not op.create) or (
-            row is not None and row.status not in op.statuses
-        ):
+        if not claimable(op, row):
             return row, None
         begin = BeginOp(
             workflow_instance_id=iid,

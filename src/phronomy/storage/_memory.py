@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 
-from phronomy.errors import ConflictError, InvalidInputError
+from phronomy.errors import InvalidInputError
 
 from ._base import BaseStore
 from ._ops import (
@@ -183,9 +183,14 @@ class MemoryStore(BaseStore[_Tables]):
             case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
                 row = conn.rows.get(iid)
                 if row is None or row.revision != expected:
-                    raise ConflictError(
-                        f"cannot delete workflow instance {iid!r}: at revision "
-                        f"{row.revision if row else None}, expected {expected}"
+                    raise conflict_error(
+                        iid,
+                        "delete",
+                        expected=expected,
+                        lease=None,
+                        found=None
+                        if row is None
+                        else (row.revision, row.lease_owner, row.lease_epoch),
                     )
                 conn.put(iid, None, None)
                 return None
@@ -314,11 +319,17 @@ class MemoryStore(BaseStore[_Tables]):
         row = conn.rows.get(iid)
         current = 0 if row is None else row.revision
         lease = request.lease
-        if current != (request.expected_revision or 0) or (
-            row is not None
-            and (row.lease_owner, row.lease_epoch)
-            != (
-                (None, row.lease_epoch) if lease is None else (lease.owner, lease.epoch)
+        if (
+            current != (request.expected_revision or 0)
+            or (row is None and lease is not None)  # its claim made the row: gone
+            or (
+                row is not None
+                and (row.lease_owner, row.lease_epoch)
+                != (
+                    (None, row.lease_epoch)
+                    if lease is None
+                    else (lease.owner, lease.epoch)
+                )
             )
         ):
             found = None if row is None else (current, row.lease_owner, row.lease_epoch)

@@ -99,9 +99,12 @@ class ClaimOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="claim"):
     """Load an instance and, if it may be claimed, claim it in the same transaction.
 
     The row is claimed (see :class:`BeginOp`, at its current revision) when its status
-    is one of *statuses*, or when there is none and *create* is set. The result is
-    ``(row, epoch)``: the row as it was before the claim (``None`` if absent) and the
-    new fencing epoch, or ``None`` when nothing was claimed.
+    is one of *statuses*, when it is a placeholder whose segment failed before its
+    first save (revision 0, ``failed``) and *placeholders* is set, or when there is none and
+    *create* is set. A ``recovery_required`` row, and one under another runtime's
+    unexpired lease, is never claimed. The result is ``(row, epoch)``: the row as it
+    was before the claim (``None`` if absent) and the new fencing epoch, or ``None``
+    when nothing was claimed (the row says why).
     """
 
     workflow_instance_id: str
@@ -110,6 +113,7 @@ class ClaimOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="claim"):
     ttl_ms: int
     statuses: tuple[InstanceStatus, ...] = ()
     create: bool = False
+    placeholders: bool = False
 
 
 @final

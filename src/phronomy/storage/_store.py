@@ -21,7 +21,7 @@ if TYPE_CHECKING:
 
     import outcome
 
-    from ._ops import StoreOp
+    from ._ops import ClaimOp, StoreOp
     from ._records import Lease, SaveRequest, StoredRecord
 
 __all__ = [
@@ -30,6 +30,7 @@ __all__ = [
     "WorkflowStore",
     "check_not_quarantined",
     "check_startable",
+    "claimable",
     "classify_uncertain_save",
     "conflict_error",
     "run_op",
@@ -129,6 +130,16 @@ def conflict_error(
         f"cannot {action} workflow instance {iid!r}: expected revision {expected}, "
         f"the store has {found[0] if found else 'no saved revision'}"
     )
+
+
+def claimable(op: ClaimOp, row: StoredRecord | None) -> bool:
+    """Whether the status of *row* (``None``: no row) lets *op* claim it (a lease held
+    by another runtime is checked by the claim itself)."""
+    if row is None:
+        return op.create
+    if row.status in op.statuses:
+        return True
+    return op.placeholders and row.revision == 0 and row.status == "failed"
 
 
 def run_op(store: WorkflowStore, op: StoreOp) -> Any:

@@ -8,14 +8,15 @@ from typing import TYPE_CHECKING, Any
 from phronomy.durability import mark_op
 from phronomy.errors import (
     BusyError,
-    ConflictError,
     EventRejectedError,
+    InstanceExistsError,
+    InstanceStateError,
     LeaseLostError,
     NotFoundError,
     RecoveryRequiredError,
     RuntimeShutdownError,
 )
-from phronomy.storage import DeleteOp
+from phronomy.storage import OPEN_STATUSES, DeleteOp
 
 from ._hydration import DurableBase
 from ._messages import ResumeCommand, StartCommand
@@ -28,7 +29,8 @@ __all__ = [
     "Command",
     "Loaded",
     "busy_elsewhere",
-    "refused",
+    "exists_error",
+    "refusal",
     "release_op",
     "runs_on",
     "segment_mark",
@@ -48,16 +50,76 @@ _ANY_STATUS: tuple[InstanceStatus, ...] = (
 )
 
 
-def runs_on(cmd: Command) -> tuple[tuple[InstanceStatus, ...], bool]:
-    """The stored statuses the command runs on (its load claims them) and whether it
-    runs on a new instance; other cases are decided once the row is read."""
+def runs_on(cmd: Command) -> tuple[tuple[InstanceStatus, ...], bool, bool]:
+    """What the command's load claims: the stored statuses it runs on, whether it
+    runs on a new instance, and whether on a placeholder that failed before its first
+    save. A row it does not claim refuses the command (see :func:`refusal`)."""
     if isinstance(cmd, ResumeCommand):
-        return ("halted", "running", "failed"), False
+        # a halted result given by the caller may be an ephemeral one: its first save
+        # creates the instance
+        return ("halted", "running", "failed"), cmd.halted is not None, False
     if cmd.if_exists == "restart":
-        return _ANY_STATUS, True
-    if cmd.if_exists == "refuse":
-        return ("finished", "failed", "cancelled"), True
-    return (), True  # "return": only a new instance runs without a stored result
+        return _ANY_STATUS, True, True
+    # "refuse" and "return": only an instance that has nothing durable yet runs
+    return (), True, True
+
+
+def refusal(cmd: Command, row: StoredRecord | None) -> Exception:
+    """Why the command's load did not claim *row* (the instance's row, if any)."""
+    iid = cmd.workflow_instance_id
+    live = row is not None and row.status == "running" and row.lease_owner is not None
+    if isinstance(cmd, StartCommand):
+        if row is None or (live and cmd.if_exists == "restart"):
+            return busy_elsewhere(iid, row)
+        return exists_error(row)
+    if row is None and cmd.halted is not None:
+        return busy_elsewhere(iid, row)  # created meanwhile by another runtime
+    if row is None:
+        return NotFoundError(
+            f"workflow instance {iid!r} has no durable state to resume (the store "
+            "has no instance with that id)"
+        )
+    if live:
+        return busy_elsewhere(iid, row)
+    if row.status in ("finished", "cancelled"):
+        return InstanceStateError(
+            f"workflow instance {iid!r} is {row.status} (revision {row.revision}): a "
+            f"{row.status} instance accepts no events and nothing was written. Start a "
+            "new instance (another workflow_instance_id), or start this id again "
+            "from its stored fields with start(..., if_exists='restart')"
+        )
+    if row.revision == 0:
+        return NotFoundError(
+            f"workflow instance {iid!r} has no durable state to resume (its first "
+            f"segment is {row.status} before it saved anything)"
+        )
+    return busy_elsewhere(iid, row)
+
+
+def exists_error(row: StoredRecord) -> InstanceExistsError:
+    """The refusal of a start whose id the store holds (if_exists='refuse')."""
+    iid = row.workflow_instance_id
+    where = (
+        f"at {row.phase!r}, revision {row.revision}"
+        if row.revision
+        else "with nothing saved yet (live in another runtime, or its process stopped)"
+    )
+    send = f"send_event(workflow, event, workflow_instance_id={iid!r})"
+    if row.status in OPEN_STATUSES:
+        how = f"continue it with {send}"
+    elif row.status == "failed":
+        how = f"retry it from its last saved revision with {send}"
+    else:
+        how = f"a {row.status} instance accepts no events"
+    return InstanceExistsError(
+        f"workflow instance {iid!r} exists and is {row.status} {where}; {how}, or "
+        "start with if_exists='return' (its stored result) or if_exists='restart' "
+        "(run it again from its stored fields)",
+        workflow_instance_id=iid,
+        status=row.status,
+        phase=row.phase,
+        revision=row.revision,
+    )
 
 
 UNCHANGED = (
@@ -124,25 +186,6 @@ def segment_mark(
         workflow=cmd.definition.name,
         lease=lease,
     )
-
-
-def refused(iid: str, base: DurableBase, row: StoredRecord | None) -> Exception:
-    """Why a claim was refused, from the row read after it."""
-    if row is None:
-        return NotFoundError(
-            f"workflow instance {iid!r} was deleted while it was being admitted"
-        )
-    if row.status == "recovery_required":
-        return RecoveryRequiredError(
-            f"workflow instance {iid!r} requires recovery: {row.detail or 'unknown'}"
-        )
-    if row.revision != (base.expected or 0):
-        return ConflictError(
-            f"workflow instance {iid!r} moved on to revision {row.revision} (another "
-            f"runtime saved it) while this runtime admitted it at revision "
-            f"{base.expected or 0}; send the event again"
-        )
-    return busy_elsewhere(iid, row)
 
 
 def busy_elsewhere(iid: str, row: StoredRecord | None) -> BusyError:

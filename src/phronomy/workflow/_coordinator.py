@@ -28,7 +28,6 @@ from ._messages import (
     CancelLoaded,
     CancelRequested,
     CancelSaved,
-    ClaimReady,
     EventCounters,
     InstanceUpdate,
     LeaseLost,
@@ -118,8 +117,6 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 self._begin(message)
             case LoadReady():
                 self._apply_load(message)
-            case ClaimReady():
-                self._apply_claim(message)
             case LeaseLost():
                 self._lease_lost(message)
             case CancelAsked():

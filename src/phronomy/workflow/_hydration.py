@@ -9,11 +9,9 @@ import msgspec
 from phronomy.errors import (
     ConflictError,
     DefinitionMismatchError,
-    InstanceExistsError,
     NotFoundError,
 )
 from phronomy.storage import (
-    OPEN_STATUSES,
     InstanceStatus,
     decode_snapshot,
     decode_snapshot_builtins,
@@ -27,14 +25,13 @@ if TYPE_CHECKING:
     from phronomy.storage import StoredRecord
 
     from ._definition import WorkflowDefinition
-    from ._messages import InputOverlay, ResumeCommand, StartCommand
+    from ._messages import InputOverlay, ResumeCommand
     from ._state import State
 
 __all__ = [
     "DurableBase",
     "check_unchanged",
     "decode_stored",
-    "existing",
     "require_durable",
     "resume_state",
     "start_state",
@@ -174,39 +171,3 @@ def _check_compatible(
             version=definition.version,
             missing=tuple(missing),
         )
-
-
-def existing(cmd: StartCommand, record: StoredRecord, decoded: Any) -> str:
-    """Apply the start's ``if_exists`` policy to the stored row of its instance.
-
-    Returns:
-        ``"run"`` (start at the entry point, hydrated from the stored fields) or
-        ``"return"`` (return the stored result without running).
-
-    Raises:
-        InstanceExistsError: the instance is open and the policy is ``"refuse"`` (or
-            it is ``"return"`` and nothing was saved yet).
-    """
-    if record.revision == 0 and record.status != "running":
-        return "run"  # a placeholder that never saved (failed before its first save)
-    policy = cmd.if_exists
-    is_open = record.status in OPEN_STATUSES
-    if policy == "restart" or (policy == "refuse" and not is_open):
-        return "run"
-    if policy == "return" and decoded is not None:
-        return "return"
-    iid = record.workflow_instance_id
-    where = (
-        f"at {record.phase!r}, revision {record.revision}"
-        if record.revision
-        else "with nothing saved yet (live in another runtime, or its process stopped)"
-    )
-    raise InstanceExistsError(
-        f"workflow instance {iid!r} exists and is {record.status} {where}; continue it "
-        f"with send_event(workflow, event, workflow_instance_id={iid!r}), or start with "
-        "if_exists='return' (its stored result) or if_exists='restart'",
-        workflow_instance_id=iid,
-        status=record.status,
-        phase=record.phase,
-        revision=record.revision,
-    )

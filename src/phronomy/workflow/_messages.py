@@ -20,7 +20,6 @@ __all__ = [
     "CancelLoaded",
     "CancelRequested",
     "CancelSaved",
-    "ClaimReady",
     "EventCounters",
     "EventOutcome",
     "EventStatus",
@@ -179,19 +178,6 @@ class CancelCommand(msgspec.Struct, frozen=True, kw_only=True):
     force: bool
     owner: object
     done: ResultHandle[Any]
-
-
-@final
-class ClaimReady(msgspec.Struct, frozen=True, kw_only=True):
-    """The claim of a durable segment came back: ``(epoch or None, the row if the
-    claim was refused)`` (a continuation of :class:`LoadReady`)."""
-
-    command: StartCommand | ResumeCommand
-    state: Any
-    base: Any
-    resume: tuple[str, str, Any] | None
-    sent: float
-    claimed: outcome.Outcome[Any]
 
 
 @final

@@ -15,18 +15,15 @@ from phronomy.errors import (
 from phronomy.storage import (
     ClaimOp,
     Lease,
-    LoadOp,
     check_not_quarantined,
     check_startable,
-    run_op,
 )
 
 from ._claims import (
     UNCHANGED,
     Command,
     Loaded,
-    busy_elsewhere,
-    refused,
+    refusal,
     release_op,
     runs_on,
     segment_mark,
@@ -37,14 +34,12 @@ from ._hydration import (
     DurableBase,
     check_unchanged,
     decode_stored,
-    existing,
     require_durable,
     resume_state,
     start_state,
 )
 from ._messages import (
     CancelAsked,
-    ClaimReady,
     InstanceUpdate,
     LeaseLost,
     LoadReady,
@@ -150,7 +145,7 @@ class SegmentLifecycle:
         iid = cmd.workflow_instance_id
         definition = cmd.definition
         resuming = isinstance(cmd, ResumeCommand)
-        statuses, create = runs_on(cmd)
+        statuses, create, placeholders = runs_on(cmd)
         op = ClaimOp(
             workflow_instance_id=iid,
             workflow=definition.name,
@@ -158,6 +153,7 @@ class SegmentLifecycle:
             ttl_ms=gateway.leases.ttl_ms,
             statuses=statuses,
             create=create,
+            placeholders=placeholders,
         )
         sent = trio.current_time()
 
@@ -225,19 +221,26 @@ class SegmentLifecycle:
         decoded: Any,
         claim: tuple[Lease, float] | None,
     ) -> None:
-        """Validate the loaded instance, then run the segment (claiming it first if
-        the load did not)."""
+        """Validate the loaded instance, then run the segment on the claim the load
+        made; a row the load did not claim refuses the command (the row says why)."""
         definition = cmd.definition
         assert self.gateway is not None
         check_not_quarantined(self.gateway.store.identity, cmd.workflow_instance_id)
         if record is not None:
             check_startable(record, definition.name)
+        if claim is None:
+            if (
+                isinstance(cmd, StartCommand)
+                and cmd.if_exists == "return"
+                and record is not None
+                and decoded is not None
+            ):
+                self._return_stored(cmd, record, decoded)  # never claimed
+                return
+            raise refusal(cmd, record)
         base = DurableBase.of(record)
         resume = None
         if isinstance(cmd, StartCommand):
-            if record is not None and existing(cmd, record, decoded) == "return":
-                self._return_stored(cmd, record, decoded)  # never claimed
-                return
             # Start hydration: stored fields, overridden by the input; the stored
             # phase is ignored (the segment restarts at the entry point).
             stored = decoded.fields if decoded is not None else None
@@ -255,73 +258,7 @@ class SegmentLifecycle:
             )
             state = resume_state(cmd.input, decoded.fields)
             resume = (phase, event, cmd.payload)
-        if claim is None:
-            statuses, create = runs_on(cmd)
-            if (record is None and create) or (
-                record is not None and record.status in statuses
-            ):  # the load tried to claim it: another runtime holds it
-                raise busy_elsewhere(cmd.workflow_instance_id, record)
-            self._claim(cmd, state, base, resume)
-        else:
-            self._register(cmd, state, base=base, resume=resume, claim=claim)
-
-    def _claim(
-        self,
-        cmd: Command,
-        state: State,
-        base: DurableBase,
-        resume: tuple[str, str, Any] | None,
-    ) -> None:
-        """Claim the instance's lease before anything runs: across runtimes (processes,
-        machines) on one store, exactly one claim of a revision succeeds."""
-        gateway = self.gateway
-        assert gateway is not None
-        iid, store = cmd.workflow_instance_id, gateway.store
-        op = gateway.leases.claim_op(iid, cmd.definition.name, base.expected)
-        sent = trio.current_time()
-
-        def diagnose(epoch: int | None) -> tuple[int | None, StoredRecord | None]:
-            # In the store's worker: a refused claim reads the row to say why.
-            if epoch is not None:
-                return epoch, None
-            row: StoredRecord | None = run_op(store, LoadOp(workflow_instance_id=iid))
-            return None, row
-
-        def claimed(done: outcome.Outcome[Any]) -> None:
-            message = ClaimReady(
-                command=cmd,
-                state=state,
-                base=base,
-                resume=resume,
-                sent=sent,
-                claimed=done,
-            )
-            self._continue_with(message, cmd, "claiming")
-
-        gateway.submit(op, claimed, finish=diagnose)
-
-    def _apply_claim(self, message: ClaimReady) -> None:
-        cmd = message.command
-        try:
-            epoch, row = message.claimed.unwrap()
-        except Exception as exc:  # noqa: BLE001 - the caller's error
-            self._abort(cmd, exc)
-            return
-        if epoch is None:
-            self._abort(cmd, refused(cmd.workflow_instance_id, message.base, row))
-            return
-        try:
-            assert self.gateway is not None
-            lease = Lease(owner=self.gateway.leases.owner, epoch=epoch)
-            self._register(
-                cmd,
-                message.state,
-                base=message.base,
-                resume=message.resume,
-                claim=(lease, message.sent),
-            )
-        except Exception as exc:  # noqa: BLE001 - the caller's error
-            self._abort(cmd, exc)
+        self._register(cmd, state, base=base, resume=resume, claim=claim)
 
     def _lease_lost(self, message: LeaseLost) -> None:
         session: WorkflowSession[Any] = message.session
