@@ -1,41 +1,48 @@
-"""The errors phronomy raises on purpose, as one small tree.
+"""The errors phronomy raises on purpose, as one small tree grouped by what the caller
+does about them.
 
 ::
 
-    PhronomyError
-    ├── InvalidInputError (ValueError)      an argument is wrong: an id, an event name,
-    │   │                                   a state field, a setting (the message names it)
-    │   └── AmbiguousEventError             resume() at a state with several events
-    ├── DefinitionError (ValueError)        a workflow definition is invalid (at build)
-    │   └── DefinitionMismatchError         a stored instance needs what the definition
-    │                                       lacks (another version saved it)
-    ├── TransitionError (ValueError)        an event cannot fire from the current state,
-    │                                       or a chain of automatic transitions ran away
-    ├── EventRejectedError                  every guard rejected the event; nothing changed
-    ├── InvalidActionResultError (TypeError) an action or hook returned what it must not
-    ├── InstanceStateError (ValueError)     the instance or execution is not in a state
-    │   │                                   that accepts the request
-    │   └── InstanceExistsError             a start names an open instance
-    ├── BusyError                           the id already has a live segment or execution
-    ├── RecoveryRequiredError               a durable write's outcome is unknown; an
-    │                                       operator must resolve it
-    ├── CancellationError                   cancelled before it produced its result
-    │   ├── DeadlineExceededError (TimeoutError)  ... because its deadline passed
-    │   └── WorkflowCancelledError          ... a workflow instance, by runtime.cancel
-    ├── RuntimeShutdownError                refused or cut off: the runtime is closing
-    ├── ReentrancyError                     called from a thread or task that may not
-    ├── BackpressureError                   a bounded queue is full
-    ├── StorageError
-    │   ├── ConflictError                   the stored revision moved on
-    │   │   └── LeaseLostError              another runtime took the instance over
+    PhronomyError                           (every error: .instance_id when one instance
+    │                                        is concerned, else None)
+    ├── UsageError                          FIX THE CALL: nothing ran, nothing changed
+    │   ├── InvalidInputError (ValueError)  an argument is wrong: an id, an event name,
+    │   │   │                               a state field, a setting (the message names it)
+    │   │   ├── AmbiguousEventError         resume() at a state with several events
+    │   │   └── SerializationError          a value cannot be stored faithfully
+    │   ├── DefinitionError (ValueError)    a workflow definition is invalid (at build)
+    │   │   └── DefinitionMismatchError     a stored instance needs what the definition
+    │   │                                   lacks (another version saved it)
+    │   ├── TransitionError (ValueError)    an event cannot fire from the current state,
+    │   │                                   or a chain of automatic transitions ran away
+    │   ├── InvalidActionResultError (TypeError)  an action returned what it must not
+    │   ├── InstanceStateError (ValueError) the instance or execution is not in a state
+    │   │   │                               that accepts the request (finished, ...)
+    │   │   └── InstanceExistsError         a start names an instance the store holds
+    │   ├── EventRejectedError              every guard rejected the event; nothing changed
     │   ├── NotFoundError (LookupError)     nothing is stored (or live) under that id
-    │   ├── SerializationError (ValueError) a value cannot be stored faithfully
-    │   │   └── CorruptRecordError          a stored record does not decode
-    │   └── StoreUnavailableError           the store cannot be opened, read or written
-    └── PhronomyInternalError               a bug in phronomy: please report it
+    │   └── ReentrancyError                 called from a thread or task that may not
+    ├── TransientError                      RETRY LATER: nothing was done, or what was
+    │   │                                   done is settled by the runtime
+    │   ├── BusyError                       the id has a live segment or execution
+    │   ├── BackpressureError               a bounded queue is full
+    │   ├── ConflictError                   the stored revision moved on: reload, retry
+    │   │   └── LeaseLostError              another runtime took the instance over
+    │   ├── StoreUnavailableError           the store cannot be opened, read or written
+    │   └── RuntimeShutdownError            refused or cut off: the runtime is closing
+    ├── CancellationError                   CANCELLED before it produced its result
+    │   ├── DeadlineExceededError (TimeoutError)  ... because its deadline passed
+    │   └── WorkflowCancelledError          ... a workflow instance, by cancel()
+    ├── OperatorActionError                 AN OPERATOR MUST ACT before it runs again
+    │   ├── RecoveryRequiredError           a durable write's outcome is unknown
+    │   └── CorruptRecordError              a stored record does not decode
+    └── PhronomyInternalError               A BUG in phronomy: please report it
+
+    DefinitionWarning (UserWarning)         a definition builds but is probably wrong
 
 Errors caused by bad input also derive from :class:`ValueError` (or
-:class:`TypeError`), so callers that only know the standard library still catch them.
+:class:`TypeError`, :class:`LookupError`), so callers that only know the standard
+library still catch them.
 
 This module imports nothing from phronomy: every layer (storage, engine, workflow,
 agent) may raise these classes.
@@ -53,6 +60,7 @@ __all__ = [
     "DeadlineExceededError",
     "DefinitionError",
     "DefinitionMismatchError",
+    "DefinitionWarning",
     "EventRejectedError",
     "InstanceExistsError",
     "InstanceStateError",
@@ -60,31 +68,66 @@ __all__ = [
     "InvalidInputError",
     "LeaseLostError",
     "NotFoundError",
+    "OperatorActionError",
     "PhronomyError",
     "PhronomyInternalError",
     "RecoveryRequiredError",
     "ReentrancyError",
     "RuntimeShutdownError",
     "SerializationError",
-    "StorageError",
     "StoreUnavailableError",
+    "TransientError",
     "TransitionError",
+    "UsageError",
     "WorkflowCancelledError",
 ]
 
 
 class PhronomyError(Exception):
-    """Base class of every error phronomy raises on purpose."""
+    """Base class of every error phronomy raises on purpose.
+
+    Attributes:
+        instance_id: the workflow instance (or execution key) the error concerns, or
+            ``None`` when it concerns no single instance.
+    """
+
+    def __init__(self, *args: object, instance_id: str | None = None) -> None:
+        super().__init__(*args)
+        self.instance_id = instance_id
+
+
+# --- the groups: what the caller does -------------------------------------------------
+
+
+class UsageError(PhronomyError):
+    """Fix the call (or the definition): nothing ran and nothing changed."""
+
+
+class TransientError(PhronomyError):
+    """Retry later: nothing was done, or what was done is settled by the runtime (an
+    unknown write outcome is reconciled, a stopped runtime's instances are put back)."""
+
+
+class OperatorActionError(PhronomyError):
+    """An operator must act (inspect, resolve, repair) before the instance runs again."""
 
 
 class PhronomyInternalError(PhronomyError):
     """A bug in phronomy itself: please report it with the traceback."""
 
 
-# --- bad input and definitions ---------------------------------------------------------
+class DefinitionWarning(UserWarning):
+    """A workflow definition builds but is probably wrong (for example states that no
+    transition from the entry point reaches). Shown by default, as every
+    :class:`UserWarning`; turn it into an error with
+    ``-W error::phronomy.DefinitionWarning``.
+    """
 
 
-class InvalidInputError(PhronomyError, ValueError):
+# --- fix the call ----------------------------------------------------------------------
+
+
+class InvalidInputError(UsageError, ValueError):
     """An argument is wrong; the message names it.
 
     For example an empty or over-long instance id, an event name the workflow does not
@@ -100,12 +143,24 @@ class AmbiguousEventError(InvalidInputError):
         candidates: the events the state declares, in declaration order.
     """
 
-    def __init__(self, message: str, *, candidates: tuple[str, ...]) -> None:
-        super().__init__(message)
+    def __init__(
+        self,
+        message: str,
+        *,
+        candidates: tuple[str, ...],
+        instance_id: str | None = None,
+    ) -> None:
+        super().__init__(message, instance_id=instance_id)
         self.candidates = candidates
 
 
-class DefinitionError(PhronomyError, ValueError):
+class SerializationError(InvalidInputError):
+    """A value cannot be stored faithfully (outside the JSON domain, a type that would
+    not come back as itself, nested too deeply, or larger than the size limit); nothing
+    was written."""
+
+
+class DefinitionError(UsageError, ValueError):
     """A workflow definition or state class is invalid (detected at build time)."""
 
 
@@ -126,17 +181,15 @@ class DefinitionMismatchError(DefinitionError):
         stored_version: str,
         version: str,
         missing: tuple[str, ...],
+        instance_id: str | None = None,
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, instance_id=instance_id)
         self.stored_version = stored_version
         self.version = version
         self.missing = missing
 
 
-# --- running a workflow -------------------------------------------------------------------
-
-
-class TransitionError(PhronomyError, ValueError):
+class TransitionError(UsageError, ValueError):
     """An event cannot fire from the current state.
 
     Also raised when every automatic transition's guard rejects (the state could never
@@ -144,36 +197,7 @@ class TransitionError(PhronomyError, ValueError):
     """
 
 
-class EventRejectedError(PhronomyError):
-    """Every guard of the event rejected it at the halted state; nothing changed.
-
-    The segment ended at once without a save: the instance is still halted at *phase*
-    (at *revision*) and can take the next event.
-
-    Attributes:
-        workflow_instance_id: the instance.
-        event: the rejected event.
-        phase: the state the instance is still halted at.
-        revision: its durable revision (``None`` for ephemeral instances).
-    """
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        workflow_instance_id: str,
-        event: str,
-        phase: str,
-        revision: int | None,
-    ) -> None:
-        super().__init__(message)
-        self.workflow_instance_id = workflow_instance_id
-        self.event = event
-        self.phase = phase
-        self.revision = revision
-
-
-class InvalidActionResultError(PhronomyError, TypeError):
+class InvalidActionResultError(UsageError, TypeError):
     """An action, guard or hook returned something it must not return.
 
     Actions return a new state or ``None``: a returned ``dict`` is rejected instead of
@@ -182,22 +206,22 @@ class InvalidActionResultError(PhronomyError, TypeError):
     """
 
 
-class InstanceStateError(PhronomyError, ValueError):
+class InstanceStateError(UsageError, ValueError):
     """The instance or execution is not in a state that accepts the request.
 
-    For example an event sent to a finished instance, an approval for an execution
-    that is not waiting for one, or an effect started after its segment ended.
+    For example an event sent to a finished or cancelled instance, an approval for an
+    execution that is not waiting for one, or an effect started after its segment
+    ended. The message says what state it is in and what would work instead.
     """
 
 
 class InstanceExistsError(InstanceStateError):
-    """A start names an instance that is open (halted, running, recovery_required).
+    """A start names an instance the store holds (with a durable state).
 
     Continue it with ``send_event``, or start with ``if_exists="return"`` (its stored
     result) or ``if_exists="restart"``.
 
     Attributes:
-        workflow_instance_id: the instance.
         status: its stored status.
         phase: its stored phase.
         revision: its stored revision.
@@ -207,39 +231,103 @@ class InstanceExistsError(InstanceStateError):
         self,
         message: str,
         *,
-        workflow_instance_id: str,
+        instance_id: str,
         status: str,
         phase: str | None,
         revision: int,
     ) -> None:
-        super().__init__(message)
-        self.workflow_instance_id = workflow_instance_id
+        super().__init__(message, instance_id=instance_id)
         self.status = status
         self.phase = phase
         self.revision = revision
 
 
-# --- admission and recovery ----------------------------------------------------------------
+class EventRejectedError(UsageError):
+    """Every guard of the event rejected it at the halted state; nothing changed.
 
-
-class BusyError(PhronomyError):
-    """The id already has a live execution segment (a workflow instance) or a
-    nonterminal top-level execution (an agent), in this runtime or in the store."""
-
-
-class RecoveryRequiredError(PhronomyError):
-    """The outcome of a durable write is unknown; an operator must resolve it.
+    The segment ended at once without a save: the instance is still halted at *phase*
+    (at *revision*) and can take the next event.
 
     Attributes:
-        instance_id: the workflow instance (or agent key) that needs recovery.
+        event: the rejected event.
+        phase: the state the instance is still halted at.
+        revision: its durable revision (``None`` for ephemeral instances).
     """
 
-    def __init__(self, message: str, *, instance_id: str | None = None) -> None:
-        super().__init__(message)
-        self.instance_id = instance_id
+    def __init__(
+        self,
+        message: str,
+        *,
+        instance_id: str,
+        event: str,
+        phase: str,
+        revision: int | None,
+    ) -> None:
+        super().__init__(message, instance_id=instance_id)
+        self.event = event
+        self.phase = phase
+        self.revision = revision
 
 
-# --- the runtime and its primitives ---------------------------------------------------------
+class NotFoundError(UsageError, LookupError):
+    """Nothing is stored (or, for executions, live) under that id."""
+
+
+class ReentrancyError(UsageError):
+    """An API was called from a thread or task where it would deadlock or break
+    ownership: a runtime API from a foreign thread, a blocking wait on the runtime's
+    thread, live state mutated off the dispatcher task."""
+
+
+# --- retry later -----------------------------------------------------------------------
+
+
+class BusyError(TransientError):
+    """The id already has a live execution segment (a workflow instance) or a
+    nonterminal top-level execution (an agent), in this runtime or in another one."""
+
+
+class BackpressureError(TransientError):
+    """A bounded queue is full and the caller asked not to wait; try again later."""
+
+
+class ConflictError(TransientError):
+    """A revision or identity precondition failed (optimistic concurrency): the stored
+    instance moved on; reload it and decide again."""
+
+
+class LeaseLostError(ConflictError):
+    """Another runtime took the instance over: this runtime's lease on it expired (it
+    could not renew it in time) and was claimed with a newer epoch. Nothing this
+    runtime writes for that segment is accepted any more; its caller gets this error.
+    """
+
+
+class StoreUnavailableError(TransientError):
+    """The store cannot be used: it cannot be opened or written, is not a phronomy
+    database (or one from a newer version), or its disk failed. The message names the
+    store and what to do.
+
+    A save that fails this way has an unknown outcome until it is reconciled; it is
+    never reported as a conflict.
+
+    Attributes:
+        path: the database file (or address) concerned.
+    """
+
+    def __init__(
+        self, message: str, *, path: str, instance_id: str | None = None
+    ) -> None:
+        super().__init__(message, instance_id=instance_id)
+        self.path = path
+
+
+class RuntimeShutdownError(TransientError):
+    """Work was refused or cut off because the runtime (or one of its pools) is
+    draining, stopping or closed; what was durable stays resumable."""
+
+
+# --- cancelled -------------------------------------------------------------------------
 
 
 class CancellationError(PhronomyError):
@@ -254,86 +342,29 @@ class WorkflowCancelledError(CancellationError):
     """The workflow instance was cancelled (its segment's caller gets this).
 
     Attributes:
-        workflow_instance_id: the instance.
         reason: the reason given to ``cancel``.
     """
 
-    def __init__(
-        self, message: str, *, workflow_instance_id: str, reason: str | None
-    ) -> None:
-        super().__init__(message)
-        self.workflow_instance_id = workflow_instance_id
+    def __init__(self, message: str, *, instance_id: str, reason: str | None) -> None:
+        super().__init__(message, instance_id=instance_id)
         self.reason = reason
 
 
-class RuntimeShutdownError(PhronomyError):
-    """Work was refused or cut off because the runtime (or one of its pools) is
-    draining, stopping or closed."""
+# --- an operator must act --------------------------------------------------------------
 
 
-class ReentrancyError(PhronomyError):
-    """An API was called from a thread or task where it would deadlock or break
-    ownership: a runtime API from a foreign thread, a blocking wait on the runtime's
-    thread, live state mutated off the dispatcher task."""
+class RecoveryRequiredError(OperatorActionError):
+    """The outcome of a durable write is unknown; an operator must resolve it
+    (``runtime.recovery.resolve`` or ``python -m phronomy instances resolve``)."""
 
 
-class BackpressureError(PhronomyError):
-    """A bounded queue is full and the caller asked not to wait; try again later."""
-
-
-# --- storage ----------------------------------------------------------------------------
-
-
-class StorageError(PhronomyError):
-    """Base class of the portable storage errors."""
-
-
-class ConflictError(StorageError):
-    """A revision or identity precondition failed (optimistic concurrency)."""
-
-
-class LeaseLostError(ConflictError):
-    """Another runtime took the instance over: this runtime's lease on it expired (it
-    could not renew it in time) and was claimed with a newer epoch. Nothing this
-    runtime writes for that segment is accepted any more; its caller gets this error.
-    """
-
-
-class NotFoundError(StorageError, LookupError):
-    """Nothing is stored (or, for executions, live) under that id."""
-
-
-class SerializationError(StorageError, ValueError):
-    """A value cannot be stored faithfully (outside the JSON domain, a type that would
-    not come back as itself, nested too deeply, or larger than the size limit)."""
-
-
-class CorruptRecordError(SerializationError):
+class CorruptRecordError(OperatorActionError):
     """A stored record does not decode: truncated, malformed, or of an unknown format.
 
     Attributes:
-        instance_id: the record's workflow instance id.
         revision: the record's revision.
     """
 
     def __init__(self, message: str, *, instance_id: str, revision: int) -> None:
-        super().__init__(message)
-        self.instance_id = instance_id
+        super().__init__(message, instance_id=instance_id)
         self.revision = revision
-
-
-class StoreUnavailableError(StorageError):
-    """The store cannot be used: it cannot be opened or written, is not a phronomy
-    database (or one from a newer version), or its disk failed. The message names the
-    store and what to do.
-
-    A save that fails this way has an unknown outcome until it is reconciled; it is
-    never reported as a conflict.
-
-    Attributes:
-        path: the database file (or address) concerned.
-    """
-
-    def __init__(self, message: str, *, path: str) -> None:
-        super().__init__(message)
-        self.path = path

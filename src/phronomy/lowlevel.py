@@ -55,3 +55,8 @@ __all__ = [
     "TimerQueue",
     "open_engine",
 ]
+
+from ._metadata import fixup_module_metadata
+
+fixup_module_metadata(__name__, globals())
+del fixup_module_metadata

@@ -60,7 +60,7 @@ async def test_cancel_settles_only_after_the_effects_thread_returned(
             phronomy.WorkflowCancelledError, match="customer left"
         ) as err:
             await caller.result()
-        assert (err.value.workflow_instance_id, err.value.reason) == (
+        assert (err.value.instance_id, err.value.reason) == (
             "c-1",
             "customer left",
         )

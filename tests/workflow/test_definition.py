@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 import pytest
@@ -31,36 +30,54 @@ def test_undefined_target_and_source() -> None:
         wf.build()
 
 
-def test_unreachable_state_only_warns(caplog: pytest.LogCaptureFixture) -> None:
-    # scenario 4
-    caplog.set_level(logging.WARNING, logger="phronomy")
+def test_unreachable_states_warn_loudly() -> None:
+    # scenario 4; before: a logging warning that nobody sees (the library installs a
+    # NullHandler), now a warning class of its own that Python shows by default
     wf = (
         phronomy.Workflow(S)
         .state("start")
         .state("orphan")
         .transition("start", phronomy.FINISH)
     )
-    definition = wf.build()
+    with pytest.warns(phronomy.DefinitionWarning, match=r"unreachable.*'orphan'") as w:
+        definition = wf.build()
     assert definition.entry_point == "start"
-    assert any(
-        "unreachable state" in r.getMessage() and "orphan" in r.getMessage()
-        for r in caplog.records
-    )
+    assert w[0].filename == __file__  # it points at the caller of build()
+    assert issubclass(phronomy.DefinitionWarning, UserWarning)  # shown by default
 
 
-def test_wait_state_only_workflow_needs_initial() -> None:
-    with pytest.raises(phronomy.DefinitionError, match="no states declared"):
-        phronomy.Workflow(S).wait_state("w").build()
-    definition = phronomy.Workflow(S).wait_state("w").initial("w").build()
+def test_a_first_declared_wait_state_is_the_entry_point() -> None:
+    # Before: the first wf.state() was the entry point, so a workflow declaring its
+    # wait state first never waited (invoke finished at once or hung).
+    wf = phronomy.Workflow(S).wait_state("awaiting").state("shipping")
+    wf.transition("awaiting", "shipping", on="approve")
+    wf.transition("shipping", phronomy.FINISH)
+    assert wf.build().entry_point == "awaiting"
+    definition = phronomy.Workflow(S).wait_state("w").build()  # no initial() needed
     assert definition.entry_point == "w"
+    with pytest.raises(phronomy.DefinitionError, match="no states declared"):
+        phronomy.Workflow(S).build()
 
 
-def test_initial_must_be_declared_and_default_is_first_state() -> None:
+def test_initial_names_the_entry_point_and_must_be_declared() -> None:
     wf = phronomy.Workflow(S).wait_state("w").state("first").state("second")
-    wf.transition("first", "second").transition("second", "w")
+    wf.transition("first", "second").transition("second", "w").initial("first")
     assert wf.build().entry_point == "first"
     with pytest.raises(phronomy.DefinitionError, match="initial state 'nope'"):
         phronomy.Workflow(S).state("a").initial("nope").build()
+
+
+async def test_a_workflow_that_starts_at_a_wait_state_halts_there(
+    runtime: phronomy.Runtime,
+) -> None:
+    wf = phronomy.Workflow(S, name="wait-first").wait_state("awaiting")
+    wf.state("shipping").transition("awaiting", "shipping", on="approve")
+    wf.transition("shipping", phronomy.FINISH)
+    flow = wf.build()
+    halted = await runtime.workflows.invoke(flow)
+    assert (halted.halted, halted.phase) == (True, "awaiting")
+    done = await runtime.workflows.send_event(flow, "approve", halted=halted)
+    assert done.phase == phronomy.FINISH
 
 
 def test_state_kinds_cannot_be_mixed_and_names_are_checked() -> None:

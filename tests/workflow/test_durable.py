@@ -204,7 +204,7 @@ async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
                     1,
                     "approve",
                 )
-                assert rejected.workflow_instance_id == "order-1"
+                assert rejected.instance_id == "order-1"
                 assert "order-1" in str(rejected)
                 assert admission_state(rt, "order-1") is None  # released
                 # the row is back as it was (its claim, and the lease, are released)

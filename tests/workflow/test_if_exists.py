@@ -120,7 +120,7 @@ async def test_every_status_under_every_policy(
                 with pytest.raises(phronomy.InstanceExistsError) as caught:
                     await call
                 error = caught.value
-                assert (error.workflow_instance_id, error.status) == (
+                assert (error.instance_id, error.status) == (
                     iid,
                     before.status,
                 )

@@ -9,9 +9,9 @@ from phronomy.errors import (
     InstanceStateError,
     LeaseLostError,
     NotFoundError,
+    PhronomyError,
     RecoveryRequiredError,
     SerializationError,
-    StorageError,
 )
 
 from ._quarantine import quarantined
@@ -36,7 +36,7 @@ __all__ = [
     "run_op",
 ]
 
-KNOWN_FAILURES: tuple[type[StorageError], ...] = (
+KNOWN_FAILURES: tuple[type[PhronomyError], ...] = (
     ConflictError,
     NotFoundError,
     SerializationError,

@@ -3,14 +3,14 @@
 from __future__ import annotations
 
 import inspect
-import logging
 import re
+import warnings
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar, final
 
 import msgspec
 
-from phronomy.errors import DefinitionError
+from phronomy.errors import DefinitionError, DefinitionWarning
 
 from ._definition import (
     AUTO_EVENT,
@@ -27,8 +27,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
 __all__ = ["Workflow"]
-
-logger = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=State)
 
@@ -139,6 +137,7 @@ class Workflow(Generic[S]):
                 "'phronomy.' belong to the runtime's own records"
             )
         self._initial: str | None = None
+        self._declared: list[str] = []  # every state, in declaration order
         self._states: list[str] = []
         self._wait_states: list[str] = []
         self._entry: dict[str, list[Callback]] = {}
@@ -146,7 +145,8 @@ class Workflow(Generic[S]):
         self._transitions: list[Transition] = []
 
     def initial(self, name: str) -> Self:
-        """Set the entry point (default: the first :meth:`state` declared)."""
+        """Set the entry point (default: the first state declared, by :meth:`state`
+        or :meth:`wait_state`)."""
         self._initial = _check_name(name)
         return self
 
@@ -166,6 +166,7 @@ class Workflow(Generic[S]):
             raise DefinitionError(f"{name!r} is already declared as a wait state")
         if name not in self._states:
             self._states.append(name)
+            self._declared.append(name)
         for fn in _as_list(entry):
             self.entry(name, fn)
         for fn in _as_list(exit):
@@ -189,12 +190,17 @@ class Workflow(Generic[S]):
         return self
 
     def wait_state(self, name: str) -> Self:
-        """Declare a wait state: reaching it halts the segment until an event resumes it."""
+        """Declare a wait state: reaching it halts the segment until an event resumes it.
+
+        A workflow whose entry point is a wait state halts at once (after the state's
+        entry actions) and waits for its first event.
+        """
         _check_name(name)
         if name in self._states:
             raise DefinitionError(f"{name!r} is already declared as a normal state")
         if name not in self._wait_states:
             self._wait_states.append(name)
+            self._declared.append(name)
         return self
 
     def transition(
@@ -254,16 +260,23 @@ class Workflow(Generic[S]):
         Returns:
             An immutable :class:`WorkflowDefinition`.
 
+        The entry point is the state named by :meth:`initial`, else the first state
+        declared (by :meth:`state` or :meth:`wait_state`, whichever came first).
+
         Raises:
             DefinitionError: no states declared, transitions from or to undefined
                 states, actions of undefined states, an automatic transition from a wait
-                state (it could never fire). Unreachable states only log a warning.
+                state (it could never fire).
+
+        Warns:
+            DefinitionWarning: states that no transition from the entry point reaches
+                (shown by default; they are almost always a mistake).
         """
-        entry_point = self._initial or (self._states[0] if self._states else None)
+        entry_point = self._initial or (self._declared[0] if self._declared else None)
         if entry_point is None:
             raise DefinitionError(
                 "Workflow has no states declared — call state(...) or wait_state(...) "
-                "at least once (a workflow of only wait states needs initial(...))"
+                "at least once"
             )
         known = set(self._states) | set(self._wait_states)
         if entry_point not in known:
@@ -349,11 +362,12 @@ class Workflow(Generic[S]):
                     frontier.append(t.target)
         unreachable = sorted(known - reachable)
         if unreachable:
-            logger.warning(
-                "[Phronomy] Workflow %r has unreachable state(s): %s (not reachable from %r)",
-                self._name,
-                unreachable,
-                entry_point,
+            warnings.warn(
+                f"workflow {self._name!r} has unreachable state(s) {unreachable}: no "
+                f"transition from its entry point {entry_point!r} leads to them (the "
+                "entry point is the first state declared, or the one initial() names)",
+                DefinitionWarning,
+                stacklevel=3,  # the caller of build()
             )
 
 

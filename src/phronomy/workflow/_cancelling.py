@@ -268,7 +268,7 @@ class Cancelling:
             WorkflowCancelledError(
                 f"workflow instance {iid!r} was cancelled"
                 + (f": {reason}" if reason else ""),
-                workflow_instance_id=iid,
+                instance_id=iid,
                 reason=reason,
             )
         )

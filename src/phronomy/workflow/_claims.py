@@ -115,7 +115,7 @@ def exists_error(row: StoredRecord) -> InstanceExistsError:
         f"workflow instance {iid!r} exists and is {row.status} {where}; {how}, or "
         "start with if_exists='return' (its stored result) or if_exists='restart' "
         "(run it again from its stored fields)",
-        workflow_instance_id=iid,
+        instance_id=iid,
         status=row.status,
         phase=row.phase,
         revision=row.revision,

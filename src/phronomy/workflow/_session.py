@@ -272,7 +272,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             f"(workflow {self.definition.name!r}, instance "
             f"{self.workflow_instance_id!r}, {where}); nothing changed and the instance "
             "can take another event",
-            workflow_instance_id=self.workflow_instance_id,
+            instance_id=self.workflow_instance_id,
             event=event,
             phase=phase,
             revision=self.revision,
