@@ -7,6 +7,7 @@ Tracebacks, reprs, pickles and the API docs then say ``phronomy.ConflictError`` 
 
 from __future__ import annotations
 
+import inspect
 import typing
 from typing import Any
 
@@ -34,7 +35,7 @@ def fixup_module_metadata(module_name: str, namespace: dict[str, Any]) -> None:
         ):
             continue  # not ours, or already a more specific public module
         if isinstance(obj, type) and issubclass(obj, msgspec.Struct):
-            own = obj.__dict__.get("__annotations__", {})
+            own = inspect.get_annotations(obj)  # its own fields, unevaluated
             hints = typing.get_type_hints(obj, include_extras=True)
             obj.__annotations__ = {field: hints[field] for field in own}
         try:
