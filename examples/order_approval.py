@@ -79,8 +79,8 @@ async def main() -> None:
             flow, {"item": "book", "amount": 10}, workflow_instance_id="order-7"
         ) as steps:
             async for step in steps:
-                print(f"stable state: {step.name:18} log={step.state.log}")
-                if step.name == "awaiting_payment":
+                print(f"stable state: {step.phase:18} log={step.state.log}")
+                if step.phase == "awaiting_payment":
                     # a live segment: the signal reaches its session directly
                     assert runtime.workflows.signal(
                         flow, "order-7", "paid", {"amount": 5}

@@ -248,3 +248,56 @@ async def test_a_finished_instance_refuses_events_by_id_and_nothing_is_written(
         with pytest.raises(phronomy.InstanceStateError, match="is finished"):
             await rt.workflows.send_event(flow, "approve", workflow_instance_id="f-1")
         assert store.load("f-1") == before  # type: ignore[attr-defined]
+
+
+async def test_cancelling_a_stored_instance_reports_its_state(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    # Before: the result of cancelling a halted instance had state=None although
+    # WorkflowResult.state is not optional.
+    store = make_store()
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        halted = await rt.workflows.invoke(
+            flow, {"value": "v"}, workflow_instance_id="s-1"
+        )
+        cancelled = await rt.workflows.cancel(flow, "s-1")
+        assert cancelled.state == halted.state
+        assert (cancelled.status, cancelled.phase) == ("cancelled", "awaiting")
+        again = await rt.workflows.cancel(flow, "s-1")  # idempotent, same answer
+        assert again.state == halted.state
+        # a placeholder that failed before its first save: the state's defaults
+        store.run(  # type: ignore[attr-defined]
+            MarkOp(
+                workflow_instance_id="s-2",
+                status="failed",
+                create=True,
+                workflow=flow.name,
+            )
+        )
+        placeholder = await rt.workflows.cancel(flow, "s-2")
+        assert placeholder.state == Value()
+        assert (placeholder.revision, placeholder.status) == (0, "cancelled")
+
+
+class Required(phronomy.State):
+    order: str  # no default
+
+
+async def test_cancelling_an_unsaved_instance_without_defaults_writes_nothing(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    store = make_store()
+    wf = phronomy.Workflow(Required, name="required").wait_state("w")
+    wf.transition("w", FINISH, on="go")
+    flow = wf.build()
+    store.run(  # type: ignore[attr-defined]
+        MarkOp(
+            workflow_instance_id="r-1", status="failed", create=True, workflow=flow.name
+        )
+    )
+    before = store.load("r-1")  # type: ignore[attr-defined]
+    async with runtime_on(store) as rt:
+        with pytest.raises(phronomy.InstanceStateError, match="never saved a state"):
+            await rt.workflows.cancel(flow, "r-1")
+    assert store.load("r-1") == before  # type: ignore[attr-defined]

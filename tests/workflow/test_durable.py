@@ -313,7 +313,7 @@ async def test_stream_over_a_durable_instance(
             flow, workflow_instance_id="s", if_exists="restart"
         ) as steps:
             async for step in steps:
-                names.append(step.name)
+                names.append(step.phase)
         result = await steps.result()
     assert (result.state.count, result.revision) == (11, 2)
     assert names == ["increment"]  # stable states are published; FINISH itself is not
@@ -332,7 +332,9 @@ async def test_no_halted_step_before_the_save_succeeds(
     async with runtime_on(store) as rt:
         steps: list[str] = []
         handle = rt.workflows.start(
-            flow, workflow_instance_id="barrier", on_step=lambda s: steps.append(s.name)
+            flow,
+            workflow_instance_id="barrier",
+            on_step=lambda s: steps.append(s.phase),
         )
         await until(lambda: admission_state(rt, "barrier") == "persisting_terminal")
         await trio.sleep(0.05)

@@ -233,7 +233,7 @@ async def test_invalid_action_results_fail_the_segment(
     )
     with pytest.raises(
         phronomy.InvalidActionResultError,
-        match="source --state_completed--> __finish__",
+        match="source --state_completed--> __end__",
     ):
         await runtime.workflows.invoke(wf.build())
     wf = (
@@ -469,7 +469,7 @@ async def test_on_step_observer_runs_on_the_dispatcher(
     result = await runtime.workflows.invoke(
         flow,
         on_step=lambda step: seen.append(
-            (step.name, step.state.value, runtime.is_dispatcher())
+            (step.phase, step.state.value, runtime.is_dispatcher())
         ),
     )
     assert seen == [("first", 1, True), ("second", 2, True)]
@@ -477,7 +477,7 @@ async def test_on_step_observer_runs_on_the_dispatcher(
     steps = []
     async with runtime.workflows.stream(flow) as stream:
         async for step in stream:
-            steps.append((step.name, step.state.value))
+            steps.append((step.phase, step.state.value))
     assert steps == [("first", 1), ("second", 2)]
     assert (await stream.result()).state.value == 2
 
@@ -494,7 +494,7 @@ async def test_observer_errors_reach_the_caller(runtime: phronomy.Runtime) -> No
     assert caught.value is err
 
     def bad_at_halt(step: Any) -> None:
-        if step.name == "awaiting":
+        if step.phase == "awaiting":
             raise err
 
     handle = runtime.workflows.start(
@@ -524,7 +524,7 @@ async def test_stream_raises_the_segment_error_after_its_steps(
     async def consume() -> None:
         async with runtime.workflows.stream(wf.build()) as stream:
             async for step in stream:
-                names.append(step.name)
+                names.append(step.phase)
 
     with pytest.raises(KeyError, match="late failure"):
         await consume()
@@ -537,7 +537,7 @@ async def test_leaving_a_stream_early_leaves_the_segment_running(
     flow = live_flow()
     async with runtime.workflows.stream(flow, workflow_instance_id="early") as stream:
         async for step in stream:
-            assert step.name == "waiting"
+            assert step.phase == "waiting"
             break
     assert runtime.workflows.signal(flow, "early", "finish")
     assert (await stream.result()).phase == FINISH

@@ -159,7 +159,7 @@ def test_transition_action_returning_a_handle_is_refused(make: Any) -> None:
     wf.transition("source", FINISH, action=lambda s: make())
     with pytest.raises(
         phronomy.InvalidActionResultError,
-        match="source --state_completed--> __finish__",
+        match="source --state_completed--> __end__",
     ):
         machine.fire(wf.build(), "source", Ctx(), Ev(AUTO_EVENT), None)
 

@@ -18,6 +18,7 @@ from phronomy.errors import (
 from phronomy.storage import LoadOp, RequestCancelOp, cancellation
 
 from ._definition import FINISH
+from ._hydration import cancelled_state
 from ._messages import (
     CancelAsked,
     CancelLoaded,
@@ -115,10 +116,21 @@ class Cancelling:
             cmd.done.fail(exc)
             return
 
-        def loaded(done: outcome.Outcome[Any]) -> None:
-            self._post_cancel(CancelLoaded(command=cmd, loaded=done), cmd)
+        self._cancel_load(cmd)
 
-        self.gateway.submit(LoadOp(workflow_instance_id=iid), loaded)
+    def _cancel_load(self, cmd: CancelCommand) -> None:
+        """Read the row (and decode its state in the store's worker thread)."""
+        assert self.gateway is not None
+        definition = cmd.definition
+
+        def decode(record: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
+            return record, cancelled_state(definition, record)
+
+        self.gateway.submit(
+            LoadOp(workflow_instance_id=cmd.workflow_instance_id),
+            lambda done: self._post_cancel(CancelLoaded(command=cmd, loaded=done), cmd),
+            finish=decode,
+        )
 
     def _post_cancel(self, message: Any, cmd: CancelCommand) -> None:
         if not self.post_message(message, completion=cmd.done):
@@ -133,7 +145,7 @@ class Cancelling:
         cmd = message.command
         assert self.gateway is not None
         try:
-            record: StoredRecord | None = message.loaded.unwrap()
+            record, state = message.loaded.unwrap()
             if (
                 record is not None
                 and record.status == "running"
@@ -153,7 +165,7 @@ class Cancelling:
             return
         if op is None:  # cancelled already: the same answer again
             assert record is not None
-            self._cancel_done(cmd, record=record)
+            self._cancel_done(cmd, record=record, state=state)
             return
 
         def saved(done: outcome.Outcome[Any]) -> None:
@@ -192,18 +204,12 @@ class Cancelling:
         iid = cmd.workflow_instance_id
         self.remote_cancels[iid] = cmd
         interval = self.gateway.leases.settings.heartbeat_interval / 4
-        gateway = self.gateway
 
         def reload() -> None:
             if self.remote_cancels.get(iid) is not cmd:
                 return  # the runtime shut down meanwhile
             del self.remote_cancels[iid]
-            gateway.submit(
-                LoadOp(workflow_instance_id=iid),
-                lambda done: self._post_cancel(
-                    CancelLoaded(command=cmd, loaded=done), cmd
-                ),
-            )
+            self._cancel_load(cmd)
 
         self.engine.timers.schedule(0 if epoch is None else interval, reload)
 
@@ -220,17 +226,14 @@ class Cancelling:
         if error is not None:
             self._cancel_done(cmd, error=error)
             return
-        load = LoadOp(workflow_instance_id=cmd.workflow_instance_id)
-        self.gateway.submit(
-            load,
-            lambda done: self._post_cancel(CancelLoaded(command=cmd, loaded=done), cmd),
-        )
+        self._cancel_load(cmd)
 
     def _cancel_done(
         self,
         cmd: CancelCommand,
         *,
         record: StoredRecord | None = None,
+        state: Any = None,
         error: BaseException | None = None,
     ) -> None:
         self.admissions.release(cmd.workflow_instance_id, owner=cmd.owner)
@@ -239,11 +242,11 @@ class Cancelling:
             return
         assert record is not None
         self._watched(
-            cmd.workflow_instance_id, "cancelled", record.phase, None, record.revision
+            cmd.workflow_instance_id, "cancelled", record.phase, state, record.revision
         )
         cmd.done.complete(
             WorkflowResult(
-                state=None,
+                state=state,
                 phase=record.phase or FINISH,
                 workflow_instance_id=cmd.workflow_instance_id,
                 revision=record.revision,

@@ -179,7 +179,7 @@ class WorkflowClient(LiveInstances):
 
             async with runtime.workflows.stream(flow, {"item": "lamp"}) as steps:
                 async for step in steps:
-                    print(step.name, step.state)
+                    print(step.phase, step.state)
             result = await steps.result()
 
         Yields:

@@ -34,7 +34,8 @@ S = TypeVar("S", bound=State)
 FINISH = "__end__"
 """The terminal phase (``WorkflowResult.phase`` of a finished workflow)."""
 FINISH_ALIAS = "__finish__"
-"""Accepted by :meth:`Workflow.transition` as a synonym of :data:`~phronomy.FINISH`."""
+"""Accepted by :meth:`Workflow.transition` as a synonym of :data:`~phronomy.FINISH` (the
+Ruby runtime's spelling); results, diagrams and messages always say ``__end__``."""
 AUTO_EVENT = "state_completed"
 """The event automatic transitions fire on."""
 START_EVENT = "start"
@@ -77,9 +78,9 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
     automatic: bool = False
 
     def describe(self) -> str:
-        """``source --event--> target`` (FINISH shown as ``__finish__``)."""
-        target = FINISH_ALIAS if self.target == FINISH else self.target
-        return f"{self.source} --{self.event}--> {target}"
+        """``source --event--> target`` (FINISH shown as ``__end__``, the phase of a
+        finished instance everywhere)."""
+        return f"{self.source} --{self.event}--> {self.target}"
 
 
 @final

@@ -9,6 +9,8 @@ import msgspec
 from phronomy.errors import (
     ConflictError,
     DefinitionMismatchError,
+    InstanceStateError,
+    InvalidInputError,
     NotFoundError,
 )
 from phronomy.storage import (
@@ -30,6 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "DurableBase",
+    "cancelled_state",
     "check_unchanged",
     "decode_stored",
     "require_durable",
@@ -171,3 +174,34 @@ def _check_compatible(
             version=definition.version,
             missing=tuple(missing),
         )
+
+
+def cancelled_state(
+    definition: WorkflowDefinition[Any], record: StoredRecord | None
+) -> State | None:
+    """The state a cancel reports for *record*: its stored fields, or, for an instance
+    that never saved, the state class's defaults (runs in the store's worker thread).
+
+    Raises:
+        InstanceStateError: it never saved and its state class has required fields
+            (there is no state to report; nothing was written).
+        DefinitionMismatchError: another version saved it with fields this one lacks.
+        CorruptRecordError: the snapshot does not decode.
+    """
+    if record is None:
+        return None
+    _, decoded = decode_stored(definition, record, resuming=False)
+    if decoded is not None:
+        fields: State = decoded.fields
+        return fields
+    try:
+        defaults: State = build_state(definition.state_type, {}, None)
+    except InvalidInputError as exc:
+        raise InstanceStateError(
+            f"workflow instance {record.workflow_instance_id!r} never saved a state "
+            f"(it is {record.status} at revision 0) and {definition.state_type.__name__} "
+            "has required fields, so a cancel has no state to report; nothing was "
+            "written",
+            instance_id=record.workflow_instance_id,
+        ) from exc
+    return defaults

@@ -223,7 +223,7 @@ class MachineStep(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     Attributes:
         next: ``auto`` (publish, then call :meth:`WorkflowMachine.advance`), ``wait``
             (publish and wait for an event), ``halt`` / ``finish`` / ``leaf`` (end the
-            segment: halted at a wait state, at ``__finish__``, or at a state with no
+            segment: halted at a wait state, at ``__end__``, or at a state with no
             way out), ``consumed`` (the state's hook dropped the event),
             ``rejected`` (every guard of an external event rejected it; nothing ran)
             or ``dropped`` (the current state does not declare the event and the

@@ -74,12 +74,13 @@ class Step(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     """A stable state published to streams and ``on_step`` observers.
 
     Attributes:
-        name: the state the workflow is in.
+        phase: the state the workflow is in (as ``phase`` of results and watch
+            updates).
         state: the state value there.
         workflow_instance_id: the instance id.
     """
 
-    name: str
+    phase: str
     state: S
     workflow_instance_id: str
 

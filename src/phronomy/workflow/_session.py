@@ -298,7 +298,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             return
         current = self.machine.current
         step = Step(
-            name=current,
+            phase=current,
             state=self.machine.state,
             workflow_instance_id=self.workflow_instance_id,
         )
