@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, final
 
@@ -17,7 +18,12 @@ from phronomy.agent import ExecutionCoordinator, Executions
 from phronomy.durability import DurabilityService, LeaseSettings
 from phronomy.engine import open_engine
 from phronomy.errors import InvalidInputError
-from phronomy.storage import DEFAULT_MAX_SNAPSHOT_BYTES
+from phronomy.storage import (
+    DEFAULT_MAX_SNAPSHOT_BYTES,
+    PostgresStore,
+    SQLiteStore,
+    WorkflowStore,
+)
 from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowCoordinator
 
 if TYPE_CHECKING:
@@ -30,7 +36,6 @@ if TYPE_CHECKING:
         OffloadPool,
         ShutdownResult,
     )
-    from phronomy.storage import WorkflowStore
 
 __all__ = ["Runtime", "open_runtime"]
 
@@ -147,9 +152,28 @@ class Runtime:
         return await self._engine.shutdown(timeout=timeout, cancel_grace=cancel_grace)
 
 
+def _store_from(store: object) -> WorkflowStore | None:
+    """The store *store* names: a store, a SQLite path or a ``postgresql://`` URI.
+
+    Raises:
+        InvalidInputError: anything else (the message names what is accepted).
+    """
+    if store is None or isinstance(store, WorkflowStore):
+        return store
+    if isinstance(store, str) and store.startswith(("postgresql://", "postgres://")):
+        return PostgresStore(store)
+    if isinstance(store, (str, os.PathLike)) and str(store):
+        return SQLiteStore(store)
+    raise InvalidInputError(
+        "store must be a store (phronomy.SQLiteStore, phronomy.PostgresStore, "
+        "phronomy.MemoryStore, ...), a SQLite file path, or a postgresql:// URI; got "
+        f"{type(store).__name__} {store!r}"
+    )
+
+
 @asynccontextmanager
 async def open_runtime(
-    store: WorkflowStore | None = None,
+    store: WorkflowStore | str | os.PathLike[str] | None = None,
     *,
     recursion_limit: int = 25,
     max_snapshot_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
@@ -183,7 +207,9 @@ async def open_runtime(
 
     Args:
         store: a durable store (:class:`~phronomy.SQLiteStore`,
-            :class:`~phronomy.MemoryStore`, ...); without one, workflows are ephemeral.
+            :class:`~phronomy.PostgresStore`, :class:`~phronomy.MemoryStore`, ...), or
+            a path (a SQLite file, created if missing) or a ``postgresql://`` URI for
+            one with default settings; without one, workflows are ephemeral.
         recursion_limit: default transitions allowed per segment.
         max_snapshot_bytes: size limit of a saved snapshot.
         shutdown_timeout: seconds to wait for live work at exit.
@@ -211,7 +237,7 @@ async def open_runtime(
         The :class:`Runtime`.
 
     Raises:
-        InvalidInputError: invalid settings.
+        InvalidInputError: invalid settings, or *store* is none of the above.
         StoreUnavailableError: the store cannot be used (for example a file that is
             not a phronomy database, or a read-only one); raised before the body runs.
         StoreUnavailableError: the store's schema is newer than this release.
@@ -220,6 +246,7 @@ async def open_runtime(
         Cancelling the block stops the runtime at once (as an exception in the body
         does); the shutdown itself is shielded and bounded by its deadlines.
     """
+    store = _store_from(store)
     engines: list[Engine] = []
     try:
         async with open_engine(

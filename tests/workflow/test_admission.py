@@ -88,9 +88,15 @@ async def test_workflow_commands_off_the_dispatcher_are_refused(
 async def test_admissions_close_at_shutdown() -> None:
     async with phronomy.open_runtime() as rt:
         pass
+    # Before: "the runtime is shutting down" although it had shut down long ago
     with pytest.raises(
         phronomy.RuntimeShutdownError,
-        match="the runtime is shutting down; it refused the workflow start",
+        match=r"the runtime has shut down \(its `async with open_runtime\(\.\.\.\)` "
+        r"block has ended, terminated\); it refused the workflow start",
     ):
         await rt.workflows.start(live_flow()).result()
+    with pytest.raises(phronomy.RuntimeShutdownError, match="block has ended"):
+        await rt.executions.start("agent", [lambda task: task], "task").result()
+    with pytest.raises(phronomy.RuntimeShutdownError, match="block has ended"):
+        await rt.recovery.resolve("x", action="adopt")
     assert not rt.workflows.signal(live_flow(), "x", "finish")

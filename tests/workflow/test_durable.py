@@ -986,7 +986,7 @@ async def test_shutdown_refuses_new_starts_but_lets_signals_through(
         await until(lambda: rt.state == "draining")
         with pytest.raises(
             phronomy.RuntimeShutdownError,
-            match="the runtime is shutting down; it refused the workflow start",
+            match=r"the runtime is shutting down \(draining\); it refused the workflow start",
         ):
             await rt.workflows.invoke(flow, workflow_instance_id="new")
         assert rt.workflows.signal(flow, "live", "finish")

@@ -165,6 +165,12 @@ async def test_send_event_validates_the_halted_result(
         await runtime.workflows.send_event(
             flow, event="approve", workflow_instance_id="x"
         )
+    # Before: a bare TypeError; now it says the two ways to name the instance
+    with pytest.raises(
+        phronomy.InvalidInputError,
+        match=r"needs to know which instance: pass workflow_instance_id=.* or halted=",
+    ):
+        await runtime.workflows.send_event(flow, "approve")
 
 
 async def test_actions_see_events_targeted_at_their_session(

@@ -16,7 +16,6 @@ from phronomy.errors import (
     InstanceStateError,
     InvalidInputError,
     NotFoundError,
-    RuntimeShutdownError,
 )
 from phronomy.storage import (
     DeleteOp,
@@ -148,11 +147,7 @@ class Executions:
         if not self._coordinator.post_message(
             command, admission=True, completion=caller
         ):
-            caller.fail(
-                RuntimeShutdownError(
-                    "Runtime rejected the execution start while shutting down"
-                )
-            )
+            caller.fail(self._coordinator.engine.refusal("the execution start"))
         caller.on_complete(lambda _: self._coordinator.live.notify(execution_id))
         return ExecutionHandle(self, self._coordinator.live, execution_id, key, caller)
 
@@ -365,9 +360,7 @@ class Executions:
         if not self._coordinator.post_message(
             ResolveExecution(agent_id=key, done=done), completion=done
         ):
-            raise RuntimeShutdownError(
-                "Runtime rejected the resolution while shutting down"
-            )
+            raise self._coordinator.engine.refusal("the resolution")
         local = await done.result()
         service = self._coordinator.gateway
         if service is None:
@@ -411,6 +404,4 @@ class Executions:
             execution_id=execution_id, approved=approved, response=response
         )
         if not self._coordinator.post_message(decision):
-            raise RuntimeShutdownError(
-                "Runtime rejected the approval decision while shutting down"
-            )
+            raise self._coordinator.engine.refusal("the approval decision")

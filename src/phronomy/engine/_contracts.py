@@ -17,6 +17,8 @@ from ._handle import ResultHandle
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from phronomy.errors import RuntimeShutdownError
+
     from ._messages import Event, SessionEnded
     from ._pool import OffloadPool
     from ._timers import TimerQueue
@@ -128,6 +130,10 @@ class Host(Protocol):
 
     def check_thread(self, what: str) -> None:
         """Raise unless called on the runtime's trio thread."""
+        ...
+
+    def refusal(self, what: str) -> RuntimeShutdownError:
+        """The error for a request (*what*) the engine no longer takes."""
         ...
 
     def assert_dispatcher(self) -> None:

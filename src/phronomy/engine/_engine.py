@@ -13,6 +13,7 @@ from phronomy.errors import (
     InvalidInputError,
     PhronomyInternalError,
     ReentrancyError,
+    RuntimeShutdownError,
 )
 
 from ._config import EngineConfig
@@ -142,6 +143,11 @@ class Engine:
             ReentrancyError: called from another task.
         """
         self._lifecycle.assert_dispatcher()
+
+    def refusal(self, what: str) -> RuntimeShutdownError:
+        """The error for a request (*what*) the engine no longer takes: it says
+        whether the runtime is shutting down or has shut down (its block ended)."""
+        return self._lifecycle.refusal(what)
 
     def check_thread(self, what: str) -> None:
         """Raise unless called on the runtime's trio thread (before touching anything).

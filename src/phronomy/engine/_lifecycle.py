@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any, final
 
 import trio
 
-from phronomy.errors import ReentrancyError
+from phronomy.errors import ReentrancyError, RuntimeShutdownError
 
 from ._thread_guard import check_thread
 
@@ -82,6 +82,19 @@ class Lifecycle:
                 "phronomy-managed live execution state may only be mutated on the "
                 "runtime's dispatcher task"
             )
+
+    def refusal(self, what: str) -> RuntimeShutdownError:
+        """The error of a request the runtime no longer takes (*what*: the request,
+        e.g. ``"the workflow start"``), saying whether it is closing or closed."""
+        if self.state in ("running", "draining", "stopping"):
+            return RuntimeShutdownError(
+                f"the runtime is shutting down ({self.state}); it refused {what}"
+            )
+        return RuntimeShutdownError(
+            f"the runtime has shut down (its `async with open_runtime(...)` block has "
+            f"ended, {self.state}); it refused {what}. Use the runtime only inside "
+            "its block, or open a new one"
+        )
 
     def check_thread(self, what: str) -> None:
         """Raise unless on the runtime's trio thread (see :func:`check_thread`)."""

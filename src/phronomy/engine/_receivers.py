@@ -120,9 +120,7 @@ class ReceiverTable:
             and current.receiver is receiver
         ):
             return
-        raise RuntimeShutdownError(
-            f"the runtime is {state}; new executions are not accepted"
-        )
+        raise self._lifecycle.refusal("new work")
 
     @property
     def idle(self) -> bool:

@@ -12,7 +12,6 @@ import trio
 from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
     InvalidInputError,
-    RuntimeShutdownError,
 )
 from phronomy.storage import HistoryOp, validate_instance_id
 
@@ -321,8 +320,10 @@ class WorkflowClient(LiveInstances):
             )
         if halted is None:
             if workflow_instance_id is None:
-                raise TypeError(
-                    "send_event requires a halted result or a workflow_instance_id"
+                raise InvalidInputError(
+                    f"send_event({workflow.name!r} workflow, {event!r}) needs to know "
+                    "which instance: pass workflow_instance_id=... (resume by id from "
+                    "the store) or halted=... (a halted WorkflowResult)"
                 )
             iid = validate_instance_id(workflow_instance_id)
             if not self.durable:
@@ -475,8 +476,4 @@ class WorkflowClient(LiveInstances):
         if not self._coordinator.post_message(
             command, admission=True, completion=caller
         ):
-            caller.fail(
-                RuntimeShutdownError(
-                    f"the runtime is shutting down; it refused the workflow {what}"
-                )
-            )
+            caller.fail(self._coordinator.engine.refusal(f"the workflow {what}"))

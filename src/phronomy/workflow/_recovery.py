@@ -12,7 +12,6 @@ from phronomy.errors import (
     ConflictError,
     InvalidInputError,
     NotFoundError,
-    RuntimeShutdownError,
 )
 from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
@@ -173,9 +172,7 @@ class RecoveryClient:
         done: ResultHandle[Admission | None] = ResultHandle(f"resolve:{iid}")
         command = ResolveCommand(workflow_instance_id=iid, action=action, done=done)
         if not self._coordinator.post_message(command, completion=done):
-            raise RuntimeShutdownError(
-                "Runtime rejected the recovery resolution while shutting down"
-            )
+            raise self._coordinator.engine.refusal("the recovery resolution")
         local = await done.result()
         gateway = self._coordinator.gateway
         if gateway is None:
