@@ -53,7 +53,7 @@ async def main() -> None:
         seen: list[str] = []
 
         async def dashboard(task_status: trio.TaskStatus[None]) -> None:
-            async with rt.workflows.watch(flow, "o-7") as updates:
+            async with rt.workflows.watch(flow, "o-7", if_missing="wait") as updates:
                 task_status.started()
                 async for update in updates:
                     seen.append(f"{update.status}@{update.phase}")

@@ -111,7 +111,8 @@ async def test_continuation_cannot_admit_while_draining() -> None:
         completion: ResultHandle[Any] = ResultHandle("continuation")
         assert post(eng, recorder, ("admit", 9), admission=False, caller=completion)
         with pytest.raises(
-            errors.RuntimeShutdownError, match=r"shutting down \(draining\); it refused new work"
+            errors.RuntimeShutdownError,
+            match=r"shutting down \(draining\); it refused new work",
         ):
             await completion.result()
         # the failed delivery failed the dispatcher: the session's waiter got the error too

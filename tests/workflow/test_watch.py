@@ -44,7 +44,7 @@ async def test_a_slow_watcher_sees_every_stable_state_of_a_1000_step_run(
     runtime: phronomy.Runtime,
 ) -> None:
     flow = _counting(1000)
-    async with runtime.workflows.watch(flow, "long") as updates:
+    async with runtime.workflows.watch(flow, "long", if_missing="wait") as updates:
         result = await runtime.workflows.invoke(
             flow, workflow_instance_id="long", recursion_limit=2000
         )
@@ -86,7 +86,7 @@ async def test_a_watch_starts_with_the_stored_state_and_follows_segments(
 
 async def test_watching_an_instance_before_it_exists(runtime: phronomy.Runtime) -> None:
     flow = approval_flow()
-    async with runtime.workflows.watch(flow, "later") as updates:
+    async with runtime.workflows.watch(flow, "later", if_missing="wait") as updates:
         await runtime.workflows.invoke(flow, workflow_instance_id="later")
         seen = await _collect(updates, "halted")
     assert [(u.status, u.phase) for u in seen] == [
@@ -99,7 +99,9 @@ async def test_a_watcher_that_falls_behind_learns_what_it_missed(
     runtime: phronomy.Runtime,
 ) -> None:
     flow = _counting(50)
-    async with runtime.workflows.watch(flow, "small", buffer=10) as updates:
+    async with runtime.workflows.watch(
+        flow, "small", buffer=10, if_missing="wait"
+    ) as updates:
         await runtime.workflows.invoke(
             flow, workflow_instance_id="small", recursion_limit=100
         )
@@ -116,7 +118,7 @@ async def test_a_watch_ends_when_the_runtime_closes() -> None:
     flow = approval_flow()
     seen: list[InstanceUpdate[Any]] = []
     async with phronomy.open_runtime() as rt:
-        async with rt.workflows.watch(flow, "x") as updates:
+        async with rt.workflows.watch(flow, "x", if_missing="wait") as updates:
             async with trio.open_nursery() as nursery:
 
                 async def consume() -> None:
@@ -128,3 +130,40 @@ async def test_a_watch_ends_when_the_runtime_closes() -> None:
                 await trio.testing.wait_all_tasks_blocked()
                 await rt.shutdown()  # the consumer's iteration ends
     assert [u.status for u in seen] == ["running", "halted"]
+
+
+async def test_a_watch_of_an_instance_that_does_not_exist_raises(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    # Before: it yielded nothing forever (a GET handler built on it hung).
+    flow = approval_flow()
+    async with runtime_on(make_store()) as rt:
+        with pytest.raises(phronomy.NotFoundError, match="'nobody' does not exist"):
+            async with rt.workflows.watch(flow, "nobody"):
+                pytest.fail("the body must not run")
+        # a start queued just before the watch counts: no race with the dispatcher
+        handle = rt.workflows.start(flow, workflow_instance_id="just-started")
+        async with rt.workflows.watch(flow, "just-started") as updates:
+            seen = await _collect(updates, "halted")
+        assert seen[-1].status == "halted"
+        await handle.result()
+        with pytest.raises(phronomy.InvalidInputError, match="if_missing"):
+            async with rt.workflows.watch(flow, "x", if_missing="maybe"):  # type: ignore[arg-type]
+                pass
+
+
+async def test_a_watch_with_another_workflows_definition_names_both(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    # Before: DefinitionMismatchError naming the definition's workflow as the one that
+    # saved the instance.
+    store = make_store()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(approval_flow(), workflow_instance_id="mine")
+        other = _counting(3)
+        with pytest.raises(
+            phronomy.InstanceStateError,
+            match=r"'mine' belongs to workflow 'approval', not 'counting'",
+        ):
+            async with rt.workflows.watch(other, "mine"):
+                pass

@@ -68,6 +68,7 @@ from ._store import (
     WorkflowStore as WorkflowStore,
     check_not_quarantined as check_not_quarantined,
     check_startable as check_startable,
+    check_workflow as check_workflow,
     classify_uncertain_save as classify_uncertain_save,
     run_op as run_op,
 )
@@ -115,6 +116,7 @@ __all__ = [
     "check_json_domain",
     "check_not_quarantined",
     "check_startable",
+    "check_workflow",
     "classify_uncertain_save",
     "decode_snapshot",
     "decode_snapshot_builtins",

@@ -30,6 +30,7 @@ __all__ = [
     "WorkflowStore",
     "check_not_quarantined",
     "check_startable",
+    "check_workflow",
     "claimable",
     "classify_uncertain_save",
     "conflict_error",
@@ -178,10 +179,20 @@ def check_startable(row: StoredRecord, workflow: str) -> None:
             f"({row.detail or 'a save outcome is unknown'}); resolve it first",
             instance_id=row.workflow_instance_id,
         )
+    check_workflow(row, workflow)
+
+
+def check_workflow(row: StoredRecord, workflow: str) -> None:
+    """Raise if *row* belongs to another workflow than *workflow*.
+
+    Raises:
+        InstanceStateError: it does (the message names both workflows).
+    """
     if row.workflow and workflow and row.workflow != workflow:
         raise InstanceStateError(
             f"workflow instance {row.workflow_instance_id!r} belongs to workflow "
-            f"{row.workflow!r}, not {workflow!r}"
+            f"{row.workflow!r}, not {workflow!r} (the definition given)",
+            instance_id=row.workflow_instance_id,
         )
 
 

@@ -23,6 +23,7 @@ from phronomy.storage import (
 
 from ._cancelling import Cancelling
 from ._messages import (
+    Barrier,
     CancelAsked,
     CancelCommand,
     CancelLoaded,
@@ -131,6 +132,8 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 self._cancel_saved(message)
             case CancelRequested():
                 self._cancel_requested(message)
+            case Barrier(done=done):
+                done.complete(None)
             case _:
                 raise PhronomyInternalError(f"unknown workflow command {message!r}")
 

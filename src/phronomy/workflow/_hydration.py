@@ -15,6 +15,7 @@ from phronomy.errors import (
 )
 from phronomy.storage import (
     InstanceStatus,
+    check_workflow,
     decode_snapshot,
     decode_snapshot_builtins,
     normalize,
@@ -120,11 +121,15 @@ def decode_stored(
         ``(record, decoded)``: the decoded snapshot, or ``None`` without one.
 
     Raises:
+        InstanceStateError: the row belongs to another workflow.
         DefinitionMismatchError: another version saved it, and this definition lacks
             its phase or its fields (or has new required ones).
         CorruptRecordError: the snapshot does not decode.
     """
-    if record is None or record.snapshot is None:
+    if record is None:
+        return record, None
+    check_workflow(record, definition.name)
+    if record.snapshot is None:
         return record, None
     iid, revision = record.workflow_instance_id, record.revision
     if record.definition_version != definition.version:

@@ -15,6 +15,7 @@ from ._definition import WorkflowDefinition
 from ._state import State
 
 __all__ = [
+    "Barrier",
     "CancelAsked",
     "CancelCommand",
     "CancelLoaded",
@@ -179,6 +180,13 @@ class CancelCommand(msgspec.Struct, frozen=True, kw_only=True):
     force: bool
     owner: object
     done: ResultHandle[Any]
+
+
+@final
+class Barrier(msgspec.Struct, frozen=True, kw_only=True):
+    """Completes *done* once every command queued before it was delivered."""
+
+    done: ResultHandle[None]
 
 
 @final

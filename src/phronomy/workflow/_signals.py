@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
+
+import trio
 
 from phronomy.engine import ResultHandle
-from phronomy.errors import InvalidInputError
+from phronomy.errors import InvalidInputError, NotFoundError
 from phronomy.storage import LoadOp, validate_instance_id
 
 from ._hydration import decode_stored
-from ._messages import EventOutcome, InstanceUpdate
+from ._messages import Barrier, EventOutcome, InstanceUpdate
 from ._state import State
 from ._watch import InstanceWatch
 
@@ -127,15 +129,21 @@ class LiveInstances:
         workflow_instance_id: str,
         *,
         buffer: int = 1024,
+        if_missing: Literal["raise", "wait"] = "raise",
     ) -> AsyncGenerator[InstanceWatch[S]]:
         """Follow an instance's stable states from any trio task, across segments.
 
         The first update is the current one (the live segment's, or what the store
-        says; none when the instance does not exist yet); then every stable state a
-        segment passes or waits at (``running``) and how each segment ends
-        (``halted``, ``finished``, ``cancelled``, ``failed``), in order. Nothing is
-        coalesced unless the consumer falls more than *buffer* updates behind (then
-        the next update says how many it missed).
+        says); then every stable state a segment passes or waits at (``running``)
+        and how each segment ends (``halted``, ``finished``, ``cancelled``,
+        ``failed``), in order. Nothing is coalesced unless the consumer falls more
+        than *buffer* updates behind (then the next update says how many it missed).
+
+        An instance that exists nowhere yet (no live segment here, no start queued
+        here before the watch, nothing in the store) raises
+        :class:`~phronomy.NotFoundError`, unless *if_missing* is ``"wait"``: then
+        the watch waits for its first update (bound the wait with
+        :func:`trio.move_on_after`).
 
         Example::
 
@@ -147,15 +155,20 @@ class LiveInstances:
 
         Args:
             workflow: the instance's workflow (its state class decodes stored states).
-            workflow_instance_id: the instance (it need not exist yet).
+            workflow_instance_id: the instance.
             buffer: updates kept for a slow consumer.
+            if_missing: ``"raise"`` (:class:`~phronomy.NotFoundError` for an
+                instance that does not exist) or ``"wait"`` (for one about to be
+                started, for example by another process).
 
         Yields:
             An :class:`~phronomy.workflow.InstanceWatch` (an async iterator of
             :class:`~phronomy.workflow.InstanceUpdate`).
 
         Raises:
-            InvalidInputError: an invalid id or buffer.
+            NotFoundError: the instance does not exist (with ``if_missing="raise"``).
+            InvalidInputError: an invalid id, buffer or *if_missing*.
+            InstanceStateError: the stored instance belongs to another workflow.
             ReentrancyError: called from a thread that does not run the runtime.
             CorruptRecordError: the stored state does not decode.
 
@@ -168,20 +181,42 @@ class LiveInstances:
         given: object = buffer  # checked at run time: callers are not typed
         if isinstance(given, bool) or not isinstance(given, int) or given < 1:
             raise InvalidInputError(f"buffer must be an integer >= 1, got {buffer!r}")
-        watchers = self._coordinator.watchers
+        if if_missing not in ("raise", "wait"):
+            raise InvalidInputError(
+                f"if_missing must be 'raise' or 'wait', got {if_missing!r}"
+            )
+        coordinator = self._coordinator
         watch: InstanceWatch[S] = InstanceWatch(iid, buffer)
-        watchers.add(watch)
+        coordinator.watchers.add(watch)
         try:
-            current = self._coordinator.current_update(iid)
+            # commands queued before the watch (a start just made) are admitted first
+            await self._queued_before()
+            current = coordinator.current_update(iid)
+            admitted = coordinator.admissions.get(iid) is not None
             if current is None:
                 current = await self._stored_update(workflow, iid)
+                if current is None and not admitted and if_missing == "raise":
+                    raise NotFoundError(
+                        f"workflow instance {iid!r} does not exist (nothing live in "
+                        "this runtime, nothing stored); to wait for one about to be "
+                        "started, watch it with if_missing='wait'",
+                        instance_id=iid,
+                    )
                 if watch.published:  # a segment moved on while the store was read
                     current = None
             if current is not None:
                 watch.publish(current)
             yield watch
         finally:
-            watchers.remove(watch)
+            coordinator.watchers.remove(watch)
+
+    async def _queued_before(self) -> None:
+        """Wait until every command queued so far was delivered (FIFO)."""
+        done: ResultHandle[None] = ResultHandle("barrier")
+        if self._coordinator.post_message(Barrier(done=done), completion=done):
+            await done.result()
+        else:
+            await trio.lowlevel.checkpoint()
 
     async def _stored_update(
         self, workflow: WorkflowDefinition[Any], iid: str
@@ -189,6 +224,7 @@ class LiveInstances:
         gateway = self._coordinator.gateway
         if gateway is None:
             return None
+
         record, decoded = await gateway.run(
             LoadOp(workflow_instance_id=iid),
             finish=lambda row: decode_stored(workflow, row, resuming=False),
