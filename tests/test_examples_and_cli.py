@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -23,6 +24,14 @@ if TYPE_CHECKING:
 
 ROOT = Path(__file__).parent.parent
 EXAMPLES = sorted((ROOT / "examples").glob("*.py"))
+
+
+def _cells(out: str) -> list[list[str]]:
+    """The rows of a table the CLI printed (columns are two or more spaces apart)."""
+    return [re.split(r"  +", line) for line in out.splitlines()]
+
+
+_ISO = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z")
 
 
 def _run(*args: str, cwd: Path | None = None) -> str:
@@ -114,13 +123,23 @@ def test_instances_commands(
     store.mark("stuck", "recovery_required", detail="ack lost")
     store.close()
     assert main(["instances", "list", "--db", db]) == 0
-    listing = capsys.readouterr().out
-    assert "stuck\twf\trecovery_required\trev 1\twaiting  (ack lost)" in listing
+    header, ok, stuck = _cells(capsys.readouterr().out)
+    assert header == [
+        "ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "LEASE", "DETAIL"
+    ]  # fmt: skip
+    assert ok[:5] == ["ok", "wf", "finished", "1", "__end__"]
+    assert stuck[:5] + stuck[6:] == [
+        "stuck", "wf", "recovery_required", "1", "waiting", "-", "ack lost"
+    ]  # fmt: skip
+    assert _ISO.fullmatch(stuck[5])
     assert main(["instances", "list", "--db", db, "--status", "finished"]) == 0
-    assert capsys.readouterr().out.startswith("ok\t")
+    assert [row[0] for row in _cells(capsys.readouterr().out)] == ["ID", "ok"]
     assert main(["instances", "show", "--db", db, "stuck"]) == 0
     assert '"x": 1' in capsys.readouterr().out
     assert main(["instances", "show", "--db", db, "missing"]) == 1
+    assert capsys.readouterr().err == (
+        f"phronomy: error: workflow instance 'missing' does not exist in {db!r}\n"
+    )
     assert main(["instances", "resolve", "--db", db, "ok", "adopt"]) == 1
     assert main(["instances", "resolve", "--db", db, "stuck", "adopt"]) == 0
     assert "recovery_required -> halted" in capsys.readouterr().out
@@ -151,7 +170,7 @@ def test_usage_errors_help_and_version(capsys: pytest.CaptureFixture[str]) -> No
     with pytest.raises(SystemExit) as caught:
         main(["instances", "list", "--db", "x.db", "--limit", "0"])
     assert caught.value.code == 2
-    assert "must be at least 1" in capsys.readouterr().err
+    assert "must be from 1 to 10000, got 0" in capsys.readouterr().err
     with pytest.raises(SystemExit) as caught:
         main(["--version"])
     assert caught.value.code == 0
@@ -196,16 +215,17 @@ def test_listing_pages_escapes_and_corrupt_rows(
     store.close()
     assert main(["instances", "list", "--db", db, "--limit", "2"]) == 0
     out = capsys.readouterr().out
-    lines = out.splitlines()
-    assert lines[0].startswith("a\\x09fake\\x0aline\twf\thalted\trev 1\tp\\x1b[31m")
-    assert lines[-1] == "... more: add --after b-corrupt"
+    rows = _cells(out)
+    assert rows[1][:5] == ["a\\x09fake\\x0aline", "wf", "halted", "1", "p\\x1b[31m"]
+    assert rows[-1] == ["... more: add --after b-corrupt"]
     assert "\x1b" not in out
     assert main(["instances", "list", "--db", db, "--after", "b-corrupt"]) == 0
-    assert capsys.readouterr().out.startswith("c\t")
+    assert [row[0] for row in _cells(capsys.readouterr().out)] == ["ID", "c"]
     assert main(["instances", "show", "--db", db, "b-corrupt"]) == 1
     shown = capsys.readouterr()
     assert '"snapshot_error": "stored snapshot of workflow instance' in shown.out
-    assert "Traceback" not in shown.err
+    assert shown.err.startswith("phronomy: error: stored snapshot of workflow instance")
+    assert shown.err.count("\n") == 1
 
 
 def test_executions_commands(
@@ -227,7 +247,10 @@ def test_executions_commands(
     )
     store.close()
     assert main(["executions", "list", "--db", db]) == 0
-    assert capsys.readouterr().out == "crashed\te-1\tactive\tsteps 0\n"
+    header, crashed = _cells(capsys.readouterr().out)
+    assert header == ["AGENT", "EXECUTION", "STATUS", "STEPS", "UPDATED", "DETAIL"]
+    assert crashed[:4] + crashed[5:] == ["crashed", "e-1", "active", "0", "-"]
+    assert _ISO.fullmatch(crashed[4])
     assert main(["executions", "show", "--db", db, "done"]) == 0
     assert '"status": "completed"' in capsys.readouterr().out
     assert main(["executions", "resolve", "--db", db, "done", "release"]) == 1
@@ -235,7 +258,7 @@ def test_executions_commands(
     assert main(["executions", "resolve", "--db", db, "crashed", "release"]) == 0
     assert capsys.readouterr().out == "crashed: execution record -> abandoned\n"
     assert main(["executions", "list", "--db", db]) == 0
-    assert capsys.readouterr().out == ""
+    assert _cells(capsys.readouterr().out) == [header]  # nothing stale: the header
 
 
 def test_history_cancel_json_filters_and_migrate(
@@ -287,12 +310,15 @@ def test_history_cancel_json_filters_and_migrate(
     ]
     assert history[0]["detail"] == "cancelled: dup"
     assert main(["instances", "history", "--db", db, "a-2", "--limit", "1"]) == 0
-    (line,) = capsys.readouterr().out.splitlines()
-    assert line.startswith("rev 3\tcancelled\twaiting\t")
+    header, line = _cells(capsys.readouterr().out)
+    assert header[:4] == ["REV", "STATUS", "PHASE", "COMMITTED"]
+    assert line[:3] == ["3", "cancelled", "waiting"]
+    assert _ISO.fullmatch(line[3])
+    assert line[-1] == "cancelled: dup"
     assert main(["instances", "list", "--db", db, "--status", "cancelled"]) == 0
-    assert capsys.readouterr().out.startswith("a-2\talpha\tcancelled\trev 3")
+    assert _cells(capsys.readouterr().out)[1][:4] == ["a-2", "alpha", "cancelled", "3"]
     assert main(["instances", "history", "--db", db, "nope"]) == 1
-    assert "no instance nope" in capsys.readouterr().err
+    assert "workflow instance 'nope' does not exist" in capsys.readouterr().err
     assert main(["instances", "cancel", "--db", db, "nope"]) == 1
     assert "does not exist" in capsys.readouterr().err
 
@@ -307,7 +333,9 @@ def test_migrate_brings_an_old_database_up_to_date(
     assert main(["migrate", "--db", db]) == 0
     assert capsys.readouterr().out == f"{db}: schema version {SCHEMA_VERSION}\n"
     assert main(["instances", "list", "--db", db, "--status", "halted"]) == 0
-    assert capsys.readouterr().out.startswith("halted-1\tfixture-flow\thalted\trev 1")
+    assert _cells(capsys.readouterr().out)[1][:4] == [
+        "halted-1", "fixture-flow", "halted", "1"
+    ]  # fmt: skip
 
 
 def test_operators_see_who_holds_a_lease_and_whether_it_is_live(
@@ -321,13 +349,18 @@ def test_operators_see_who_holds_a_lease_and_whether_it_is_live(
     finally:
         store.close()
     assert main(["instances", "list", "--db", db]) == 0
-    lines = capsys.readouterr().out.splitlines()
-    assert "lease: live for" in lines[0]
-    assert "epoch 1, owner host:1:abc" in lines[0]
-    assert "lease: expired" in lines[1]
-    assert "recovery sweep puts it back" in lines[1]
+    _, held, lapsed, note = _cells(capsys.readouterr().out)
+    assert re.fullmatch(
+        rf"live until {_ISO.pattern} \(owner host:1:abc, epoch 1\)", held[6]
+    )
+    assert re.fullmatch(
+        rf"expired at {_ISO.pattern} \(owner host:2:def, epoch 1\)", lapsed[6]
+    )
+    assert "recovery sweep puts the instance back" in note[0]
     assert main(["instances", "show", "--db", db, "held"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["lease_owner"] == "host:1:abc"
     assert shown["lease_epoch"] == 1
-    assert shown["lease"].startswith("live for")
+    assert shown["lease"].startswith("live until ")
+    assert shown["lease_expires_at"] in shown["lease"]
+    assert _ISO.fullmatch(shown["lease_expires_at"])

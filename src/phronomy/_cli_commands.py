@@ -1,10 +1,15 @@
-"""The commands of ``python -m phronomy`` (each takes an open store and the arguments)."""
+"""The commands of ``python -m phronomy`` (each takes an open store and the arguments).
+
+A command prints its result on stdout and returns the exit status; an error is raised
+(a :class:`~phronomy.errors.PhronomyError`) and printed by :func:`phronomy.cli.main`.
+"""
 
 from __future__ import annotations
 
+import datetime
 import json
 import re
-import sys
+import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -16,18 +21,23 @@ from phronomy.agent._records import (
     resolve_record,
     stale_records,
 )
+from phronomy.durability import kind_of
 from phronomy.engine import random_hex
-from phronomy.errors import PhronomyError
+from phronomy.errors import InvalidInputError, NotFoundError, PhronomyError
 from phronomy.storage import (
+    EXECUTION_KEY_PREFIX,
+    EXECUTION_KIND,
     SCHEMA_VERSION,
     SaveOp,
     cancellation,
     decode_snapshot_builtins,
     resolve_stored,
 )
+from phronomy.storage._shortcuts import MAX_LIMIT
 
 if TYPE_CHECKING:
     import argparse
+    from collections.abc import Sequence
 
     from phronomy.storage import SQLiteStore, StoredRecord
 
@@ -37,6 +47,7 @@ __all__ = [
     "executions_resolve",
     "executions_show",
     "history",
+    "iso",
     "lease_state",
     "listing",
     "migrate",
@@ -46,6 +57,7 @@ __all__ = [
 ]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
 
 
 def safe(value: object) -> str:
@@ -53,98 +65,217 @@ def safe(value: object) -> str:
     return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
 
 
-def _json(value: Any) -> str:
-    return json.dumps(msgspec.to_builtins(value), sort_keys=True)
+def iso(ms: int | None) -> str | None:
+    """Wall-clock milliseconds as ISO 8601 UTC (``2026-12-01T09:06:15.123Z``)."""
+    if ms is None:
+        return None
+    try:
+        moment = _EPOCH + datetime.timedelta(milliseconds=ms)
+    except OverflowError:  # a damaged row: show the number rather than fail
+        return f"{ms} ms"
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
+
+
+def _json(value: Any, **times: int | None) -> str:
+    fields: dict[str, Any] = msgspec.to_builtins(value)
+    fields.update({name: iso(ms) for name, ms in times.items()})
+    return json.dumps(fields, sort_keys=True)
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    """Print *rows* under *header* in columns (two spaces apart, empty cells ``-``)."""
+    cells = [list(header), *([c or "-" for c in row] for row in rows)]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+    for row in cells:
+        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
+
+
+def _command(*words: str) -> str:
+    return "`python -m phronomy " + " ".join(shlex.quote(w) for w in words) + "`"
 
 
 # --- instances -------------------------------------------------------------------------
 
 
 def lease_state(record: StoredRecord) -> str:
-    """Who holds the instance's lease and whether it is live, in words."""
+    """Who holds the instance's lease, until when, and whether it is live, in words."""
     if record.lease_owner is None:
         return "none (no runtime runs it)"
     held = f"epoch {record.lease_epoch}, owner {safe(record.lease_owner)}"
-    left = ((record.lease_expires_at_ms or 0) - time.time_ns() // 1_000_000) / 1000
+    until = record.lease_expires_at_ms or 0
+    left = (until - time.time_ns() // 1_000_000) / 1000
     if left > 0:
-        return f"live for {left:.1f} s more ({held})"
+        return f"live until {iso(until)}, {left:.1f} s from now ({held})"
     return (
-        f"expired {-left:.1f} s ago ({held}): its runtime stopped; a runtime's "
-        "recovery sweep puts it back at its last saved revision"
+        f"expired at {iso(until)}, {-left:.1f} s ago ({held}): its runtime stopped; a "
+        "runtime's recovery sweep puts it back at its last saved revision"
     )
+
+
+def _lease_cell(record: StoredRecord, now_ms: int) -> str:
+    if record.lease_owner is None:
+        return "-"
+    until = record.lease_expires_at_ms or 0
+    state = "live until" if until > now_ms else "expired at"
+    return (
+        f"{state} {iso(until)} (owner {safe(record.lease_owner)}, "
+        f"epoch {record.lease_epoch})"
+    )
+
+
+def _workflow_record(store: SQLiteStore, args: argparse.Namespace) -> StoredRecord:
+    """The row of the workflow instance ``args.id``; an execution record is refused.
+
+    Raises:
+        NotFoundError: nothing is stored under the id.
+        InvalidInputError: the id is a supervised execution's record.
+    """
+    iid: str = args.id
+    record = store.load(iid)
+    if record is None:
+        raise NotFoundError(f"workflow instance {iid!r} does not exist in {args.db!r}")
+    if kind_of(record) == "execution":
+        agent = iid.removeprefix(EXECUTION_KEY_PREFIX)
+        look = _command("executions", "show", "--db", args.db, agent)
+        raise InvalidInputError(
+            f"{iid!r} is the record of a supervised execution (agent {agent!r}), not "
+            f"a workflow instance; see {look} (`executions resolve` closes a stale one)"
+        )
+    return record
+
+
+def _workflow_page(
+    store: SQLiteStore, args: argparse.Namespace
+) -> tuple[list[StoredRecord], str | None]:
+    """Up to ``args.limit`` workflow rows after ``args.after``, and the next ``--after``.
+
+    Execution records share the table; they are skipped, and pages are read until
+    this one is full or the table ends (one row more tells whether a next page exists).
+    """
+    wanted: int = args.limit
+    fetch = min(MAX_LIMIT, max(wanted + 1, 500))
+    found: list[StoredRecord] = []
+    after: str | None = args.after
+    while True:
+        page = store.list_instances(
+            status=args.status, workflow=args.workflow, limit=fetch, after=after
+        )
+        for record in page.records:
+            if kind_of(record) == "workflow":
+                found.append(record)
+                if len(found) > wanted:
+                    return found[:wanted], found[wanted - 1].workflow_instance_id
+        if page.next_after is None:
+            return found, None
+        after = page.next_after
 
 
 def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
-    """``instances list``: one line (or JSON object) per instance, then the next page."""
-    page = store.list_instances(
-        status=args.status, workflow=args.workflow, limit=args.limit, after=args.after
-    )
-    for r in page.records:
-        if args.json:
-            print(_json(r))
-            continue
-        detail = f"  ({safe(r.detail)})" if r.detail else ""
-        lease = f"\tlease: {lease_state(r)}" if r.lease_owner else ""
-        print(
-            f"{safe(r.workflow_instance_id)}\t{safe(r.workflow)}\t{r.status}\t"
-            f"rev {r.revision}\t{safe(r.phase or '-')}{lease}{detail}"
+    """``instances list``: a table (or JSON objects) of instances, then the next page."""
+    if args.workflow == EXECUTION_KIND:
+        raise InvalidInputError(
+            f"{EXECUTION_KIND!r} rows are supervised executions' records, not workflow "
+            f"instances; use {_command('executions', 'list', '--db', args.db)}"
         )
-    if page.next_after is not None:
-        if args.json:
-            print(_json({"next_after": page.next_after}))
-        else:
-            print(f"... more: add --after {safe(page.next_after)}")
+    records, next_after = _workflow_page(store, args)
+    if args.json:
+        for r in records:
+            print(
+                _json(
+                    r,
+                    updated_at=r.updated_at_ms,
+                    lease_expires_at=r.lease_expires_at_ms,
+                )
+            )
+        if next_after is not None:
+            print(json.dumps({"next_after": next_after}))
+        return 0
+    now_ms = time.time_ns() // 1_000_000
+    _table(
+        ("ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "LEASE", "DETAIL"),
+        [
+            (
+                safe(r.workflow_instance_id),
+                safe(r.workflow),
+                r.status,
+                str(r.revision),
+                safe(r.phase or ""),
+                iso(r.updated_at_ms) or "",
+                _lease_cell(r, now_ms),
+                safe(r.detail or ""),
+            )
+            for r in records
+        ],
+    )
+    if any(
+        r.lease_owner is not None and (r.lease_expires_at_ms or 0) <= now_ms
+        for r in records
+    ):
+        print(
+            "expired lease: its runtime stopped; a runtime's recovery sweep puts the "
+            "instance back at its last saved revision"
+        )
+    if next_after is not None:
+        print(f"... more: add --after {shlex.quote(safe(next_after))}")
     return 0
 
 
 def show(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``instances show``: the row and its stored fields, as JSON."""
-    record = store.load(args.id)
-    if record is None:
-        print(f"phronomy: no instance {safe(args.id)}", file=sys.stderr)
-        return 1
+    record = _workflow_record(store, args)
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(record, snapshot=None)
     )
+    view["updated_at"] = iso(record.updated_at_ms)
+    view["lease_expires_at"] = iso(record.lease_expires_at_ms)
     view["lease"] = lease_state(record)
-    status = 0
+    error: PhronomyError | None = None
     if record.snapshot is not None:
         try:
             decoded = decode_snapshot_builtins(
                 record.snapshot, workflow_instance_id=args.id, revision=record.revision
             )
-        except PhronomyError as exc:  # a corrupt row: say so, show what is readable
+        except PhronomyError as exc:  # a corrupt row: show what is readable
             view["snapshot_error"] = str(exc)
-            status = 1
+            error = exc
         else:
             view["fields"] = decoded.fields
     print(json.dumps(view, indent=2, sort_keys=True))
-    return status
+    if error is not None:
+        raise error
+    return 0
 
 
 def history(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``instances history``: the instance's last saves, newest first."""
+    _workflow_record(store, args)
     entries = store.history(args.id, limit=args.limit)
-    if not entries and store.load(args.id) is None:
-        print(f"phronomy: no instance {safe(args.id)}", file=sys.stderr)
-        return 1
-    for e in entries:
-        if args.json:
-            print(_json(e))
-            continue
-        detail = f"  ({safe(e.detail)})" if e.detail else ""
-        print(
-            f"rev {e.revision}\t{e.status}\t{safe(e.phase or '-')}\t"
-            f"{e.committed_at_ms}\t{safe(e.write_id)}\t"
-            f"{safe(e.definition_version or '-')}{detail}"
-        )
+    if args.json:
+        for e in entries:
+            print(_json(e, committed_at=e.committed_at_ms))
+        return 0
+    _table(
+        ("REV", "STATUS", "PHASE", "COMMITTED", "WRITE_ID", "VERSION", "DETAIL"),
+        [
+            (
+                str(e.revision),
+                e.status,
+                safe(e.phase or ""),
+                iso(e.committed_at_ms) or "",
+                safe(e.write_id),
+                safe(e.definition_version),
+                safe(e.detail or ""),
+            )
+            for e in entries
+        ],
+    )
     return 0
 
 
 def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``instances cancel``: a cancelled revision of a stored instance (not live)."""
     op = cancellation(
-        store.load(args.id),
+        _workflow_record(store, args),
         args.id,
         reason=args.reason,
         write_id=random_hex(),
@@ -171,6 +302,7 @@ def migrate(store: SQLiteStore, args: argparse.Namespace) -> int:
 
 def resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``instances resolve``: settle a recovery_required instance."""
+    _workflow_record(store, args)
     record = resolve_stored(store, args.id, args.resolution, by="an operator (cli)")
     print(f"{safe(args.id)}: recovery_required -> {record.status}")
     return 0
@@ -179,31 +311,57 @@ def resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
 # --- executions ------------------------------------------------------------------------
 
 
+def _execution_row(store: SQLiteStore, args: argparse.Namespace) -> StoredRecord | None:
+    """The row of agent ``args.agent_id``'s record; a workflow instance is refused.
+
+    Raises:
+        InvalidInputError: the key holds a workflow instance.
+    """
+    row = store.load(agent_key(args.agent_id))
+    if row is not None and row.workflow and kind_of(row) != "execution":
+        raise InvalidInputError(
+            f"{row.workflow_instance_id!r} is a workflow instance of "
+            f"{row.workflow!r}, not an execution record; use "
+            + _command("instances", "show", "--db", args.db, row.workflow_instance_id)
+        )
+    return row
+
+
 def executions_list(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``executions list``: stale execution records."""
-    for stale in stale_records(store):
-        if args.json:
-            print(_json(stale))
-            continue
-        detail = f"  ({safe(stale.detail)})" if stale.detail else ""
-        print(
-            f"{safe(stale.agent_id)}\t{safe(stale.execution_id or '-')}\t"
-            f"{stale.status}\tsteps {stale.steps_completed}{detail}"
-        )
+    stale = stale_records(store)
+    if args.json:
+        for s in stale:
+            print(_json(s, updated_at=s.updated_at_ms))
+        return 0
+    _table(
+        ("AGENT", "EXECUTION", "STATUS", "STEPS", "UPDATED", "DETAIL"),
+        [
+            (
+                safe(s.agent_id),
+                safe(s.execution_id or ""),
+                s.status,
+                str(s.steps_completed),
+                iso(s.updated_at_ms) or "",
+                safe(s.detail or ""),
+            )
+            for s in stale
+        ],
+    )
     return 0
 
 
 def executions_show(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``executions show``: one agent's record, as JSON."""
-    row, record = decode_record(store.load(agent_key(args.agent_id)))
+    row, record = decode_record(_execution_row(store, args))
     if row is None:
-        print(
-            f"phronomy: no execution record for {safe(args.agent_id)}", file=sys.stderr
+        raise NotFoundError(
+            f"agent {args.agent_id!r} has no execution record in {args.db!r}"
         )
-        return 1
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(row, snapshot=None)
     )
+    view["updated_at"] = iso(row.updated_at_ms)
     view["record"] = msgspec.to_builtins(record)
     print(json.dumps(view, indent=2, sort_keys=True))
     return 0
@@ -211,9 +369,9 @@ def executions_show(store: SQLiteStore, args: argparse.Namespace) -> int:
 
 def executions_resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``executions resolve``: close a stale record."""
+    _execution_row(store, args)
     record = resolve_record(
         store, args.agent_id, args.resolution, by="an operator (cli)"
     )
-    assert record is not None
     print(f"{safe(args.agent_id)}: execution record -> {record.status}")
     return 0

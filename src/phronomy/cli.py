@@ -14,8 +14,16 @@
     python -m phronomy executions show --db PATH AGENT_ID
     python -m phronomy executions resolve --db PATH AGENT_ID {adopt,release}
 
-Inspecting commands open the database read-only; no command ever creates one. Errors
-print one line on stderr and exit with status 1 (2 for a usage error).
+Inspecting commands open the database read-only; no command ever creates one, and only
+``migrate`` migrates one (the others refuse a database of an earlier release and leave
+it unchanged). ``--db`` must name a regular file. ``instances`` commands never show or
+change supervised executions' records (``executions`` commands do). Tables have a header
+row and times in ISO 8601 UTC; ``--json`` prints one object per line, with the stored
+milliseconds and their ISO 8601 forms. ``--limit`` is at most 10000.
+
+Exit status: 0; 1 for an error, printed as one line ``phronomy: error: ...`` on stderr;
+2 for a usage error (argparse's message); 141 when stdout is closed early (``| head``),
+quietly; 130 when interrupted.
 """
 
 from __future__ import annotations
@@ -32,31 +40,45 @@ from phronomy._cli_commands import safe
 from phronomy._demo import run_demo
 from phronomy.errors import PhronomyError, StoreUnavailableError
 from phronomy.storage import InstanceStatus, SQLiteStore
+from phronomy.storage._shortcuts import MAX_LIMIT
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
-__all__ = ["build_parser", "main"]
+__all__ = ["EXIT_BROKEN_PIPE", "build_parser", "main"]
+
+EXIT_BROKEN_PIPE = 141
+"""The exit status when stdout closes before the output is written (128 + SIGPIPE)."""
 
 
-def _positive(text: str) -> int:
+def _limit(text: str) -> int:
     try:
         number = int(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"must be at least 1, got {number}")
+    if not 1 <= number <= MAX_LIMIT:
+        raise argparse.ArgumentTypeError(
+            f"must be from 1 to {MAX_LIMIT}, got {number} (page on with --after)"
+        )
     return number
 
 
-def _open(path: str, *, write: bool = False) -> SQLiteStore:
-    """The store at *path*; it must exist (a mistyped path is an error, not a new file)."""
-    if write and not os.path.exists(path):
+def _open(args: argparse.Namespace) -> SQLiteStore:
+    """The store at ``args.db``, open; only ``migrate`` may migrate it.
+
+    The file must exist: a mistyped path is an error, not a new database.
+    """
+    path: str = args.db
+    if args.write and not os.path.exists(path):
         raise StoreUnavailableError(
             f"SQLite database {path!r} does not exist (check the path)", path=path
         )
-    store = SQLiteStore(path, read_only=not write)
-    store.open()
+    store = SQLiteStore(path, read_only=not args.write)
+    try:
+        store.open(migrate=args.command == "migrate")
+    except BaseException:
+        store.close()
+        raise
     return store
 
 
@@ -120,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing = command(
         actions,
         "list",
-        "list instances, ordered by id",
+        "list workflow instances, ordered by id (executions: `executions list`)",
         commands_module.listing,
         json_output=True,
     )
@@ -218,9 +240,9 @@ def build_parser() -> argparse.ArgumentParser:
 def _paging(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--limit",
-        type=_positive,
+        type=_limit,
         default=100,
-        help=f"at most this many {what} (default: %(default)s)",
+        help=f"at most this many {what}, up to {MAX_LIMIT} (default: %(default)s)",
     )
 
 
@@ -228,22 +250,52 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of ``python -m phronomy``.
 
     Returns:
-        The exit status: 0, 1 for an error, 2 for a usage error.
+        The exit status: 0; 1 for an error (one line ``phronomy: error: ...`` on
+        stderr); 2 for a usage error; 141 when stdout was closed early; 130 when
+        interrupted.
     """
     args = build_parser().parse_args(argv)
+    try:
+        status = _run(args)
+        sys.stdout.flush()  # here, not at exit: a closed pipe is reported below
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_BROKEN_PIPE
+    except PhronomyError as exc:
+        return _error(exc)
+    except OSError as exc:  # the output failing otherwise (a full disk)
+        return _error(exc)
+    except KeyboardInterrupt:
+        return _error("interrupted", status=130)
+    return status
+
+
+def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         trio.run(run_demo, args.db)
         return 0
-    try:
-        store = _open(args.db, write=args.write)
-    except PhronomyError as exc:
-        print(f"phronomy: error: {safe(exc)}", file=sys.stderr)
-        return 1
+    store = _open(args)
     try:
         status: int = args.run(store, args)
-    except PhronomyError as exc:
-        print(f"phronomy: error: {safe(exc)}", file=sys.stderr)
-        return 1
     finally:
         store.close()
     return status
+
+
+def _error(error: object, *, status: int = 1) -> int:
+    try:
+        sys.stdout.flush()  # what was printed before comes first
+    except OSError:
+        _discard_stdout()
+    print(f"phronomy: error: {safe(error)}", file=sys.stderr)
+    return status
+
+
+def _discard_stdout() -> None:
+    """Point stdout at /dev/null, so that the flush at exit cannot fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
+    except (OSError, ValueError):  # stdout is not a file (captured): nothing to flush
+        pass

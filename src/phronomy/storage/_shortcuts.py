@@ -32,7 +32,27 @@ if TYPE_CHECKING:
         StoredRecord,
     )
 
-__all__ = ["OneAtATime"]
+__all__ = ["MAX_LIMIT", "OneAtATime", "check_limit"]
+
+MAX_LIMIT = 10_000
+"""The most rows one :meth:`~OneAtATime.list_instances` page or history may ask for."""
+
+
+def check_limit(limit: object) -> int:
+    """*limit* if it is a whole number from 1 to :data:`MAX_LIMIT`.
+
+    Raises:
+        InvalidInputError: it is not an ``int`` (``bool`` included), or out of range.
+    """
+    if not isinstance(limit, int) or isinstance(limit, bool):
+        raise InvalidInputError(
+            f"limit must be an int, got {type(limit).__name__} {limit!r}"
+        )
+    if limit < 1:
+        raise InvalidInputError(f"limit must be >= 1, got {limit}")
+    if limit > MAX_LIMIT:
+        raise InvalidInputError(f"limit must be <= {MAX_LIMIT}, got {limit}")
+    return limit
 
 
 class OneAtATime:
@@ -69,15 +89,15 @@ class OneAtATime:
         Args:
             status: only instances with this status.
             workflow: only instances of this workflow.
-            limit: at most this many rows.
+            limit: at most this many rows (1 to :data:`MAX_LIMIT`).
             after: start after this instance id (the previous page's ``next_after``).
 
         Raises:
-            InvalidInputError: *limit* is below 1.
+            InvalidInputError: *limit* is not an int from 1 to :data:`MAX_LIMIT`.
         """
-        if limit < 1:
-            raise InvalidInputError(f"limit must be >= 1, got {limit}")
-        op = ListOp(status=status, workflow=workflow, limit=limit, after=after)
+        op = ListOp(
+            status=status, workflow=workflow, limit=check_limit(limit), after=after
+        )
         page: InstancePage = self.run(op)
         return page
 
@@ -86,13 +106,17 @@ class OneAtATime:
     ) -> list[SaveLogEntry]:
         """The last saves of an instance, newest first (the store keeps a few).
 
+        Args:
+            workflow_instance_id: the instance.
+            limit: at most this many saves (1 to :data:`MAX_LIMIT`).
+
         Raises:
-            InvalidInputError: *limit* is below 1.
+            InvalidInputError: *limit* is not an int from 1 to :data:`MAX_LIMIT`.
         """
-        if limit < 1:
-            raise InvalidInputError(f"limit must be >= 1, got {limit}")
         entries: list[SaveLogEntry] = self.run(
-            HistoryOp(workflow_instance_id=workflow_instance_id, limit=limit)
+            HistoryOp(
+                workflow_instance_id=workflow_instance_id, limit=check_limit(limit)
+            )
         )
         return entries
 

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import contextlib
+import itertools
 import logging
 import os
+import shlex
 import sqlite3
+import stat
 import threading
+import time
 import urllib.parse
 from typing import TYPE_CHECKING, Any, final
 
@@ -35,6 +39,14 @@ if TYPE_CHECKING:
 __all__ = ["SCHEMA_VERSION", "SQLiteStore"]
 
 logger = logging.getLogger(__name__)
+
+_NON_REGULAR = (
+    (stat.S_ISDIR, "directory"),
+    (stat.S_ISFIFO, "FIFO (named pipe)"),
+    (stat.S_ISCHR, "character device"),
+    (stat.S_ISBLK, "block device"),
+    (stat.S_ISSOCK, "socket"),
+)
 
 
 @final
@@ -137,19 +149,28 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
 
     # --- connection ----------------------------------------------------------------
 
-    def open(self) -> None:
+    def open(self, *, migrate: bool = True) -> None:
         """Open the database now and check that this store can use it (blocking).
 
+        Args:
+            migrate: bring a database of an earlier release (or a new, empty file) to
+                this release's schema, and set its ``save_log_depth``. ``False``
+                writes nothing on opening: such a file is refused and left unchanged,
+                the database's setting is kept (operators' commands that change only
+                rows). It applies to this opening: after :meth:`close`, the next use
+                opens and migrates.
+
         Raises:
-            StoreUnavailableError: the file is not a phronomy database, cannot be
-                opened, or cannot be written (unless *read_only*); for *read_only*,
-                also when it does not exist.
-            StoreUnavailableError: a newer schema, an old SQLite, or a network
-                filesystem.
+            StoreUnavailableError: the file is not a phronomy database, is not a
+                regular file, cannot be opened, or cannot be written (unless
+                *read_only*); for *read_only*, also when it does not exist.
+            StoreUnavailableError: a newer schema (an earlier one without *migrate*),
+                an old SQLite, or a network filesystem.
         """
         super().open()
         with self._lock, self._translated():
-            self._connection()
+            if self._conn is None:
+                self._conn = self._open(migrate=migrate)
 
     @contextlib.contextmanager
     def _translated(self) -> Iterator[None]:
@@ -173,12 +194,19 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
             with self._lock, self._translated():
                 yield self._connection()
             return
+        if self._read_conn is None and not self._read_only:
+            # The write connection switches the file to WAL and migrates it; the read
+            # connection opens after it and changes nothing.
+            with self._lock, self._translated():
+                self._connection()
         with self._read_lock, self._translated():
             if self._read_conn is None:
-                self._read_conn = self._open()
+                self._read_conn = self._open(reader=True)
             yield self._read_conn
 
-    def _open(self) -> sqlite3.Connection:
+    def _open(
+        self, *, reader: bool = False, migrate: bool = True
+    ) -> sqlite3.Connection:
         if sqlite3.sqlite_version_info < (3, 37, 0):
             raise StoreUnavailableError(
                 f"SQLiteStore needs SQLite >= 3.37 (STRICT tables, RETURNING); this Python "
@@ -186,24 +214,15 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
                 path=self._path,
             )
         if self._path != ":memory:":
-            fstype = filesystem_type(
-                os.path.dirname(os.path.abspath(self._path)) or "."
-            )
-            if fstype in NETWORK_FILESYSTEMS:
-                message = (
-                    f"{self._path!r} is on a {fstype} network filesystem, where SQLite's "
-                    "locking and WAL do not work; use a local disk (or PostgreSQL)"
-                )
-                if not self._allow_network_fs:
-                    raise StoreUnavailableError(message, path=self._path)
-                logger.warning("%s (allowed by allow_network_filesystem=True)", message)
+            self._check_filesystem()
+            self._check_regular_file()
         if self._read_only and not os.path.exists(self._path):
             raise StoreUnavailableError(
                 f"SQLite database {self._path!r} does not exist (a read-only store never "
                 "creates one; check the path)",
                 path=self._path,
             )
-        conn = sqlite3.connect(
+        conn = sqlite3.connect(  # sets the busy handler before any statement
             f"file:{urllib.parse.quote(self._path)}?mode=ro"
             if self._read_only
             else self._path,
@@ -215,51 +234,127 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         try:
             conn.execute(f"PRAGMA busy_timeout = {int(self._busy_timeout * 1000)}")
             # Checked before anything changes the file (WAL mode rewrites its header).
-            self._check_schema(conn.execute("PRAGMA user_version").fetchone()[0], conn)
-            if self._read_only:
+            self._check_schema(
+                conn.execute("PRAGMA user_version").fetchone()[0],
+                conn,
+                migrates=migrate and not reader and not self._read_only,
+            )
+            if self._read_only or reader:
                 return conn
-            self._check_wal(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            self._use_wal(conn)
             conn.execute("PRAGMA synchronous = FULL")
             conn.execute("PRAGMA foreign_keys = ON")
-            self._migrate(conn)
+            if migrate:  # else the schema is this release's: nothing to write
+                self._migrate(conn)
         except BaseException:
             conn.close()
             raise
         return conn
 
-    def _check_wal(self, mode: str) -> None:
-        if mode != "wal" and self._path != ":memory:":
+    def _check_filesystem(self) -> None:
+        fstype = filesystem_type(os.path.dirname(os.path.abspath(self._path)) or ".")
+        if fstype in NETWORK_FILESYSTEMS:
+            message = (
+                f"{self._path!r} is on a {fstype} network filesystem, where SQLite's "
+                "locking and WAL do not work; use a local disk (or PostgreSQL)"
+            )
+            if not self._allow_network_fs:
+                raise StoreUnavailableError(message, path=self._path)
+            logger.warning("%s (allowed by allow_network_filesystem=True)", message)
+
+    def _check_regular_file(self) -> None:
+        """Refuse a path that names a FIFO, directory, device or socket.
+
+        Checked before SQLite opens it: opening a FIFO blocks until a writer appears,
+        and a device would get ``-journal``/``-wal`` files beside it.
+        """
+        try:
+            mode = os.stat(self._path).st_mode
+        except OSError:  # missing (created by SQLite) or unreadable (SQLite says why)
+            return
+        if stat.S_ISREG(mode):
+            return
+        kind = next((name for test, name in _NON_REGULAR if test(mode)), "special file")
+        raise StoreUnavailableError(
+            f"{self._path!r} is a {kind}, not a regular file: an SQLite database is a "
+            "regular file (check the path)",
+            path=self._path,
+        )
+
+    def _use_wal(self, conn: sqlite3.Connection) -> None:
+        """Switch the file to WAL mode unless it is in WAL mode already.
+
+        The switch needs an exclusive lock. When another connection holds a lock the
+        switch cannot wait for (for example a writer's reserved lock while this
+        connection reads the header), SQLite returns ``SQLITE_BUSY`` at once instead of
+        calling the busy handler; the switch is retried with a growing pause until
+        ``busy_timeout`` has passed.
+        """
+        mode = conn.execute("PRAGMA journal_mode").fetchone()[0]
+        if mode == "wal" or self._path == ":memory:":
+            return
+        deadline = time.monotonic() + self._busy_timeout
+        pause = 0.001
+        for attempt in itertools.count(1):
+            try:
+                mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+                break
+            except sqlite3.OperationalError as exc:
+                left = deadline - time.monotonic()
+                if (
+                    not (exc.sqlite_errorname or "").startswith("SQLITE_BUSY")
+                    or left <= 0
+                ):
+                    raise
+                logger.debug(
+                    "wal.retry: %r was locked while switching to WAL mode (attempt "
+                    "%d); retrying",
+                    self._path,
+                    attempt,
+                )
+                time.sleep(min(pause, left))
+                pause = min(pause * 2, 0.1)
+        if mode != "wal":
             raise StoreUnavailableError(
                 f"{self._path!r} refused WAL mode ({mode})", path=self._path
             )
 
-    def _check_schema(self, version: int, conn: sqlite3.Connection) -> int:
+    def _check_schema(
+        self, version: int, conn: sqlite3.Connection, *, migrates: bool
+    ) -> int:
+        path = self._path
         if version > SCHEMA_VERSION:
             raise StoreUnavailableError(
-                f"{self._path!r} has schema version {version}; this release "
+                f"{path!r} has schema version {version}; this release "
                 f"understands up to {SCHEMA_VERSION} (upgrade phronomy to use it)",
-                path=self._path,
+                path=path,
             )
-        if version == 0 and self._read_only:
+        if version == 0 and not migrates:
             raise StoreUnavailableError(
-                f"SQLite database {self._path!r} has no phronomy schema (no runtime "
+                f"SQLite database {path!r} has no phronomy schema (no runtime "
                 "ever wrote to it); check the path",
-                path=self._path,
+                path=path,
             )
-        if 0 < version < SCHEMA_VERSION and self._read_only:
+        if version < SCHEMA_VERSION and not migrates:
+            how = (
+                "a read-only store never changes the file"
+                if self._read_only
+                else "this store was opened without migrating, and left the file "
+                "unchanged"
+            )
             raise StoreUnavailableError(
-                f"SQLite database {self._path!r} has schema version {version} of an "
-                f"earlier release; this release reads version {SCHEMA_VERSION}. Open it "
-                "once for writing (any runtime on it, or `python -m phronomy migrate "
-                "--db FILE`) to migrate it; a read-only store never changes the file",
-                path=self._path,
+                f"SQLite database {path!r} has schema version {version} of an "
+                f"earlier release; this release uses version {SCHEMA_VERSION}. Migrate "
+                f"it first with `python -m phronomy migrate --db {shlex.quote(path)}` "
+                f"(or open a runtime on it); {how}",
+                path=path,
             )
         if version == 0 and conn.execute(SQL_FOREIGN_TABLES).fetchone()[0]:
             raise StoreUnavailableError(
-                f"SQLite database {self._path!r} belongs to another application (it "
+                f"SQLite database {path!r} belongs to another application (it "
                 "has tables but no phronomy schema); phronomy does not add its tables "
                 "to it: use a file of its own",
-                path=self._path,
+                path=path,
             )
         return version
 
@@ -268,7 +363,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         try:
             # again under the write lock: another process may have migrated meanwhile
             version = self._check_schema(
-                conn.execute("PRAGMA user_version").fetchone()[0], conn
+                conn.execute("PRAGMA user_version").fetchone()[0], conn, migrates=True
             )
             for step in range(version, SCHEMA_VERSION):
                 for statement in MIGRATIONS[step]:

@@ -1,0 +1,418 @@
+"""The operators' command line: what it shows, what it refuses, and what it never changes."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import sqlite3
+import subprocess
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+import phronomy
+from phronomy import _cli_commands as commands_module
+from phronomy._cli_commands import iso
+from phronomy.agent._messages import ExecutionRecord
+from phronomy.agent._records import record_request
+from phronomy.cli import EXIT_BROKEN_PIPE, main
+from phronomy.storage import SaveOp, SaveRequest, encode_snapshot
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    OpenSQLite = Callable[..., phronomy.SQLiteStore]
+
+FIXTURES = Path(__file__).parent / "fixtures"
+ONE_ERROR_LINE = re.compile(r"phronomy: error: [^\n]+\n")
+
+
+def _cells(out: str) -> list[list[str]]:
+    """The rows of a table the CLI printed (columns are two or more spaces apart)."""
+    return [re.split(r"  +", line) for line in out.splitlines()]
+
+
+def _save(iid: str, *, workflow: str = "wf", status: str = "halted") -> SaveOp:
+    return SaveOp(
+        request=SaveRequest(
+            workflow_instance_id=iid,
+            expected_revision=None,
+            snapshot=encode_snapshot(
+                {"n": 1},
+                workflow_instance_id=iid,
+                revision=1,
+                phase="p",
+                workflow=workflow,
+            ),
+            write_id=f"w-{iid}",
+            status=status,  # type: ignore[arg-type]
+            phase="p",
+            workflow=workflow,
+        )
+    )
+
+
+def _execution(agent: str, status: str = "active") -> SaveOp:
+    record = ExecutionRecord(execution_id=f"e-{agent}", status=status)  # type: ignore[arg-type]
+    return SaveOp(request=record_request(agent, record, None))
+
+
+def _phronomy(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "phronomy", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        check=False,
+    )
+
+
+# --- supervised executions' records are not workflow instances -------------------------
+
+
+@pytest.fixture
+def mixed_db(open_sqlite: OpenSQLite, tmp_path: Path) -> str:
+    """Workflow rows around 600 execution records (they sort between a-* and b-*)."""
+    db = str(tmp_path / "mixed.db")
+    store = open_sqlite(db)
+    ops = [_save("a-0"), _save("a-1"), _save("b-0"), _save("b-1", status="failed")]
+    ops += [_execution(f"{n:03d}", "completed") for n in range(600)]
+    ops += [_execution("crashed")]
+    assert all(r.unwrap().outcome == "success" for r in store.execute(ops))  # type: ignore[union-attr]
+    store.mark(
+        "agent:stuck", "recovery_required", create=True, workflow="phronomy.execution"
+    )
+    store.close()
+    return db
+
+
+def test_instances_list_skips_execution_records_and_keeps_pages_full(
+    mixed_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: the executions were rows `agent:<id>` of workflow phronomy.execution.
+    assert main(["instances", "list", "--db", mixed_db]) == 0
+    rows = _cells(capsys.readouterr().out)
+    assert [r[0] for r in rows] == ["ID", "a-0", "a-1", "b-0", "b-1"]
+    # a page of 3 is full although 600 execution records lie between a-1 and b-0
+    assert main(["instances", "list", "--db", mixed_db, "--limit", "3"]) == 0
+    rows = _cells(capsys.readouterr().out)
+    assert [r[0] for r in rows] == [
+        "ID",
+        "a-0",
+        "a-1",
+        "b-0",
+        "... more: add --after b-0",
+    ]
+    assert main(["instances", "list", "--db", mixed_db, "--after", "b-0"]) == 0
+    assert [r[0] for r in _cells(capsys.readouterr().out)] == ["ID", "b-1"]
+    # the page ends where the workflow rows end: no next page of execution records
+    assert main(["instances", "list", "--db", mixed_db, "--limit", "2"]) == 0
+    assert [r[0] for r in _cells(capsys.readouterr().out)][
+        -1
+    ] == "... more: add --after a-1"
+    assert main(["instances", "list", "--db", mixed_db, "--limit", "4", "--json"]) == 0
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["workflow_instance_id"] for x in lines] == ["a-0", "a-1", "b-0", "b-1"]
+    for status, expected in (
+        ("running", []),
+        ("recovery_required", []),
+        ("failed", ["b-1"]),
+    ):
+        argv = ["instances", "list", "--db", mixed_db, "--status", status, "--json"]
+        assert main(argv) == 0
+        listed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        assert [x["workflow_instance_id"] for x in listed] == expected
+    argv = ["instances", "list", "--db", mixed_db, "--workflow", "phronomy.execution"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert ONE_ERROR_LINE.fullmatch(err)
+    assert "`python -m phronomy executions list --db" in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["show"],
+        ["history"],
+        ["cancel", "--force"],
+        ["resolve", "adopt"],
+        ["resolve", "release"],
+    ],
+    ids=lambda argv: "-".join(argv),
+)
+@pytest.mark.parametrize("agent", ["crashed", "stuck"])
+def test_single_instance_commands_refuse_execution_records(
+    mixed_db: str,
+    open_sqlite: OpenSQLite,
+    capsys: pytest.CaptureFixture[str],
+    argv: list[str],
+    agent: str,
+) -> None:
+    # Before: `instances cancel agent:<id>` wrote a cancelled revision onto the record.
+    key = f"agent:{agent}"
+    before = open_sqlite(mixed_db, read_only=True).load(key)
+    action, *rest = argv
+    assert main(["instances", action, "--db", mixed_db, key, *rest]) == 1
+    captured = capsys.readouterr()
+    assert captured.out == ""
+    assert ONE_ERROR_LINE.fullmatch(captured.err)
+    assert "is the record of a supervised execution" in captured.err
+    assert (
+        f"`python -m phronomy executions show --db {mixed_db} {agent}`" in captured.err
+    )
+    assert open_sqlite(mixed_db, read_only=True).load(key) == before
+
+
+def test_executions_commands_refuse_a_workflow_instance_under_an_agent_key(
+    open_sqlite: OpenSQLite, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "keys.db")
+    store = open_sqlite(db)
+    store.execute([_save("agent:w", workflow="wf")])
+    store.close()
+    for action, *rest in (["show"], ["resolve", "release"]):
+        assert main(["executions", action, "--db", db, "w", *rest]) == 1
+        err = capsys.readouterr().err
+        assert ONE_ERROR_LINE.fullmatch(err)
+        assert "is a workflow instance of 'wf', not an execution record" in err
+    assert main(["instances", "show", "--db", db, "agent:w"]) == 0
+
+
+# --- what the output looks like ----------------------------------------------------------
+
+
+def test_times_are_iso_8601_utc() -> None:
+    assert iso(1_796_115_975_123) == "2026-12-01T09:06:15.123Z"
+    assert iso(0) == "1970-01-01T00:00:00.000Z"
+    assert iso(-1) == "1969-12-31T23:59:59.999Z"
+    assert iso(None) is None
+    assert iso(2**62) == f"{2**62} ms"  # a damaged row: shown, not a crash
+
+
+def test_json_keeps_milliseconds_and_adds_iso_times(
+    mixed_db: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["instances", "list", "--db", mixed_db, "--limit", "1", "--json"]) == 0
+    row = json.loads(capsys.readouterr().out.splitlines()[0])
+    assert isinstance(row["updated_at_ms"], int)
+    assert row["updated_at"] == iso(row["updated_at_ms"])
+    assert row["lease_expires_at"] is None
+    assert main(["instances", "history", "--db", mixed_db, "a-0", "--json"]) == 0
+    (entry,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert entry["committed_at"] == iso(entry["committed_at_ms"])
+    assert main(["executions", "list", "--db", mixed_db, "--json"]) == 0
+    stale = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [s["agent_id"] for s in stale] == ["crashed", "stuck"]
+    assert all(s["updated_at"] == iso(s["updated_at_ms"]) for s in stale)
+    assert main(["instances", "show", "--db", mixed_db, "a-0"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["updated_at"] == iso(shown["updated_at_ms"])
+    assert main(["executions", "show", "--db", mixed_db, "crashed"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["updated_at"] == iso(shown["updated_at_ms"])
+
+
+def test_a_closed_stdout_ends_quietly(mixed_db: str, tmp_path: Path) -> None:
+    # Before: a BrokenPipeError traceback (and "Exception ignored ... stdout").
+    for argv in (
+        ["instances", "show", "--db", mixed_db, "a-0"],
+        ["instances", "list", "--db", mixed_db, "--json"],
+        ["executions", "list", "--db", mixed_db],
+    ):
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "phronomy", *argv],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        assert proc.stdout is not None
+        proc.stdout.close()  # nobody reads: the first write meets a closed pipe
+        _, err = proc.communicate(timeout=60)
+        assert (proc.returncode, err) == (EXIT_BROKEN_PIPE, "")
+    # `| head -n 1` on a listing longer than the pipe's buffer
+    store = phronomy.SQLiteStore(tmp_path / "long.db")
+    store.execute([_save(f"instance-{n:05d}") for n in range(2000)])
+    store.close()
+    done = subprocess.run(
+        "set -o pipefail; "
+        f"{sys.executable} -m phronomy instances list --db long.db --limit 2000 "
+        "2>err.txt | head -n 1",
+        shell=True,
+        executable="/bin/bash",
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stdout.split() == [
+        "ID",
+        "WORKFLOW",
+        "STATUS",
+        "REV",
+        "PHASE",
+        "UPDATED",
+        "LEASE",
+        "DETAIL",
+    ]
+    assert (tmp_path / "err.txt").read_text() == ""
+    assert done.returncode == EXIT_BROKEN_PIPE
+
+
+# --- hostile input ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "limit", ["9223372036854775807", "10001", "0", "-1", "1e3", "x"]
+)
+def test_limits_are_bounded(
+    mixed_db: str, capsys: pytest.CaptureFixture[str], limit: str
+) -> None:
+    # Before: --limit 9223372036854775807 printed an OverflowError traceback.
+    for argv in (
+        ["instances", "list", "--db", mixed_db, "--limit", limit],
+        ["instances", "history", "--db", mixed_db, "a-0", "--limit", limit],
+    ):
+        with pytest.raises(SystemExit) as caught:
+            main(argv)
+        assert caught.value.code == 2
+        err = capsys.readouterr().err
+        assert "argument --limit:" in err
+        assert limit in err
+        assert "Traceback" not in err
+    assert main(["instances", "list", "--db", mixed_db, "--limit", "10000"]) == 0
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["instances", "list"],
+        ["instances", "show", "x"],
+        ["instances", "cancel", "x"],
+        ["executions", "resolve", "a", "release"],
+        ["migrate"],
+        ["demo"],
+    ],
+    ids=lambda argv: "-".join(argv[:2]),
+)
+def test_a_db_that_is_not_a_regular_file_is_refused_at_once(
+    tmp_path: Path, argv: list[str]
+) -> None:
+    # Before: --db naming a FIFO hung (SQLite waited for a writer to open the pipe).
+    fifo = tmp_path / "pipe.db"
+    os.mkfifo(fifo)
+    for path, kind in (
+        (fifo, "FIFO"),
+        (tmp_path, "directory"),
+        (Path(os.devnull), "character device"),
+    ):
+        done = _phronomy(*argv[:2], "--db", str(path), *argv[2:], timeout=30)
+        assert done.returncode == 1, done.stderr
+        assert ONE_ERROR_LINE.fullmatch(done.stderr)
+        assert f"{str(path)!r} is a {kind}" in done.stderr
+    assert not list(tmp_path.glob("pipe.db-*"))
+
+
+@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["instances", "cancel", "halted-1"],
+        ["instances", "cancel", "missing"],
+        ["instances", "resolve", "recovery-1", "adopt"],
+        ["executions", "resolve", "agent-1", "release"],
+        ["instances", "list"],
+        ["instances", "show", "halted-1"],
+        ["executions", "list"],
+    ],
+    ids=lambda argv: "-".join(argv[:3]),
+)
+def test_only_migrate_migrates_an_earlier_release_s_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], version: int, argv: list[str]
+) -> None:
+    # Before: cancel and resolve migrated the file first, even when they then failed.
+    db = tmp_path / f"v{version}.db"
+    shutil.copy(FIXTURES / f"schema_v{version}.db", db)
+    before = db.read_bytes()
+    assert main([*argv[:2], "--db", str(db), *argv[2:]]) == 1
+    err = capsys.readouterr().err
+    assert ONE_ERROR_LINE.fullmatch(err)
+    assert f"schema version {version} of an earlier release" in err
+    assert f"`python -m phronomy migrate --db {db}`" in err
+    assert db.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == [db.name]
+    assert main(["migrate", "--db", str(db)]) == 0
+    assert db.read_bytes() != before
+
+
+def test_writing_commands_keep_the_database_s_settings(
+    open_sqlite: OpenSQLite, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Before: every writing command opened the file like a runtime, resetting the
+    # database's save_log_depth to the default.
+    db = str(tmp_path / "deep.db")
+    store = open_sqlite(db, save_log_depth=5)
+    store.execute([_save("x")])
+    store.close()
+    assert main(["instances", "cancel", "--db", db, "x"]) == 0
+    assert main(["instances", "cancel", "--db", db, "missing"]) == 1
+    capsys.readouterr()
+    raw = sqlite3.connect(db)
+    try:
+        (depth,) = raw.execute(
+            "SELECT value FROM phronomy_settings WHERE name = 'save_log_depth'"
+        ).fetchone()
+    finally:
+        raw.close()
+    assert depth == 5
+
+
+@pytest.mark.parametrize(
+    ("argv", "message"),
+    [
+        (["instances", "show", "nope"], "workflow instance 'nope' does not exist"),
+        (["instances", "history", "nope"], "workflow instance 'nope' does not exist"),
+        (["instances", "cancel", "nope"], "workflow instance 'nope' does not exist"),
+        (
+            ["instances", "resolve", "nope", "adopt"],
+            "workflow instance 'nope' does not exist",
+        ),
+        (["instances", "resolve", "a-0", "adopt"], "does not require recovery"),
+        (["instances", "cancel", "a-0", "--force"], "already cancelled"),
+        (["executions", "show", "nope"], "agent 'nope' has no execution record"),
+        (["executions", "resolve", "000", "adopt"], "no stale execution record"),
+    ],
+)
+def test_every_error_is_one_line(
+    mixed_db: str, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
+) -> None:
+    if message == "already cancelled":  # not an error: said on stdout
+        assert main(["instances", "cancel", "--db", mixed_db, "a-0"]) == 0
+        capsys.readouterr()
+    status = main([*argv[:2], "--db", mixed_db, *argv[2:]])
+    captured = capsys.readouterr()
+    if message == "already cancelled":
+        assert (status, captured.out, captured.err) == (
+            0,
+            "a-0: already cancelled\n",
+            "",
+        )
+        return
+    assert status == 1
+    assert ONE_ERROR_LINE.fullmatch(captured.err)
+    assert message in captured.err
+
+
+def test_an_interrupt_is_one_line_and_status_130(
+    mixed_db: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def interrupted(*_: object) -> int:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(commands_module, "listing", interrupted)
+    assert main(["instances", "list", "--db", mixed_db]) == 130
+    assert capsys.readouterr().err == "phronomy: error: interrupted\n"
