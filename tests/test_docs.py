@@ -34,7 +34,7 @@ TUTORIAL = DOCS / "tutorial" / "index.rst"
 PAGES = [TUTORIAL, DOCS / "index.rst"]
 
 _DIRECTIVE = re.compile(r"^(?P<indent> *)\.\. code-block:: *(?P<language>\S+) *$")
-_OPTION = re.compile(r"^ +:(?P<name>[\w-]+):(?P<value>.*)$")
+_OPTION = re.compile(r"^:(?P<name>[\w-]+):(?P<value>.*)$")
 
 
 class Block(msgspec.Struct, frozen=True):
@@ -49,7 +49,12 @@ class Command(msgspec.Struct, frozen=True):
 
 
 def code_blocks(text: str) -> list[Block]:
-    """Every ``code-block`` of an reST text: its language, classes and body."""
+    """Every ``code-block`` of an reST text: its language, classes and body.
+
+    The body is what the rendered page shows: like docutils, the directive's block
+    (its options and its content) is dedented as a whole, so content indented more
+    than the options keeps the difference.
+    """
     lines = text.splitlines()
     blocks: list[Block] = []
     i = 0
@@ -59,19 +64,20 @@ def code_blocks(text: str) -> list[Block]:
         if match is None:
             continue
         indent = len(match["indent"])
-        classes: tuple[str, ...] = ()
-        while i < len(lines) and (option := _OPTION.match(lines[i])):
-            if option["name"] == "class":
-                classes = tuple(option["value"].split())
-            i += 1
-        body: list[str] = []
+        block: list[str] = []
         while i < len(lines) and (
             not lines[i].strip() or len(lines[i]) - len(lines[i].lstrip()) > indent
         ):
-            body.append(lines[i])
+            block.append(lines[i])
             i += 1
-        text_of_block = textwrap.dedent("\n".join(body)).strip("\n")
-        blocks.append(Block(match["language"], classes, text_of_block))
+        block = textwrap.dedent("\n".join(block)).splitlines()
+        classes: tuple[str, ...] = ()
+        while block and (option := _OPTION.match(block[0])):
+            if option["name"] == "class":
+                classes = tuple(option["value"].split())
+            block.pop(0)
+        body = "\n".join(block).strip("\n")
+        blocks.append(Block(match["language"], classes, body))
     return blocks
 
 
@@ -169,7 +175,7 @@ def test_code_blocks_are_parsed_with_their_options() -> None:
         Intro.
 
         .. code-block:: python
-           :class: program
+            :class: program
 
             x = 1
 
@@ -183,9 +189,16 @@ def test_code_blocks_are_parsed_with_their_options() -> None:
            $ python a.py
            1 2
         After.
+
+        .. code-block:: python
+           :class: program
+
+            z = 3
         """
     )
     assert code_blocks(text) == [
         Block("python", ("program",), "x = 1\n\ny = 2"),
         Block("console", ("program-output",), "$ python a.py\n1 2"),
+        # content indented more than its options: the page shows it indented
+        Block("python", ("program",), " z = 3"),
     ]
