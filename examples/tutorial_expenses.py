@@ -1,9 +1,4 @@
-"""The tutorial's program: a durable expense approval, in three runs of one script.
-
-Run: ``python examples/tutorial_expenses.py`` (in an empty directory). The first run
-submits an expense, which halts waiting for a manager and is saved; the runtime closes.
-A second runtime (it could be another process, days later) approves it by id.
-"""
+"""An expense approval that waits for a manager and survives its process (the tutorial)."""
 
 from __future__ import annotations
 
@@ -48,16 +43,31 @@ def build() -> phronomy.WorkflowDefinition[Expense]:
     return wf.build()
 
 
-async def main() -> None:
-    flow = build()
-    store = "expenses.db"
-    async with phronomy.open_runtime(store=phronomy.SQLiteStore(store)) as runtime:
-        halted = await runtime.workflows.invoke(
-            flow, {"employee": "ana", "amount": 120}, workflow_instance_id="exp-1"
-        )
-        print(f"exp-1 is {halted.phase} at revision {halted.revision}")
+def report(result: phronomy.WorkflowResult[Expense]) -> None:
+    print(
+        f"{result.workflow_instance_id} is {result.phase} at revision "
+        f"{result.revision}: {result.state.history}"
+    )
 
-    async with phronomy.open_runtime(store=phronomy.SQLiteStore(store)) as runtime:
+
+async def submit(
+    flow: phronomy.WorkflowDefinition[Expense],
+) -> phronomy.WorkflowResult[Expense]:
+    store = phronomy.SQLiteStore("expenses.db")
+    async with phronomy.open_runtime(store=store) as runtime:
+        expense = await runtime.workflows.invoke(
+            flow,
+            {"employee": "ana", "amount": 120},
+            workflow_instance_id="exp-1",
+            if_exists="return",  # exp-1 exists already? then what the store holds
+        )
+    report(expense)
+    return expense
+
+
+async def approve(flow: phronomy.WorkflowDefinition[Expense]) -> None:
+    store = phronomy.SQLiteStore("expenses.db")
+    async with phronomy.open_runtime(store=store) as runtime:
         try:
             await runtime.workflows.send_event(
                 flow, "approve", workflow_instance_id="exp-1", payload="ana"
@@ -67,9 +77,14 @@ async def main() -> None:
         done = await runtime.workflows.send_event(
             flow, "approve", workflow_instance_id="exp-1", payload="bob"
         )
-        print(
-            f"exp-1 is {done.phase} at revision {done.revision}: {done.state.history}"
-        )
+    report(done)
+
+
+async def main() -> None:
+    flow = build()
+    expense = await submit(flow)
+    if expense.status == "halted":  # waiting for a manager: approve it
+        await approve(flow)
 
 
 if __name__ == "__main__":
