@@ -52,8 +52,9 @@ def render(page: str, title: str, module_name: str, which: str) -> str:
     if module_name != "phronomy":
         lines += [f".. automodule:: {module_name}", "   :no-members:", ""]
     names = [n for n in module.__all__ if n != "__version__"]
-    if which == "non-errors":
-        names = [n for n in names if not n.endswith("Error")]
+    if which == "non-errors":  # the error tree (and its warning) has its own page
+        errors = importlib.import_module("phronomy.errors")
+        names = [n for n in names if n not in errors.__all__]
     for name in sorted(names, key=lambda n: (n.isupper(), n)):
         owner = (
             "phronomy" if which != "rest" and name in facade.__all__ else module_name

@@ -39,8 +39,7 @@ from phronomy import __version__, _cli_commands as commands_module
 from phronomy._cli_commands import safe
 from phronomy._demo import run_demo
 from phronomy.errors import PhronomyError, StoreUnavailableError
-from phronomy.storage import InstanceStatus, SQLiteStore
-from phronomy.storage._shortcuts import MAX_LIMIT
+from phronomy.storage import MAX_LIMIT, InstanceStatus, SQLiteStore
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence

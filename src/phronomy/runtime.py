@@ -227,7 +227,7 @@ async def open_runtime(
             statement for all of them); ``lease_ttl - lease_margin`` must exceed it.
         lease_margin: a segment whose lease was not renewed stops this many seconds
             before the lease could expire (its caller gets
-            :class:`~phronomy.errors.LeaseLostError`).
+            :class:`~phronomy.LeaseLostError`).
         sweep_interval: seconds between this runtime's recovery sweeps, which put
             back instances whose runtime stopped while running them (``0``: none).
         max_takeovers: an instance whose runtime stopped this many times in a row

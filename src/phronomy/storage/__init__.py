@@ -61,6 +61,7 @@ from ._recovery import (
     resolution as resolution,
     resolve_stored as resolve_stored,
 )
+from ._shortcuts import MAX_LIMIT as MAX_LIMIT, check_limit as check_limit
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION, SQLiteStore as SQLiteStore
 from ._store import (
     KNOWN_FAILURES as KNOWN_FAILURES,
@@ -80,6 +81,7 @@ __all__ = [
     "FINISH_PHASE",
     "KNOWN_FAILURES",
     "MAX_INSTANCE_ID_LENGTH",
+    "MAX_LIMIT",
     "OPEN_STATUSES",
     "READ_OPS",
     "RECORD_TYPE",
@@ -114,6 +116,7 @@ __all__ = [
     "WorkflowStore",
     "cancellation",
     "check_json_domain",
+    "check_limit",
     "check_not_quarantined",
     "check_startable",
     "check_workflow",

@@ -39,7 +39,7 @@ MAX_LIMIT = 10_000
 
 
 def check_limit(limit: object) -> int:
-    """*limit* if it is a whole number from 1 to :data:`MAX_LIMIT`.
+    """*limit* if it is a whole number from 1 to :data:`~phronomy.storage.MAX_LIMIT`.
 
     Raises:
         InvalidInputError: it is not an ``int`` (``bool`` included), or out of range.
@@ -89,11 +89,11 @@ class OneAtATime:
         Args:
             status: only instances with this status.
             workflow: only instances of this workflow.
-            limit: at most this many rows (1 to :data:`MAX_LIMIT`).
+            limit: at most this many rows (1 to :data:`~phronomy.storage.MAX_LIMIT`).
             after: start after this instance id (the previous page's ``next_after``).
 
         Raises:
-            InvalidInputError: *limit* is not an int from 1 to :data:`MAX_LIMIT`.
+            InvalidInputError: *limit* is not an int from 1 to :data:`~phronomy.storage.MAX_LIMIT`.
         """
         op = ListOp(
             status=status, workflow=workflow, limit=check_limit(limit), after=after
@@ -108,10 +108,10 @@ class OneAtATime:
 
         Args:
             workflow_instance_id: the instance.
-            limit: at most this many saves (1 to :data:`MAX_LIMIT`).
+            limit: at most this many saves (1 to :data:`~phronomy.storage.MAX_LIMIT`).
 
         Raises:
-            InvalidInputError: *limit* is not an int from 1 to :data:`MAX_LIMIT`.
+            InvalidInputError: *limit* is not an int from 1 to :data:`~phronomy.storage.MAX_LIMIT`.
         """
         entries: list[SaveLogEntry] = self.run(
             HistoryOp(

@@ -109,7 +109,7 @@ def conflict_error(
         found: the row's ``(revision, lease_owner, lease_epoch)``, or ``None``.
 
     Returns:
-        :class:`~phronomy.errors.LeaseLostError` when another runtime took over the writer's
+        :class:`~phronomy.LeaseLostError` when another runtime took over the writer's
         lease, else a :class:`~phronomy.ConflictError` that says what was found.
     """
     iid = workflow_instance_id

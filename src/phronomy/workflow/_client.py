@@ -13,7 +13,7 @@ from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
     InvalidInputError,
 )
-from phronomy.storage import HistoryOp, validate_instance_id
+from phronomy.storage import HistoryOp, check_limit, validate_instance_id
 
 from ._events import RESUME, resolve_event
 from ._inputs import input_overlay, policy
@@ -79,8 +79,8 @@ class WorkflowClient(LiveInstances):
         With a store and an explicit *workflow_instance_id*, the segment is durable:
         the stored fields are loaded first (the input overrides them) and the halted or
         finished state is saved before the handle settles. An id the store already
-        holds follows *if_exists*: by default an open instance is refused and a closed
-        one restarts.
+        holds follows *if_exists*: by default it is refused (whatever its status; see
+        :data:`~phronomy.workflow.IfExists`).
 
         Args:
             workflow: a compiled :class:`~phronomy.WorkflowDefinition`.
@@ -95,8 +95,8 @@ class WorkflowClient(LiveInstances):
         Returns:
             A handle settled with the :class:`~phronomy.WorkflowResult` (or the
             segment's error: :class:`~phronomy.InstanceExistsError` for a refused
-            open instance, :class:`~phronomy.RuntimeShutdownError` when the runtime is
-            closing, ...).
+            stored instance, :class:`~phronomy.RuntimeShutdownError` when the runtime
+            is closing, ...).
 
         Raises:
             InvalidInputError: *input* does not fit the state class.
@@ -448,11 +448,8 @@ class WorkflowClient(LiveInstances):
         gateway = self._coordinator.gateway
         if gateway is None:
             raise InvalidInputError("history needs a store (open_runtime(store=...))")
-        given: object = limit  # checked at run time: callers are not typed
-        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-            raise InvalidInputError(f"limit must be an integer >= 1, got {limit!r}")
         entries: list[SaveLogEntry] = await gateway.run(
-            HistoryOp(workflow_instance_id=iid, limit=limit)
+            HistoryOp(workflow_instance_id=iid, limit=check_limit(limit))
         )
         return entries
 

@@ -240,11 +240,13 @@ class ResolveCommand(msgspec.Struct, frozen=True, kw_only=True):
 IfExists = Literal["refuse", "return", "restart"]
 """What a start does when its ``workflow_instance_id`` is stored already.
 
-``"refuse"`` (the default): an open instance (running, halted, recovery_required) is
-refused with :class:`~phronomy.InstanceExistsError`; a closed one (finished, failed,
-cancelled) restarts at the entry point, its stored fields overridden by the input.
-``"return"``: return the stored result without running anything (an idempotent submit).
-``"restart"``: restart at the entry point even when the instance is open.
+``"refuse"`` (the default): an instance with a durable state (any status) is refused
+with :class:`~phronomy.InstanceExistsError`, which says how to continue; nothing runs
+twice silently. ``"return"``: return the stored result without running anything (an
+idempotent submit). ``"restart"``: run again at the entry point, the stored fields
+overridden by the input (hydration), whatever the status (an instance live in another
+runtime is busy). Under every policy, an instance whose first segment failed before it
+saved anything runs (it has nothing durable), and one that requires recovery is refused.
 """
 
 SegmentStatus = Literal[
