@@ -92,10 +92,17 @@ class FaultyStore(BaseStore[Any]):
         """Sleep *seconds* at *point*."""
         return self._arm(point, _Fault(seconds=seconds, times=times))
 
-    def block(self, point: str, *, times: int | None = 1) -> threading.Event:
-        """Block at *point* until the returned event is set (at most 30 s)."""
+    def block(
+        self,
+        point: str,
+        *,
+        times: int | None = 1,
+        then: BaseException | None = None,
+    ) -> threading.Event:
+        """Block at *point* until the returned event is set (at most 30 s), then raise
+        *then* if given (a slow operation that fails)."""
         gate = threading.Event()
-        self._arm(point, _Fault(gate=gate, times=times))
+        self._arm(point, _Fault(gate=gate, times=times, error=then))
         return gate
 
     def clear(self) -> None:

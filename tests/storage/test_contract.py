@@ -326,11 +326,26 @@ def test_marks_keep_the_lease_only_while_the_outcome_is_open(
     store: WorkflowStore,
 ) -> None:
     store.begin("m", "wf", lease_owner="A", ttl_ms=60_000)
-    assert store.mark("m", "recovery_required", detail="unknown outcome")
+    # Before: a mark without a lease changed a row a runtime runs under its lease (a
+    # stale owner's unfenced recovery_required mark overwrote a finished instance).
+    assert not store.mark("m", "recovery_required", detail="unfenced")
+    stale = Lease(owner="A", epoch=0)
+    assert not store.run(MarkOp(workflow_instance_id="m", status="failed", lease=stale))
+    assert store.load("m").status == "running"  # type: ignore[union-attr]
+    held = Lease(owner="A", epoch=1)
+    assert store.run(
+        MarkOp(
+            workflow_instance_id="m",
+            status="recovery_required",
+            detail="unknown outcome",
+            expected_revision=0,
+            lease=held,
+        )
+    )
     row = store.load("m")
     assert row is not None
     assert row.lease_owner == "A"  # held: no runtime is admitted until it is resolved
-    assert store.mark("m", "failed")
+    assert store.mark("m", "failed")  # an operator resolves it (no lease needed)
     row = store.load("m")
     assert row is not None
     assert (row.lease_owner, row.lease_expires_at_ms) == (None, None)

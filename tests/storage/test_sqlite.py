@@ -157,18 +157,30 @@ def test_a_third_state_is_neither_and_read_back_errors_are_unknown(
     saves = store.count("save")
     store.fail("save.before", OSError("connection reset"))
     outcome = store.save_classified(request("t", None))
+    # the save log proves it: revision 1 was another write's, so this one never
+    # committed (a known failure, not an unknown outcome)
+    assert outcome.outcome == "known_failure"
+    assert isinstance(outcome.error, errors.ConflictError)
+    assert "never committed" in "\n".join(outcome.error.__notes__)
+    # neither pre- nor post-state, and nothing to prove it: the row was deleted
+    inner.delete("t", 1)
+    store.fail("save.before", OSError("connection reset"))
+    outcome = store.save_classified(request("t", 1))
     assert outcome.outcome == "outcome_unknown"
     assert isinstance(outcome.error, errors.ConflictError)
     assert "conflicts with both expected pre-state and intended post-state" in str(
         outcome.error
     )
+    assert store.count("save") == saves + 2  # never saved again during reconciliation
+    inner.save(request("t", None))
+    saves = store.count("save")
     store.fail("save.before", OSError("reset again")).fail(
         "readback.before", OSError("read failed")
     )
     outcome = store.save_classified(request("t", 1))
     assert outcome.outcome == "outcome_unknown"
     assert str(outcome.error) == "read failed"
-    assert store.count("save") == saves + 2  # never saved again during reconciliation
+    assert store.count("save") == saves + 1
 
 
 def test_known_failures_are_not_read_back(

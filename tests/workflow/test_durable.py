@@ -14,6 +14,7 @@ import trio
 import phronomy
 from phronomy.engine import Event
 from phronomy.storage import (
+    SAVE_LOG_DEPTH,
     Lease,
     SaveRequest,
     StoredRecord,
@@ -512,7 +513,7 @@ async def test_proven_non_commit_returns_the_original_error(
     )  # a placeholder, marked failed
 
 
-@pytest.mark.parametrize("readback", ["third-state", "raises"])
+@pytest.mark.parametrize("readback", ["history-pruned", "raises"])
 async def test_unknown_outcome_requires_recovery(
     make_store: Callable[[], phronomy.storage.WorkflowStore],
     readback: str,
@@ -526,21 +527,26 @@ async def test_unknown_outcome_requires_recovery(
         handle = await start_live(rt, flow, "u")
         running = segment_id(rt, "u")
         assert running is not None
-        if readback == "third-state":  # another writer created the row meanwhile
+        if readback == "history-pruned":
+            # another writer saved the row past the save log's depth meanwhile: the
+            # revision this save would have produced is forgotten, nobody can tell
             claimed = inner.load("u")
             assert claimed is not None
             assert claimed.lease_owner is not None
-            inner.save(
-                SaveRequest(
-                    workflow_instance_id="u",
-                    expected_revision=None,
-                    snapshot=b"{}",
-                    write_id="third",
-                    status="running",
-                    phase="x",
-                    lease=Lease(owner=claimed.lease_owner, epoch=claimed.lease_epoch),
+            for revision in range(SAVE_LOG_DEPTH + 8):
+                inner.save(
+                    SaveRequest(
+                        workflow_instance_id="u",
+                        expected_revision=revision or None,
+                        snapshot=b"{}",
+                        write_id=f"third-{revision}",
+                        status="running",
+                        phase="x",
+                        lease=Lease(
+                            owner=claimed.lease_owner, epoch=claimed.lease_epoch
+                        ),
+                    )
                 )
-            )
         else:
             store.fail("readback.before", OSError("cannot read back"))
         store.fail("save.before", OSError("connection reset"))
@@ -558,7 +564,7 @@ async def test_unknown_outcome_requires_recovery(
         assert entries[0].in_process
         expected = (
             "conflicts with both expected pre-state"
-            if readback == "third-state"
+            if readback == "history-pruned"
             else "cannot read back"
         )
         assert expected in (entries[0].error or "")
@@ -572,6 +578,40 @@ async def test_unknown_outcome_requires_recovery(
         await handle.result()
     assert caught.value.instance_id == "u"
     assert "requires recovery" in caplog.text
+
+
+async def test_a_save_whose_revision_another_write_produced_is_a_known_failure(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    # Before: "neither pre- nor post-state" -> recovery_required, although the save log
+    # proves the save never committed (a revision is produced by one write only).
+    inner = make_store()
+    store = FaultyStore(inner)
+    flow = live_flow()
+    async with runtime_on(store) as rt:
+        handle = await start_live(rt, flow, "u")
+        claimed = inner.load("u")
+        assert claimed is not None
+        assert claimed.lease_owner is not None
+        inner.save(  # another writer (here with the same lease) saved revision 1
+            SaveRequest(
+                workflow_instance_id="u",
+                expected_revision=None,
+                snapshot=b"{}",
+                write_id="third",
+                status="running",
+                phase="x",
+                lease=Lease(owner=claimed.lease_owner, epoch=claimed.lease_epoch),
+            )
+        )
+        store.fail("save.before", OSError("connection reset"))
+        rt.workflows.signal(flow, "u", "finish")
+        with pytest.raises(phronomy.ConflictError) as caught:
+            await handle.result()
+        assert "this save never committed" in "\n".join(caught.value.__notes__)
+        assert admission_state(rt, "u") is None  # not recovery_required
+        assert (await rt.recovery.list()) == []
+    assert inner.load("u").write_id == "third"  # type: ignore[union-attr]
 
 
 async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(

@@ -24,6 +24,7 @@ from phronomy.testing import FaultyStore
 from .helpers import (
     Value,
     admission_state,
+    approval_flow,
     live_flow,
     runtime_on,
     start_live,
@@ -354,3 +355,79 @@ async def test_an_event_for_an_unsaved_instance_live_elsewhere_is_busy(
         assert "owner" in str(caught.value)
         assert a.workflows.signal(flow, "busy-1", "finish")
         assert (await first.result()).revision == 1
+
+
+def _finished_stays_finished(row: phronomy.storage.StoredRecord | None) -> list[str]:
+    """The checker of the stale-mark scenario: what is wrong with the final row."""
+    if row is None:
+        return ["the row is gone"]
+    problems = []
+    if (row.status, row.revision) != ("finished", 2):
+        problems.append(f"status {row.status} at revision {row.revision}")
+    if row.lease_owner is not None:
+        problems.append(f"a lease is held by {row.lease_owner}")
+    return problems
+
+
+@pytest.mark.parametrize("readback", ["slow", "fails"])
+async def test_a_stale_owner_never_overwrites_a_finished_instance(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    request: pytest.FixtureRequest,
+    readback: str,
+) -> None:
+    """The stale-mark scenario: runtime Z's terminal save fails and its
+    reconciliation read is slow; meanwhile Z's lease expires, runtime R takes the
+    instance over and finishes it. Before: Z then marked the finished row
+    recovery_required with an unfenced mark (every runtime refused a finished order)."""
+    if request.node.callspec.params["make_store"] == "memory":
+        pytest.skip("two runtimes share one MemoryStore: its faults would reach both")
+    flow = approval_flow()
+    stale_store = FaultyStore(make_store())
+    async with (
+        phronomy.open_runtime(store=stale_store, shutdown_timeout=2, **FAST) as z,
+        phronomy.open_runtime(store=make_store(), shutdown_timeout=2, **FAST) as r,
+    ):
+        halted = await z.workflows.invoke(flow, workflow_instance_id="order")
+        assert halted.revision == 1
+        stale_store.fail("save.before", OSError("disk error"))  # nothing committed
+        # ... and its read-back is slow (and then fails, in the second variant)
+        gate = stale_store.block(
+            "readback.before",
+            then=OSError("cannot read back") if readback == "fails" else None,
+        )
+        approving = z.workflows.start_event(
+            flow, "approve", workflow_instance_id="order"
+        )
+        await until(lambda: stale_store.count("save") >= 2)
+        # Z's lease lapses (its write lane is stuck in the read-back); R's sweep puts
+        # the instance back at revision 1, then R finishes it at revision 2
+        with trio.fail_after(10):
+            while True:
+                try:
+                    done = await r.workflows.send_event(
+                        flow, "approve", workflow_instance_id="order"
+                    )
+                    break
+                except phronomy.BusyError:
+                    await trio.sleep(0.05)
+        assert (done.status, done.revision) == ("finished", 2)
+        taken_at = trio.current_time()
+        gate.set()  # Z's reconciliation reads the row now
+        if readback == "slow":  # the save log proves Z's save never committed
+            with pytest.raises(LeaseLostError):
+                await approving.result()
+        else:  # Z cannot tell: it keeps the caller pending, and marks nothing
+            await until(lambda: admission_state(z, "order") == "recovery_required")
+        await z.engine.shutdown()  # Z's writes (its fenced mark, if any) have run
+
+        row = make_store().load("order")  # type: ignore[attr-defined]
+        assert _finished_stays_finished(row) == [], row
+        # the negative control: the checker sees what the old unfenced mark did
+        broken = make_store()
+        assert broken.mark("order", "recovery_required", detail="stale, unfenced")  # type: ignore[attr-defined]
+        assert _finished_stays_finished(broken.load("order")) != []  # type: ignore[attr-defined]
+        print(  # noqa: T201
+            f"stale owner ({readback} read-back) after the takeover: row "
+            f"{row.status} at revision {row.revision}; Z reconciled "
+            f"{trio.current_time() - taken_at:.2f} s after R finished"
+        )

@@ -1,6 +1,10 @@
 """Durability: the runtime's one service between its features and its store."""
 
-from ._leases import Leases as Leases, LeaseSettings as LeaseSettings
+from ._leases import (
+    HeldLease as HeldLease,
+    Leases as Leases,
+    LeaseSettings as LeaseSettings,
+)
 from ._service import (
     DurabilityService as DurabilityService,
     DurabilityStatistics as DurabilityStatistics,
@@ -13,6 +17,7 @@ from ._service import (
 __all__ = [
     "DurabilityService",
     "DurabilityStatistics",
+    "HeldLease",
     "LeaseSettings",
     "Leases",
     "RecordKind",

@@ -25,14 +25,14 @@ import trio
 import trio_util
 
 from phronomy.errors import InvalidInputError, LeaseLostError
-from phronomy.storage import RecoverOp, RenewOp
+from phronomy.storage import Lease, RecoverOp, RenewOp
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
     from phronomy.storage import StoreOp
 
-__all__ = ["LeaseSettings", "Leases"]
+__all__ = ["HeldLease", "LeaseSettings", "Leases"]
 
 logger = logging.getLogger(__name__)
 
@@ -94,12 +94,47 @@ class LeaseSettings(msgspec.Struct, frozen=True, kw_only=True):
             )
 
 
-class _Held(msgspec.Struct, kw_only=True):
-    epoch: int
-    deadline: float  # trio time: stop the segment if not renewed by then
+@final
+class HeldLease(msgspec.Struct, kw_only=True):
+    """A lease this runtime holds for a live segment (mutated by its :class:`Leases`).
+
+    Attributes:
+        workflow_instance_id: the instance.
+        lease: the capability its writes present (owner and epoch).
+        deadline: trio time after which the segment must not act any more (the
+            lease could expire on the store soon after): each renewal moves it.
+    """
+
+    workflow_instance_id: str
+    lease: Lease
+    deadline: float
     on_lost: Callable[[LeaseLostError], object]
     on_cancel: Callable[[str | None], object]
     cancel_seen: bool = False
+
+    @property
+    def epoch(self) -> int:
+        """The lease's fencing epoch."""
+        return self.lease.epoch
+
+    def lapsed(self) -> bool:
+        """Whether its deadline has passed (on this runtime's monotonic clock): the
+        segment may run nothing more, whatever is queued for it."""
+        return trio.current_time() >= self.deadline
+
+    def lost(self, *, taken: bool) -> LeaseLostError:
+        """The error of its segment once the lease is lost (*taken*: by another
+        runtime, else not renewed in time)."""
+        why = (
+            "another runtime took it over"
+            if taken
+            else "this runtime could not renew its lease in time"
+        )
+        return LeaseLostError(
+            f"workflow instance {self.workflow_instance_id!r}: {why} (lease epoch "
+            f"{self.epoch}); its segment stopped and writes nothing more",
+            instance_id=self.workflow_instance_id,
+        )
 
 
 @final
@@ -118,7 +153,7 @@ class Leases:
         self.settings = settings
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{secrets.token_hex(8)}"
         self._run = run
-        self._held: dict[str, _Held] = {}
+        self._held: dict[str, HeldLease] = {}
         self.ttl_ms = round(settings.ttl * 1000)
 
     def hold(
@@ -129,14 +164,20 @@ class Leases:
         on_cancel: Callable[[str | None], object],
         *,
         claimed_at: float,
-    ) -> None:
+    ) -> HeldLease:
         """Keep renewing the lease the claim sent at *claimed_at* (trio time) returned;
         *on_lost* is called (once) if it cannot be, *on_cancel* (once, with the reason)
         when another runtime asks for the instance to be cancelled."""
         deadline = claimed_at + self.settings.ttl - self.settings.margin
-        self._held[workflow_instance_id] = _Held(
-            epoch=epoch, deadline=deadline, on_lost=on_lost, on_cancel=on_cancel
+        held = HeldLease(
+            workflow_instance_id=workflow_instance_id,
+            lease=Lease(owner=self.owner, epoch=epoch),
+            deadline=deadline,
+            on_lost=on_lost,
+            on_cancel=on_cancel,
         )
+        self._held[workflow_instance_id] = held
+        return held
 
     def drop(self, workflow_instance_id: str) -> None:
         """Stop renewing that lease (its segment ended: saved, released or lost)."""
@@ -202,19 +243,9 @@ class Leases:
                     held.on_cancel(cancel or None)
         self._expire(trio.current_time())
 
-    def _lose(self, iid: str, held: _Held, *, taken: bool) -> None:
+    def _lose(self, iid: str, held: HeldLease, *, taken: bool) -> None:
         del self._held[iid]
-        why = (
-            "another runtime took it over"
-            if taken
-            else "this runtime could not renew its lease in time"
-        )
-        held.on_lost(
-            LeaseLostError(
-                f"workflow instance {iid!r}: {why} (lease epoch {held.epoch}); its "
-                "segment stopped and writes nothing more"
-            )
-        )
+        held.on_lost(held.lost(taken=taken))
 
     async def sweep(self) -> None:
         """Every ``sweep_interval`` seconds, put back the instances whose runtime

@@ -202,6 +202,12 @@ class DurabilityService:
         def report(result: outcome.Outcome[Any]) -> None:
             if isinstance(result, outcome.Error):
                 logger.warning("could not %s: %r", what, result.error)
+            elif isinstance(result, outcome.Value) and result.value is False:
+                logger.info(
+                    "did not %s: the row moved on (another runtime holds or settled "
+                    "it)",
+                    what,
+                )
             elif (
                 isinstance(result, outcome.Value)
                 and isinstance(result.value, SaveOutcome)
@@ -255,15 +261,15 @@ def mark_op(
     workflow: str = "",
     lease: Lease | None = None,
 ) -> MarkOp:
-    """A status-only write (``detail`` truncated to 1000 characters) that creates a
-    placeholder row for an instance that never saved (so operators see it); with
-    *lease*, only while the row holds that lease."""
+    """A status-only write (``detail`` truncated to 1000 characters); with *lease*,
+    only while the row holds that lease (its claim made the row), else it creates a
+    placeholder row for an instance that never saved (so operators see it)."""
     return MarkOp(
         workflow_instance_id=workflow_instance_id,
         status=status,
         expected_revision=expected_revision,
         detail=None if detail is None else detail[:1000],
-        create=not expected_revision,
+        create=lease is None and not expected_revision,
         workflow=workflow,
         lease=lease,
     )

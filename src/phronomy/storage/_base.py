@@ -24,13 +24,13 @@ from ._ops import (
 )
 from ._records import SaveOutcome
 from ._shortcuts import OneAtATime
-from ._store import KNOWN_FAILURES, claimable, classify_uncertain_save
+from ._store import KNOWN_FAILURES, claimable, classify_uncertain_save, conflict_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ._ops import StoreOp
-    from ._records import SaveRequest, StoredRecord
+    from ._records import SaveLogEntry, SaveRequest, StoredRecord
 
 __all__ = ["BaseStore"]
 
@@ -264,6 +264,8 @@ class BaseStore(OneAtATime, Generic[C]):
             read-back failed).
         """
         iid = request.workflow_instance_id
+        expected = request.expected_revision or 0
+        taken: SaveLogEntry | None = None
         try:
             self._hook("readback.before")
             self.fence()
@@ -273,10 +275,34 @@ class BaseStore(OneAtATime, Generic[C]):
                     conn,
                     FindWriteOp(workflow_instance_id=iid, write_id=request.write_id),
                 )
+                if logged is None and record is not None and record.revision > expected:
+                    # the row moved on: did another write produce our revision?
+                    back = min(record.revision - expected, 10_000)
+                    history = self.apply(
+                        conn, HistoryOp(workflow_instance_id=iid, limit=back)
+                    )
+                    taken = next(
+                        (e for e in history if e.revision == expected + 1), None
+                    )
         except Exception as read_error:  # noqa: BLE001 - reported as the unknown outcome
             logger.warning("reconciliation read of %r failed: %r", iid, read_error)
             return SaveOutcome(outcome="outcome_unknown", error=read_error)
         verdict = classify_uncertain_save(record, logged, request)
+        if verdict == "neither" and taken is not None:
+            # A revision is produced by one write only: ours never committed (and,
+            # fenced above, never will). Another runtime saved it: ours is refused.
+            refused = conflict_error(
+                iid,
+                "save",
+                expected=request.expected_revision,
+                lease=request.lease,
+                found=(record.revision, record.lease_owner, record.lease_epoch),
+            )
+            refused.add_note(
+                f"phronomy: revision {taken.revision} was saved by another write "
+                f"({taken.write_id}); this save never committed"
+            )
+            return SaveOutcome(outcome="known_failure", error=refused)
         if verdict == "post":
             revision = logged if logged is not None else record.revision
             logger.info(

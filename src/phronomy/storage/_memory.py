@@ -402,6 +402,11 @@ class MemoryStore(BaseStore[_Tables]):
                 and (row.lease_owner, row.lease_epoch)
                 != (op.lease.owner, op.lease.epoch)
             )
+            or (
+                op.lease is None
+                and row.status == "running"
+                and row.lease_owner is not None
+            )
         ):
             return False
         keep = op.status in ("running", "recovery_required")  # the lease stays held

@@ -180,8 +180,9 @@ class MarkOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="mark"):
     row becomes a revision-0 placeholder of *workflow* with that status, so a failure or
     an unknown outcome stays visible (and fail-closed) even for an instance that never
     saved. With *lease*, only a row that holds that lease changes (the writer's
-    segment still owns it). A mark to ``running`` or ``recovery_required`` keeps the
-    row's lease; any other status releases it.
+    segment still owns it); without one, never a ``running`` row under a lease (only
+    its holder may change it). A mark to ``running`` or ``recovery_required`` keeps
+    the row's lease; any other status releases it.
     """
 
     workflow_instance_id: str

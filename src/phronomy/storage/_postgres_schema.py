@@ -244,9 +244,11 @@ SQL_UPDATE = f"""
         {_RELEASE}
     WHERE t.instance_id = %(id)s AND t.revision = %(expected)s AND {_FENCED}
 """  # noqa: S608 - constant
-_HOLDS = """(%(owner)s::text IS NULL
-        OR (t.lease_owner = %(owner)s AND t.lease_epoch = %(epoch)s))"""
-"""A mark with a lease changes only a row that still holds it."""
+_HOLDS = """(CASE WHEN %(owner)s::text IS NULL
+        THEN NOT (t.status = 'running' AND t.lease_owner IS NOT NULL)
+        ELSE t.lease_owner = %(owner)s AND t.lease_epoch = %(epoch)s END)"""
+"""A mark with a lease changes only a row that still holds it; one without a lease
+never changes a row that a runtime runs under a lease (only its holder may)."""
 _KEEP_LEASE = "%(status)s IN ('running', 'recovery_required')"
 """A mark to these statuses keeps the lease (an unknown outcome keeps it held)."""
 SQL_MARK = f"""

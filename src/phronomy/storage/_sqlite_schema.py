@@ -267,8 +267,11 @@ SQL_HISTORY = """
     FROM phronomy_save_log WHERE instance_id = ? ORDER BY revision DESC LIMIT ?
 """
 SQL_SET_LOG_DEPTH = "UPDATE phronomy_settings SET value = ? WHERE name = 'save_log_depth' AND value != ?"
-_HOLDS = "(:owner IS NULL OR (lease_owner = :owner AND lease_epoch = :epoch))"
-"""A mark with a lease changes only a row that still holds it."""
+_HOLDS = """(CASE WHEN :owner IS NULL
+        THEN NOT (status = 'running' AND lease_owner IS NOT NULL)
+        ELSE lease_owner = :owner AND lease_epoch = :epoch END)"""
+"""A mark with a lease changes only a row that still holds it; one without a lease
+never changes a row that a runtime runs under a lease (only its holder may)."""
 _KEEP_LEASE = "('running', 'recovery_required')"
 """A mark to these statuses keeps the lease (an unknown outcome keeps it held)."""
 SQL_MARK = f"""

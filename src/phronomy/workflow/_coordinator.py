@@ -212,12 +212,18 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 iid,
                 f"the outcome of its terminal save is unknown: {error!r}",
             )
+            # Fenced like every write of the segment: only while the row still holds
+            # its lease at the revision it started from. Once the lease has gone,
+            # whoever holds the instance next settles it (by the save log).
+            lease = None if session is None or session.lease is None else session.lease
             self.gateway.submit_quietly(
                 mark_op(
                     iid,
                     "recovery_required",
-                    expected_revision=None,
+                    expected_revision=(session.revision or 0) if session else None,
                     detail=f"terminal save outcome unknown: {error!r}",
+                    workflow=record.label,
+                    lease=None if lease is None else lease.lease,
                 ),
                 f"mark workflow instance {iid!r} recovery_required",
             )

@@ -313,6 +313,20 @@ class SegmentLifecycle:
                 max_snapshot_bytes=self.max_snapshot_bytes,
                 lease=None if claim is None else claim[0],
             )
+        held = None
+        if claim is not None:
+            assert self.gateway is not None
+            lease, sent = claim
+
+            def lost(error: LeaseLostError) -> None:
+                self.post_message(LeaseLost(session=session, error=error))
+
+            def cancel(reason: str | None) -> None:  # asked for by another runtime
+                self.post_message(CancelAsked(session=session, reason=reason))
+
+            held = self.gateway.leases.hold(
+                iid, lease.epoch, lost, cancel, claimed_at=sent
+            )
         session: WorkflowSession[Any] = WorkflowSession(
             self.engine,
             cmd.definition,
@@ -325,20 +339,10 @@ class SegmentLifecycle:
             resume=resume,
             counters=self.counters,
             watchers=self.watchers,
+            lease=held,
         )
         self.admissions.bind(iid, cmd.owner, session.id, caller=cmd.caller)
         self.sessions[iid] = session
-        if claim is not None:
-            assert self.gateway is not None
-            lease, sent = claim
-
-            def lost(error: LeaseLostError) -> None:
-                self.post_message(LeaseLost(session=session, error=error))
-
-            def cancel(reason: str | None) -> None:  # asked for by another runtime
-                self.post_message(CancelAsked(session=session, reason=reason))
-
-            self.gateway.leases.hold(iid, lease.epoch, lost, cancel, claimed_at=sent)
         coordinator = cast("Receiver", self)  # a registered receiver
         waiter = self.engine.register_session(session, receiver=coordinator)
         waiting = self.cancels.get(iid)

@@ -23,6 +23,7 @@ from ._state import State
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from phronomy.durability import HeldLease
     from phronomy.engine import Host, TerminalPolicy, TerminalType
 
     from ._definition import WorkflowDefinition
@@ -60,6 +61,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         resume: tuple[str, str, Any] | None = None,
         counters: EventCounters | None = None,
         watchers: Watchers | None = None,
+        lease: HeldLease | None = None,
     ) -> None:
         """Create a session (runtime internal).
 
@@ -75,6 +77,8 @@ class WorkflowSession(GatedSession, Generic[S]):
             resume: ``(phase, event, payload)`` to resume from a halted phase.
             counters: where live events are counted (the runtime's statistics).
             watchers: who watches instances (``runtime.workflows.watch``).
+            lease: the lease a durable segment holds: once it lapsed, nothing of the
+                segment runs any more.
         """
         super().__init__(engine, terminal_policy=policy)
         self.machine = WorkflowMachine(
@@ -97,6 +101,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.cancelling = False
         self.counters = counters if counters is not None else EventCounters()
         self.watchers = watchers
+        self.lease = lease
         self._auto = Event(type=AUTO_EVENT, target_id=self.id)
 
     def __repr__(self) -> str:
@@ -120,7 +125,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         instance stays halted where it was. A segment cancelled before it started runs
         nothing: it ends as cancelled where it stands.
         """
-        if self.cancelling:
+        if self.cancelling or self._lapsed():
             return
         try:
             if self.resume is None:
@@ -137,6 +142,27 @@ class WorkflowSession(GatedSession, Generic[S]):
                 self._carry_out(step)
         except Exception as exc:  # noqa: BLE001 - the segment's failure, for its caller
             self.finish_with_error(exc)
+
+    def handle(self, event: Event) -> None:
+        """Route *event* (see :class:`~phronomy.lowlevel.GatedSession`), unless the
+        segment's lease lapsed: then the segment stops before anything of it runs
+        (no action, guard, effect or event), whatever was queued for it."""
+        if self._lapsed():
+            if event.caller is not None:
+                event.caller.complete(None)
+            return
+        super().handle(event)
+
+    def _lapsed(self) -> bool:
+        """A running segment whose lease lapsed stops here (its terminal save, if one
+        is in flight, is fenced by the store, which decides)."""
+        lease = self.lease
+        if lease is None or self.done or self.lifecycle != "running":
+            return False
+        if not lease.lapsed():
+            return False
+        self.finish_with_error(lease.lost(taken=False))
+        return True
 
     def handle_live(self, event: Event) -> None:
         """Handle an event: an effect's failure fails the segment, others go to the
