@@ -57,10 +57,11 @@ def store():
 
 async def main():
     async with phronomy.open_runtime(
-        store=store(), lease_ttl=%(ttl)s, heartbeat_interval=%(heartbeat)s,
-        lease_margin=%(margin)s, sweep_interval=0, shutdown_timeout=0.5,
+        store=store(), lease_ttl=float(sys.argv[4]),
+        heartbeat_interval=float(sys.argv[5]), lease_margin=float(sys.argv[6]),
+        sweep_interval=0, shutdown_timeout=0.5,
     ) as rt:
-        ids = [f"z-{i}" for i in range(%(instances)s)]
+        ids = [f"z-{i}" for i in range(int(sys.argv[7]))]
         for iid in ids:
             rt.workflows.start(flow, workflow_instance_id=iid)
         while any(
@@ -72,7 +73,7 @@ async def main():
         await trio.sleep_forever()
 
 trio.run(main)
-""" % {"ttl": TTL, "heartbeat": HEARTBEAT, "margin": MARGIN, "instances": INSTANCES}
+"""
 
 
 def _actions(log: Path, pid: int, after: float) -> int:
@@ -118,7 +119,8 @@ def _scenario(
     if broken:
         env["ZOMBIE_BROKEN"] = "1"
     zombie = subprocess.Popen(
-        [sys.executable, "-c", _ZOMBIE, target, str(log), schema],
+        [sys.executable, "-c", _ZOMBIE, target, str(log), schema]
+        + [str(v) for v in (TTL, HEARTBEAT, MARGIN, INSTANCES)],
         stdout=subprocess.PIPE,
         text=True,
         env=env,
@@ -200,7 +202,7 @@ def test_a_zombie_runs_nothing_after_it_wakes(
             schema = opener(schema=f"{schema}_control").schema
             target = request.getfixturevalue("postgres_dsn")
 
-            def open_store() -> Any:
+            def open_store(schema: str = schema) -> Any:
                 return opener(schema=schema)
 
         try:
