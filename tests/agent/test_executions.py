@@ -546,3 +546,28 @@ async def test_a_clean_shutdown_closes_cut_off_records_honestly(
         ).value == "anew"
         # the execution whose thread still ran was not closed: it is listed as stale
         assert [s.agent_id for s in await rt.executions.stale()] == ["busy"]
+
+
+async def test_purge_never_deletes_a_workflow_instance(tmp_path: Path) -> None:
+    # Before: runtime.executions.purge("victim") deleted the workflow instance
+    # "agent:victim" (purge did not check the row's kind, and workflow ids could use
+    # the reserved prefix).
+    store = phronomy.SQLiteStore(tmp_path / "purge.db")
+    flow = phronomy.Workflow(phronomy.State, name="orders").wait_state("w").build()
+    try:
+        async with phronomy.open_runtime(store=store) as rt:
+            with pytest.raises(phronomy.InvalidInputError, match="reserved"):
+                await rt.workflows.invoke(flow, workflow_instance_id="agent:victim")
+            assert store.load("agent:victim") is None
+            # a row an earlier release wrote under the prefix stays where it is
+            store.mark("agent:victim", "failed", create=True, workflow="orders")
+            before = store.load("agent:victim")
+            with pytest.raises(phronomy.InstanceStateError, match="not an execution"):
+                await rt.executions.purge("victim")
+            assert store.load("agent:victim") == before
+            done = await rt.executions.invoke("real", [lambda v: "ok"], "x")
+            assert done.value == "ok"
+            assert await rt.executions.purge("real")  # an execution record: deleted
+            assert store.load("agent:real") is None
+    finally:
+        store.close()

@@ -100,3 +100,19 @@ async def test_admissions_close_at_shutdown() -> None:
     with pytest.raises(phronomy.RuntimeShutdownError, match="block has ended"):
         await rt.recovery.resolve("x", action="adopt")
     assert not rt.workflows.signal(live_flow(), "x", "finish")
+
+
+async def test_workflow_ids_may_not_use_the_executions_prefix(
+    runtime: phronomy.Runtime,
+) -> None:
+    flow = live_flow()
+    for call in (
+        lambda: runtime.workflows.start(flow, workflow_instance_id="agent:x"),
+        lambda: runtime.workflows.signal(flow, "agent:x", "finish"),
+    ):
+        with pytest.raises(
+            phronomy.InvalidInputError, match=r"starts with 'agent:'.*reserved"
+        ):
+            call()
+    with pytest.raises(phronomy.InvalidInputError, match="reserved"):
+        await runtime.workflows.cancel(flow, "agent:x")

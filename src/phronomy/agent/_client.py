@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, final
 import msgspec
 import trio
 
+from phronomy.durability import kind_of
 from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
     BusyError,
@@ -240,6 +241,8 @@ class Executions:
 
         Raises:
             BusyError: an execution of the key is in progress in this runtime.
+            InstanceStateError: the row under the key is not an execution record
+                (nothing is deleted).
 
         Cancellation:
             Cancelling the caller stops the wait only; a delete already submitted runs.
@@ -256,6 +259,13 @@ class Executions:
         row = await gateway.run(LoadOp(workflow_instance_id=agent_key(key)))
         if row is None:
             return False
+        if kind_of(row) != "execution":
+            raise InstanceStateError(
+                f"{agent_key(key)!r} is a workflow instance of {row.workflow!r} (saved "
+                "by a release that did not reserve the prefix), not an execution "
+                "record: purge refuses it; delete it as a workflow instance",
+                instance_id=agent_key(key),
+            )
         await gateway.run(
             DeleteOp(
                 workflow_instance_id=agent_key(key), expected_revision=row.revision

@@ -177,9 +177,13 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -> str:
     """Return *value* if it is a usable instance id.
 
+    A workflow instance id may not start with :data:`EXECUTION_KEY_PREFIX`: those
+    keys belong to supervised executions' records.
+
     Raises:
-        InvalidInputError: not a string, empty, longer than 255 characters, or
-            containing control characters.
+        InvalidInputError: not a string, empty, longer than 255 characters,
+            containing control characters, or (for a workflow instance id) starting
+            with the reserved prefix.
     """
     if not isinstance(value, str):
         raise InvalidInputError(f"{what} must be a string, got {type(value).__name__}")
@@ -191,6 +195,11 @@ def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -
         )
     if _CONTROL.search(value):
         raise InvalidInputError(f"{what} {value!r} contains control characters")
+    if what == "workflow_instance_id" and value.startswith(EXECUTION_KEY_PREFIX):
+        raise InvalidInputError(
+            f"{what} {value!r} starts with {EXECUTION_KEY_PREFIX!r}, which is reserved "
+            "for supervised executions' records; choose another id"
+        )
     return value
 
 
