@@ -170,17 +170,19 @@ def _revoked(execution: phronomy.agent.ExecutionHandle) -> bool:
     return owner is not None and owner.status in ("cancelling", "terminalizing")
 
 
-@pytest.mark.parametrize("how", ["cancel", "deadline"])
+@pytest.mark.parametrize("how", ["cancel", "deadline", "timeout"])
 async def test_cancel_and_deadline_settle_only_after_the_tool_returned(
     runtime: phronomy.Runtime, how: str
 ) -> None:
     # scenario 126: result authority is revoked at once, but the caller settles (and
     # the key frees) only once the tool's thread has physically returned.
     tool = _BlockingTool()
-    deadline = trio.current_time() + 0.05 if how == "deadline" else None
-    execution = runtime.executions.start(
-        "agent-q", [tool, lambda v: "never"], deadline=deadline
-    )
+    limits: dict[str, float] = {}
+    if how == "deadline":
+        limits["deadline"] = trio.current_time() + 0.05
+    elif how == "timeout":
+        limits["timeout"] = 0.05  # seconds from now
+    execution = runtime.executions.start("agent-q", [tool, lambda v: "never"], **limits)
     settled_after_return = tool.returned_when_settled(execution)
     await until(tool.entered.is_set)
     if how == "cancel":
@@ -191,9 +193,9 @@ async def test_cancel_and_deadline_settle_only_after_the_tool_returned(
         await runtime.executions.invoke("agent-q", [lambda v: v])
     tool.release.set()
     error = (
-        phronomy.DeadlineExceededError
-        if how == "deadline"
-        else phronomy.CancellationError
+        phronomy.CancellationError
+        if how == "cancel"
+        else phronomy.DeadlineExceededError
     )
     with pytest.raises(error, match=r"passed its deadline|cancelled: operator"):
         await execution.result()
@@ -571,3 +573,23 @@ async def test_purge_never_deletes_a_workflow_instance(tmp_path: Path) -> None:
             assert store.load("agent:real") is None
     finally:
         store.close()
+
+
+async def test_timeouts_and_deadlines_are_checked_at_the_call(
+    runtime: phronomy.Runtime,
+) -> None:
+    # Before: deadline=0.5 was read as an absolute trio time (long past) and the
+    # execution failed at once with "passed its deadline".
+    steps = [lambda v: v]
+    with pytest.raises(phronomy.InvalidInputError, match=r"has passed.*pass timeout="):
+        runtime.executions.start("t", steps, deadline=0.5)
+    for bad in (0, -1, float("inf"), float("nan"), "1", True):
+        with pytest.raises(phronomy.InvalidInputError, match="timeout must be"):
+            runtime.executions.start("t", steps, timeout=bad)  # type: ignore[arg-type]
+    with pytest.raises(phronomy.InvalidInputError, match="not both"):
+        runtime.executions.start(
+            "t", steps, timeout=1, deadline=trio.current_time() + 1
+        )
+    assert not runtime.executions.is_admitted("t")  # nothing started
+    done = await runtime.executions.invoke("t", steps, "v", timeout=5)
+    assert done.value == "v"

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, cast, final
 
@@ -56,6 +57,42 @@ Step = Callable[..., Any]
 runs as a supervised trio task."""
 
 
+def _deadline(timeout: object, deadline: object) -> float | None:
+    """The trio-time deadline of an execution given *timeout* or *deadline*.
+
+    Raises:
+        InvalidInputError: a bad value, both given, or a deadline that has passed.
+    """
+    if timeout is not None and deadline is not None:
+        raise InvalidInputError(
+            "give timeout= (seconds from now) or deadline= (a trio time), not both"
+        )
+    if timeout is not None:
+        if (
+            isinstance(timeout, bool)
+            or not isinstance(timeout, (int, float))
+            or not 0 < timeout < math.inf
+        ):
+            raise InvalidInputError(
+                f"timeout must be a positive number of seconds, got {timeout!r}"
+            )
+        return trio.current_time() + timeout
+    if deadline is None:
+        return None
+    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
+        raise InvalidInputError(
+            f"deadline must be a trio time (a float, as trio.current_time()), got "
+            f"{deadline!r}"
+        )
+    now = trio.current_time()
+    if deadline <= now:
+        raise InvalidInputError(
+            f"deadline {deadline!r} has passed (trio.current_time() is {now:.3f}): "
+            "deadline= is an absolute trio time; for seconds from now, pass timeout="
+        )
+    return float(deadline)
+
+
 def _validate_agent_id(agent_id: object) -> str:
     return validate_instance_id(agent_id, what="agent_id")
 
@@ -96,6 +133,7 @@ class Executions:
         steps: Sequence[Step],
         input: Any = None,  # noqa: A002 - the first step's input
         *,
+        timeout: float | None = None,
         deadline: float | None = None,
     ) -> ExecutionHandle:
         """Start an execution of *steps* for *agent_id* without waiting.
@@ -109,15 +147,19 @@ class Executions:
             agent_id: the key; one nonterminal top-level execution per key.
             steps: callables taking ``(value)`` or ``(value, ctx)``.
             input: the first step's input.
-            deadline: absolute trio time after which the execution is cancelled with
-                :class:`~phronomy.DeadlineExceededError`.
+            timeout: seconds from now after which the execution is cancelled with
+                :class:`~phronomy.DeadlineExceededError` (as :func:`trio.move_on_after`).
+            deadline: the same as an absolute trio time (:func:`trio.current_time`
+                based, as :func:`trio.move_on_at`); give one of the two.
 
         Returns:
             An :class:`ExecutionHandle`. A busy key fails it with
             :class:`~phronomy.BusyError` before any storage is touched.
 
         Raises:
-            InvalidInputError: an empty or invalid *agent_id*.
+            InvalidInputError: an empty or invalid *agent_id*; a *timeout* that is not
+                a positive number of seconds; a *deadline* that is not a trio time or
+                has passed already; both given.
             DefinitionError: no steps, or a step of the wrong shape.
             ReentrancyError: called from a thread that does not run the runtime.
         """
@@ -127,10 +169,7 @@ class Executions:
         if not step_list:
             raise DefinitionError("an execution needs at least one step")
         arities = tuple(arity(step, i) for i, step in enumerate(step_list))
-        if deadline is not None and not isinstance(deadline, (int, float)):
-            raise InvalidInputError(
-                f"deadline must be a trio time (float), got {deadline!r}"
-            )
+        deadline = _deadline(timeout, deadline)
         execution_id = random_uuid()
         caller: ResultHandle[ExecutionResult] = ResultHandle(
             f"execution:{key}:{execution_id}"
@@ -143,7 +182,7 @@ class Executions:
             input=input,
             owner=object(),
             caller=caller,
-            deadline=float(deadline) if deadline is not None else None,
+            deadline=deadline,
         )
         if not self._coordinator.post_message(
             command, admission=True, completion=caller
@@ -158,6 +197,7 @@ class Executions:
         steps: Sequence[Step],
         input: Any = None,  # noqa: A002 - the first step's input
         *,
+        timeout: float | None = None,  # noqa: ASYNC109 - the execution's, not the wait's
         deadline: float | None = None,
     ) -> ExecutionResult:
         """``start(...)`` and wait for the result (see :meth:`ExecutionHandle.result`).
@@ -166,7 +206,8 @@ class Executions:
             Cancelling the caller stops the wait only; the execution goes on (cancel it
             with :meth:`cancel`).
         """
-        return await self.start(agent_id, steps, input, deadline=deadline).result()
+        handle = self.start(agent_id, steps, input, timeout=timeout, deadline=deadline)
+        return await handle.result()
 
     def owner(self, execution_id: str) -> ExecutionOwner | None:
         """A read-only view of a live execution, or ``None``."""
