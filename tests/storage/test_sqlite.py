@@ -14,12 +14,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import msgspec
 import pytest
 
 import phronomy
-from phronomy import errors
+from phronomy import errors, storage
 from phronomy.storage import (
     SCHEMA_VERSION,
     SaveOp,
@@ -184,23 +185,36 @@ def test_a_third_state_is_neither_and_read_back_errors_are_unknown(
 
 
 def test_known_failures_are_not_read_back(
-    open_sqlite: OpenSQLite, tmp_path: Path
+    open_sqlite: OpenSQLite, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # scenario 76
-    for error in (
-        errors.ConflictError("c"),
-        errors.NotFoundError("n"),
-        errors.SerializationError("s"),
-    ):
-        store = FaultyStore(open_sqlite(tmp_path / "known.db")).fail(
-            "save.before", error
-        )
-        outcome = store.save_classified(request(f"k-{type(error).__name__}", None))
-        assert outcome.outcome == "known_failure"
-        assert outcome.error is error
-        assert store.count("load") == 0
-        assert store.count("reconcile") == 0
-        store.close()
+    # scenario 76. Before: the faults were injected at save.before, where a failure
+    # abandons the transaction and IS read back, and the test counted "load" and
+    # "reconcile", names nothing records: it could not fail. Now the store itself
+    # refuses the saves (a revision conflict, a lost lease), and the read-back is
+    # counted where it happens (the readback fault point).
+    store = FaultyStore(open_sqlite(tmp_path / "known.db"))
+    store.save(request("k", None))
+    assert store.begin("l", "wf", lease_owner="A", ttl_ms=60_000) == 1
+    stale = msgspec.structs.replace(
+        request("l", None), lease=storage.Lease(owner="A", epoch=0)
+    )
+
+    def refused() -> list[Any]:
+        outcomes = [
+            store.save_classified(request("k", None)),
+            store.save_classified(stale),
+        ]
+        return [(o.outcome, type(o.error)) for o in outcomes]
+
+    assert refused() == [
+        ("known_failure", errors.ConflictError),
+        ("known_failure", errors.LeaseLostError),
+    ]
+    assert store.count("readback") == 0
+    # the negative control: a store that treated them as unknown reads them back
+    monkeypatch.setattr(storage._base, "KNOWN_FAILURES", ())
+    refused()
+    assert store.count("readback") == 2
 
 
 def _row(revision: int, write_id: str | None) -> StoredRecord:
