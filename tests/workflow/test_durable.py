@@ -1197,3 +1197,39 @@ async def test_faults_inside_group_commits_are_reconciled_save_by_save(
     assert store.count("commit") < 40  # saves shared transactions
     for i in range(40):
         assert status_of(store, f"g{i}") == "finished"
+
+
+async def test_a_failed_segments_caller_hears_it_once_the_row_says_failed(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    """The settlement order of a failure, pinned: the caller of a durable segment whose
+    action raised hears the error only once the row says ``failed`` (the status rides
+    the write lane like a save), so anything it does next, in any process, sees the
+    failed row; a failing status write still lets the error through."""
+    inner = make_store()
+    store = FaultyStore(inner)
+
+    def boom(state: Value, event: Any) -> None:
+        raise ValueError("action exploded")
+
+    wf = phronomy.Workflow(Value, name="fails").wait_state("w")
+    wf.state("s", entry=boom).transition("w", "s", on="go")
+    wf.transition("s", FINISH)
+    flow = wf.build()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="f")
+        gate = store.block("mark.before")  # a slow store
+        handle = rt.workflows.start_event(flow, "go", workflow_instance_id="f")
+        await until(lambda: store.count("mark") == 1)
+        await trio.sleep(0.05)
+        assert not handle.done  # the row does not say "failed" yet: no answer yet
+        gate.set()
+        with pytest.raises(ValueError, match="action exploded"):
+            await handle.result()
+        assert status_of(inner, "f") == "failed"  # already, when the caller heard
+        # the status write fails: the caller still hears the error (it is logged)
+        store.fail("mark.before", OSError("disk full"))
+        retried = rt.workflows.start_event(flow, "go", workflow_instance_id="f")
+        with pytest.raises(ValueError, match="action exploded"):
+            with trio.fail_after(5):
+                await retried.result()
