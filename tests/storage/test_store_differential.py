@@ -19,18 +19,18 @@ Invariants checked on every store after each step:
   before it; a live lease is never replaced by another owner's; epochs and revisions
   never decrease while the row exists.
 
-CI runs ``PHRONOMY_MODEL_EXAMPLES`` (default 60) examples of 30 steps; set it higher
-for a long run.
+The operations and their strategies are in model_ops.py. CI runs
+``PHRONOMY_MODEL_EXAMPLES`` (default 60) examples of up to 40 steps (about 8 s); set
+it higher for a long run.
 """
 
 from __future__ import annotations
 
 import collections
-import itertools
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 import outcome
@@ -48,7 +48,6 @@ from phronomy.storage import (
     BeginOp,
     ClaimOp,
     DeleteOp,
-    FindWriteOp,
     HistoryOp,
     InstancePage,
     InstanceStatus,
@@ -59,7 +58,6 @@ from phronomy.storage import (
     MemoryStore,
     RecoverOp,
     RenewOp,
-    RequestCancelOp,
     SaveLogEntry,
     SaveOp,
     SaveOutcome,
@@ -71,289 +69,32 @@ from phronomy.storage import (
     op_name,
 )
 
+from .model_ops import (
+    IDS,
+    LIVE_MS,
+    OPERATIONS,
+    OWNERS,
+    Begin,
+    Delete,
+    Held,
+    Operation,
+    Save,
+    statuses,
+)
+
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
     from pathlib import Path
 
-IDS = ("a", "b", "c")
-OWNERS = ("A", "B")
-WORKFLOWS = ("wf", "other", "")
-STATUSES: tuple[InstanceStatus, ...] = get_args(InstanceStatus)
-LIVE_MS = 60_000
 DEPTH = 3  # the save log depth of every store: small, so that old saves are pruned
 EXAMPLES = int(os.environ.get("PHRONOMY_MODEL_EXAMPLES", "60"))
 STEPS = 40
-
-_write_ids = itertools.count()
 TALLY: collections.Counter[str] = collections.Counter()
 """How the operations the model ran ended (printed by the test: what it covered)."""
 
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
-
-
-# --- operations, relative to the state they run on ----------------------------------
-# Revisions (``at``) are offsets from the instance's current revision (``None``: none
-# expected), leases are its holder's (or a named owner's) at an offset from its epoch:
-# so that both successes and conflicts happen. Each becomes a StoreOp when it runs.
-
-
-@dataclass(frozen=True)
-class Held:
-    """A lease to present: *owner*'s (``None``: the instance's holder, or its last
-    claimer) at the holder's epoch plus *shift*."""
-
-    owner: str | None
-    shift: int
-
-
-@dataclass(frozen=True)
-class Load:
-    iid: str
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        return LoadOp(workflow_instance_id=self.iid)
-
-
-@dataclass(frozen=True)
-class List:
-    status: InstanceStatus | None
-    limit: int
-    after: str | None
-    workflow: str | None
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        return ListOp(
-            status=self.status,
-            limit=self.limit,
-            after=self.after,
-            workflow=self.workflow,
-        )
-
-
-@dataclass(frozen=True)
-class History:
-    iid: str
-    limit: int
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        return HistoryOp(workflow_instance_id=self.iid, limit=self.limit)
-
-
-@dataclass(frozen=True)
-class FindWrite:
-    iid: str
-    pick: int | None  # one of the write ids sent for the instance; None: a new one
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        sent = m.sent.get(self.iid, [])
-        write_id = (
-            sent[self.pick % len(sent)] if sent and self.pick is not None else "unsent"
-        )
-        return FindWriteOp(workflow_instance_id=self.iid, write_id=write_id)
-
-
-@dataclass(frozen=True)
-class Begin:
-    iid: str
-    workflow: str
-    at: int | None
-    owner: str | None
-    ttl_ms: int
-    only_new: bool
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        return BeginOp(
-            workflow_instance_id=self.iid,
-            workflow=self.workflow,
-            expected_revision=m.revision(self.iid, self.at),
-            lease_owner=self.owner,
-            ttl_ms=self.ttl_ms,
-            only_new=self.only_new,
-        )
-
-
-@dataclass(frozen=True)
-class Claim:
-    iid: str
-    workflow: str
-    owner: str
-    ttl_ms: int
-    statuses: tuple[InstanceStatus, ...]
-    create: bool
-    placeholders: bool
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        return ClaimOp(
-            workflow_instance_id=self.iid,
-            workflow=self.workflow,
-            lease_owner=self.owner,
-            ttl_ms=self.ttl_ms,
-            statuses=self.statuses,
-            create=self.create,
-            placeholders=self.placeholders,
-        )
-
-
-@dataclass(frozen=True)
-class Save:
-    iid: str
-    at: int | None
-    status: InstanceStatus
-    workflow: str
-    lease: Held | None
-    detail: str | None
-    version: str
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        write_id = f"w{next(_write_ids)}"
-        m.sent.setdefault(self.iid, []).append(write_id)
-        request = SaveRequest(
-            workflow_instance_id=self.iid,
-            expected_revision=m.revision(self.iid, self.at),
-            snapshot=f'{{"fields":{{"w":"{write_id}"}}}}'.encode(),
-            write_id=write_id,
-            status=self.status,
-            phase="p" if self.status == "halted" else "__end__",
-            workflow=self.workflow,
-            definition_version=self.version,
-            detail=self.detail,
-            lease=m.lease(self.iid, self.lease),
-        )
-        return SaveOp(request=request)
-
-
-@dataclass(frozen=True)
-class Mark:
-    iid: str
-    status: InstanceStatus
-    at: int | None
-    detail: str | None
-    create: bool
-    workflow: str
-    lease: Held | None
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        expected, lease = m.revision(self.iid, self.at), m.lease(self.iid, self.lease)
-        # Known divergence, left to the SQL stores' owners: a mark that creates a
-        # missing row but names a lease or a revision is applied by SQLite and
-        # PostgreSQL (they insert a placeholder) and refused by MemoryStore. The model
-        # never sends it: such a mark creates nothing here.
-        create = self.create and not (
-            (lease is not None or expected) and m.may_be_missing(self.iid)
-        )
-        return MarkOp(
-            workflow_instance_id=self.iid,
-            status=self.status,
-            expected_revision=expected,
-            detail=self.detail,
-            create=create,
-            workflow=self.workflow,
-            lease=lease,
-        )
-
-
-@dataclass(frozen=True)
-class Delete:
-    iid: str
-    at: int
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        expected = m.revision(self.iid, self.at)
-        return DeleteOp(workflow_instance_id=self.iid, expected_revision=expected or 0)
-
-
-@dataclass(frozen=True)
-class Renew:
-    owner: str
-    iids: tuple[str, ...]
-    ttl_ms: int
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        return RenewOp(owner=self.owner, instance_ids=self.iids, ttl_ms=self.ttl_ms)
-
-
-@dataclass(frozen=True)
-class Recover:
-    limit: int
-    max_takeovers: int
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        # Among leases that expired in the same millisecond, which comes first is not
-        # part of the contract: a limit that would cut between them (or that a batch's
-        # earlier operations could make so) takes them all.
-        limit = self.limit if m.batch == 1 and not m.expiry_ties(self.limit) else 100
-        return RecoverOp(limit=limit, max_takeovers=self.max_takeovers)
-
-
-@dataclass(frozen=True)
-class Cancel:
-    iid: str
-    reason: str | None
-
-    def op(self, m: DifferentialModel) -> StoreOp:
-        return RequestCancelOp(workflow_instance_id=self.iid, reason=self.reason)
-
-
-ids = st.sampled_from(IDS)
-owners = st.sampled_from(OWNERS)
-workflows = st.sampled_from(WORKFLOWS)
-statuses = st.sampled_from(STATUSES)
-ttls = st.sampled_from([0, LIVE_MS])
-offsets = st.sampled_from([0, 0, -1, 1])  # mostly the current revision: successes
-revisions = st.sampled_from([0, 0, None, -1, 1])
-limits = st.sampled_from([1, 2, 100])
-leases = st.one_of(
-    st.none(),
-    st.just(Held(None, 0)),  # the holder's: accepted while it holds the row
-    st.builds(Held, st.one_of(st.none(), owners), st.sampled_from([0, -1, 1])),
-)
-details = st.sampled_from([None, "why"])
-READS = st.one_of(
-    st.builds(Load, ids),
-    st.builds(List, st.one_of(st.none(), statuses), limits, st.one_of(st.none(), ids),
-              st.one_of(st.none(), workflows)),
-    st.builds(History, ids, limits),
-    st.builds(FindWrite, ids, st.one_of(st.none(), st.integers(0, 5))),
-)  # fmt: skip
-SAVES = st.builds(
-    Save,
-    ids,
-    revisions,
-    statuses,
-    workflows,
-    leases,
-    details,
-    st.sampled_from(["", "v2"]),
-)
-BEGINS = st.builds(
-    Begin, ids, workflows, revisions, st.one_of(st.none(), owners), ttls, st.booleans()
-)
-RECOVERS = st.builds(Recover, st.sampled_from([1, 100]), st.sampled_from([1, 2, 5]))
-OPERATIONS = st.one_of(  # claims, saves and sweeps the most: deeper histories
-    READS,
-    BEGINS,
-    BEGINS,
-    st.builds(Claim, ids, workflows, owners, ttls,
-              st.lists(statuses, max_size=3, unique=True).map(tuple), st.booleans(),
-              st.booleans()),
-    SAVES,
-    SAVES,
-    SAVES,
-    st.builds(Mark, ids, statuses, revisions, details, st.booleans(), workflows, leases),
-    st.one_of(  # a delete ends a history: rarer
-        st.builds(Delete, ids, offsets),
-        st.builds(Renew, owners, st.lists(ids, min_size=1, max_size=3).map(tuple), ttls),
-    ),
-    RECOVERS,
-    RECOVERS,
-    st.builds(Cancel, ids, st.sampled_from([None, "stop"])),
-)  # fmt: skip
-Operation = (
-    Load | List | History | FindWrite | Begin | Claim | Save | Mark | Delete | Renew
-    | Recover | Cancel
-)  # fmt: skip
 
 
 # --- comparing -----------------------------------------------------------------------
