@@ -473,8 +473,7 @@ def test_a_save_keeps_the_workflow_of_its_row(store: WorkflowStore) -> None:
 def test_a_running_save_keeps_the_cancel_request(store: WorkflowStore) -> None:
     # Before: MemoryStore dropped it (the SQL stores keep it with the lease), so a
     # cancellation asked for during a segment was lost at its next running save.
-    epoch = store.begin("k", "wf", lease_owner="A", ttl_ms=60_000)
-    assert epoch == 1
+    assert store.begin("k", "wf", lease_owner="A", ttl_ms=60_000) == 1
     assert store.run(RequestCancelOp(workflow_instance_id="k", reason="stop")) == 1
     lease = Lease(owner="A", epoch=1)
     assert store.save(leased("k", None, lease, "running")) == 1
