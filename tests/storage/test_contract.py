@@ -472,3 +472,47 @@ def test_store_identities_are_never_reused() -> None:
         seen.add(store.identity)
         del store
     assert len(seen) == 100
+
+
+def test_a_save_keeps_the_workflow_of_its_row(store: WorkflowStore) -> None:
+    # Before: MemoryStore gave the row the saving request's workflow (the SQL stores
+    # keep the row's; a request's name only fills a row that has none).
+    store.run(MarkOp(workflow_instance_id="w", status="failed", create=True))
+    saved = msgspec.structs.replace(request("w", None), workflow="other")
+    assert store.save(saved) == 1
+    assert store.load("w").workflow == "other"  # type: ignore[union-attr]
+    assert store.save(request("w", 1)) == 2  # the request names "wf"
+    assert store.load("w").workflow == "other"  # type: ignore[union-attr]
+
+
+def test_a_running_save_keeps_the_cancel_request(store: WorkflowStore) -> None:
+    # Before: MemoryStore dropped it (the SQL stores keep it with the lease), so a
+    # cancellation asked for during a segment was lost at its next running save.
+    assert store.begin("k", "wf", lease_owner="A", ttl_ms=60_000) == 1
+    assert store.run(RequestCancelOp(workflow_instance_id="k", reason="stop")) == 1
+    lease = Lease(owner="A", epoch=1)
+    assert store.save(leased("k", None, lease, "running")) == 1
+    row = store.load("k")
+    assert row is not None
+    assert (row.lease_owner, row.cancel_requested) == ("A", "stop")
+    renewed = store.run(RenewOp(owner="A", instance_ids=("k",), ttl_ms=60_000))
+    assert renewed == {"k": (1, "stop")}
+    assert store.save(leased("k", 1, lease, "cancelled")) == 2
+    row = store.load("k")
+    assert row is not None
+    assert (row.lease_owner, row.cancel_requested) == (None, None)
+
+
+def test_a_claim_of_a_new_instance_ignores_the_expected_revision(
+    store: WorkflowStore,
+) -> None:
+    # Before: MemoryStore refused it when the instance had no row (the SQL stores
+    # create it: only_new claims an instance that has no row, whatever was expected).
+    only_new = BeginOp(
+        workflow_instance_id="n", workflow="wf", expected_revision=1, only_new=True
+    )
+    assert store.run(only_new) == 1
+    row = store.load("n")
+    assert row is not None
+    assert (row.revision, row.status, row.lease_epoch) == (0, "running", 1)
+    assert store.run(only_new) is None  # never an existing one

@@ -203,7 +203,7 @@ class MemoryStore(BaseStore[_Tables]):
         if row is not None and op.only_new:
             return None
         if row is None:
-            if op.expected_revision:
+            if op.expected_revision and not op.only_new:
                 return None
             row = StoredRecord(
                 workflow_instance_id=iid,
@@ -361,7 +361,7 @@ class MemoryStore(BaseStore[_Tables]):
             iid,
             StoredRecord(
                 workflow_instance_id=iid,
-                workflow=request.workflow or (row.workflow if row else ""),
+                workflow=row.workflow if row and row.workflow else request.workflow,
                 revision=revision,
                 status=request.status,
                 phase=request.phase,
@@ -375,6 +375,7 @@ class MemoryStore(BaseStore[_Tables]):
                 lease_expires_at_ms=row.lease_expires_at_ms
                 if row and running
                 else None,
+                cancel_requested=row.cancel_requested if row and running else None,
             ),
             log,
         )

@@ -1,0 +1,501 @@
+"""A differential model of the store contract (RELIABILITY.md §2.6).
+
+MemoryStore, SQLiteStore and PostgresStore run the same random sequence of every store
+operation, alone and in batches of two or three (group commit), and must agree after
+each step: on each outcome (a value, or an error's class, and a conflict's message)
+and on everything stored (every row, every column, and the save log). Only what
+legitimately differs is normalised away: wall-clock timestamps (``updated_at_ms``,
+``committed_at_ms``) and lease expiry times, seen as "live" or "expired". Leases last
+either 0 ms (expired at once) or a minute (live for the whole example), so no outcome
+depends on timing.
+
+Invariants checked on every store after each step:
+
+* S2: an instance's save log is a gapless chain of revisions ending at its row's, with
+  unique write ids (the last ``DEPTH`` saves are kept);
+* a row that is neither running nor requiring recovery holds no lease (a terminal row's
+  is released) and no cancel request;
+* S1: a row's lease is one that a claim granted; each claim's epoch is higher than any
+  before it; a live lease is never replaced by another owner's; epochs and revisions
+  never decrease while the row exists.
+
+The operations and their strategies are in model_ops.py. CI runs
+``PHRONOMY_MODEL_EXAMPLES`` (default 60) examples of up to 40 steps (about 8 s); set
+it higher for a long run.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import outcome
+import pytest
+from hypothesis import Phase, settings, strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    initialize,
+    rule,
+    run_state_machine_as_test,
+)
+
+from phronomy import errors
+from phronomy.storage import (
+    BeginOp,
+    ClaimOp,
+    DeleteOp,
+    HistoryOp,
+    InstancePage,
+    InstanceStatus,
+    Lease,
+    ListOp,
+    LoadOp,
+    MarkOp,
+    MemoryStore,
+    RecoverOp,
+    RenewOp,
+    SaveLogEntry,
+    SaveOp,
+    SaveOutcome,
+    SaveRequest,
+    SQLiteStore,
+    StoredRecord,
+    StoreOp,
+    WorkflowStore,
+    op_name,
+)
+
+from .model_ops import (
+    IDS,
+    LIVE_MS,
+    OPERATIONS,
+    OWNERS,
+    Begin,
+    Delete,
+    Held,
+    Operation,
+    Save,
+    statuses,
+)
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Sequence
+    from pathlib import Path
+
+DEPTH = 3  # the save log depth of every store: small, so that old saves are pruned
+EXAMPLES = int(os.environ.get("PHRONOMY_MODEL_EXAMPLES", "60"))
+STEPS = 40
+TALLY: collections.Counter[str] = collections.Counter()
+"""How the operations the model ran ended (printed by the test: what it covered)."""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+# --- comparing -----------------------------------------------------------------------
+
+
+def _expiry(expires_at_ms: int | None, now: int) -> str | None:
+    if expires_at_ms is None:
+        return None
+    if expires_at_ms <= now:
+        return "expired"
+    return (
+        "live" if expires_at_ms <= now + LIVE_MS else f"odd: {expires_at_ms - now} ms"
+    )
+
+
+def normal(value: Any, now: int) -> Any:
+    """*value* without what legitimately differs between stores (clocks)."""
+    if isinstance(value, StoredRecord):
+        fields = msgspec.structs.asdict(value)
+        del fields["updated_at_ms"]
+        fields["lease_expires_at_ms"] = _expiry(value.lease_expires_at_ms, now)
+        return fields
+    if isinstance(value, SaveLogEntry):
+        fields = msgspec.structs.asdict(value)
+        del fields["committed_at_ms"]
+        return fields
+    if isinstance(value, (InstancePage, SaveOutcome)):
+        return normal(msgspec.structs.asdict(value), now)
+    if isinstance(value, BaseException):
+        # The conflict messages are part of the contract (one function writes them);
+        # others name the backend (a file, a server).
+        message = str(value) if isinstance(value, errors.ConflictError) else "-"
+        return (type(value).__name__, message)
+    if isinstance(value, (list, tuple)):
+        return [normal(item, now) for item in value]
+    if isinstance(value, dict):
+        return {key: normal(item, now) for key, item in value.items()}
+    return value
+
+
+def _result(op: StoreOp, result: outcome.Outcome[Any], now: int) -> Any:
+    if not isinstance(result, outcome.Value):
+        return {"raised": normal(result.error, now)}  # type: ignore[attr-defined]
+    value = result.value
+    if isinstance(op, RecoverOp):  # the order of leases that expired together is free
+        value = sorted(value)
+    return normal(value, now)
+
+
+def _differences(a: Any, b: Any, path: str = "") -> list[str]:
+    """Where *a* and *b* differ (paths of keys and indexes), at most a few."""
+    if isinstance(a, dict) and isinstance(b, dict) and a.keys() == b.keys():
+        pairs = [(f"{path}[{key!r}]", a[key], b[key]) for key in a]
+    elif isinstance(a, list) and isinstance(b, list) and len(a) == len(b):
+        pairs = [
+            (f"{path}[{i}]", x, y) for i, (x, y) in enumerate(zip(a, b, strict=True))
+        ]
+    else:
+        return [] if a == b else [f"{path or 'value'}: {a!r} != {b!r}"]
+    return [d for pair in pairs for d in _differences(*pair)][:5]
+
+
+def agree(what: str, values: dict[str, Any]) -> None:
+    """Fail unless every store's value equals the first's (the reference)."""
+    (reference, expected), *others = values.items()
+    wrong = {name: value for name, value in others if value != expected}
+    assert not wrong, f"the stores disagree on {what}:\n" + "".join(
+        f"  {reference} vs {name}: " + "; ".join(_differences(expected, value)) + "\n"
+        for name, value in wrong.items()
+    )
+
+
+@dataclass(frozen=True)
+class State:
+    """Everything one store holds for the ids of the model."""
+
+    page: InstancePage
+    rows: dict[str, StoredRecord | None]
+    logs: dict[str, list[SaveLogEntry]]
+
+    @classmethod
+    def read(cls, store: WorkflowStore) -> State:
+        ops: list[StoreOp] = [ListOp(limit=100)]
+        ops += [LoadOp(workflow_instance_id=iid) for iid in IDS]
+        ops += [HistoryOp(workflow_instance_id=iid, limit=100) for iid in IDS]
+        page, *rest = [result.unwrap() for result in store.execute(ops)]
+        n = len(IDS)
+        return cls(
+            page=page,
+            rows=dict(zip(IDS, rest[:n], strict=True)),
+            logs=dict(zip(IDS, rest[n:], strict=True)),
+        )
+
+    def normal(self, now: int) -> Any:
+        return normal([self.page, self.rows, self.logs], now)
+
+
+class DifferentialModel(RuleBasedStateMachine):
+    """Runs each step on every store (a fresh MemoryStore, and the given stores emptied
+    first) and compares them; the first store is the reference."""
+
+    def __init__(self, stores: dict[str, WorkflowStore]) -> None:
+        super().__init__()
+        for store in stores.values():
+            rows = store.execute([ListOp(limit=100)])[0].unwrap().records
+            deletes = [
+                DeleteOp(
+                    workflow_instance_id=r.workflow_instance_id,
+                    expected_revision=r.revision,
+                )
+                for r in rows
+            ]
+            for result in store.execute(deletes) if deletes else []:
+                result.unwrap()
+        self.stores = {**stores, "memory": MemoryStore(save_log_depth=DEPTH)}
+        self.states = {name: State.read(store) for name, store in self.stores.items()}
+        agree("the state at the start", self._normal_states())
+        self.sent: dict[str, list[str]] = {}  # iid -> write ids of its saves
+        self.granted: dict[str, list[tuple[str, int]]] = {}  # iid -> leases granted
+        self.batch = 1
+        self.resolved: list[StoreOp] = []  # the operations of the step being resolved
+
+    # --- the state operations are relative to ---------------------------------------
+
+    @property
+    def rows(self) -> dict[str, StoredRecord | None]:
+        return next(iter(self.states.values())).rows
+
+    def revision(self, iid: str, at: int | None) -> int | None:
+        if at is None:
+            return None
+        row = self.rows[iid]
+        revision = (row.revision if row else 0) + at
+        return revision if revision >= 0 else None
+
+    def lease(self, iid: str, held: Held | None) -> Lease | None:
+        if held is None:
+            return None
+        row = self.rows[iid]
+        if row is not None and row.lease_owner is not None:
+            owner, epoch = row.lease_owner, row.lease_epoch
+        elif self.granted.get(iid):
+            owner, epoch = self.granted[iid][-1]
+        else:
+            owner, epoch = OWNERS[0], row.lease_epoch if row else 0
+        return Lease(owner=held.owner or owner, epoch=max(epoch + held.shift, 0))
+
+    def may_be_missing(self, iid: str) -> bool:
+        """Whether *iid* may have no row when the operation being resolved runs."""
+        return self.rows[iid] is None or any(
+            isinstance(op, DeleteOp) and op.workflow_instance_id == iid
+            for op in self.resolved
+        )
+
+    def expiry_ties(self, limit: int) -> bool:
+        """Whether some store has two expired leases at the cut of *limit*, expired in
+        the same millisecond."""
+        now = _now_ms()
+        for state in self.states.values():
+            expired = sorted(
+                r.lease_expires_at_ms or 0
+                for r in state.rows.values()
+                if r is not None
+                and r.status == "running"
+                and r.lease_owner is not None
+                and (r.lease_expires_at_ms or 0) <= now
+            )
+            if len(expired) > limit and expired[limit - 1] == expired[limit]:
+                return True
+        return False
+
+    # --- steps ----------------------------------------------------------------------
+
+    @initialize(saved=st.lists(statuses, min_size=2, max_size=2))
+    def seed(self, saved: list[InstanceStatus]) -> None:
+        """Start with a saved row for two of the ids (the third has none): deeper
+        histories in fewer steps."""
+        self.step(
+            [
+                Save(iid, None, s, "wf", None, None, "")
+                for iid, s in zip(IDS[:2], saved, strict=True)
+            ]
+        )
+
+    @rule(operation=OPERATIONS)
+    def one(self, operation: Operation) -> None:
+        self.step([operation])
+
+    @rule(operations=st.lists(OPERATIONS, min_size=2, max_size=3))
+    def batch_of(self, operations: list[Operation]) -> None:
+        self.step(operations)
+
+    def step(self, operations: Sequence[Operation]) -> None:
+        self.batch, self.resolved = len(operations), []
+        for operation in operations:
+            self.resolved.append(operation.op(self))
+        ops = self.resolved
+        results = {name: store.execute(ops) for name, store in self.stores.items()}
+        now = _now_ms()
+        for i, op in enumerate(ops):
+            agree(
+                f"the outcome of {op!r} (operation {i + 1} of {len(ops)})",
+                {name: _result(op, rs[i], now) for name, rs in results.items()},
+            )
+        before = self.states
+        self.states = {name: State.read(store) for name, store in self.stores.items()}
+        agree(f"the stored state after {ops!r}", self._normal_states())
+        reference = next(iter(results.values()))
+        for op, result in zip(ops, reference, strict=True):
+            TALLY.update(_kinds(op, result))
+        for name, state in self.states.items():
+            self._check(name, before[name], state, ops, reference)
+
+    def _normal_states(self) -> dict[str, Any]:
+        now = _now_ms()
+        return {name: state.normal(now) for name, state in self.states.items()}
+
+    # --- invariants -----------------------------------------------------------------
+
+    def _check(
+        self,
+        name: str,
+        before: State,
+        after: State,
+        ops: list[StoreOp],
+        results: list[outcome.Outcome[Any]],
+    ) -> None:
+        where = f"{name} after {ops!r}"
+        listed = [r.workflow_instance_id for r in after.page.records]
+        assert listed == [i for i in IDS if after.rows[i] is not None], where
+        deleted = {
+            op.workflow_instance_id
+            for op, result in zip(ops, results, strict=True)
+            if isinstance(op, DeleteOp) and isinstance(result, outcome.Value)
+        }
+        epochs = {  # the highest epoch of each instance so far (0 once deleted)
+            iid: row.lease_epoch if row else 0 for iid, row in before.rows.items()
+        }
+        for op, result in zip(ops, results, strict=True):
+            if isinstance(op, DeleteOp) and isinstance(result, outcome.Value):
+                epochs[op.workflow_instance_id] = 0
+            epoch = self._granted(op, result)
+            if epoch is not None:
+                iid = op.workflow_instance_id  # type: ignore[union-attr]
+                assert epoch > epochs[iid], f"{where}: epoch {epoch} granted again"
+                epochs[iid] = epoch
+        for iid in IDS:
+            row, log = after.rows[iid], after.logs[iid]
+            revisions = [e.revision for e in log]
+            if row is None or row.revision == 0:  # S2: the gapless chain of saves
+                assert revisions == [], f"{where}: {iid} has a save log {revisions}"
+            else:
+                chain = list(range(row.revision, max(row.revision - DEPTH, 0), -1))
+                assert revisions == chain, f"{where}: {iid}'s save log {revisions}"
+                assert log[0].write_id == row.write_id, where
+                assert len({e.write_id for e in log}) == len(log), where
+            if row is None:
+                continue
+            assert (row.lease_owner is None) == (row.lease_expires_at_ms is None), where
+            if row.status not in ("running", "recovery_required"):  # released
+                assert (row.lease_owner, row.cancel_requested) == (None, None), where
+            if row.lease_owner is not None:  # a lease some claim granted
+                held = (row.lease_owner, row.lease_epoch)
+                assert held in self.granted.get(iid, []), f"{where}: {iid} {held}"
+            old = before.rows[iid]
+            if old is None or iid in deleted:
+                continue
+            assert row.lease_epoch >= old.lease_epoch, f"{where}: {iid}'s epoch"
+            assert row.revision >= old.revision, f"{where}: {iid}'s revision"
+            now = _now_ms()
+            live = old.lease_owner is not None and (old.lease_expires_at_ms or 0) > now
+            if live and not any(_may_release(op, iid, old.lease_owner) for op in ops):
+                assert row.lease_owner == old.lease_owner, f"{where}: {iid} taken over"
+
+    def _granted(self, op: StoreOp, result: outcome.Outcome[Any]) -> int | None:
+        """The epoch of a lease *op* granted (noted in the model), or ``None``."""
+        if not isinstance(result, outcome.Value):
+            return None
+        if isinstance(op, ClaimOp):
+            epoch = result.value[1]
+        elif isinstance(op, BeginOp):
+            epoch = result.value
+        else:
+            return None
+        if epoch is not None and op.lease_owner is not None:
+            self.granted.setdefault(op.workflow_instance_id, []).append(
+                (op.lease_owner, epoch)
+            )
+        return epoch  # type: ignore[no-any-return]
+
+    def teardown(self) -> None:
+        self.stores["memory"].close()
+
+
+def _kinds(op: StoreOp, result: outcome.Outcome[Any]) -> list[str]:
+    """How *op* ended, for the tally."""
+    name = op_name(op)
+    if not isinstance(result, outcome.Value):
+        return [f"{name}: {type(result.error).__name__}"]  # type: ignore[attr-defined]
+    value = result.value
+    if isinstance(value, SaveOutcome):
+        error = "" if value.error is None else f" ({type(value.error).__name__})"
+        return [f"save: {value.outcome}{error}"]
+    if isinstance(op, RecoverOp):
+        return [f"recover: to {status}" for _, status in value] or ["recover: none"]
+    if isinstance(op, ClaimOp):
+        value = value[1]
+    return [f"{name}: {'nothing' if value in (None, False, {}) else 'done'}"]
+
+
+def _target(op: StoreOp) -> str | None:
+    if isinstance(op, SaveOp):
+        return op.request.workflow_instance_id
+    return getattr(op, "workflow_instance_id", None)
+
+
+def _may_release(op: StoreOp, iid: str, owner: str | None) -> bool:
+    """Whether *op* may end or expire *owner*'s live lease of *iid* (so that another
+    runtime may claim it later in the batch): a write of the row, or the owner's own
+    renewal or claim (with a ttl of 0)."""
+    if isinstance(op, RenewOp):
+        return iid in op.instance_ids and op.owner == owner
+    if isinstance(op, (BeginOp, ClaimOp)):
+        return op.workflow_instance_id == iid and op.lease_owner == owner
+    return isinstance(op, (SaveOp, MarkOp, DeleteOp)) and _target(op) == iid
+
+
+def run_model(stores: dict[str, WorkflowStore], **options: Any) -> None:
+    """Run the model on *stores* (and a MemoryStore) with hypothesis *options*."""
+    options = {"max_examples": EXAMPLES, "stateful_step_count": STEPS, **options}
+    run_state_machine_as_test(
+        lambda: DifferentialModel(stores),  # type: ignore[arg-type]  # a factory works
+        settings=settings(deadline=None, **options),
+    )
+
+
+def test_memory_sqlite_and_postgres_agree(
+    tmp_path: Path, open_postgres: Callable[..., WorkflowStore]
+) -> None:
+    TALLY.clear()
+    started = time.perf_counter()
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        run_model({"sqlite": sqlite, "postgres": open_postgres(save_log_depth=DEPTH)})
+    print(  # noqa: T201 - what the run covered
+        f"differential model: {EXAMPLES} examples, {TALLY.total()} operations in "
+        f"{time.perf_counter() - started:.1f} s;",
+        ", ".join(f"{kind}: {count}" for kind, count in sorted(TALLY.items())),
+    )
+
+
+# --- the model can fail ----------------------------------------------------------------
+
+
+def test_the_model_catches_a_leased_save_that_recreates_a_deleted_row(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # MemoryStore's old rule: a lease-holding save of a row that is gone created it.
+    steps = [
+        Begin("a", "wf", None, "A", LIVE_MS, False),
+        Delete("a", 0),
+        Save("a", None, "halted", "wf", Held(None, 0), None, ""),
+    ]
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        model = DifferentialModel({"sqlite": sqlite})
+        for operation in steps:  # the real rule: the stores agree
+            model.one(operation)
+        model.teardown()
+        saving = MemoryStore._save
+
+        def recreating(self: MemoryStore, conn: Any, request: SaveRequest) -> int:
+            if request.workflow_instance_id not in conn.rows:
+                request = msgspec.structs.replace(request, lease=None)
+            return saving(self, conn, request)
+
+        monkeypatch.setattr(MemoryStore, "_save", recreating)
+        model = DifferentialModel({"sqlite": sqlite})
+        model.one(steps[0])
+        model.one(steps[1])
+        with pytest.raises(AssertionError, match="disagree on the outcome of SaveOp"):
+            model.one(steps[2])
+        model.teardown()
+
+
+def test_the_model_finds_a_sweep_that_forgets_the_takeover_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    recover = MemoryStore._recover
+
+    def forgetful(conn: Any, op: RecoverOp) -> list[tuple[str, str]]:
+        recovered = recover(conn, op)
+        for iid, _ in recovered:
+            row = conn.rows[iid]
+            conn.rows[iid] = msgspec.structs.replace(row, takeovers=row.takeovers - 1)
+        return recovered
+
+    monkeypatch.setattr(MemoryStore, "_recover", staticmethod(forgetful))
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        with pytest.raises(AssertionError, match="the stores disagree"):
+            run_model(
+                {"sqlite": sqlite},
+                max_examples=500,
+                database=None,
+                phases=[Phase.generate],  # no shrinking: finding it is enough
+            )
