@@ -55,7 +55,6 @@ class Model(Protocol):
 
     def revision(self, iid: str, at: int | None) -> int | None: ...
     def lease(self, iid: str, held: Held | None) -> Lease | None: ...
-    def may_be_missing(self, iid: str) -> bool: ...
     def expiry_ties(self, limit: int) -> bool: ...
 
 
@@ -196,19 +195,12 @@ class Mark:
 
     def op(self, m: Model) -> StoreOp:
         expected, lease = m.revision(self.iid, self.at), m.lease(self.iid, self.lease)
-        # Known divergence, left to the SQL stores' owners: a mark that creates a
-        # missing row but names a lease or a revision is applied by SQLite and
-        # PostgreSQL (they insert a placeholder) and refused by MemoryStore. The model
-        # never sends it: such a mark creates nothing here.
-        create = self.create and not (
-            (lease is not None or expected) and m.may_be_missing(self.iid)
-        )
         return MarkOp(
             workflow_instance_id=self.iid,
             status=self.status,
             expected_revision=expected,
             detail=self.detail,
-            create=create,
+            create=self.create,
             workflow=self.workflow,
             lease=lease,
         )

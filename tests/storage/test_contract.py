@@ -516,3 +516,29 @@ def test_a_claim_of_a_new_instance_ignores_the_expected_revision(
     assert row is not None
     assert (row.revision, row.status, row.lease_epoch) == (0, "running", 1)
     assert store.run(only_new) is None  # never an existing one
+
+
+def test_a_mark_never_recreates_a_row_a_lease_or_revision_is_expected_on(
+    store: WorkflowStore,
+) -> None:
+    # Before (found by the differential model): SQLite and PostgreSQL inserted a
+    # placeholder for MarkOp(create=True) on a missing row even when the mark named a
+    # lease or an expected revision (MemoryStore refused): a leased segment's failure
+    # mark brought back a row an operator had deleted.
+    assert store.begin("gone", "wf", lease_owner="A", ttl_ms=60_000) == 1
+    store.delete("gone", 0)
+    leased = MarkOp(
+        workflow_instance_id="gone",
+        status="failed",
+        create=True,
+        lease=Lease(owner="A", epoch=1),
+    )
+    assert not store.run(leased)
+    later = MarkOp(
+        workflow_instance_id="gone", status="failed", create=True, expected_revision=3
+    )
+    assert not store.run(later)
+    assert store.load("gone") is None
+    placeholder = MarkOp(workflow_instance_id="gone", status="failed", create=True)
+    assert store.run(placeholder)
+    assert store.load("gone").revision == 0  # type: ignore[union-attr]

@@ -242,13 +242,6 @@ class DifferentialModel(RuleBasedStateMachine):
             owner, epoch = OWNERS[0], row.lease_epoch if row else 0
         return Lease(owner=held.owner or owner, epoch=max(epoch + held.shift, 0))
 
-    def may_be_missing(self, iid: str) -> bool:
-        """Whether *iid* may have no row when the operation being resolved runs."""
-        return self.rows[iid] is None or any(
-            isinstance(op, DeleteOp) and op.workflow_instance_id == iid
-            for op in self.resolved
-        )
-
     def expiry_ties(self, limit: int) -> bool:
         """Whether some store has two expired leases at the cut of *limit*, expired in
         the same millisecond."""

@@ -176,10 +176,10 @@ class SaveOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="save"):
 class MarkOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="mark"):
     """Set the status of a row still at *expected_revision* (any revision if ``None``).
 
-    Metadata only; the result says whether a row changed. With ``create=True`` a missing
-    row becomes a revision-0 placeholder of *workflow* with that status, so a failure or
-    an unknown outcome stays visible (and fail-closed) even for an instance that never
-    saved. With *lease*, only a row that holds that lease changes (the writer's
+    Metadata only; the result says whether a row changed. With ``create=True`` (and no
+    *lease*, and no revision above 0 expected) a missing row becomes a revision-0
+    placeholder of *workflow* with that status, so a failure or an unknown outcome stays
+    visible (and fail-closed) even for an instance that never saved. With *lease*, only a row that holds that lease changes (the writer's
     segment still owns it); without one, never a ``running`` row under a lease (only
     its holder may change it). A mark to ``running`` or ``recovery_required`` keeps
     the row's lease; any other status releases it.

@@ -190,7 +190,11 @@ def apply_op(
             return _save(conn, request, sql, now_ms)
         case MarkOp():
             cursor = conn.execute(
-                sql.mark_or_create if op.create else sql.mark,
+                # only an unfenced mark of revision 0 creates a placeholder: a row
+                # a lease or a later revision is expected on is never made anew
+                sql.mark_or_create
+                if op.create and op.lease is None and not op.expected_revision
+                else sql.mark,
                 {
                     "id": op.workflow_instance_id,
                     "workflow": op.workflow,
