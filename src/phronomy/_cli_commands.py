@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import re
 import sys
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -60,12 +59,18 @@ def _json(value: Any) -> str:
 # --- instances -------------------------------------------------------------------------
 
 
-def lease_state(record: StoredRecord) -> str:
-    """Who holds the instance's lease and whether it is live, in words."""
+def lease_state(record: StoredRecord, lease_now_ms: int | None) -> str:
+    """Who holds the instance's lease and whether it is live, in words (*lease_now_ms*:
+    :meth:`~phronomy.SQLiteStore.lease_now_ms`)."""
     if record.lease_owner is None:
         return "none (no runtime runs it)"
     held = f"epoch {record.lease_epoch}, owner {safe(record.lease_owner)}"
-    left = ((record.lease_expires_at_ms or 0) - time.time_ns() // 1_000_000) / 1000
+    if lease_now_ms is None:
+        return (
+            f"expired ({held}): written before this machine restarted; a runtime's "
+            "recovery sweep puts it back at its last saved revision"
+        )
+    left = ((record.lease_expires_at_ms or 0) - lease_now_ms) / 1000
     if left > 0:
         return f"live for {left:.1f} s more ({held})"
     return (
@@ -79,12 +84,13 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
     page = store.list_instances(
         status=args.status, workflow=args.workflow, limit=args.limit, after=args.after
     )
+    lease_now = store.lease_now_ms()
     for r in page.records:
         if args.json:
             print(_json(r))
             continue
         detail = f"  ({safe(r.detail)})" if r.detail else ""
-        lease = f"\tlease: {lease_state(r)}" if r.lease_owner else ""
+        lease = f"\tlease: {lease_state(r, lease_now)}" if r.lease_owner else ""
         print(
             f"{safe(r.workflow_instance_id)}\t{safe(r.workflow)}\t{r.status}\t"
             f"rev {r.revision}\t{safe(r.phase or '-')}{lease}{detail}"
@@ -106,7 +112,7 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(record, snapshot=None)
     )
-    view["lease"] = lease_state(record)
+    view["lease"] = lease_state(record, store.lease_now_ms())
     status = 0
     if record.snapshot is not None:
         try:
