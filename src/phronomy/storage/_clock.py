@@ -141,8 +141,8 @@ class StepWatch:
 
 class StoreClock(NamedTuple):
     """The clocks a SQL backend's statements get (``:now`` and ``:lease_now``) and the
-    watch on its lease clock (``None``: the backend's lease clock cannot step)."""
+    watch on its lease clock, which each renewal reads."""
 
     wall_ms: Callable[[], int]
     lease_ms: Callable[[], int]
-    watch: StepWatch | None = None
+    watch: StepWatch

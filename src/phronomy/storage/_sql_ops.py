@@ -215,9 +215,9 @@ def _renew(
         "ttl": op.ttl_ms,
     }
     watch = clock.watch
-    sent = 0 if watch is None else watch.monotonic_ns()
+    sent = watch.monotonic_ns()
     rows = conn.execute(sql.renew, params).fetchall()
-    if watch is not None and rows:
+    if rows:  # each row's expiry is the lease clock at the renewal plus the TTL
         watch.observe(
             max(row[3] for row in rows) - op.ttl_ms, sent, watch.monotonic_ns()
         )
