@@ -97,13 +97,28 @@ def _command(*words: str) -> str:
 # --- instances -------------------------------------------------------------------------
 
 
-def lease_state(record: StoredRecord) -> str:
-    """Who holds the instance's lease, until when, and whether it is live, in words."""
+def _expiry_ms(record: StoredRecord, lease_now_ms: int | None) -> int:
+    """The wall-clock time the lease expires at (leases are kept on the store's lease
+    clock, *lease_now_ms* now; ``None``: written before this machine restarted)."""
+    wall_now = time.time_ns() // 1_000_000
+    if lease_now_ms is None:
+        return wall_now
+    return wall_now + (record.lease_expires_at_ms or 0) - lease_now_ms
+
+
+def lease_state(record: StoredRecord, lease_now_ms: int | None) -> str:
+    """Who holds the instance's lease, until when, and whether it is live, in words
+    (*lease_now_ms*: :meth:`~phronomy.SQLiteStore.lease_now_ms`)."""
     if record.lease_owner is None:
         return "none (no runtime runs it)"
     held = f"epoch {record.lease_epoch}, owner {safe(record.lease_owner)}"
-    until = record.lease_expires_at_ms or 0
-    left = (until - time.time_ns() // 1_000_000) / 1000
+    if lease_now_ms is None:
+        return (
+            f"expired ({held}): written before this machine restarted; a runtime's "
+            "recovery sweep puts it back at its last saved revision"
+        )
+    until = _expiry_ms(record, lease_now_ms)
+    left = ((record.lease_expires_at_ms or 0) - lease_now_ms) / 1000
     if left > 0:
         return f"live until {iso(until)}, {left:.1f} s from now ({held})"
     return (
@@ -112,15 +127,19 @@ def lease_state(record: StoredRecord) -> str:
     )
 
 
-def _lease_cell(record: StoredRecord, now_ms: int) -> str:
+def _lease_cell(record: StoredRecord, lease_now_ms: int | None) -> str:
     if record.lease_owner is None:
         return "-"
-    until = record.lease_expires_at_ms or 0
-    state = "live until" if until > now_ms else "expired at"
+    until = _expiry_ms(record, lease_now_ms)
+    state = "live until" if _live(record, lease_now_ms) else "expired at"
     return (
         f"{state} {iso(until)} (owner {safe(record.lease_owner)}, "
         f"epoch {record.lease_epoch})"
     )
+
+
+def _live(record: StoredRecord, lease_now_ms: int | None) -> bool:
+    return lease_now_ms is not None and (record.lease_expires_at_ms or 0) > lease_now_ms
 
 
 def _workflow_record(store: SQLiteStore, args: argparse.Namespace) -> StoredRecord:
@@ -178,19 +197,21 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
             f"instances; use {_command('executions', 'list', '--db', args.db)}"
         )
     records, next_after = _workflow_page(store, args)
+    lease_now = store.lease_now_ms()
     if args.json:
         for r in records:
             print(
                 _json(
                     r,
                     updated_at=r.updated_at_ms,
-                    lease_expires_at=r.lease_expires_at_ms,
+                    lease_expires_at=_expiry_ms(r, lease_now)
+                    if r.lease_owner
+                    else None,
                 )
             )
         if next_after is not None:
             print(json.dumps({"next_after": next_after}))
         return 0
-    now_ms = time.time_ns() // 1_000_000
     _table(
         ("ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "LEASE", "DETAIL"),
         [
@@ -201,19 +222,21 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
                 str(r.revision),
                 safe(r.phase or ""),
                 iso(r.updated_at_ms) or "",
-                _lease_cell(r, now_ms),
+                _lease_cell(r, lease_now),
                 safe(r.detail or ""),
             )
             for r in records
         ],
     )
-    if any(
-        r.lease_owner is not None and (r.lease_expires_at_ms or 0) <= now_ms
-        for r in records
-    ):
+    if any(r.lease_owner is not None and not _live(r, lease_now) for r in records):
+        why = (
+            "written before this machine restarted"
+            if lease_now is None
+            else "its runtime stopped"
+        )
         print(
-            "expired lease: its runtime stopped; a runtime's recovery sweep puts the "
-            "instance back at its last saved revision"
+            f"expired lease: {why}; a runtime's recovery sweep puts the instance back "
+            "at its last saved revision"
         )
     if next_after is not None:
         print(f"... more: add --after {shlex.quote(safe(next_after))}")
@@ -226,9 +249,12 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(record, snapshot=None)
     )
+    lease_now = store.lease_now_ms()
     view["updated_at"] = iso(record.updated_at_ms)
-    view["lease_expires_at"] = iso(record.lease_expires_at_ms)
-    view["lease"] = lease_state(record)
+    view["lease_expires_at"] = (
+        iso(_expiry_ms(record, lease_now)) if record.lease_owner else None
+    )
+    view["lease"] = lease_state(record, lease_now)
     error: PhronomyError | None = None
     if record.snapshot is not None:
         try:

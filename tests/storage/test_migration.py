@@ -54,7 +54,7 @@ def test_every_row_and_its_history_survive_the_migration(
     ).fetchall()
     before.close()
     store.open()
-    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 3
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 4
     for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None

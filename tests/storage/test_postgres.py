@@ -19,7 +19,8 @@ import psycopg
 import pytest
 
 from phronomy import PostgresStore, errors
-from phronomy.storage import SCHEMA_VERSION, SaveOp
+from phronomy.storage import SaveOp
+from phronomy.storage._postgres_schema import SCHEMA_VERSION
 
 from .test_contract import request
 

@@ -68,6 +68,7 @@ from phronomy.storage import (
     WorkflowStore,
     op_name,
 )
+from phronomy.storage._clock import monotonic_ms
 
 from .model_ops import (
     IDS,
@@ -93,8 +94,10 @@ TALLY: collections.Counter[str] = collections.Counter()
 """How the operations the model ran ended (printed by the test: what it covered)."""
 
 
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+def _now_ms(store: str) -> int:
+    """Now on *store*'s lease clock: the server's wall clock for PostgreSQL, the
+    machine's monotonic clock for SQLite and MemoryStore."""
+    return time.time_ns() // 1_000_000 if store == "postgres" else monotonic_ms()
 
 
 # --- comparing -----------------------------------------------------------------------
@@ -245,8 +248,8 @@ class DifferentialModel(RuleBasedStateMachine):
     def expiry_ties(self, limit: int) -> bool:
         """Whether some store has two expired leases at the cut of *limit*, expired in
         the same millisecond."""
-        now = _now_ms()
-        for state in self.states.values():
+        for name, state in self.states.items():
+            now = _now_ms(name)
             expired = sorted(
                 r.lease_expires_at_ms or 0
                 for r in state.rows.values()
@@ -286,11 +289,13 @@ class DifferentialModel(RuleBasedStateMachine):
             self.resolved.append(operation.op(self))
         ops = self.resolved
         results = {name: store.execute(ops) for name, store in self.stores.items()}
-        now = _now_ms()
         for i, op in enumerate(ops):
             agree(
                 f"the outcome of {op!r} (operation {i + 1} of {len(ops)})",
-                {name: _result(op, rs[i], now) for name, rs in results.items()},
+                {
+                    name: _result(op, rs[i], _now_ms(name))
+                    for name, rs in results.items()
+                },
             )
         before = self.states
         self.states = {name: State.read(store) for name, store in self.stores.items()}
@@ -302,8 +307,9 @@ class DifferentialModel(RuleBasedStateMachine):
             self._check(name, before[name], state, ops, reference)
 
     def _normal_states(self) -> dict[str, Any]:
-        now = _now_ms()
-        return {name: state.normal(now) for name, state in self.states.items()}
+        return {
+            name: state.normal(_now_ms(name)) for name, state in self.states.items()
+        }
 
     # --- invariants -----------------------------------------------------------------
 
@@ -357,7 +363,7 @@ class DifferentialModel(RuleBasedStateMachine):
                 continue
             assert row.lease_epoch >= old.lease_epoch, f"{where}: {iid}'s epoch"
             assert row.revision >= old.revision, f"{where}: {iid}'s revision"
-            now = _now_ms()
+            now = _now_ms(name)
             live = old.lease_owner is not None and (old.lease_expires_at_ms or 0) > now
             if live and not any(_may_release(op, iid, old.lease_owner) for op in ops):
                 assert row.lease_owner == old.lease_owner, f"{where}: {iid} taken over"

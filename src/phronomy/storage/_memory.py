@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from typing import TYPE_CHECKING, Any, final
 
 import msgspec
@@ -12,6 +11,7 @@ import msgspec
 from phronomy.errors import InvalidInputError
 
 from ._base import BaseStore
+from ._clock import monotonic_ms, wall_ms
 from ._ops import (
     BeginOp,
     DeleteOp,
@@ -34,10 +34,6 @@ if TYPE_CHECKING:
     from ._ops import StoreOp
 
 __all__ = ["MemoryStore"]
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
 
 
 class _Tables:
@@ -198,7 +194,7 @@ class MemoryStore(BaseStore[_Tables]):
 
     @staticmethod
     def _begin(conn: _Tables, op: BeginOp) -> int | None:
-        iid, owner, now = op.workflow_instance_id, op.lease_owner, _now_ms()
+        iid, owner, now = op.workflow_instance_id, op.lease_owner, monotonic_ms()
         row = conn.rows.get(iid)
         if row is not None and op.only_new:
             return None
@@ -224,7 +220,7 @@ class MemoryStore(BaseStore[_Tables]):
                 row,
                 status="running",
                 workflow=row.workflow or op.workflow,
-                updated_at_ms=now,
+                updated_at_ms=wall_ms(),
                 lease_owner=owner,
                 lease_epoch=epoch,
                 lease_expires_at_ms=None if owner is None else now + op.ttl_ms,
@@ -236,7 +232,7 @@ class MemoryStore(BaseStore[_Tables]):
 
     @staticmethod
     def _renew(conn: _Tables, op: RenewOp) -> dict[str, tuple[int, str | None]]:
-        now, renewed = _now_ms(), {}
+        now, renewed = monotonic_ms(), {}
         for iid in op.instance_ids:
             row = conn.rows.get(iid)
             if row is not None and row.lease_owner == op.owner:
@@ -258,7 +254,7 @@ class MemoryStore(BaseStore[_Tables]):
 
     @staticmethod
     def _recover(conn: _Tables, op: RecoverOp) -> list[tuple[str, str]]:
-        now = _now_ms()
+        now = monotonic_ms()
         expired = sorted(
             (
                 r
@@ -302,7 +298,7 @@ class MemoryStore(BaseStore[_Tables]):
                     row,
                     status=status,
                     detail=detail,
-                    updated_at_ms=now,
+                    updated_at_ms=wall_ms(),
                     lease_owner=None,
                     lease_expires_at_ms=None,
                     lease_epoch=row.lease_epoch + 1,
@@ -347,7 +343,7 @@ class MemoryStore(BaseStore[_Tables]):
             for w, e in conn.log.get(iid, {}).items()
             if e.revision > revision - self._depth
         }
-        now = _now_ms()
+        now = wall_ms()
         log[request.write_id] = SaveLogEntry(
             revision=revision,
             status=request.status,
@@ -417,7 +413,7 @@ class MemoryStore(BaseStore[_Tables]):
                 row,
                 status=op.status,
                 detail=op.detail,
-                updated_at_ms=_now_ms(),
+                updated_at_ms=wall_ms(),
                 lease_owner=row.lease_owner if keep else None,
                 lease_expires_at_ms=row.lease_expires_at_ms if keep else None,
                 cancel_requested=row.cancel_requested if keep else None,

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, final
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 
 from ._base import BaseStore
+from ._clock import StepWatch, StoreClock
 from ._postgres_schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -157,6 +158,11 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         self._pending: tuple[str, int, str] | None = None
         """The transaction id, backend and server start time of a write whose outcome
         is not known yet."""
+        self._clock = StoreClock(
+            _no_clock,
+            _no_clock,
+            StepWatch(f"the clock of PostgreSQL at {self._address}"),
+        )
 
     @property
     def address(self) -> str:
@@ -359,7 +365,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
 
     def apply(self, conn: psycopg.Connection[Any], op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
-        return apply_op(conn, op, STATEMENTS, _no_clock)
+        return apply_op(conn, op, STATEMENTS, self._clock)
 
 
 def _driver() -> Any:

@@ -44,7 +44,8 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 3
-"""The newest schema this release writes (the SQLite store's numbering)."""
+"""The newest schema this release writes (the SQLite store's numbering up to 3; the
+SQLite store's version 4 changed its lease clock only)."""
 
 SQL_CREATE_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS phronomy_schema (version integer NOT NULL)"
@@ -276,7 +277,7 @@ SQL_RENEW = f"""
     UPDATE phronomy_workflow_instances SET lease_expires_at_ms = {_NOW_MS} + %(ttl)s
     WHERE lease_owner = %(owner)s
       AND instance_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
-    RETURNING instance_id, lease_epoch, cancel_requested
+    RETURNING instance_id, lease_epoch, cancel_requested, lease_expires_at_ms
 """  # noqa: S608 - constant
 SQL_REQUEST_CANCEL = """
     UPDATE phronomy_workflow_instances SET cancel_requested = %(reason)s

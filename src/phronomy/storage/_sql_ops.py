@@ -26,10 +26,11 @@ from ._records import InstancePage, SaveLogEntry, StoredRecord
 from ._store import conflict_error
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Iterator
 
     from phronomy.errors import ConflictError
 
+    from ._clock import StoreClock
     from ._ops import StoreOp
     from ._records import Lease, SaveRequest
 
@@ -59,9 +60,11 @@ class Statements(NamedTuple):
     """One backend's statements (named parameters for writes and listings).
 
     ``load``, ``revision``, ``find_write``, ``history`` and ``delete`` take positional
-    parameters, the others named ones (``now`` is passed for backends whose clock is
-    the client's). ``begin``, ``resume``, ``renew``, ``expired`` and ``recover``
-    return rows.
+    parameters, the others named ones. Backends whose clock is the client's use
+    ``now`` (wall-clock ms: the timestamps people read) and ``lease_now`` (lease-clock
+    ms: lease expiries); a backend with a clock of its own ignores both. ``begin``,
+    ``resume``, ``renew``, ``expired`` and ``recover`` return rows; ``renew`` returns
+    each renewed instance's id, epoch, cancellation request and new expiry.
     """
 
     load: str
@@ -105,10 +108,8 @@ def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
     )
 
 
-def apply_op(
-    conn: Connection, op: StoreOp, sql: Statements, now_ms: Callable[[], int]
-) -> Any:
-    """Run one operation on *conn* with the backend's statements *sql*.
+def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) -> Any:
+    """Run one operation on *conn* with the backend's statements *sql* and *clock*.
 
     Raises:
         ConflictError: a revision precondition of a save or a delete failed.
@@ -152,7 +153,8 @@ def apply_op(
             params = {
                 "id": op.workflow_instance_id,
                 "workflow": op.workflow,
-                "now": now_ms(),
+                "now": clock.wall_ms(),
+                "lease_now": clock.lease_ms(),
                 "expected": op.expected_revision,
                 "owner": owner,
                 "ttl": op.ttl_ms,
@@ -163,31 +165,24 @@ def apply_op(
                 statement = sql.resume if op.expected_revision else sql.begin
             row = conn.execute(statement, params).fetchone()
             return None if row is None else int(row[0])
-        case RenewOp(owner=owner, instance_ids=ids, ttl_ms=ttl):
-            params = {
-                "owner": owner,
-                "ids": json.dumps(ids),
-                "now": now_ms(),
-                "ttl": ttl,
-            }
-            renewed = conn.execute(sql.renew, params)
-            return {row[0]: (int(row[1]), row[2]) for row in renewed}
+        case RenewOp():
+            return _renew(conn, op, sql, clock)
         case RequestCancelOp(workflow_instance_id=iid, reason=reason):
             params = {"id": iid, "reason": reason or ""}
             row = conn.execute(sql.request_cancel, params).fetchone()
             return None if row is None else int(row[0])
         case RecoverOp(limit=limit, max_takeovers=max_takeovers):
-            now = now_ms()
-            candidates = conn.execute(sql.expired, {"now": now, "limit": limit})
+            now = {"now": clock.wall_ms(), "lease_now": clock.lease_ms()}
+            candidates = conn.execute(sql.expired, {**now, "limit": limit})
             recovered = []
             for iid, epoch in candidates.fetchall():
-                params = {"id": iid, "epoch": epoch, "now": now, "max": max_takeovers}
+                params = {"id": iid, "epoch": epoch, "max": max_takeovers, **now}
                 row = conn.execute(sql.recover, params).fetchone()
                 if row is not None:
                     recovered.append((iid, row[0]))
             return recovered
         case SaveOp(request=request):
-            return _save(conn, request, sql, now_ms)
+            return _save(conn, request, sql, clock)
         case MarkOp():
             cursor = conn.execute(
                 # only an unfenced mark of revision 0 creates a placeholder: a row
@@ -200,7 +195,7 @@ def apply_op(
                     "workflow": op.workflow,
                     "status": op.status,
                     "detail": op.detail,
-                    "now": now_ms(),
+                    "now": clock.wall_ms(),
                     "expected": op.expected_revision,
                     "owner": None if op.lease is None else op.lease.owner,
                     "epoch": None if op.lease is None else op.lease.epoch,
@@ -214,8 +209,27 @@ def apply_op(
     raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
 
 
+def _renew(
+    conn: Connection, op: RenewOp, sql: Statements, clock: StoreClock
+) -> dict[str, tuple[int, str | None]]:
+    params = {
+        "owner": op.owner,
+        "ids": json.dumps(op.instance_ids),
+        "lease_now": clock.lease_ms(),
+        "ttl": op.ttl_ms,
+    }
+    watch = clock.watch
+    sent = watch.monotonic_ns()
+    rows = conn.execute(sql.renew, params).fetchall()
+    if rows:  # each row's expiry is the lease clock at the renewal plus the TTL
+        watch.observe(
+            max(row[3] for row in rows) - op.ttl_ms, sent, watch.monotonic_ns()
+        )
+    return {row[0]: (int(row[1]), row[2]) for row in rows}
+
+
 def _save(
-    conn: Connection, request: SaveRequest, sql: Statements, now_ms: Callable[[], int]
+    conn: Connection, request: SaveRequest, sql: Statements, clock: StoreClock
 ) -> int:
     expected = request.expected_revision
     params = {
@@ -227,7 +241,7 @@ def _save(
         "write_id": request.write_id,
         "detail": request.detail,
         "version": request.definition_version,
-        "now": now_ms(),
+        "now": clock.wall_ms(),
         "expected": expected or 0,
         "owner": None if request.lease is None else request.lease.owner,
         "epoch": None if request.lease is None else request.lease.epoch,

@@ -16,18 +16,22 @@ from typing import TYPE_CHECKING, Any, final
 
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 
+from . import _clock
 from ._base import BaseStore
+from ._clock import StepWatch, StoreClock
 from ._sql_ops import apply_op
 from ._sqlite_errors import translate
 from ._sqlite_schema import (
     MIGRATIONS,
     NETWORK_FILESYSTEMS,
     SCHEMA_VERSION,
+    SQL_EXPIRE_ALL_LEASES,
     SQL_FOREIGN_TABLES,
+    SQL_LEASE_CLOCK,
+    SQL_SET_LEASE_CLOCK,
     SQL_SET_LOG_DEPTH,
     STATEMENTS,
     filesystem_type,
-    now_ms,
 )
 from ._store import SAVE_LOG_DEPTH
 
@@ -122,6 +126,9 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         self._conn: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
         self._read_conn: sqlite3.Connection | None = None
+        self._clock = StoreClock(
+            _clock.wall_ms, _clock.lease_ms, StepWatch("the SQLite store's lease clock")
+        )
 
     @property
     def path(self) -> str:
@@ -370,6 +377,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
                     conn.execute(statement)
             depth = self._save_log_depth
             conn.execute(SQL_SET_LOG_DEPTH, (depth, depth))
+            self._adopt_lease_clock(conn)
             # Always a real write: an empty transaction commits even on a file this
             # process cannot write, which would only fail at the first save.
             conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
@@ -378,6 +386,40 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
             if conn.in_transaction:
                 conn.rollback()
             raise
+
+    def _adopt_lease_clock(self, conn: sqlite3.Connection) -> None:
+        """Make this machine's lease clock the database's (in the open's write
+        transaction): lease times of another boot, or of another clock (an earlier
+        release's wall clock), mean nothing on it, and the runtimes that wrote them
+        have stopped, so every lease expires now (the next sweep recovers them)."""
+        stored = conn.execute(SQL_LEASE_CLOCK).fetchone()[0]
+        if stored == _clock.LEASE_CLOCK_ID:
+            return
+        expired = conn.execute(
+            SQL_EXPIRE_ALL_LEASES, {"lease_now": self._clock.lease_ms()}
+        ).rowcount
+        conn.execute(SQL_SET_LEASE_CLOCK, (_clock.LEASE_CLOCK_ID,))
+        if expired:
+            logger.info(
+                "%s: %d leases were written on another boot or clock; they count as "
+                "expired",
+                self._path,
+                expired,
+            )
+
+    def lease_now_ms(self) -> int | None:
+        """Now on the clock of the stored lease expiries, in milliseconds (blocking).
+
+        Returns:
+            ``None`` when they are of another boot or clock: then every stored lease
+            has expired (the next store that opens the file for writing marks them so).
+
+        Raises:
+            StoreUnavailableError: the database cannot be read.
+        """
+        with self._reading() as conn:
+            stored = conn.execute(SQL_LEASE_CLOCK).fetchone()[0]
+        return self._clock.lease_ms() if stored == _clock.LEASE_CLOCK_ID else None
 
     def pragmas(self) -> dict[str, int | str]:
         """The settings the store's write connection runs with (blocking).
@@ -431,4 +473,4 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
 
     def apply(self, conn: sqlite3.Connection, op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
-        return apply_op(conn, op, STATEMENTS, now_ms)
+        return apply_op(conn, op, STATEMENTS, self._clock)

@@ -7,7 +7,6 @@ schema from version i to i + 1; later releases append steps, they never rewrite 
 from __future__ import annotations
 
 import os
-import time
 
 from ._sql_ops import Statements
 
@@ -22,9 +21,11 @@ __all__ = [
     "SQL_CREATE",
     "SQL_DELETE",
     "SQL_EXPIRED",
+    "SQL_EXPIRE_ALL_LEASES",
     "SQL_FIND_WRITE",
     "SQL_FOREIGN_TABLES",
     "SQL_HISTORY",
+    "SQL_LEASE_CLOCK",
     "SQL_LIST",
     "SQL_LOAD",
     "SQL_MARK",
@@ -34,14 +35,14 @@ __all__ = [
     "SQL_REQUEST_CANCEL",
     "SQL_RESUME",
     "SQL_REVISION",
+    "SQL_SET_LEASE_CLOCK",
     "SQL_SET_LOG_DEPTH",
     "SQL_UPDATE",
     "STATEMENTS",
     "filesystem_type",
-    "now_ms",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """``PRAGMA user_version`` of the newest schema this release writes."""
 
 NETWORK_FILESYSTEMS = frozenset({
@@ -168,6 +169,12 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             ON phronomy_workflow_instances (lease_expires_at_ms)
             WHERE lease_owner IS NOT NULL""",
     ),
+    (  # version 4: lease times on the machine's monotonic clock of one boot, whose id
+        # the 'lease_clock' setting records (-1: the wall clock of version 3; a store
+        # that finds another id than its own counts every lease as expired). An
+        # earlier release would misread these times: it refuses the new version.
+        "INSERT INTO phronomy_settings VALUES ('lease_clock', -1)",
+    ),
 )
 
 COLUMNS = (
@@ -194,15 +201,15 @@ _CLAIM = """
         lease_owner = :owner,
         cancel_requested = NULL,
         lease_epoch = lease_epoch + 1,
-        lease_expires_at_ms = CASE WHEN :owner IS NULL THEN NULL ELSE :now + :ttl END"""
-_CLAIMABLE = """status != 'recovery_required'
-      AND (lease_owner IS NULL OR lease_owner = :owner OR lease_expires_at_ms <= :now)"""
+        lease_expires_at_ms = CASE WHEN :owner IS NULL THEN NULL ELSE :lease_now + :ttl END"""
+_CLAIMABLE = """status != 'recovery_required' AND (lease_owner IS NULL
+      OR lease_owner = :owner OR lease_expires_at_ms <= :lease_now)"""
 SQL_BEGIN = f"""
     INSERT INTO phronomy_workflow_instances
         (instance_id, workflow, revision, status, created_at_ms, updated_at_ms,
          lease_owner, lease_epoch, lease_expires_at_ms)
     VALUES (:id, :workflow, 0, 'running', :now, :now, :owner, 1,
-        CASE WHEN :owner IS NULL THEN NULL ELSE :now + :ttl END)
+        CASE WHEN :owner IS NULL THEN NULL ELSE :lease_now + :ttl END)
     ON CONFLICT (instance_id) DO UPDATE SET
         status = 'running',
         updated_at_ms = excluded.updated_at_ms,
@@ -216,7 +223,7 @@ SQL_BEGIN_NEW = """
         (instance_id, workflow, revision, status, created_at_ms, updated_at_ms,
          lease_owner, lease_epoch, lease_expires_at_ms)
     VALUES (:id, :workflow, 0, 'running', :now, :now, :owner, 1,
-        CASE WHEN :owner IS NULL THEN NULL ELSE :now + :ttl END)
+        CASE WHEN :owner IS NULL THEN NULL ELSE :lease_now + :ttl END)
     ON CONFLICT (instance_id) DO NOTHING
     RETURNING lease_epoch
 """
@@ -300,9 +307,9 @@ SQL_MARK_OR_CREATE = f"""
     WHERE (:expected IS NULL OR revision = :expected) AND {_HOLDS}
 """  # noqa: S608 - constant
 SQL_RENEW = """
-    UPDATE phronomy_workflow_instances SET lease_expires_at_ms = :now + :ttl
+    UPDATE phronomy_workflow_instances SET lease_expires_at_ms = :lease_now + :ttl
     WHERE lease_owner = :owner AND instance_id IN (SELECT value FROM json_each(:ids))
-    RETURNING instance_id, lease_epoch, cancel_requested
+    RETURNING instance_id, lease_epoch, cancel_requested, lease_expires_at_ms
 """
 SQL_REQUEST_CANCEL = """
     UPDATE phronomy_workflow_instances SET cancel_requested = :reason
@@ -311,7 +318,7 @@ SQL_REQUEST_CANCEL = """
 """
 SQL_EXPIRED = """
     SELECT instance_id, lease_epoch FROM phronomy_workflow_instances
-    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= :now AND status = 'running'
+    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= :lease_now AND status = 'running'
     ORDER BY lease_expires_at_ms LIMIT :limit
 """
 SQL_RECOVER = """
@@ -335,9 +342,18 @@ SQL_RECOVER = """
         cancel_requested = NULL, lease_epoch = lease_epoch + 1,
         takeovers = takeovers + 1
     WHERE instance_id = :id AND lease_epoch = :epoch AND status = 'running'
-      AND lease_owner IS NOT NULL AND lease_expires_at_ms <= :now
+      AND lease_owner IS NOT NULL AND lease_expires_at_ms <= :lease_now
     RETURNING status
 """
+SQL_LEASE_CLOCK = "SELECT value FROM phronomy_settings WHERE name = 'lease_clock'"
+SQL_SET_LEASE_CLOCK = (
+    "UPDATE phronomy_settings SET value = ? WHERE name = 'lease_clock'"
+)
+SQL_EXPIRE_ALL_LEASES = """
+    UPDATE phronomy_workflow_instances SET lease_expires_at_ms = :lease_now
+    WHERE lease_owner IS NOT NULL
+"""
+"""Every lease expires now (their times are of another boot or clock)."""
 SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = ? AND revision = ?"
 )
@@ -371,11 +387,6 @@ STATEMENTS = Statements(
     expired=SQL_EXPIRED,
     recover=SQL_RECOVER,
 )
-
-
-def now_ms() -> int:
-    """Wall-clock milliseconds (stored timestamps)."""
-    return time.time_ns() // 1_000_000
 
 
 def filesystem_type(path: str) -> str | None:
