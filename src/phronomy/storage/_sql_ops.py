@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ._ops import (
     BeginOp,
+    ClaimOp,
     DeleteOp,
     FindWriteOp,
     HistoryOp,
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
     from ._ops import StoreOp
     from ._records import Lease, SaveRequest
 
-__all__ = ["Connection", "Statements", "apply_op", "record_from_row"]
+__all__ = ["Connection", "Statements", "apply_op", "claim_op", "record_from_row"]
 
 
 class _Cursor(Protocol):
@@ -60,8 +61,10 @@ class Statements(NamedTuple):
 
     ``load``, ``revision``, ``find_write``, ``history`` and ``delete`` take positional
     parameters, the others named ones (``now`` is passed for backends whose clock is
-    the client's). ``begin``, ``resume``, ``renew``, ``expired`` and ``recover``
-    return rows.
+    the client's). ``begin``, ``resume``, ``renew``, ``recover`` and ``claim`` return
+    rows. ``recover`` takes over up to ``limit`` expired leases in one statement.
+    ``claim`` (optional) is a :class:`ClaimOp` in one statement that never waits for a
+    row (see :func:`claim_op`); without it, a claim is a load and then a ``begin``.
     """
 
     load: str
@@ -79,8 +82,8 @@ class Statements(NamedTuple):
     delete: str
     renew: str
     request_cancel: str
-    expired: str
     recover: str
+    claim: str | None = None
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
@@ -171,21 +174,19 @@ def apply_op(
                 "ttl": ttl,
             }
             renewed = conn.execute(sql.renew, params)
-            return {row[0]: (int(row[1]), row[2]) for row in renewed}
+            # (id, epoch, cancel_requested[, renewed]): a statement that may skip a
+            # row another transaction is writing says which it renewed
+            return {
+                row[0]: (int(row[1]), row[2], len(row) < 4 or bool(row[3]))
+                for row in renewed
+            }
         case RequestCancelOp(workflow_instance_id=iid, reason=reason):
             params = {"id": iid, "reason": reason or ""}
             row = conn.execute(sql.request_cancel, params).fetchone()
             return None if row is None else int(row[0])
         case RecoverOp(limit=limit, max_takeovers=max_takeovers):
-            now = now_ms()
-            candidates = conn.execute(sql.expired, {"now": now, "limit": limit})
-            recovered = []
-            for iid, epoch in candidates.fetchall():
-                params = {"id": iid, "epoch": epoch, "now": now, "max": max_takeovers}
-                row = conn.execute(sql.recover, params).fetchone()
-                if row is not None:
-                    recovered.append((iid, row[0]))
-            return recovered
+            params = {"now": now_ms(), "limit": limit, "max": max_takeovers}
+            return [(row[0], row[1]) for row in conn.execute(sql.recover, params)]
         case SaveOp(request=request):
             return _save(conn, request, sql, now_ms)
         case MarkOp():
@@ -208,6 +209,37 @@ def apply_op(
                 raise _conflict(conn, sql, iid, expected, "delete")
             return None
     raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
+
+
+def claim_op(
+    conn: Connection, op: ClaimOp, sql: Statements, now_ms: Callable[[], int]
+) -> tuple[StoredRecord | None, int | None]:
+    """Run a :class:`ClaimOp` with the backend's one ``claim`` statement.
+
+    The statement returns at most one row: a kind (``created``, ``claimed`` or
+    ``current``), the instance's load columns and the new epoch. ``created``: no row
+    existed, the claim made one. ``claimed``: the row as it was before the claim.
+    ``current``: the row was not claimed (its status or another runtime's lease, or
+    another transaction was writing it: never waited for).
+    """
+    params = {
+        "id": op.workflow_instance_id,
+        "workflow": op.workflow,
+        "owner": op.lease_owner,
+        "ttl": op.ttl_ms,
+        "now": now_ms(),
+        "statuses": list(op.statuses),
+        "create": op.create,
+        "placeholders": op.placeholders,
+    }
+    assert sql.claim is not None
+    row = conn.execute(sql.claim, params).fetchone()
+    if row is None:
+        return None, None
+    kind, epoch = row[0], row[-1]
+    if kind == "created":
+        return None, int(epoch)
+    return record_from_row(row[1:-1]), None if epoch is None else int(epoch)
 
 
 def _save(

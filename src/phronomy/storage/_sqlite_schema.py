@@ -307,11 +307,17 @@ SQL_REQUEST_CANCEL = """
     RETURNING lease_epoch
 """
 SQL_EXPIRED = """
-    SELECT instance_id, lease_epoch FROM phronomy_workflow_instances
-    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= :now AND status = 'running'
+    SELECT instance_id FROM phronomy_workflow_instances
+    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= :now
+      AND status != 'recovery_required'
     ORDER BY lease_expires_at_ms LIMIT :limit
 """
-SQL_RECOVER = """
+"""The leases that expired first. It reads the partial lease index in expiry order and
+stops at the limit: a leased row is ``running`` or ``recovery_required`` (every other
+status releases the lease), and the test written as ``!=`` is one no index serves
+(``= 'running'`` makes SQLite read every running instance through the status index and
+sort them)."""
+SQL_RECOVER = f"""
     UPDATE phronomy_workflow_instances AS t SET
         status = CASE
             WHEN revision = 0 THEN 'failed'
@@ -331,10 +337,11 @@ SQL_RECOVER = """
         updated_at_ms = :now, lease_owner = NULL, lease_expires_at_ms = NULL,
         cancel_requested = NULL, lease_epoch = lease_epoch + 1,
         takeovers = takeovers + 1
-    WHERE instance_id = :id AND lease_epoch = :epoch AND status = 'running'
-      AND lease_owner IS NOT NULL AND lease_expires_at_ms <= :now
-    RETURNING status
-"""
+    WHERE instance_id IN ({SQL_EXPIRED})
+    RETURNING instance_id, status
+"""  # noqa: S608 - constant
+"""The recovery sweep: up to ``limit`` expired leases taken over in one statement (the
+write transaction holds the database's write lock: no other sweeper sees them)."""
 SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = ? AND revision = ?"
 )
@@ -365,7 +372,6 @@ STATEMENTS = Statements(
     delete=SQL_DELETE,
     renew=SQL_RENEW,
     request_cancel=SQL_REQUEST_CANCEL,
-    expired=SQL_EXPIRED,
     recover=SQL_RECOVER,
 )
 
