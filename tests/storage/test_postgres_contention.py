@@ -4,6 +4,7 @@ and contention is never reported as a server that is down."""
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from typing import TYPE_CHECKING, Any
@@ -41,7 +42,7 @@ def locker(postgres_dsn: str) -> Iterator[Callable[..., psycopg.Connection[Any]]
         opened.append(conn)
         conn.execute("BEGIN")
         conn.execute(
-            f"SELECT 1 FROM {schema}.phronomy_workflow_instances "  # noqa: S608
+            f"SELECT 1 FROM {schema}.phronomy_workflow_instances "
             "WHERE instance_id = ANY(%s) FOR UPDATE",
             (list(ids),),
         )
@@ -162,10 +163,8 @@ def test_batches_lock_rows_in_one_order_so_they_never_deadlock(
 
         def meet(point: str) -> None:
             if point == "request_cancel.applied":
-                try:
+                with contextlib.suppress(threading.BrokenBarrierError):
                     barrier.wait()
-                except threading.BrokenBarrierError:
-                    pass
 
         setup = open_postgres()
         for iid, owner in ((f"{tag}a", "X"), (f"{tag}b", "Y")):
@@ -220,11 +219,11 @@ def test_every_connection_runs_with_the_session_timeouts(
     def shown(conn: psycopg.Connection[Any]) -> list[str]:
         return [conn.execute(f"SHOW {name}").fetchone()[0] for name in names]  # type: ignore[index]
 
-    with store._writing() as conn:  # noqa: SLF001 - each lane's own connection
+    with store._writing() as conn:
         assert shown(conn) == expected
-    with store._writing("renew") as conn:  # noqa: SLF001
+    with store._writing("renew") as conn:
         assert shown(conn) == expected
-    with store._reading() as conn:  # noqa: SLF001
+    with store._reading() as conn:
         assert shown(conn) == expected
     for name, value in (("lock_timeout", 0), ("statement_timeout", -1)):
         with pytest.raises(errors.InvalidInputError, match=name):
@@ -245,7 +244,7 @@ def test_contention_is_named_as_such_never_as_a_server_that_is_down(
     assert "waited longer than lock_timeout (0.2 s)" in message
     assert "check that the server is up" not in message
     with pytest.raises(errors.StoreUnavailableError) as slow:
-        with store._writing() as conn:  # noqa: SLF001
+        with store._writing() as conn:
             conn.execute("SELECT pg_sleep(2)")
     assert "ran longer than statement_timeout (0.5 s)" in str(slow.value)
     assert "check that the server is up" not in str(slow.value)
