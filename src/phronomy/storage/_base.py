@@ -154,11 +154,37 @@ class BaseStore(OneAtATime, Generic[C]):
     def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
         """See :meth:`~phronomy.storage.WorkflowStore.execute`."""
         if all(isinstance(op, READ_OPS) for op in ops):
-            with self._reading() as conn:
-                values = [outcome.capture(self._read, conn, op) for op in ops]
+            values = self._reads(ops)
+            if any(
+                isinstance(v, outcome.Error) and self._reconnected(v.error)
+                for v in values
+            ):
+                values = self._reads(ops)  # reads change nothing: once more
             self._settle_quarantines(values)
             return values
         lane: Lane = "renew" if all(isinstance(op, RenewOp) for op in ops) else "write"
+        done = self._transaction(ops, lane)
+        if isinstance(done, Exception) and self._reconnected(done):
+            done = self._transaction(ops, lane)  # nothing was sent: once more
+        if isinstance(done, Exception):  # it never began: nothing was written
+            return [_not_written(op, done) for op in ops]
+        for i, op in enumerate(ops):
+            try:
+                self._hook(f"{op_name(op)}.after")
+            except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
+                done[i] = self._uncertain(op, exc, done[i], None)
+        self._settle_quarantines(done)
+        return done
+
+    def _reads(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
+        with self._reading() as conn:
+            return [outcome.capture(self._read, conn, op) for op in ops]
+
+    def _transaction(
+        self, ops: Sequence[StoreOp], lane: Lane
+    ) -> list[outcome.Outcome[Any]] | Exception:
+        """Run a write batch in one transaction: each operation's outcome, or the
+        error that kept the transaction from beginning (nothing was sent)."""
         results: list[outcome.Outcome[Any] | None] = [None] * len(ops)
         started = False
         try:
@@ -169,21 +195,19 @@ class BaseStore(OneAtATime, Generic[C]):
                 self._hook("commit.before")
             self._hook("commit.after")
         except Exception as exc:  # noqa: BLE001 - the transaction's outcome is unknown
-            if not started:  # it never began: nothing of the batch was written
-                return [_not_written(op, exc) for op in ops]
+            if not started:
+                return exc
             verdict = self._verdict()
             return [
                 self._uncertain(op, exc, results[i], verdict)
                 for i, op in enumerate(ops)
             ]
-        done = [r for r in results if r is not None]
-        for i, op in enumerate(ops):
-            try:
-                self._hook(f"{op_name(op)}.after")
-            except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
-                done[i] = self._uncertain(op, exc, done[i], None)
-        self._settle_quarantines(done)
-        return done
+        return [r for r in results if r is not None]
+
+    def _reconnected(self, error: BaseException) -> bool:
+        """Whether *error* came from a connection found broken, which the next call
+        replaces (backend; by default never)."""
+        return False
 
     def _lock_order(self, ops: Sequence[StoreOp]) -> Sequence[int]:
         """The order to run a write batch's operations in (backend; by default as

@@ -282,11 +282,13 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             yield
         except _driver().Error as exc:
             conn = None if connection is None else getattr(self, connection)
+            dropped = False
             if conn is not None and (conn.broken or conn.closed):
                 conn.close()
                 setattr(self, connection, None)  # type: ignore[arg-type]
+                dropped = True
             self._secrets.scrub(exc)
-            raise StoreUnavailableError(
+            raise (_Reconnect if dropped else StoreUnavailableError)(
                 self._secrets.redact(
                     f"PostgreSQL at {self._address} (schema {self._schema!r}): "
                     + describe(exc, self._timeouts)
@@ -405,6 +407,9 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                     self._conn = None
                 raise
 
+    def _reconnected(self, error: BaseException) -> bool:
+        return isinstance(error, _Reconnect)
+
     def _lock_order(self, ops: Sequence[StoreOp]) -> Sequence[int]:
         return row_order(ops)  # no two transactions wait for each other's rows
 
@@ -481,6 +486,11 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
     def apply(self, conn: psycopg.Connection[Any], op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
         return apply_op(conn, op, STATEMENTS, _no_clock)
+
+
+class _Reconnect(StoreUnavailableError):
+    """The connection was found broken (the server restarted, or ended the session);
+    the next call opens a new one."""
 
 
 class _StillRunning(StoreUnavailableError):
