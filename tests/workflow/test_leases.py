@@ -354,3 +354,56 @@ async def test_an_event_for_an_unsaved_instance_live_elsewhere_is_busy(
         assert "owner" in str(caught.value)
         assert a.workflows.signal(flow, "busy-1", "finish")
         assert (await first.result()).revision == 1
+
+
+def go_flow() -> phronomy.WorkflowDefinition[Value]:
+    """Halts at 'awaiting'; 'go' makes it live (external events), 'done' finishes."""
+    wf = phronomy.Workflow(Value, name="go")
+    wf.wait_state("awaiting").initial("awaiting")
+    wf.state("working")
+    wf.transition("awaiting", "working", on="go")
+    wf.transition("working", phronomy.FINISH, on="done")
+    return wf.build()
+
+
+async def test_a_quarantine_ends_once_another_runtime_settled_the_instance(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    """The outcome of a terminal save is unknown and its recovery_required mark fails
+    too: the process refuses the instance, whose row keeps the lease of the unknown
+    save. Once that lease expired (its runtime stopped), a sweep puts the instance
+    back (a new epoch), and the other runtime of the process takes events for it.
+
+    Before: it stayed refused in the process until an operator resolved it, although
+    the store showed it settled."""
+    inner = make_store()
+    first = FaultyStore(inner)
+    flow = go_flow()
+    async with runtime_on(make_store(), **FAST) as b:
+        async with runtime_on(first, **FAST) as a:
+            await a.workflows.invoke(flow, workflow_instance_id="q")  # halted, rev 1
+            pending = a.workflows.start_event(flow, "go", workflow_instance_id="q")
+            await until(lambda: admission_state(a, "q") == "executing")
+            claimed = inner.load("q")
+            assert claimed is not None
+            first.fail("save.before", OSError("reset"))
+            first.fail("readback.before", OSError("unreadable"))
+            first.fail("mark.before", OSError("mark lost"), times=None)
+            assert a.workflows.signal(flow, "q", "done")
+            await until(lambda: admission_state(a, "q") == "recovery_required")
+            await until(lambda: first.count("mark") >= 1)  # tried, and failed
+            first.clear()  # (for MemoryStore both runtimes share one store object)
+            with pytest.raises(phronomy.RecoveryRequiredError, match="requires recov"):
+                await b.workflows.send_event(flow, "go", workflow_instance_id="q")
+        with pytest.raises(phronomy.RecoveryRequiredError):
+            await pending.result()  # settled by the shutdown
+        # the lease of the unknown save expires: a sweep puts the instance back
+        await until(lambda: inner.load("q").lease_epoch > claimed.lease_epoch)  # type: ignore[union-attr]
+        back = inner.load("q")
+        assert back is not None
+        assert (back.status, back.revision) == ("halted", 1)
+        handle = b.workflows.start_event(flow, "go", workflow_instance_id="q")
+        await until(lambda: b.workflows.signal(flow, "q", "done"))
+        done = await handle.result()
+        assert (done.status, done.revision) == ("finished", 2)
+        assert await b.recovery.list() == []
