@@ -407,3 +407,30 @@ async def test_a_quarantine_ends_once_another_runtime_settled_the_instance(
         done = await handle.result()
         assert (done.status, done.revision) == ("finished", 2)
         assert await b.recovery.list() == []
+
+
+async def test_one_sweep_pass_goes_on_while_batches_come_back_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: a pass took one batch (100 instances) and stopped until the next interval.
+    from phronomy.durability import _leases
+
+    monkeypatch.setattr(_leases, "SWEEP_BATCH", 10)
+    monkeypatch.setattr(_leases, "SWEEP_BATCHES", 5)  # a pass is bounded
+    store = phronomy.MemoryStore()
+    for n in range(73):
+        assert store.begin(f"x{n}", "wf", lease_owner="gone", ttl_ms=0) == 1
+    writes: list[int] = []
+
+    async def run(op: Any) -> Any:
+        result = await trio.to_thread.run_sync(store.run, op)
+        writes.append(len(result))
+        return result
+
+    leases = _leases.Leases(run, _leases.LeaseSettings())
+    await leases.sweep_once()
+    assert writes == [10] * 5  # bounded: 50 of the 73 in this pass
+    await leases.sweep_once()
+    assert writes[5:] == [10, 10, 3]  # the rest in the next, which stops when short
+    rows = store.list_instances(status="running", limit=100).records
+    assert rows == ()
