@@ -64,27 +64,29 @@ class BaseStore(OneAtATime, Generic[C]):
     block ends, rolled back when it raises), ``_read_errors`` (its errors as store
     errors, around each read) and :meth:`apply` (one operation on that connection), and
     may override :meth:`open`, :meth:`close`, :meth:`fence`, ``_claim``,
-    ``_lock_order`` and :attr:`identity`.
+    ``_lock_order``, ``_reconnected`` and :attr:`identity`.
 
     :meth:`execute` runs a batch: reads on the read connection; writes in one
     transaction, where a conflict fails only its own operation. A batch of renewals
     only runs on the ``renew`` lane. If the transaction fails before it began, nothing
-    was written. If it fails later, or an error arrives after its commit, its outcome
+    was written (on a connection found broken, it is run once more on a new one, and
+    so is a batch of reads). If it fails later, or an error arrives after its commit, its outcome
     is unknown until it is fenced (:meth:`fence`): the fence's verdict decides when it
     has one (committed: what each operation did; aborted: nothing was written), else
     each save is classified on its own from what is read back (retried on a fresh
     connection), each claim likewise; every other write fails with the error.
 
     Every row a batch reads (or a claim returns) lifts the process's quarantine of
-    its instance if another runtime settled it (see :func:`~phronomy.storage.settle`).
+    its instance if another runtime settled it since (a newer lease epoch).
 
     Fault points (``fault_hook(name)`` may raise or delay, for tests):
     ``<op>.before`` (nothing of the operation ran; for a write, the whole transaction
     is abandoned), ``<op>.applied`` (it ran, not committed), ``commit.before``,
     ``commit.after`` (the batch committed, then an error), ``<op>.after`` (likewise, for
     one operation), ``readback.before`` (the reconciliation read), ``open.before``.
-    ``<op>`` is the operation's name: ``load``, ``list``, ``find_write``, ``begin``,
-    ``save``, ``mark``, ``delete``.
+    ``<op>`` is the operation's name: ``load``, ``list``, ``history``, ``find_write``,
+    ``begin``, ``claim``, ``save``, ``mark``, ``delete``, ``renew``, ``recover``,
+    ``request_cancel``.
     """
 
     max_concurrency = 1
@@ -154,13 +156,16 @@ class BaseStore(OneAtATime, Generic[C]):
     def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
         """See :meth:`~phronomy.storage.WorkflowStore.execute`."""
         if all(isinstance(op, READ_OPS) for op in ops):
-            values = self._reads(ops)
-            if any(
-                isinstance(v, outcome.Error) and self._reconnected(v.error)
-                for v in values
-            ):
-                values = self._reads(ops)  # reads change nothing: once more
-            self._settle_quarantines(values)
+            values: list[outcome.Outcome[Any]] = []
+            for _ in range(2):  # reads change nothing: once more on a new connection
+                with self._reading() as conn:
+                    values = [outcome.capture(self._read, conn, op) for op in ops]
+                if not any(
+                    isinstance(v, outcome.Error) and self._reconnected(v.error)
+                    for v in values
+                ):
+                    break
+            _settle_rows(self.identity, values)
             return values
         lane: Lane = "renew" if all(isinstance(op, RenewOp) for op in ops) else "write"
         done = self._transaction(ops, lane)
@@ -173,12 +178,8 @@ class BaseStore(OneAtATime, Generic[C]):
                 self._hook(f"{op_name(op)}.after")
             except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
                 done[i] = self._uncertain(op, exc, done[i], None)
-        self._settle_quarantines(done)
+        _settle_rows(self.identity, done)
         return done
-
-    def _reads(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
-        with self._reading() as conn:
-            return [outcome.capture(self._read, conn, op) for op in ops]
 
     def _transaction(
         self, ops: Sequence[StoreOp], lane: Lane
@@ -197,7 +198,7 @@ class BaseStore(OneAtATime, Generic[C]):
         except Exception as exc:  # noqa: BLE001 - the transaction's outcome is unknown
             if not started:
                 return exc
-            verdict = self._verdict()
+            verdict = _fenced(self)
             return [
                 self._uncertain(op, exc, results[i], verdict)
                 for i, op in enumerate(ops)
@@ -213,28 +214,6 @@ class BaseStore(OneAtATime, Generic[C]):
         """The order to run a write batch's operations in (backend; by default as
         given). Results are returned in the batch's order whatever this order."""
         return range(len(ops))
-
-    def _verdict(self) -> Verdict:
-        """What became of a write transaction that failed once it had begun: fenced
-        (:meth:`fence`) so that it can no longer commit, then the backend's verdict."""
-        try:
-            return self.fence()
-        except Exception as exc:  # noqa: BLE001 - it may still commit: nothing is read
-            logger.warning("could not settle a failed write transaction: %r", exc)
-            return "unsettled"
-
-    def _settle_quarantines(self, results: list[outcome.Outcome[Any]]) -> None:
-        """Lift the quarantine of every row read that another runtime settled."""
-        for result in results:
-            if not isinstance(result, outcome.Value):
-                continue
-            value = result.value
-            if isinstance(value, tuple) and len(value) == 2:  # a claim's (row, epoch)
-                value = value[0]
-            rows = value.records if isinstance(value, InstancePage) else (value,)
-            for row in rows:
-                if isinstance(row, StoredRecord):
-                    settle(self.identity, row)
 
     def _read(self, conn: C, op: StoreOp) -> Any:
         name = op_name(op)
@@ -287,7 +266,7 @@ class BaseStore(OneAtATime, Generic[C]):
         )
         if isinstance(op, SaveOp):
             if verdict == "unsettled":
-                return outcome.Value(self._unknown(op.request, error))
+                return outcome.Value(_unknown(self.identity, op.request, error))
             return outcome.Value(self._classify(op.request, error))
         if claim and verdict is None:
             return self._reconcile_claim(op, error)  # type: ignore[arg-type]
@@ -375,11 +354,11 @@ class BaseStore(OneAtATime, Generic[C]):
             the original *error* (pre-state, or the transaction aborted), or
             ``outcome_unknown`` (neither, or it could not be settled or read back).
         """
-        verdict = self._verdict()
+        verdict = _fenced(self)
         if verdict == "aborted":
             return SaveOutcome(outcome="known_failure", error=error)
         if verdict == "unsettled":
-            return self._unknown(request, error)
+            return _unknown(self.identity, request, error)
         return self._classify(request, error)
 
     def _classify(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
@@ -399,7 +378,7 @@ class BaseStore(OneAtATime, Generic[C]):
             record, logged = self._read_back(read)
         except Exception as read_error:  # noqa: BLE001 - reported as the unknown outcome
             logger.warning("reconciliation read of %r failed: %r", iid, read_error)
-            return self._unknown(request, read_error)
+            return _unknown(self.identity, request, read_error)
         verdict = classify_uncertain_save(record, logged, request)
         if verdict == "post":  # logged, or the row carries its write id
             revision = (
@@ -417,16 +396,7 @@ class BaseStore(OneAtATime, Generic[C]):
             f"{request.expected_revision}, found {record.revision if record else None})"
         )
         conflict.__cause__ = error
-        return self._unknown(request, conflict)
-
-    def _unknown(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
-        """``outcome_unknown``; the lease epoch of the save is noted, so that the
-        instance's quarantine ends once another runtime settled it."""
-        if request.lease is not None:
-            note_unknown(
-                self.identity, request.workflow_instance_id, request.lease.epoch
-            )
-        return SaveOutcome(outcome="outcome_unknown", error=error)
+        return _unknown(self.identity, request, conflict)
 
     def _read_back(self, read: Callable[[C], T]) -> T:
         """*read* on the read connection, tried again on a fresh one (the backend drops
@@ -468,3 +438,36 @@ def row_order(ops: Sequence[StoreOp]) -> list[int]:
         return (0, iid) if isinstance(iid, str) else (1, "")
 
     return sorted(range(len(ops)), key=key)
+
+
+def _fenced(store: BaseStore[Any]) -> Verdict:
+    """What became of a write transaction that failed once it had begun: fenced
+    (:meth:`BaseStore.fence`) so that it can no longer commit, then the backend's
+    verdict; ``unsettled`` if the fence failed."""
+    try:
+        return store.fence()
+    except Exception as exc:  # noqa: BLE001 - it may still commit: nothing is read
+        logger.warning("could not settle a failed write transaction: %r", exc)
+        return "unsettled"
+
+
+def _unknown(identity: str, request: SaveRequest, error: BaseException) -> SaveOutcome:
+    """``outcome_unknown``; the lease epoch of the save is noted, so that the
+    instance's quarantine ends once another runtime settled it."""
+    if request.lease is not None:
+        note_unknown(identity, request.workflow_instance_id, request.lease.epoch)
+    return SaveOutcome(outcome="outcome_unknown", error=error)
+
+
+def _settle_rows(identity: str, results: list[outcome.Outcome[Any]]) -> None:
+    """Lift the quarantine of every row read that another runtime settled."""
+    for result in results:
+        if not isinstance(result, outcome.Value):
+            continue
+        value = result.value
+        if isinstance(value, tuple) and len(value) == 2:  # a claim's (row, epoch)
+            value = value[0]
+        rows = value.records if isinstance(value, InstancePage) else (value,)
+        for row in rows:
+            if isinstance(row, StoredRecord):
+                settle(identity, row)

@@ -159,7 +159,7 @@ class RecoverOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="recove
     the epoch, so a late write of the stopped runtime is refused. The instances whose
     lease expired first go first; one another transaction is writing is left for a
     later sweep (never waited for). The result lists ``(instance_id, status)`` of the
-    instances recovered (fewer than *limit*: no more had expired).
+    instances recovered (fewer than *limit*: no more could be taken over now).
     """
 
     limit: int = 100

@@ -12,7 +12,14 @@ from typing import TYPE_CHECKING, Any, final
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 
 from ._base import BaseStore, Lane, Verdict, row_order
-from ._postgres_errors import Secrets, Timeouts, describe
+from ._postgres_errors import (
+    Reconnect,
+    Secrets,
+    StillRunning,
+    Timeouts,
+    describe,
+    driver as _driver,
+)
 from ._postgres_schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -288,7 +295,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                 setattr(self, connection, None)  # type: ignore[arg-type]
                 dropped = True
             self._secrets.scrub(exc)
-            raise (_Reconnect if dropped else StoreUnavailableError)(
+            raise (Reconnect if dropped else StoreUnavailableError)(
                 self._secrets.redact(
                     f"PostgreSQL at {self._address} (schema {self._schema!r}): "
                     + describe(exc, self._timeouts)
@@ -408,7 +415,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                 raise
 
     def _reconnected(self, error: BaseException) -> bool:
-        return isinstance(error, _Reconnect)
+        return isinstance(error, Reconnect)
 
     def _lock_order(self, ops: Sequence[StoreOp]) -> Sequence[int]:
         return row_order(ops)  # no two transactions wait for each other's rows
@@ -442,7 +449,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             while True:
                 try:
                     verdict = self._settle(deadline)
-                except _StillRunning:
+                except StillRunning:
                     raise
                 except StoreUnavailableError as exc:
                     if time.monotonic() >= deadline:
@@ -472,7 +479,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                     logger.info("failed write transaction %s ended: %s", xid, status)
                     return status if status in ("committed", "aborted") else None
                 if time.monotonic() >= deadline:
-                    raise _StillRunning(
+                    raise StillRunning(
                         f"PostgreSQL at {self._address}: transaction {xid} of a "
                         f"failed write was still in progress after "
                         f"{self._fence_timeout} s",
@@ -486,24 +493,3 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
     def apply(self, conn: psycopg.Connection[Any], op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
         return apply_op(conn, op, STATEMENTS, _no_clock)
-
-
-class _Reconnect(StoreUnavailableError):
-    """The connection was found broken (the server restarted, or ended the session);
-    the next call opens a new one."""
-
-
-class _StillRunning(StoreUnavailableError):
-    """The fence gave up: the failed transaction was still running."""
-
-
-def _driver() -> Any:
-    """The psycopg module, imported when a PostgreSQL store is first used."""
-    try:
-        import psycopg
-    except ImportError:
-        raise StoreUnavailableError(
-            "PostgresStore needs psycopg 3: pip install 'phronomy[postgres]'",
-            path="postgresql:?",
-        ) from None
-    return psycopg

@@ -13,10 +13,12 @@ import re
 import urllib.parse
 from typing import TYPE_CHECKING, Any, NamedTuple
 
+from phronomy.errors import StoreUnavailableError
+
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Secrets", "Timeouts", "describe"]
+__all__ = ["Reconnect", "Secrets", "StillRunning", "Timeouts", "describe", "driver"]
 
 _KEYWORD = re.compile(
     r"""password\s*=\s*(?:'((?:[^'\\]|\\.)*)'?|(\S+))""", re.IGNORECASE
@@ -149,3 +151,24 @@ def describe(error: BaseException, timeouts: Timeouts) -> str:
             "user may use the database"
         )
     return text
+
+
+class Reconnect(StoreUnavailableError):
+    """The connection was found broken (the server restarted, or ended the session);
+    the next call opens a new one."""
+
+
+class StillRunning(StoreUnavailableError):
+    """The fence gave up: the failed transaction was still running."""
+
+
+def driver() -> Any:
+    """The psycopg module, imported when a PostgreSQL store is first used."""
+    try:
+        import psycopg
+    except ImportError:
+        raise StoreUnavailableError(
+            "PostgresStore needs psycopg 3: pip install 'phronomy[postgres]'",
+            path="postgresql:?",
+        ) from None
+    return psycopg
