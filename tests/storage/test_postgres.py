@@ -397,17 +397,28 @@ def test_the_fence_settles_outcomes_whatever_else_the_fault_broke(
     open_postgres: OpenPostgres,
     postgres_dsn: str,
     restart_server: Callable[[], None],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """Faults that break the write connection and the read connection at once (the
-    server restarts, its backend is killed, the commit's reply is lost): the fence's
-    verdict classifies each save, and matches what the database holds; nothing is
-    left unknown while the server can tell.
+    server restarts, its backend is killed, the commit's reply is lost, the reply is
+    lost and then the server restarts): each save is classified by the fence's
+    verdict, or after a restart from what is read back on a fresh connection, and
+    matches what the database holds; nothing is left unknown while the server can be
+    reached.
 
     Before: the read-back ran on the read connection the same fault had broken, and
-    the saves were reported ``outcome_unknown`` (their instances recovery_required).
+    the saves were reported ``outcome_unknown`` (6 of 6; their instances
+    recovery_required).
     """
-    faults = ["restart", "kill", "reply lost"] * 2
+    faults = ["restart", "kill", "reply lost", "reply lost, restart"] * 2
     plan: list[str] = []
+    connect = PostgresStore._connect
+
+    def crash_first(self: PostgresStore) -> Any:
+        if plan == ["restart at fence"]:  # the commit landed; the server crashes
+            plan.pop(0)
+            restart_server()
+        return connect(self)
 
     def hook(point: str) -> None:
         if not plan:
@@ -419,8 +430,8 @@ def test_the_fence_settles_outcomes_whatever_else_the_fault_broke(
                 restart_server()
             else:
                 _terminate(postgres_dsn, _backend_of(store._conn))
-        elif point == "commit.before" and plan[0] == "reply lost":
-            plan.pop(0)
+        elif point == "commit.before" and plan[0].startswith("reply lost"):
+            plan[:] = ["restart at fence"] if "restart" in plan.pop(0) else []
             _terminate(postgres_dsn, _backend_of(store._read_conn))
             conn = store._conn
             assert conn is not None  # COMMIT is sent, its reply never read
@@ -429,6 +440,7 @@ def test_the_fence_settles_outcomes_whatever_else_the_fault_broke(
 
     store = open_postgres(connect_timeout=2, fault_hook=hook)
     store.open()
+    monkeypatch.setattr(PostgresStore, "_connect", crash_first)
     verdicts: collections.Counter[str] = collections.Counter()
     for n, fault in enumerate(faults):
         iid = f"f{n}"

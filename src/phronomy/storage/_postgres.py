@@ -85,9 +85,10 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
       transaction id before it writes. When its commit outcome is unknown (the
       connection broke, the server restarted), the store waits until that
       transaction can no longer commit (``pg_xact_status``; a backend still running
-      it is terminated): the server's verdict (committed, aborted, or gone with a
-      restart) decides. Only when it cannot tell are the saves classified by
-      ``write_id`` from what is read back; if that fails too, the save stays
+      it is terminated): the server's verdict (committed or aborted) decides. When
+      it cannot tell (it restarted since: the transaction either committed before
+      the crash or died with it), the saves are classified by ``write_id`` from what
+      is read back on a fresh connection; if that fails too, the save stays
       ``outcome_unknown`` (the instance requires recovery).
     * A server running with ``synchronous_commit = off`` is refused: a commit it
       acknowledges could still be lost.
@@ -429,15 +430,17 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         """Wait until the last failed write transaction can no longer commit (blocking).
 
         Its transaction id was learnt before it wrote. If the server restarted since,
-        the transaction died with it. While the server reports it ``in progress``, its
+        the transaction can no longer commit either: it committed before the crash or
+        died with it (and its id may be given to another transaction now, so its
+        status says nothing). While the server reports it ``in progress``, its
         backend is terminated (only if it still runs that transaction) and the status
         polled again. A server that cannot be reached (restarting) is tried again until
         ``fence_timeout``.
 
         Returns:
-            ``"committed"`` or ``"aborted"`` (the server's verdict; a restart aborted
-            it), or ``None`` when no transaction was pending or the server no longer
-            knows (too old).
+            ``"committed"`` or ``"aborted"`` (the server's verdict), or ``None`` when
+            no transaction was pending, the server restarted, or it no longer knows
+            (too old): what the transaction did is then read back.
 
         Raises:
             StoreUnavailableError: the server cannot tell within ``fence_timeout``.
@@ -468,10 +471,10 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         with self._translated(), self._connect() as conn:
             row = conn.execute(SQL_SERVER_STARTED).fetchone()
             if row is None or row[0] != started:
-                # the server restarted: the transaction died with it (and its id may
-                # be given to another transaction now)
+                # the server restarted: the transaction committed before the crash,
+                # or died with it (its id may be another transaction's now)
                 logger.info("failed write transaction %s: server restarted", xid)
-                return "aborted"
+                return None
             while True:
                 row = conn.execute(SQL_XACT_STATUS, (xid,)).fetchone()
                 status = None if row is None else row[0]
