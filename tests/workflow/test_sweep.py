@@ -9,6 +9,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from typing import TYPE_CHECKING
 
@@ -21,7 +22,7 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 INSTANCES = int(os.environ.get("PHRONOMY_SWEEP_INSTANCES", "2000"))
-TTL, SWEEP, PASS = 1.0, 0.25, 1.0
+TTL, SWEEP, PASS = 2.0, 0.25, 1.0
 """The killed runtime's lease TTL, the sweepers' interval, and the time one pass may
 take (its batches of 100 instances, each one short write)."""
 
@@ -44,17 +45,21 @@ def store():
 async def main():
     count = int(sys.argv[2])
     async with phronomy.open_runtime(
-        store=store(), lease_ttl=%(ttl)s, heartbeat_interval=0.2, lease_margin=0.2,
+        store=store(), lease_ttl=%(ttl)s, heartbeat_interval=0.3, lease_margin=0.3,
         sweep_interval=0, queue_size=count, backlog_threshold=count * 2,
     ) as rt:
-        ids = [f"h{n}" for n in range(count)]
-        for iid in ids:
-            rt.workflows.start(flow, workflow_instance_id=iid)
-        while not all(
-            (s := rt.workflows.segment(iid)) is not None and s.status == "executing"
-            for iid in ids
-        ):
-            await trio.sleep(0.01)
+        handles = []
+        for first in range(0, count, 200):  # each claim batch well within the ttl
+            ids = [f"h{n}" for n in range(first, min(count, first + 200))]
+            handles += [rt.workflows.start(flow, workflow_instance_id=i) for i in ids]
+            while not all(
+                (s := rt.workflows.segment(i)) is not None and s.status == "executing"
+                for i in ids
+            ):
+                if any(handle.done for handle in handles):
+                    print("a segment ended (its lease was lost?)", flush=True)
+                    return
+                await trio.sleep(0.01)
         print("live", flush=True)
         await trio.sleep_forever()
 
@@ -71,12 +76,12 @@ async def test_the_instances_of_a_killed_runtime_come_back_within_one_pass(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """A process holds 2,000 live leases and is SIGKILLed; two runtimes sweep. Every
-    instance is put back within ttl + sweep_interval + one pass (1 + 0.25 + 1 s), and
+    instance is put back within ttl + sweep_interval + one pass (2 + 0.25 + 1 s), and
     exactly once (one takeover each, one log line each).
 
-    Before: a sweep took 100 instances per interval and stopped: here 3.3 s (10
-    intervals of the two sweepers' 100 each), with the default settings and one
-    sweeper 130 s instead of 35 s.
+    Before: a sweep took 100 instances per interval and stopped: 10 intervals of the
+    two sweepers' 100 each (3.3 s with a ttl of 1 s, 2.5 s over the ttl), with the
+    default settings and one sweeper 130 s instead of 35 s.
     """
     if backend == "postgres":
         opener = request.getfixturevalue("open_postgres")
@@ -96,9 +101,12 @@ async def test_the_instances_of_a_killed_runtime_come_back_within_one_pass(
             text=True,
         )
         assert holder.stdout is not None
+        watchdog = threading.Timer(60, holder.kill)  # never wait forever for it
+        watchdog.start()
         try:
             assert holder.stdout.readline().strip() == "live"
         finally:
+            watchdog.cancel()
             os.kill(holder.pid, signal.SIGKILL)
             killed = time.monotonic()
             holder.wait(timeout=30)
