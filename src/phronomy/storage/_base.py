@@ -70,11 +70,12 @@ class BaseStore(OneAtATime, Generic[C]):
     transaction, where a conflict fails only its own operation. A batch of renewals
     only runs on the ``renew`` lane. If the transaction fails before it began, nothing
     was written (on a connection found broken, it is run once more on a new one, and
-    so is a batch of reads). If it fails later, or an error arrives after its commit, its outcome
-    is unknown until it is fenced (:meth:`fence`): the fence's verdict decides when it
-    has one (committed: what each operation did; aborted: nothing was written), else
-    each save is classified on its own from what is read back (retried on a fresh
-    connection), each claim likewise; every other write fails with the error.
+    so is a batch of reads). If it fails later, or an error arrives after its commit,
+    its outcome is unknown until it is fenced (:meth:`fence`): the fence's verdict
+    decides when it has one (committed: what each operation did; aborted: nothing was
+    written), else each save is classified on its own from what is read back (retried
+    on a fresh connection), each claim likewise; every other write fails with the
+    error.
 
     Every row a batch reads (or a claim returns) lifts the process's quarantine of
     its instance if another runtime settled it since (a newer lease epoch).
