@@ -275,7 +275,7 @@ def test_a_lease_admits_one_owner_and_fences_its_writes(store: WorkflowStore) ->
     with pytest.raises(errors.ConflictError, match="holds \\(or held\\) its lease"):
         store.save(leased("l", None, None))  # a writer without the lease
     assert store.run(RenewOp(owner="A", instance_ids=("l", "x"), ttl_ms=60_000)) == {
-        "l": (1, None)
+        "l": (1, None, True)
     }
     assert store.run(RenewOp(owner="B", instance_ids=("l",), ttl_ms=60_000)) == {}
     assert store.save(leased("l", None, Lease(owner="A", epoch=1))) == 1
@@ -310,7 +310,7 @@ def test_a_cancel_request_reaches_the_lease_holder_and_ends_with_it(
     store.begin("c", "wf", lease_owner="A", ttl_ms=60_000)
     assert store.run(RequestCancelOp(workflow_instance_id="c", reason="dup")) == 1
     renewed = store.run(RenewOp(owner="A", instance_ids=("c",), ttl_ms=60_000))
-    assert renewed == {"c": (1, "dup")}
+    assert renewed == {"c": (1, "dup", True)}
     store.save(leased("c", None, Lease(owner="A", epoch=1), "cancelled"))
     row = store.load("c")
     assert row is not None
@@ -496,7 +496,7 @@ def test_a_running_save_keeps_the_cancel_request(store: WorkflowStore) -> None:
     assert row is not None
     assert (row.lease_owner, row.cancel_requested) == ("A", "stop")
     renewed = store.run(RenewOp(owner="A", instance_ids=("k",), ttl_ms=60_000))
-    assert renewed == {"k": (1, "stop")}
+    assert renewed == {"k": (1, "stop", True)}
     assert store.save(leased("k", 1, lease, "cancelled")) == 2
     row = store.load("k")
     assert row is not None

@@ -76,7 +76,7 @@ def test_lease_times_are_on_the_lease_clock_and_timestamps_on_the_wall_clock(
     lease_before, wall_before = _clock.monotonic_ms(), _clock.wall_ms()
     assert store.begin("a", "wf", lease_owner="A", ttl_ms=60_000) == 1
     assert store.run(RenewOp(owner="A", instance_ids=("a",), ttl_ms=90_000)) == {
-        "a": (1, None)
+        "a": (1, None, True)
     }
     lease_after, wall_after = _clock.monotonic_ms(), _clock.wall_ms()
     row = store.load("a")

@@ -390,6 +390,7 @@ async def test_a_stale_owner_never_overwrites_a_finished_instance(
         halted = await z.workflows.invoke(flow, workflow_instance_id="order")
         assert halted.revision == 1
         stale_store.fail("save.before", OSError("disk error"))  # nothing committed
+        stale_store.fail("renew.before", OSError("partitioned"), times=None)
         # ... and its read-back is slow (and then fails, in the second variant)
         gate = stale_store.block(
             "readback.before",
@@ -399,8 +400,8 @@ async def test_a_stale_owner_never_overwrites_a_finished_instance(
             flow, "approve", workflow_instance_id="order"
         )
         await until(lambda: stale_store.count("save") >= 2)
-        # Z's lease lapses (its write lane is stuck in the read-back); R's sweep puts
-        # the instance back at revision 1, then R finishes it at revision 2
+        # Z's lease lapses (Z is cut off from the store but for its stuck write);
+        # R's sweep puts the instance back at revision 1, then R finishes it
         with trio.fail_after(10):
             while True:
                 try:
@@ -431,3 +432,83 @@ async def test_a_stale_owner_never_overwrites_a_finished_instance(
             f"{row.status} at revision {row.revision}; Z reconciled "
             f"{trio.current_time() - taken_at:.2f} s after R finished"
         )
+
+
+def go_flow() -> phronomy.WorkflowDefinition[Value]:
+    """Halts at 'awaiting'; 'go' makes it live (external events), 'done' finishes."""
+    wf = phronomy.Workflow(Value, name="go")
+    wf.wait_state("awaiting").initial("awaiting")
+    wf.state("working")
+    wf.transition("awaiting", "working", on="go")
+    wf.transition("working", phronomy.FINISH, on="done")
+    return wf.build()
+
+
+async def test_a_quarantine_ends_once_another_runtime_settled_the_instance(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    """The outcome of a terminal save is unknown and its recovery_required mark fails
+    too: the process refuses the instance, whose row keeps the lease of the unknown
+    save. Once that lease expired (its runtime stopped), a sweep puts the instance
+    back (a new epoch), and the other runtime of the process takes events for it.
+
+    Before: it stayed refused in the process until an operator resolved it, although
+    the store showed it settled."""
+    inner = make_store()
+    first = FaultyStore(inner)
+    flow = go_flow()
+    async with runtime_on(make_store(), **FAST) as b:
+        async with runtime_on(first, **FAST) as a:
+            await a.workflows.invoke(flow, workflow_instance_id="q")  # halted, rev 1
+            pending = a.workflows.start_event(flow, "go", workflow_instance_id="q")
+            await until(lambda: admission_state(a, "q") == "executing")
+            claimed = inner.load("q")
+            assert claimed is not None
+            first.fail("save.before", OSError("reset"))
+            first.fail("readback.before", OSError("unreadable"))
+            first.fail("mark.before", OSError("mark lost"), times=None)
+            assert a.workflows.signal(flow, "q", "done")
+            await until(lambda: admission_state(a, "q") == "recovery_required")
+            await until(lambda: first.count("mark") >= 1)  # tried, and failed
+            first.clear()  # (for MemoryStore both runtimes share one store object)
+            with pytest.raises(phronomy.RecoveryRequiredError, match="requires recov"):
+                await b.workflows.send_event(flow, "go", workflow_instance_id="q")
+        with pytest.raises(phronomy.RecoveryRequiredError):
+            await pending.result()  # settled by the shutdown
+        # the lease of the unknown save expires: a sweep puts the instance back
+        await until(lambda: inner.load("q").lease_epoch > claimed.lease_epoch)  # type: ignore[union-attr]
+        back = inner.load("q")
+        assert back is not None
+        assert (back.status, back.revision) == ("halted", 1)
+        handle = b.workflows.start_event(flow, "go", workflow_instance_id="q")
+        await until(lambda: b.workflows.signal(flow, "q", "done"))
+        done = await handle.result()
+        assert (done.status, done.revision) == ("finished", 2)
+        assert await b.recovery.list() == []
+
+
+async def test_one_sweep_pass_goes_on_while_batches_come_back_full(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: a pass took one batch (100 instances) and stopped until the next interval.
+    from phronomy.durability import _leases
+
+    monkeypatch.setattr(_leases, "SWEEP_BATCH", 10)
+    monkeypatch.setattr(_leases, "SWEEP_BATCHES", 5)  # a pass is bounded
+    store = phronomy.MemoryStore()
+    for n in range(73):
+        assert store.begin(f"x{n}", "wf", lease_owner="gone", ttl_ms=0) == 1
+    writes: list[int] = []
+
+    async def run(op: Any) -> Any:
+        result = await trio.to_thread.run_sync(store.run, op)
+        writes.append(len(result))
+        return result
+
+    leases = _leases.Leases(run, _leases.LeaseSettings())
+    await leases.sweep_once()
+    assert writes == [10] * 5  # bounded: 50 of the 73 in this pass
+    await leases.sweep_once()
+    assert writes[5:] == [10, 10, 3]  # the rest in the next, which stops when short
+    rows = store.list_instances(status="running", limit=100).records
+    assert rows == ()

@@ -32,9 +32,14 @@ if TYPE_CHECKING:
 
     from phronomy.storage import StoreOp
 
-__all__ = ["HeldLease", "LeaseSettings", "Leases"]
+__all__ = ["SWEEP_BATCH", "SWEEP_BATCHES", "HeldLease", "LeaseSettings", "Leases"]
 
 logger = logging.getLogger(__name__)
+
+SWEEP_BATCH = 100
+"""Instances a recovery sweep takes over in one write."""
+SWEEP_BATCHES = 50
+"""Writes of one recovery pass at most (another pass follows after ``sweep_interval``)."""
 
 
 @final
@@ -220,7 +225,7 @@ class Leases:
             return
         sent = trio.current_time()
         ids = tuple(self._held)
-        renewed: dict[str, tuple[int, str | None]] | None = None
+        renewed: dict[str, tuple[int, str | None, bool]] | None = None
         with trio.move_on_at(self._earliest()):
             try:
                 renewed = await self._run(
@@ -233,11 +238,12 @@ class Leases:
                 held = self._held.get(iid)
                 if held is None:
                     continue  # ended meanwhile
-                epoch, cancel = renewed.get(iid, (None, None))
+                epoch, cancel, extended = renewed.get(iid, (None, None, False))
                 if epoch != held.epoch:
                     self._lose(iid, held, taken=True)
                     continue
-                held.deadline = sent + self.settings.ttl - self.settings.margin
+                if extended:  # else a write held the row: its old deadline stands
+                    held.deadline = sent + self.settings.ttl - self.settings.margin
                 if cancel is not None and not held.cancel_seen:
                     held.cancel_seen = True
                     held.on_cancel(cancel or None)
@@ -262,21 +268,26 @@ class Leases:
                 await self.sweep_once()
 
     async def sweep_once(self) -> None:
-        """One recovery sweep (its takeovers are logged).
+        """One recovery pass (its takeovers are logged): batches of
+        :data:`SWEEP_BATCH` instances, each its own short write, for as long as they
+        come back full, at most :data:`SWEEP_BATCHES` of them.
 
         Cancellation:
-            Stops the wait only: a sweep in flight still completes.
+            Stops the wait only: a batch in flight still completes.
         """
-        op = RecoverOp(limit=100, max_takeovers=self.settings.max_takeovers)
-        try:
-            recovered: list[tuple[str, str]] = await self._run(op)
-        except Exception as exc:  # noqa: BLE001 - the next sweep tries again
-            logger.warning("the recovery sweep failed: %r", exc)
-            return
-        for iid, status in recovered:
-            logger.warning(
-                "workflow instance %r: its runtime stopped while running it (lease "
-                "expired); put back as %s",
-                iid,
-                status,
-            )
+        for _ in range(SWEEP_BATCHES):
+            op = RecoverOp(limit=SWEEP_BATCH, max_takeovers=self.settings.max_takeovers)
+            try:
+                recovered: list[tuple[str, str]] = await self._run(op)
+            except Exception as exc:  # noqa: BLE001 - the next sweep tries again
+                logger.warning("the recovery sweep failed: %r", exc)
+                return
+            for iid, status in recovered:
+                logger.warning(
+                    "workflow instance %r: its runtime stopped while running it (lease "
+                    "expired); put back as %s",
+                    iid,
+                    status,
+                )
+            if len(recovered) < op.limit:
+                return

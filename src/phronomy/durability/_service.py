@@ -21,6 +21,7 @@ from phronomy.storage import (
     READ_OPS,
     ListOp,
     MarkOp,
+    RenewOp,
     SaveOutcome,
     StoreOp,
 )
@@ -75,13 +76,16 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True):
 
 @final
 class DurabilityService:
-    """The runtime's only path to its store: two pools, each with a group-commit batcher.
+    """The runtime's only path to its store: three pools, each with a batcher.
 
     Writes run in submission order in the ``phronomy.store`` pool; concurrent writes
     share one transaction. Reads (loads, listings) run in their own
     ``phronomy.store.reads`` lane, so a read never waits for a commit's fsync; it sees
     committed data only, which is all a read may rely on (a segment's own writes are
-    committed before it is released).
+    committed before it is released). Lease renewals run in the ``phronomy.leases``
+    lane (the store runs a batch of renewals only on a connection of its own), so a
+    heartbeat never waits behind claims and saves: a slow or contended write cannot
+    make this runtime lose its leases.
 
     A batcher keeps at most one batch in its pool and queues the rest itself, so the
     store is never refused for backpressure: the runtime bounds the work it admits
@@ -113,6 +117,11 @@ class DurabilityService:
             self._run_batch,
             defer=defer,
         )
+        self._renewals: Batcher[_Request, Any] = Batcher(
+            engine.pool("phronomy.leases", size=1, queue_size=queue_size),
+            self._run_batch,
+            defer=defer,
+        )
 
     async def open(self) -> None:
         """Open the store and check it (in the write lane), before anything else runs.
@@ -128,7 +137,7 @@ class DurabilityService:
     @property
     def idle(self) -> bool:
         """No store operation is queued or running."""
-        return self._writes.idle and self._reads.idle
+        return self._writes.idle and self._reads.idle and self._renewals.idle
 
     def statistics(self) -> DurabilityStatistics:
         """Batches and operations so far (group commit: operations per write batch)."""
@@ -148,6 +157,7 @@ class DurabilityService:
         while not self.idle:
             await self._writes.wait_idle()
             await self._reads.wait_idle()
+            await self._renewals.wait_idle()
 
     async def run(self, op: StoreOp, finish: Callable[[Any], Any] | None = None) -> Any:
         """Run *op* through the batched path and return its result (or raise its error).
@@ -193,7 +203,13 @@ class DurabilityService:
     ) -> None:
         """Queue *op*; *finish* (if any) maps its result in the worker thread, then
         ``callback(outcome)`` runs on the trio thread."""
-        batcher = self._reads if isinstance(op, READ_OPS) else self._writes
+        batcher = (
+            self._reads
+            if isinstance(op, READ_OPS)
+            else self._renewals
+            if isinstance(op, RenewOp)
+            else self._writes
+        )
         batcher.submit(_Request(op=op, finish=finish), callback)
 
     def submit_quietly(self, op: StoreOp, what: str) -> None:

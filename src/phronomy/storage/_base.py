@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import itertools
 import logging
-from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
+import time
+from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
 
 import msgspec
 import outcome
@@ -19,10 +20,12 @@ from ._ops import (
     FindWriteOp,
     HistoryOp,
     LoadOp,
+    RenewOp,
     SaveOp,
     op_name,
 )
-from ._records import SaveOutcome
+from ._quarantine import note_unknown, settle
+from ._records import InstancePage, SaveOutcome, StoredRecord
 from ._shortcuts import OneAtATime
 from ._store import KNOWN_FAILURES, claimable, classify_uncertain_save, conflict_error
 
@@ -30,13 +33,24 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
 
     from ._ops import StoreOp
-    from ._records import SaveLogEntry, SaveRequest, StoredRecord
+    from ._records import SaveLogEntry, SaveRequest
 
-__all__ = ["BaseStore"]
+__all__ = ["BaseStore", "Lane", "Verdict", "row_order"]
 
 logger = logging.getLogger(__name__)
 
 C = TypeVar("C")
+T = TypeVar("T")
+
+Lane = Literal["write", "renew"]
+"""Where a write batch runs: ``renew`` for a batch of lease renewals only (a
+connection of its own where the backend has one, so that a renewal never waits
+behind the other writes), ``write`` for every other."""
+
+Verdict = Literal["committed", "aborted", "unsettled"] | None
+"""What became of a failed write transaction: the backend knows it committed or
+aborted, cannot tell once it can no longer commit (``None``: read back), or could not
+make sure it can no longer commit (``unsettled``)."""
 
 _stores = itertools.count(1)
 """Numbers the store objects of the process (their default identities)."""
@@ -46,27 +60,43 @@ class BaseStore(OneAtATime, Generic[C]):
     """A store: the batch logic of the contract around one backend ``apply``.
 
     A backend implements ``_reading`` (a connection that sees committed data),
-    ``_writing`` (one transaction: committed when the block ends, rolled back when it
-    raises), ``_read_errors`` (its errors as store errors, around each read) and
-    :meth:`apply` (one operation on that connection), and may override
-    :meth:`open`, :meth:`close`, :meth:`fence` and :attr:`identity`.
+    ``_writing`` (one transaction on the :data:`Lane`'s connection: committed when the
+    block ends, rolled back when it raises), ``_read_errors`` (its errors as store
+    errors, around each read) and :meth:`apply` (one operation on that connection), and
+    may override :meth:`open`, :meth:`close`, :meth:`fence`, ``_claim``,
+    ``_reconnected`` and :attr:`identity`.
 
     :meth:`execute` runs a batch: reads on the read connection; writes in one
-    transaction, where a conflict fails only its own operation. If the transaction as a
-    whole fails, or an error arrives after its commit, its outcome is unknown: each save
-    in it is reconciled on its own (:meth:`reconcile`), every other write fails with
-    the error.
+    transaction, where a conflict fails only its own operation; the writes run in the
+    order of the rows they lock (:func:`row_order`: by instance id, each instance's in
+    the batch's order, then those of many rows), the same on every backend, so no two
+    transactions wait for each other, and results come back in the batch's order. A
+    batch of renewals
+    only runs on the ``renew`` lane. If the transaction fails before it began, nothing
+    was written (on a connection found broken, it is run once more on a new one, and
+    so is a batch of reads). If it fails later, or an error arrives after its commit,
+    its outcome is unknown until it is fenced (:meth:`fence`): the fence's verdict
+    decides when it has one (committed: what each operation did; aborted: nothing was
+    written), else each save is classified on its own from what is read back (retried
+    on a fresh connection), each claim likewise; every other write fails with the
+    error.
+
+    Every row a batch reads (or a claim returns) lifts the process's quarantine of
+    its instance if another runtime settled it since (a newer lease epoch).
 
     Fault points (``fault_hook(name)`` may raise or delay, for tests):
     ``<op>.before`` (nothing of the operation ran; for a write, the whole transaction
     is abandoned), ``<op>.applied`` (it ran, not committed), ``commit.before``,
     ``commit.after`` (the batch committed, then an error), ``<op>.after`` (likewise, for
     one operation), ``readback.before`` (the reconciliation read), ``open.before``.
-    ``<op>`` is the operation's name: ``load``, ``list``, ``find_write``, ``begin``,
-    ``save``, ``mark``, ``delete``.
+    ``<op>`` is the operation's name: ``load``, ``list``, ``history``, ``find_write``,
+    ``begin``, ``claim``, ``save``, ``mark``, ``delete``, ``renew``, ``recover``,
+    ``request_cancel``.
     """
 
     max_concurrency = 1
+    readback_delays: tuple[float, ...] = (0.05, 0.2, 1.0)
+    """Seconds before each further attempt of a reconciliation read."""
 
     def __init__(self, *, fault_hook: Callable[[str], None] | None = None) -> None:
         """Set the test hook called at each fault point (see the class docstring)."""
@@ -79,7 +109,7 @@ class BaseStore(OneAtATime, Generic[C]):
     def _reading(self) -> contextlib.AbstractContextManager[C]:
         raise NotImplementedError
 
-    def _writing(self) -> contextlib.AbstractContextManager[C]:
+    def _writing(self, lane: Lane = "write") -> contextlib.AbstractContextManager[C]:
         raise NotImplementedError
 
     def _read_errors(self) -> contextlib.AbstractContextManager[None]:
@@ -106,8 +136,17 @@ class BaseStore(OneAtATime, Generic[C]):
     def close(self) -> None:
         """See :meth:`~phronomy.storage.WorkflowStore.close`."""
 
-    def fence(self) -> None:
-        """Make sure no earlier failed transaction of this store can still commit."""
+    def fence(self) -> Verdict:
+        """Make sure no earlier failed transaction of this store can still commit.
+
+        Returns:
+            ``"committed"`` or ``"aborted"`` when the backend knows what became of it,
+            else ``None``.
+
+        Raises:
+            StoreUnavailableError: it cannot be made sure (it may still commit).
+        """
+        return None
 
     def __enter__(self) -> Self:
         """Use the store in a ``with`` block that closes it at the end."""
@@ -122,22 +161,59 @@ class BaseStore(OneAtATime, Generic[C]):
     def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
         """See :meth:`~phronomy.storage.WorkflowStore.execute`."""
         if all(isinstance(op, READ_OPS) for op in ops):
-            with self._reading() as conn:
-                return [outcome.capture(self._read, conn, op) for op in ops]
-        results: list[outcome.Outcome[Any]] = []
-        try:
-            with self._writing() as conn:
-                results.extend(self._write(conn, op) for op in ops)
-                self._hook("commit.before")
-            self._hook("commit.after")
-        except Exception as exc:  # noqa: BLE001 - the transaction's outcome is unknown
-            return [self._uncertain(op, exc, results, i) for i, op in enumerate(ops)]
+            values: list[outcome.Outcome[Any]] = []
+            for _ in range(2):  # reads change nothing: once more on a new connection
+                with self._reading() as conn:
+                    values = [outcome.capture(self._read, conn, op) for op in ops]
+                if not any(
+                    isinstance(v, outcome.Error) and self._reconnected(v.error)
+                    for v in values
+                ):
+                    break
+            _settle_rows(self.identity, values)
+            return values
+        lane: Lane = "renew" if all(isinstance(op, RenewOp) for op in ops) else "write"
+        done = self._transaction(ops, lane)
+        if isinstance(done, Exception) and self._reconnected(done):
+            done = self._transaction(ops, lane)  # nothing was sent: once more
+        if isinstance(done, Exception):  # it never began: nothing was written
+            return [_not_written(op, done) for op in ops]
         for i, op in enumerate(ops):
             try:
                 self._hook(f"{op_name(op)}.after")
             except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
-                results[i] = self._uncertain(op, exc, results, i)
-        return results
+                done[i] = self._uncertain(op, exc, done[i], None)
+        _settle_rows(self.identity, done)
+        return done
+
+    def _transaction(
+        self, ops: Sequence[StoreOp], lane: Lane
+    ) -> list[outcome.Outcome[Any]] | Exception:
+        """Run a write batch in one transaction: each operation's outcome, or the
+        error that kept the transaction from beginning (nothing was sent)."""
+        results: list[outcome.Outcome[Any] | None] = [None] * len(ops)
+        started = False
+        try:
+            with self._writing(lane) as conn:
+                started = True
+                for i in row_order(ops):
+                    results[i] = self._write(conn, ops[i])
+                self._hook("commit.before")
+            self._hook("commit.after")
+        except Exception as exc:  # noqa: BLE001 - the transaction's outcome is unknown
+            if not started:
+                return exc
+            verdict = _fenced(self)
+            return [
+                self._uncertain(op, exc, results[i], verdict)
+                for i, op in enumerate(ops)
+            ]
+        return [r for r in results if r is not None]
+
+    def _reconnected(self, error: BaseException) -> bool:
+        """Whether *error* came from a connection found broken, which the next call
+        replaces (backend; by default never)."""
+        return False
 
     def _read(self, conn: C, op: StoreOp) -> Any:
         name = op_name(op)
@@ -175,17 +251,27 @@ class BaseStore(OneAtATime, Generic[C]):
         self,
         op: StoreOp,
         error: Exception,
-        results: list[outcome.Outcome[Any]],
-        index: int,
+        result: outcome.Outcome[Any] | None,
+        verdict: Verdict,
     ) -> outcome.Outcome[Any]:
-        if isinstance(op, SaveOp):
-            return outcome.Value(self.reconcile(op.request, error))
-        if isinstance(op, ClaimOp) or (
+        """The outcome of *op*, whose transaction failed with *error*: by the fence's
+        *verdict* when it has one (*result*: what the operation did inside it), else
+        read back (``None``), or unknown (``unsettled``: it may still commit)."""
+        if verdict == "committed" and result is not None:
+            return result  # every operation ran, and the transaction committed
+        if verdict == "aborted":
+            return _not_written(op, error)
+        claim = isinstance(op, ClaimOp) or (
             isinstance(op, BeginOp) and op.lease_owner is not None
-        ):
-            return self._reconcile_claim(op, error)
-        if isinstance(op, READ_OPS) and index < len(results):
-            return results[index]  # a read that already completed stays valid
+        )
+        if isinstance(op, SaveOp):
+            if verdict == "unsettled":
+                return outcome.Value(_unknown(self.identity, op.request, error))
+            return outcome.Value(self._classify(op.request, error))
+        if claim and verdict is None:
+            return self._reconcile_claim(op, error)  # type: ignore[arg-type]
+        if isinstance(op, READ_OPS) and result is not None:
+            return result  # a read that already completed stays valid
         return outcome.Error(error)
 
     def _claim(self, conn: C, op: ClaimOp) -> tuple[StoredRecord | None, int | None]:
@@ -220,20 +306,24 @@ class BaseStore(OneAtATime, Generic[C]):
     def _reconcile_claim(
         self, op: BeginOp | ClaimOp, error: Exception
     ) -> outcome.Outcome[Any]:
-        """A claim whose commit outcome is unknown: its epoch if the row holds this
-        owner's lease (owner tokens are unique to a runtime, which claims an instance
-        once at a time), else the error (nothing was claimed)."""
+        """A claim whose commit outcome is unknown (its transaction can no longer
+        commit): its epoch if the row holds this owner's lease (owner tokens are unique
+        to a runtime, which claims an instance once at a time), else the error (nothing
+        was claimed)."""
         iid = op.workflow_instance_id
+
+        def read(conn: C) -> tuple[StoredRecord | None, list[SaveLogEntry]]:
+            row = self.apply(conn, LoadOp(workflow_instance_id=iid))
+            saved = (
+                self.apply(conn, HistoryOp(workflow_instance_id=iid, limit=1))
+                if row is not None and row.revision
+                else []
+            )
+            return row, saved
+
         try:
             self._hook("readback.before")
-            self.fence()
-            with self._reading() as conn:
-                row = self.apply(conn, LoadOp(workflow_instance_id=iid))
-                saved = (
-                    self.apply(conn, HistoryOp(workflow_instance_id=iid, limit=1))
-                    if row is not None and row.revision
-                    else []
-                )
+            row, saved = self._read_back(read)
         except Exception as read_error:  # noqa: BLE001 - the claim stays unknown
             logger.warning("reconciliation read of %r failed: %r", iid, read_error)
             return outcome.Error(error)
@@ -255,40 +345,53 @@ class BaseStore(OneAtATime, Generic[C]):
     def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
         """Classify a save with an unknown outcome once it can no longer commit.
 
-        Never saves again. The failed transaction is fenced first (:meth:`fence`), then
-        the row and the save log are read back.
+        Never saves again. The failed transaction is fenced first (:meth:`fence`); if
+        the fence cannot tell what became of it, the row and the save log are read
+        back.
 
         Returns:
             ``success`` with the logged revision (post-state), ``known_failure`` with
-            the original *error* (pre-state), or ``outcome_unknown`` (neither, or the
-            read-back failed).
+            the original *error* (pre-state, or the transaction aborted), or
+            ``outcome_unknown`` (neither, or it could not be settled or read back).
         """
+        verdict = _fenced(self)
+        if verdict == "aborted":
+            return SaveOutcome(outcome="known_failure", error=error)
+        if verdict == "unsettled":
+            return _unknown(self.identity, request, error)
+        return self._classify(request, error)
+
+    def _classify(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
+        """Classify an uncertain save whose transaction can no longer commit, from the
+        row and the save log read back."""
         iid = request.workflow_instance_id
         expected = request.expected_revision or 0
-        taken: SaveLogEntry | None = None
+
+        def read(
+            conn: C,
+        ) -> tuple[StoredRecord | None, int | None, SaveLogEntry | None]:
+            record = self.apply(conn, LoadOp(workflow_instance_id=iid))
+            logged = self.apply(
+                conn, FindWriteOp(workflow_instance_id=iid, write_id=request.write_id)
+            )
+            taken = None
+            if logged is None and record is not None and record.revision > expected:
+                # the row moved on: did another write produce our revision?
+                back = min(record.revision - expected, 10_000)
+                history = self.apply(
+                    conn, HistoryOp(workflow_instance_id=iid, limit=back)
+                )
+                taken = next((e for e in history if e.revision == expected + 1), None)
+            return record, logged, taken
+
         try:
             self._hook("readback.before")
-            self.fence()
-            with self._reading() as conn:
-                record = self.apply(conn, LoadOp(workflow_instance_id=iid))
-                logged = self.apply(
-                    conn,
-                    FindWriteOp(workflow_instance_id=iid, write_id=request.write_id),
-                )
-                if logged is None and record is not None and record.revision > expected:
-                    # the row moved on: did another write produce our revision?
-                    back = min(record.revision - expected, 10_000)
-                    history = self.apply(
-                        conn, HistoryOp(workflow_instance_id=iid, limit=back)
-                    )
-                    taken = next(
-                        (e for e in history if e.revision == expected + 1), None
-                    )
+            record, logged, taken = self._read_back(read)
         except Exception as read_error:  # noqa: BLE001 - reported as the unknown outcome
             logger.warning("reconciliation read of %r failed: %r", iid, read_error)
-            return SaveOutcome(outcome="outcome_unknown", error=read_error)
+            return _unknown(self.identity, request, read_error)
         verdict = classify_uncertain_save(record, logged, request)
-        if verdict == "neither" and taken is not None:
+        if verdict == "neither" and taken is not None and record is not None:
             # A revision is produced by one write only: ours never committed (and,
             # fenced above, never will). Another runtime saved it: ours is refused.
             refused = conflict_error(
@@ -303,8 +406,10 @@ class BaseStore(OneAtATime, Generic[C]):
                 f"({taken.write_id}); this save never committed"
             )
             return SaveOutcome(outcome="known_failure", error=refused)
-        if verdict == "post":
-            revision = logged if logged is not None else record.revision
+        if verdict == "post":  # logged, or the row carries its write id
+            revision = (
+                logged if logged is not None or record is None else record.revision
+            )
             logger.info(
                 "uncertain save of %r had committed (revision %s)", iid, revision
             )
@@ -317,8 +422,78 @@ class BaseStore(OneAtATime, Generic[C]):
             f"{request.expected_revision}, found {record.revision if record else None})"
         )
         conflict.__cause__ = error
-        return SaveOutcome(outcome="outcome_unknown", error=conflict)
+        return _unknown(self.identity, request, conflict)
+
+    def _read_back(self, read: Callable[[C], T]) -> T:
+        """*read* on the read connection, tried again on a fresh one (the backend drops
+        a broken connection) after each delay of :attr:`readback_delays`."""
+        for delay in self.readback_delays:
+            try:
+                with self._reading() as conn:
+                    return read(conn)
+            except Exception as exc:  # noqa: BLE001 - tried again below
+                logger.info("reconciliation read failed, retrying: %r", exc)
+            time.sleep(delay)
+        with self._reading() as conn:
+            return read(conn)
 
     def _hook(self, point: str) -> None:
         if self.fault_hook is not None:
             self.fault_hook(point)
+
+
+def _not_written(op: StoreOp, error: Exception) -> outcome.Outcome[Any]:
+    """The outcome of an operation whose transaction never began or aborted."""
+    if isinstance(op, SaveOp):
+        return outcome.Value(SaveOutcome(outcome="known_failure", error=error))
+    return outcome.Error(error)
+
+
+def row_order(ops: Sequence[StoreOp]) -> list[int]:
+    """A write batch's operations in the order of the rows they lock: by instance id
+    (each instance's operations in the batch's order), then those of many rows.
+
+    When every transaction locks rows in one order, no two can wait for each other.
+    """
+
+    def key(index: int) -> tuple[int, str]:
+        op = ops[index]
+        iid = getattr(
+            op.request if isinstance(op, SaveOp) else op, "workflow_instance_id", None
+        )
+        return (0, iid) if isinstance(iid, str) else (1, "")
+
+    return sorted(range(len(ops)), key=key)
+
+
+def _fenced(store: BaseStore[Any]) -> Verdict:
+    """What became of a write transaction that failed once it had begun: fenced
+    (:meth:`BaseStore.fence`) so that it can no longer commit, then the backend's
+    verdict; ``unsettled`` if the fence failed."""
+    try:
+        return store.fence()
+    except Exception as exc:  # noqa: BLE001 - it may still commit: nothing is read
+        logger.warning("could not settle a failed write transaction: %r", exc)
+        return "unsettled"
+
+
+def _unknown(identity: str, request: SaveRequest, error: BaseException) -> SaveOutcome:
+    """``outcome_unknown``; the lease epoch of the save is noted, so that the
+    instance's quarantine ends once another runtime settled it."""
+    if request.lease is not None:
+        note_unknown(identity, request.workflow_instance_id, request.lease.epoch)
+    return SaveOutcome(outcome="outcome_unknown", error=error)
+
+
+def _settle_rows(identity: str, results: list[outcome.Outcome[Any]]) -> None:
+    """Lift the quarantine of every row read that another runtime settled."""
+    for result in results:
+        if not isinstance(result, outcome.Value):
+            continue
+        value = result.value
+        if isinstance(value, tuple) and len(value) == 2:  # a claim's (row, epoch)
+            value = value[0]
+        rows = value.records if isinstance(value, InstancePage) else (value,)
+        for row in rows:
+            if isinstance(row, StoredRecord):
+                settle(identity, row)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import heapq
 import threading
 from typing import TYPE_CHECKING, Any, final
 
@@ -10,7 +11,7 @@ import msgspec
 
 from phronomy.errors import InvalidInputError
 
-from ._base import BaseStore
+from ._base import BaseStore, Lane
 from ._clock import monotonic_ms, wall_ms
 from ._ops import (
     BeginOp,
@@ -121,7 +122,8 @@ class MemoryStore(BaseStore[_Tables]):
             yield self._tables
 
     @contextlib.contextmanager
-    def _writing(self) -> Iterator[_Tables]:
+    def _writing(self, lane: Lane = "write") -> Iterator[_Tables]:
+        # every lane takes the one lock: no write holds it for long
         with self._lock:
             tables = self._tables
             tables.undo = []
@@ -231,7 +233,7 @@ class MemoryStore(BaseStore[_Tables]):
         return epoch
 
     @staticmethod
-    def _renew(conn: _Tables, op: RenewOp) -> dict[str, tuple[int, str | None]]:
+    def _renew(conn: _Tables, op: RenewOp) -> dict[str, tuple[int, str | None, bool]]:
         now, renewed = monotonic_ms(), {}
         for iid in op.instance_ids:
             row = conn.rows.get(iid)
@@ -239,7 +241,7 @@ class MemoryStore(BaseStore[_Tables]):
                 expires = now + op.ttl_ms
                 row = msgspec.structs.replace(row, lease_expires_at_ms=expires)
                 conn.put(iid, row, conn.log.get(iid))
-                renewed[iid] = (row.lease_epoch, row.cancel_requested)
+                renewed[iid] = (row.lease_epoch, row.cancel_requested, True)
         return renewed
 
     @staticmethod
@@ -255,7 +257,8 @@ class MemoryStore(BaseStore[_Tables]):
     @staticmethod
     def _recover(conn: _Tables, op: RecoverOp) -> list[tuple[str, str]]:
         now = monotonic_ms()
-        expired = sorted(
+        expired = heapq.nsmallest(
+            op.limit,
             (
                 r
                 for r in conn.rows.values()
@@ -264,7 +267,7 @@ class MemoryStore(BaseStore[_Tables]):
                 and (r.lease_expires_at_ms or 0) <= now
             ),
             key=lambda r: r.lease_expires_at_ms or 0,
-        )[: op.limit]
+        )
         recovered = []
         for row in expired:
             iid = row.workflow_instance_id

@@ -121,8 +121,11 @@ class RenewOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="renew"):
     """Renew the leases *owner* still holds on *instance_ids* for *ttl_ms* (a heartbeat).
 
     ``ttl_ms=0`` releases them: they expire at once, for the recovery sweep. The result
-    maps each instance whose lease was renewed to its epoch; an instance missing from
-    it was taken over (or has ended).
+    maps each instance whose lease *owner* still holds to ``(epoch, cancel_requested,
+    renewed)``; an instance missing from it was taken over (or has ended). ``renewed``
+    is false when another transaction was writing the row at that moment (a renewal
+    never waits for a row: its lease keeps its expiry, and the next heartbeat renews
+    it).
     """
 
     owner: str
@@ -153,8 +156,10 @@ class RecoverOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="recove
     ``finished``, ...): the event or start that was running was never acknowledged. An
     instance that never saved becomes ``failed``; one taken over *max_takeovers* times
     without a save in between becomes ``recovery_required``. Each takeover increments
-    the epoch, so a late write of the stopped runtime is refused. The result lists
-    ``(instance_id, status)`` of the instances recovered.
+    the epoch, so a late write of the stopped runtime is refused. The instances whose
+    lease expired first go first; one another transaction is writing is left for a
+    later sweep (never waited for). The result lists ``(instance_id, status)`` of the
+    instances recovered (fewer than *limit*: no more could be taken over now).
     """
 
     limit: int = 100

@@ -11,8 +11,17 @@ from typing import TYPE_CHECKING, Any, final
 
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 
-from ._base import BaseStore
+from ._base import BaseStore, Lane, Verdict
 from ._clock import StepWatch, StoreClock
+from ._postgres_errors import (
+    Reconnect,
+    Secrets,
+    StillRunning,
+    Timeouts,
+    check_seconds,
+    describe,
+    driver as _driver,
+)
 from ._postgres_schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -28,7 +37,7 @@ from ._postgres_schema import (
     SQL_XACT_STATUS,
     STATEMENTS,
 )
-from ._sql_ops import apply_op
+from ._sql_ops import apply_op, claim_op
 from ._store import SAVE_LOG_DEPTH
 
 if TYPE_CHECKING:
@@ -36,13 +45,16 @@ if TYPE_CHECKING:
 
     import psycopg
 
-    from ._ops import StoreOp
+    from ._ops import ClaimOp, StoreOp
+    from ._records import StoredRecord
 
 __all__ = ["PostgresStore"]
 
 logger = logging.getLogger(__name__)
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+_MIGRATION_LOCK_TIMEOUT = "60s"
+"""How long a store that opens waits for another one migrating the schema."""
 
 
 def _no_clock() -> int:  # PostgreSQL statements read the database's clock
@@ -59,22 +71,46 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
     timestamps come from the database's clock. Install the driver with the extra
     ``phronomy[postgres]`` (psycopg 3).
 
-    * One connection for writes and one for reads, each used by one thread at a time
-      (the runtime runs the synchronous driver in its store worker threads). A broken
-      connection is replaced at the next call.
+    * Three connections, each used by one thread at a time (the runtime runs the
+      synchronous driver in its store worker threads): one for writes, one for reads,
+      and one for lease renewals, so that a renewal never waits behind other writes.
+      A broken connection is replaced at the next call.
     * The schema is created (``CREATE SCHEMA IF NOT EXISTS``) and migrated on open,
       under an advisory lock, so that runtimes starting together migrate it once.
+    * Runtimes contending for rows never wait for each other: a claim of a row
+      another transaction is writing is refused at once (the runtime reports
+      :class:`~phronomy.BusyError`), renewals, cancel requests and the recovery sweep
+      skip such rows, and the other writes of a batch lock rows in one order (by
+      instance id), so no two transactions deadlock. Every other wait is bounded by
+      the session timeouts below.
     * Unknown outcomes are resolved soundly: each write transaction learns its
       transaction id before it writes. When its commit outcome is unknown (the
       connection broke, the server restarted), the store waits until that
       transaction can no longer commit (``pg_xact_status``; a backend still running
-      it is terminated) before it classifies the save by ``write_id``; if it cannot
-      tell, the save stays ``outcome_unknown`` (the instance requires recovery).
+      it is terminated): the server's verdict (committed or aborted) decides. When
+      it cannot tell (it restarted since: the transaction either committed before
+      the crash or died with it), the saves are classified by ``write_id`` from what
+      is read back on a fresh connection; if that fails too, the save stays
+      ``outcome_unknown`` (the instance requires recovery).
     * A server running with ``synchronous_commit = off`` is refused: a commit it
       acknowledges could still be lost.
 
     Errors become :class:`~phronomy.StoreUnavailableError` naming the server
-    (``host:port/database``, never the password).
+    (``host:port/database``) and what happened: contention (a deadlock, a lock or
+    statement timeout) is said to be one; only a lost connection asks to check that
+    the server is up. No message, log line or ``repr`` contains the DSN's password,
+    whatever its form.
+
+    The session timeouts and the lease settings: a renewal is one statement that
+    never waits for a row, on its own connection, so it answers within
+    ``statement_timeout``. A runtime keeps its leases through one renewal that hangs
+    as long as ``statement_timeout < lease_ttl - lease_margin - heartbeat_interval``
+    (15 s with the default lease settings; the default 5 s is also their margin, so a
+    hung renewal ends before the next heartbeat is due). ``lock_timeout`` (2 s) bounds
+    the only waits left: a save or mark of a row of this runtime that another
+    transaction is writing. ``idle_in_transaction_timeout`` (5 s) makes the server end
+    a session that stalls inside a transaction (a frozen client), so that its row
+    locks are released and its outcome settled soon.
     """
 
     max_concurrency = 1
@@ -86,6 +122,9 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         schema: str = "public",
         connect_timeout: float = 10.0,
         fence_timeout: float = 30.0,
+        lock_timeout: float = 2.0,
+        statement_timeout: float = 5.0,
+        idle_in_transaction_timeout: float = 5.0,
         save_log_depth: int = SAVE_LOG_DEPTH,
         fault_hook: Callable[[str], None] | None = None,
     ) -> None:
@@ -100,8 +139,12 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                 instances only within one schema.
             connect_timeout: seconds to wait for the server when connecting.
             fence_timeout: seconds to wait, after a write whose outcome is unknown,
-                until its transaction can no longer commit; after that the save is
-                reported ``outcome_unknown``.
+                until its transaction can no longer commit (the server may be
+                restarting); after that the save is reported ``outcome_unknown``.
+            lock_timeout: the longest a statement waits for a row lock (see above).
+            statement_timeout: the longest a statement runs (see above).
+            idle_in_transaction_timeout: a session of this store that stalls inside
+                a transaction this long is ended by the server (see above).
             save_log_depth: saves kept per instance in its history (and for
                 reconciling uncertain saves by ``write_id``); at least 2. The setting
                 belongs to the database schema: the last store that opened it sets it.
@@ -124,25 +167,28 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             raise InvalidInputError(
                 f"save_log_depth must be an integer >= 2, got {save_log_depth!r}"
             )
-        timeouts: tuple[tuple[str, object], ...] = (
-            ("connect_timeout", connect_timeout),
-            ("fence_timeout", fence_timeout),
+        check_seconds(
+            connect_timeout=connect_timeout,
+            fence_timeout=fence_timeout,
+            lock_timeout=lock_timeout,
+            statement_timeout=statement_timeout,
+            idle_in_transaction_timeout=idle_in_transaction_timeout,
         )
-        for name, value in timeouts:
-            if (
-                isinstance(value, bool)
-                or not isinstance(value, (int, float))
-                or not value > 0
-            ):
-                raise InvalidInputError(f"{name} must be > 0 seconds, got {value!r}")
-        driver = _driver()
-        try:
-            params = driver.conninfo.conninfo_to_dict(dsn)
-        except driver.ProgrammingError as exc:
-            raise StoreUnavailableError(
-                f"cannot parse the PostgreSQL DSN: {exc}", path="postgresql:?"
-            ) from None  # the DSN may hold a password: not kept as the cause
+        given_dsn: object = dsn
+        if not isinstance(given_dsn, str):
+            raise InvalidInputError(
+                f"dsn must be a libpq connection string or URI, got a "
+                f"{type(given_dsn).__name__}"
+            )
+        self._secrets = Secrets(dsn)
         self._dsn = dsn
+        params = self._parse(dsn)
+        self._secrets = Secrets(dsn, params)
+        self._timeouts = Timeouts(
+            lock=lock_timeout,
+            statement=statement_timeout,
+            idle_in_transaction=idle_in_transaction_timeout,
+        )
         self._schema = schema
         self._connect_timeout = connect_timeout
         self._fence_timeout = fence_timeout
@@ -155,6 +201,9 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         self._conn: psycopg.Connection[Any] | None = None
         self._read_lock = threading.Lock()
         self._read_conn: psycopg.Connection[Any] | None = None
+        self._renew_lock = threading.Lock()
+        self._renew_conn: psycopg.Connection[Any] | None = None
+        self._migrated = False
         self._pending: tuple[str, int, str] | None = None
         """The transaction id, backend and server start time of a write whose outcome
         is not known yet."""
@@ -163,6 +212,26 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             _no_clock,
             StepWatch(f"the clock of PostgreSQL at {self._address}"),
         )
+
+    def _parse(self, dsn: str) -> dict[str, Any]:
+        """The DSN's parameters; an error that quotes it is redacted first."""
+        driver = _driver()
+        params: dict[str, Any] | None = None
+        error = ""
+        try:
+            params = driver.conninfo.conninfo_to_dict(dsn)
+        except driver.ProgrammingError as exc:
+            error = self._secrets.redact(str(exc).strip())
+        if params is None:  # raised outside the handler: no chained driver error
+            raise StoreUnavailableError(
+                f"cannot parse the PostgreSQL DSN: {error}", path="postgresql:?"
+            )
+        return params
+
+    @property
+    def timeouts(self) -> Timeouts:
+        """The session timeouts every connection runs with (seconds)."""
+        return self._timeouts
 
     @property
     def address(self) -> str:
@@ -206,6 +275,10 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             if self._read_conn is not None:
                 self._read_conn.close()
                 self._read_conn = None
+        with self._renew_lock:
+            if self._renew_conn is not None:
+                self._renew_conn.close()
+                self._renew_conn = None
 
     @contextlib.contextmanager
     def _translated(self, connection: str | None = None) -> Iterator[None]:
@@ -215,13 +288,17 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             yield
         except _driver().Error as exc:
             conn = None if connection is None else getattr(self, connection)
+            dropped = False
             if conn is not None and (conn.broken or conn.closed):
                 conn.close()
                 setattr(self, connection, None)  # type: ignore[arg-type]
-            raise StoreUnavailableError(
-                f"PostgreSQL at {self._address} (schema {self._schema!r}) failed: "
-                f"{type(exc).__name__}: {str(exc).strip()}; check that the server is "
-                "up and reachable and that the DSN's user may use the database",
+                dropped = True
+            self._secrets.scrub(exc)
+            raise (Reconnect if dropped else StoreUnavailableError)(
+                self._secrets.redact(
+                    f"PostgreSQL at {self._address} (schema {self._schema!r}): "
+                    + describe(exc, self._timeouts)
+                ),
                 path=f"postgresql:{self._address}",
             ) from exc
 
@@ -233,7 +310,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             self._dsn,
             autocommit=True,  # transactions are explicit: BEGIN ... COMMIT
             connect_timeout=max(1, round(self._connect_timeout)),
-            options=f"-c search_path={self._schema}",
+            options=f"-c search_path={self._schema} {self._timeouts.options()}",
             application_name="phronomy",
         )
         return conn
@@ -248,7 +325,19 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                 conn.close()
                 raise
             self._conn = conn
+            self._migrated = True
         return self._conn
+
+    def _lane_connection(self, attribute: str) -> psycopg.Connection[Any]:
+        """The read or renewal connection (its lock held), opened once the schema is."""
+        conn: psycopg.Connection[Any] | None = getattr(self, attribute)
+        if conn is None:
+            if not self._migrated:
+                with self._lock:
+                    self._connection()
+            conn = self._connect()
+            setattr(self, attribute, conn)
+        return conn
 
     def _check_server(self, conn: psycopg.Connection[Any]) -> None:
         setting = conn.execute("SHOW synchronous_commit").fetchone()
@@ -262,6 +351,9 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
 
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
         with conn.transaction():
+            # a migration may wait for another one, and build indexes over many rows
+            conn.execute(f"SET LOCAL lock_timeout = '{_MIGRATION_LOCK_TIMEOUT}'")
+            conn.execute("SET LOCAL statement_timeout = 0")
             conn.execute(SQL_LOCK_SCHEMA)  # one migrator at a time, across machines
             conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
             conn.execute(SQL_CREATE_VERSION_TABLE)
@@ -287,15 +379,19 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
     def _reading(self) -> Iterator[psycopg.Connection[Any]]:
         """The read connection (autocommit: each statement sees the latest commit)."""
         with self._read_lock, self._translated("_read_conn"):
-            if self._read_conn is None:
-                with self._lock:  # the schema exists before the first read
-                    self._connection()
-                self._read_conn = self._connect()
-            yield self._read_conn
+            yield self._lane_connection("_read_conn")
 
     @contextlib.contextmanager
-    def _writing(self) -> Iterator[psycopg.Connection[Any]]:
-        """One transaction on the write connection; its id is known before it writes."""
+    def _writing(self, lane: Lane = "write") -> Iterator[psycopg.Connection[Any]]:
+        """One transaction on the lane's connection. On the write connection, its id
+        is known before it writes (renewals need no fence: a late one only extends
+        this runtime's own leases)."""
+        if lane == "renew":
+            with self._renew_lock, self._translated("_renew_conn"):
+                conn = self._lane_connection("_renew_conn")
+                with conn.transaction():
+                    yield conn
+            return
         with self._lock, self._translated("_conn"):
             if self._pending is not None:
                 self.fence()  # an earlier transaction must be settled first
@@ -317,64 +413,81 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                     self._conn = None
                 raise
 
-    def fence(self) -> None:
+    def _reconnected(self, error: BaseException) -> bool:
+        return isinstance(error, Reconnect)
+
+    def _claim(
+        self, conn: psycopg.Connection[Any], op: ClaimOp
+    ) -> tuple[StoredRecord | None, int | None]:
+        return claim_op(conn, op, STATEMENTS, self._clock)  # one statement, no waits
+
+    def fence(self) -> Verdict:
         """Wait until the last failed write transaction can no longer commit (blocking).
 
         Its transaction id was learnt before it wrote. If the server restarted since,
-        the transaction died with it. While the server reports it ``in progress``, its
+        the transaction can no longer commit either: it committed before the crash or
+        died with it (and its id may be given to another transaction now, so its
+        status says nothing). While the server reports it ``in progress``, its
         backend is terminated (only if it still runs that transaction) and the status
-        polled again.
+        polled again. A server that cannot be reached (restarting) is tried again until
+        ``fence_timeout``.
+
+        Returns:
+            ``"committed"`` or ``"aborted"`` (the server's verdict), or ``None`` when
+            no transaction was pending, the server restarted, or it no longer knows
+            (too old): what the transaction did is then read back.
 
         Raises:
             StoreUnavailableError: the server cannot tell within ``fence_timeout``.
         """
         with self._lock:
             if self._pending is None:
-                return
-            xid, pid, started = self._pending
+                return None
             deadline = time.monotonic() + self._fence_timeout
-            # a connection of its own: the others may be broken or busy
-            with self._translated(), self._connect() as conn:
-                row = conn.execute(SQL_SERVER_STARTED).fetchone()
-                if row is None or row[0] != started:
-                    # the server restarted: the transaction died with it (and its
-                    # id may be given to another transaction now)
-                    logger.info("failed write transaction %s: server restarted", xid)
-                    self._pending = None
-                    return
-                while True:
-                    row = conn.execute(SQL_XACT_STATUS, (xid,)).fetchone()
-                    status = None if row is None else row[0]
-                    if status != "in progress":
-                        logger.info(
-                            "failed write transaction %s ended: %s", xid, status
-                        )
-                        self._pending = None
-                        return
+            while True:
+                try:
+                    verdict = self._settle(deadline)
+                except StillRunning:
+                    raise
+                except StoreUnavailableError as exc:
                     if time.monotonic() >= deadline:
-                        raise StoreUnavailableError(
-                            f"PostgreSQL at {self._address}: transaction {xid} of a "
-                            f"failed write was still in progress after "
-                            f"{self._fence_timeout} s",
-                            path=f"postgresql:{self._address}",
-                        )
-                    conn.execute(SQL_TERMINATE, {"pid": pid, "xid": xid})
-                    time.sleep(0.05)
+                        raise
+                    logger.info("fencing a failed write, retrying: %r", exc)
+                    time.sleep(0.1)
+                    continue
+                self._pending = None
+                return verdict
+
+    def _settle(self, deadline: float) -> Verdict:
+        """One attempt of :meth:`fence`, on a connection of its own (the others may be
+        broken or busy)."""
+        assert self._pending is not None
+        xid, pid, started = self._pending
+        with self._translated(), self._connect() as conn:
+            row = conn.execute(SQL_SERVER_STARTED).fetchone()
+            if row is None or row[0] != started:
+                # the server restarted: the transaction committed before the crash,
+                # or died with it (its id may be another transaction's now)
+                logger.info("failed write transaction %s: server restarted", xid)
+                return None
+            while True:
+                row = conn.execute(SQL_XACT_STATUS, (xid,)).fetchone()
+                status = None if row is None else row[0]
+                if status != "in progress":
+                    logger.info("failed write transaction %s ended: %s", xid, status)
+                    return status if status in ("committed", "aborted") else None
+                if time.monotonic() >= deadline:
+                    raise StillRunning(
+                        f"PostgreSQL at {self._address}: transaction {xid} of a "
+                        f"failed write was still in progress after "
+                        f"{self._fence_timeout} s",
+                        path=f"postgresql:{self._address}",
+                    )
+                conn.execute(SQL_TERMINATE, {"pid": pid, "xid": xid})
+                time.sleep(0.05)
 
     # --- operations ----------------------------------------------------------------
 
     def apply(self, conn: psycopg.Connection[Any], op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
         return apply_op(conn, op, STATEMENTS, self._clock)
-
-
-def _driver() -> Any:
-    """The psycopg module, imported when a PostgreSQL store is first used."""
-    try:
-        import psycopg
-    except ImportError:
-        raise StoreUnavailableError(
-            "PostgresStore needs psycopg 3: pip install 'phronomy[postgres]'",
-            path="postgresql:?",
-        ) from None
-    return psycopg

@@ -15,6 +15,7 @@ __all__ = [
     "SCHEMA_VERSION",
     "SQL_BEGIN",
     "SQL_BEGIN_NEW",
+    "SQL_CLAIM",
     "SQL_CLEAR_VERSION",
     "SQL_CREATE",
     "SQL_CREATE_VERSION_TABLE",
@@ -274,24 +275,66 @@ SQL_MARK_OR_CREATE = f"""
     WHERE (%(expected)s::bigint IS NULL OR t.revision = %(expected)s) AND {_HOLDS}
 """  # noqa: S608 - constant
 SQL_RENEW = f"""
-    UPDATE phronomy_workflow_instances SET lease_expires_at_ms = {_NOW_MS} + %(ttl)s
+    WITH held AS (
+        SELECT instance_id FROM phronomy_workflow_instances
+        WHERE lease_owner = %(owner)s
+          AND instance_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
+        FOR UPDATE SKIP LOCKED
+    ), renewed AS (
+        UPDATE phronomy_workflow_instances AS t
+        SET lease_expires_at_ms = {_NOW_MS} + %(ttl)s
+        FROM held WHERE t.instance_id = held.instance_id
+        RETURNING t.instance_id, t.lease_epoch, t.cancel_requested,
+            t.lease_expires_at_ms
+    )
+    SELECT instance_id, lease_epoch, cancel_requested, true, lease_expires_at_ms
+    FROM renewed
+    UNION ALL
+    SELECT instance_id, lease_epoch, cancel_requested, false, lease_expires_at_ms
+    FROM phronomy_workflow_instances
     WHERE lease_owner = %(owner)s
       AND instance_id IN (SELECT jsonb_array_elements_text(%(ids)s::jsonb))
-    RETURNING instance_id, lease_epoch, cancel_requested, lease_expires_at_ms
+      AND instance_id NOT IN (SELECT instance_id FROM renewed)
 """  # noqa: S608 - constant
+"""A heartbeat: the rows another transaction is writing are skipped, never waited for
+(reported with ``false``: still held, not renewed this time)."""
 SQL_REQUEST_CANCEL = """
-    UPDATE phronomy_workflow_instances SET cancel_requested = %(reason)s
+    WITH asked AS (
+        SELECT instance_id FROM phronomy_workflow_instances
+        WHERE instance_id = %(id)s AND status = 'running' AND lease_owner IS NOT NULL
+        FOR UPDATE SKIP LOCKED
+    ), requested AS (
+        UPDATE phronomy_workflow_instances AS t SET cancel_requested = %(reason)s
+        FROM asked WHERE t.instance_id = asked.instance_id
+        RETURNING t.lease_epoch
+    )
+    SELECT lease_epoch FROM requested
+    UNION ALL
+    SELECT lease_epoch FROM phronomy_workflow_instances
     WHERE instance_id = %(id)s AND status = 'running' AND lease_owner IS NOT NULL
-    RETURNING lease_epoch
+      AND NOT EXISTS (SELECT 1 FROM requested)
 """
+"""Never waits for the row: while another transaction writes it, the request is not
+written but the lease's epoch is returned all the same (the caller polls the row and
+asks again)."""
+_SWEEP_NOW = "(extract(epoch from statement_timestamp()) * 1000)::bigint"
+"""The database's clock when the statement started: stable within it, so that the
+planner can bound the lease index scan with it."""
 SQL_EXPIRED = f"""
-    SELECT instance_id, lease_epoch FROM phronomy_workflow_instances
-    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= {_NOW_MS}
-      AND status = 'running'
+    SELECT instance_id FROM phronomy_workflow_instances
+    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= {_SWEEP_NOW}
+      AND status != 'recovery_required'
     ORDER BY lease_expires_at_ms LIMIT %(limit)s
     FOR UPDATE SKIP LOCKED
 """  # noqa: S608 - constant
+"""The leases that expired first, locked (another sweeper's, or a row another
+transaction writes, are skipped). It reads the partial lease index in expiry order and
+stops at the limit, even without statistics: a leased row is ``running`` or
+``recovery_required`` (every other status releases the lease), and the test written as
+``!=`` is one no index serves and the planner expects most rows to pass (``= 'running'``
+makes it read every running instance through the status index and sort them)."""
 SQL_RECOVER = f"""
+    WITH expired AS ({SQL_EXPIRED})
     UPDATE phronomy_workflow_instances AS t SET
         status = CASE
             WHEN t.revision = 0 THEN 'failed'
@@ -311,10 +354,57 @@ SQL_RECOVER = f"""
         updated_at_ms = {_NOW_MS}, lease_owner = NULL, lease_expires_at_ms = NULL,
         cancel_requested = NULL, lease_epoch = t.lease_epoch + 1,
         takeovers = t.takeovers + 1
-    WHERE t.instance_id = %(id)s AND t.lease_epoch = %(epoch)s AND t.status = 'running'
-      AND t.lease_owner IS NOT NULL AND t.lease_expires_at_ms <= {_NOW_MS}
-    RETURNING t.status
+    FROM expired WHERE t.instance_id = expired.instance_id
+    RETURNING t.instance_id, t.status
 """  # noqa: S608 - constant
+"""The recovery sweep: up to ``limit`` expired leases taken over in one statement (a
+row locked by :data:`SQL_EXPIRED` is re-checked against the latest version)."""
+_WANTED = """(t.status = ANY(%(statuses)s::text[])
+            OR (%(placeholders)s AND t.revision = 0 AND t.status = 'failed'))"""
+"""The statuses a claim runs on (see :func:`~phronomy.storage.claimable`)."""
+SQL_CLAIM = f"""
+    WITH free AS (
+        SELECT %(create)s AND pg_try_advisory_xact_lock(
+            hashtext(current_schema()), hashtext(%(id)s)) AS ok
+    ), created AS (
+        INSERT INTO phronomy_workflow_instances
+            (instance_id, workflow, revision, status, created_at_ms, updated_at_ms,
+             lease_owner, lease_epoch, lease_expires_at_ms)
+        SELECT %(id)s, %(workflow)s, 0, 'running', {_NOW_MS}, {_NOW_MS}, %(owner)s, 1,
+            {_NOW_MS} + %(ttl)s
+        FROM free WHERE free.ok AND NOT EXISTS (
+            SELECT 1 FROM phronomy_workflow_instances WHERE instance_id = %(id)s)
+        ON CONFLICT (instance_id) DO NOTHING
+        RETURNING lease_epoch
+    ), old AS (
+        SELECT {COLUMNS} FROM phronomy_workflow_instances AS t
+        WHERE t.instance_id = %(id)s AND {_WANTED} AND {_CLAIMABLE}
+        FOR UPDATE SKIP LOCKED
+    ), claimed AS (
+        UPDATE phronomy_workflow_instances AS t SET
+            status = 'running', updated_at_ms = {_NOW_MS},
+            workflow = CASE WHEN t.workflow = '' THEN %(workflow)s ELSE t.workflow END,
+            {_CLAIM}
+        FROM old WHERE t.instance_id = old.instance_id
+        RETURNING t.lease_epoch
+    )
+    SELECT 'claimed', old.*, claimed.lease_epoch FROM old, claimed
+    UNION ALL
+    SELECT 'created', {", ".join(["NULL"] * 15)}, lease_epoch FROM created
+    UNION ALL
+    SELECT 'current', {COLUMNS}, NULL FROM phronomy_workflow_instances
+    WHERE instance_id = %(id)s AND NOT EXISTS (SELECT 1 FROM claimed)
+"""  # noqa: S608 - constant
+"""A :class:`~phronomy.storage.ClaimOp` in one statement that never waits for a row.
+
+A new row is created only by the transaction that holds the id's advisory lock (taken
+without waiting): an ``INSERT ... ON CONFLICT`` would wait for another transaction's
+uncommitted insert of the same id (two runtimes creating the same ids in different
+orders deadlock), and it is skipped when the row exists (it would wait for a write of
+it). An existing row is locked only if it is claimable, with ``SKIP LOCKED``: a row
+another transaction writes is not claimed (the runtime refuses the command as busy).
+The row is returned as it was before the claim (``claimed``), or as it is
+(``current``); ``created`` for a new row."""
 SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = %s AND revision = %s"
 )
@@ -353,6 +443,6 @@ STATEMENTS = Statements(
     delete=SQL_DELETE,
     renew=SQL_RENEW,
     request_cancel=SQL_REQUEST_CANCEL,
-    expired=SQL_EXPIRED,
     recover=SQL_RECOVER,
+    claim=SQL_CLAIM,
 )

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
 from ._ops import (
     BeginOp,
+    ClaimOp,
     DeleteOp,
     FindWriteOp,
     HistoryOp,
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
     from ._ops import StoreOp
     from ._records import Lease, SaveRequest
 
-__all__ = ["Connection", "Statements", "apply_op", "record_from_row"]
+__all__ = ["Connection", "Statements", "apply_op", "claim_op", "record_from_row"]
 
 
 class _Cursor(Protocol):
@@ -63,8 +64,12 @@ class Statements(NamedTuple):
     parameters, the others named ones. Backends whose clock is the client's use
     ``now`` (wall-clock ms: the timestamps people read) and ``lease_now`` (lease-clock
     ms: lease expiries); a backend with a clock of its own ignores both. ``begin``,
-    ``resume``, ``renew``, ``expired`` and ``recover`` return rows; ``renew`` returns
-    each renewed instance's id, epoch, cancellation request and new expiry.
+    ``resume``, ``renew``, ``recover`` and ``claim`` return rows. ``renew`` returns each
+    held instance's id, epoch, cancellation request, whether it was renewed (a
+    statement that may skip a row another transaction is writing says so) and its
+    expiry. ``recover`` takes over up to ``limit`` expired leases in one statement.
+    ``claim`` (optional) is a :class:`ClaimOp` in one statement that never waits for a
+    row (see :func:`claim_op`); without it, a claim is a load and then a ``begin``.
     """
 
     load: str
@@ -82,8 +87,8 @@ class Statements(NamedTuple):
     delete: str
     renew: str
     request_cancel: str
-    expired: str
     recover: str
+    claim: str | None = None
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
@@ -172,15 +177,13 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             row = conn.execute(sql.request_cancel, params).fetchone()
             return None if row is None else int(row[0])
         case RecoverOp(limit=limit, max_takeovers=max_takeovers):
-            now = {"now": clock.wall_ms(), "lease_now": clock.lease_ms()}
-            candidates = conn.execute(sql.expired, {**now, "limit": limit})
-            recovered = []
-            for iid, epoch in candidates.fetchall():
-                params = {"id": iid, "epoch": epoch, "max": max_takeovers, **now}
-                row = conn.execute(sql.recover, params).fetchone()
-                if row is not None:
-                    recovered.append((iid, row[0]))
-            return recovered
+            params = {
+                "now": clock.wall_ms(),
+                "lease_now": clock.lease_ms(),
+                "limit": limit,
+                "max": max_takeovers,
+            }
+            return [(row[0], row[1]) for row in conn.execute(sql.recover, params)]
         case SaveOp(request=request):
             return _save(conn, request, sql, clock)
         case MarkOp():
@@ -211,7 +214,7 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
 
 def _renew(
     conn: Connection, op: RenewOp, sql: Statements, clock: StoreClock
-) -> dict[str, tuple[int, str | None]]:
+) -> dict[str, tuple[int, str | None, bool]]:
     params = {
         "owner": op.owner,
         "ids": json.dumps(op.instance_ids),
@@ -221,11 +224,44 @@ def _renew(
     watch = clock.watch
     sent = watch.monotonic_ns()
     rows = conn.execute(sql.renew, params).fetchall()
-    if rows:  # each row's expiry is the lease clock at the renewal plus the TTL
+    renewed = [row for row in rows if row[3]]
+    if renewed:  # each row's expiry is the lease clock at the renewal plus the TTL
         watch.observe(
-            max(row[3] for row in rows) - op.ttl_ms, sent, watch.monotonic_ns()
+            max(row[4] for row in renewed) - op.ttl_ms, sent, watch.monotonic_ns()
         )
-    return {row[0]: (int(row[1]), row[2]) for row in rows}
+    return {row[0]: (int(row[1]), row[2], bool(row[3])) for row in rows}
+
+
+def claim_op(
+    conn: Connection, op: ClaimOp, sql: Statements, clock: StoreClock
+) -> tuple[StoredRecord | None, int | None]:
+    """Run a :class:`ClaimOp` with the backend's one ``claim`` statement.
+
+    The statement returns at most one row: a kind (``created``, ``claimed`` or
+    ``current``), the instance's load columns and the new epoch. ``created``: no row
+    existed, the claim made one. ``claimed``: the row as it was before the claim.
+    ``current``: the row was not claimed (its status or another runtime's lease, or
+    another transaction was writing it: never waited for).
+    """
+    params = {
+        "id": op.workflow_instance_id,
+        "workflow": op.workflow,
+        "owner": op.lease_owner,
+        "ttl": op.ttl_ms,
+        "now": clock.wall_ms(),
+        "lease_now": clock.lease_ms(),
+        "statuses": list(op.statuses),
+        "create": op.create,
+        "placeholders": op.placeholders,
+    }
+    assert sql.claim is not None
+    row = conn.execute(sql.claim, params).fetchone()
+    if row is None:
+        return None, None
+    kind, epoch = row[0], row[-1]
+    if kind == "created":
+        return None, int(epoch)
+    return record_from_row(row[1:-1]), None if epoch is None else int(epoch)
 
 
 def _save(

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any, final
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 
 from . import _clock
-from ._base import BaseStore
+from ._base import BaseStore, Lane
 from ._clock import StepWatch, StoreClock
 from ._sql_ops import apply_op
 from ._sqlite_errors import translate
@@ -61,7 +61,9 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
       ``BEGIN IMMEDIATE`` for every write, a busy timeout for other processes.
     * One connection for writes and one for reads (WAL lets a read run while a write
       transaction commits), each never used by two threads at once (a lock each; the
-      runtime runs writes in a single-worker pool and reads in another).
+      runtime runs writes in a single-worker pool and reads in another). Lease
+      renewals have a connection of their own: a renewal waits at most for the commit
+      under way, never behind the queue of other writes.
     * The schema is created and migrated on first use (``PRAGMA user_version``).
     * Every save is one conditional statement; a trigger appends it to
       ``phronomy_save_log`` with its ``write_id`` in the same transaction (the last
@@ -129,6 +131,8 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         self._clock = StoreClock(
             _clock.wall_ms, _clock.lease_ms, StepWatch("the SQLite store's lease clock")
         )
+        self._renew_lock = threading.Lock()
+        self._renew_conn: sqlite3.Connection | None = None
 
     @property
     def path(self) -> str:
@@ -446,6 +450,10 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
             if self._read_conn is not None:
                 self._read_conn.close()
                 self._read_conn = None
+        with self._renew_lock:
+            if self._renew_conn is not None:
+                self._renew_conn.close()
+                self._renew_conn = None
 
     def fence(self) -> None:
         """Roll back a transaction left open by a failed write, so it can never commit."""
@@ -456,21 +464,36 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
                 conn.rollback()
 
     @contextlib.contextmanager
-    def _writing(self) -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction on the write connection."""
+    def _writing(self, lane: Lane = "write") -> Iterator[sqlite3.Connection]:
+        """One ``BEGIN IMMEDIATE`` transaction on the lane's connection."""
+        if lane == "renew" and self._path != ":memory:":
+            with self._renew_lock, self._translated():
+                if self._renew_conn is None:
+                    self._renew_conn = self._open()
+                with _immediate(self._renew_conn):
+                    yield self._renew_conn
+            return
         with self._lock, self._translated():
             conn = self._connection()
-            conn.execute("BEGIN IMMEDIATE")
-            try:
+            with _immediate(conn):
                 yield conn
-                conn.execute("COMMIT")
-            except BaseException:
-                if conn.in_transaction:
-                    conn.rollback()
-                raise
 
     # --- operations ----------------------------------------------------------------
 
     def apply(self, conn: sqlite3.Connection, op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
         return apply_op(conn, op, STATEMENTS, self._clock)
+
+
+@contextlib.contextmanager
+def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction: committed at the end, rolled back if the
+    block raises."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        yield
+        conn.execute("COMMIT")
+    except BaseException:
+        if conn.in_transaction:
+            conn.rollback()
+        raise

@@ -309,7 +309,7 @@ SQL_MARK_OR_CREATE = f"""
 SQL_RENEW = """
     UPDATE phronomy_workflow_instances SET lease_expires_at_ms = :lease_now + :ttl
     WHERE lease_owner = :owner AND instance_id IN (SELECT value FROM json_each(:ids))
-    RETURNING instance_id, lease_epoch, cancel_requested, lease_expires_at_ms
+    RETURNING instance_id, lease_epoch, cancel_requested, 1, lease_expires_at_ms
 """
 SQL_REQUEST_CANCEL = """
     UPDATE phronomy_workflow_instances SET cancel_requested = :reason
@@ -317,11 +317,17 @@ SQL_REQUEST_CANCEL = """
     RETURNING lease_epoch
 """
 SQL_EXPIRED = """
-    SELECT instance_id, lease_epoch FROM phronomy_workflow_instances
-    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= :lease_now AND status = 'running'
+    SELECT instance_id FROM phronomy_workflow_instances
+    WHERE lease_owner IS NOT NULL AND lease_expires_at_ms <= :lease_now
+      AND status != 'recovery_required'
     ORDER BY lease_expires_at_ms LIMIT :limit
 """
-SQL_RECOVER = """
+"""The leases that expired first. It reads the partial lease index in expiry order and
+stops at the limit: a leased row is ``running`` or ``recovery_required`` (every other
+status releases the lease), and the test written as ``!=`` is one no index serves
+(``= 'running'`` makes SQLite read every running instance through the status index and
+sort them)."""
+SQL_RECOVER = f"""
     UPDATE phronomy_workflow_instances AS t SET
         status = CASE
             WHEN revision = 0 THEN 'failed'
@@ -341,10 +347,11 @@ SQL_RECOVER = """
         updated_at_ms = :now, lease_owner = NULL, lease_expires_at_ms = NULL,
         cancel_requested = NULL, lease_epoch = lease_epoch + 1,
         takeovers = takeovers + 1
-    WHERE instance_id = :id AND lease_epoch = :epoch AND status = 'running'
-      AND lease_owner IS NOT NULL AND lease_expires_at_ms <= :lease_now
-    RETURNING status
-"""
+    WHERE instance_id IN ({SQL_EXPIRED})
+    RETURNING instance_id, status
+"""  # noqa: S608 - constant
+"""The recovery sweep: up to ``limit`` expired leases taken over in one statement (the
+write transaction holds the database's write lock: no other sweeper sees them)."""
 SQL_LEASE_CLOCK = "SELECT value FROM phronomy_settings WHERE name = 'lease_clock'"
 SQL_SET_LEASE_CLOCK = (
     "UPDATE phronomy_settings SET value = ? WHERE name = 'lease_clock'"
@@ -384,7 +391,6 @@ STATEMENTS = Statements(
     delete=SQL_DELETE,
     renew=SQL_RENEW,
     request_cancel=SQL_REQUEST_CANCEL,
-    expired=SQL_EXPIRED,
     recover=SQL_RECOVER,
 )
 

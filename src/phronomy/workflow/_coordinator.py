@@ -207,6 +207,9 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
             error,
         )
         if self.gateway is not None:
+            # No longer renewed: if the mark below fails, the lease expires and the
+            # sweep settles the row; if it lands, the row waits for an operator.
+            self.gateway.leases.drop(iid)
             quarantine(
                 self.gateway.store.identity,
                 iid,
