@@ -60,7 +60,7 @@ class BaseStore(OneAtATime, Generic[C]):
     """A store: the batch logic of the contract around one backend ``apply``.
 
     A backend implements ``_reading`` (a connection that sees committed data),
-    ``_writing`` (one transaction on the :data:`Lane`'s connection: committed when the
+    ``_writing`` (one transaction on the ``Lane``'s connection: committed when the
     block ends, rolled back when it raises), ``_read_errors`` (its errors as store
     errors, around each read) and :meth:`apply` (one operation on that connection), and
     may override :meth:`open`, :meth:`close`, :meth:`fence`, ``_claim``,
@@ -68,7 +68,7 @@ class BaseStore(OneAtATime, Generic[C]):
 
     :meth:`execute` runs a batch: reads on the read connection; writes in one
     transaction, where a conflict fails only its own operation; the writes run in the
-    order of the rows they lock (:func:`row_order`: by instance id, each instance's in
+    order of the rows they lock (``row_order``: by instance id, each instance's in
     the batch's order, then those of many rows), the same on every backend, so no two
     transactions wait for each other, and results come back in the batch's order. A
     batch of renewals

@@ -12,7 +12,7 @@ mark. If the mark could not be written either, the row keeps the lease of the se
 whose save is unknown; once that lease expired, the recovery sweep of any runtime
 settles the row (a new lease epoch). A store that then reads the row with a newer
 epoch than the one the unknown save presented lifts the quarantine here
-(:func:`settle`): the store holds the truth again.
+(``settle``): the store holds the truth again.
 """
 
 from __future__ import annotations
@@ -63,7 +63,7 @@ def quarantine(
 
     *epoch* is the lease epoch of the write whose outcome is unknown (by default, the
     one its store noted); a later read of the row at a newer epoch lifts the refusal
-    (see :func:`settle`).
+    (see ``settle``).
     """
     with _lock:
         noted = _unknown_epochs.pop((identity, instance_id), None)
