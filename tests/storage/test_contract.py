@@ -9,7 +9,7 @@ import msgspec
 import outcome
 import pytest
 
-from phronomy import errors
+from phronomy import errors, storage
 from phronomy.storage import (
     SAVE_LOG_DEPTH,
     BeginOp,
@@ -394,7 +394,7 @@ def test_a_save_resets_the_takeover_count(store: WorkflowStore) -> None:
 
 def test_a_claim_loads_and_claims_in_one_write(store: WorkflowStore) -> None:
     def claim(iid: str, owner: str, statuses: tuple[str, ...], create: bool) -> Any:
-        return store.run(
+        claimed = store.run(
             ClaimOp(
                 workflow_instance_id=iid,
                 workflow="wf",
@@ -404,6 +404,7 @@ def test_a_claim_loads_and_claims_in_one_write(store: WorkflowStore) -> None:
                 create=create,
             )
         )
+        return claimed.row, claimed.epoch
 
     assert claim("new", "A", (), True) == (None, 1)  # a new instance: created, claimed
     row = store.load("new")
@@ -433,15 +434,16 @@ def test_a_claim_loads_and_claims_in_one_write(store: WorkflowStore) -> None:
         create=True,
         placeholders=True,
     )
-    before, epoch = store.run(placeholder)
+    claimed = store.run(placeholder)
+    before, epoch = claimed.row, claimed.epoch
     assert (before.status, before.revision, epoch) == ("failed", 0, 1)
     store.save(
         msgspec.structs.replace(request("p", None), lease=Lease(owner="A", epoch=1))
     )
     # a saved failure is no placeholder any more
     store.run(MarkOp(workflow_instance_id="p", status="failed", expected_revision=1))
-    before, epoch = store.run(placeholder)
-    assert (before.revision, epoch) == (1, None)
+    claimed = store.run(placeholder)
+    assert (claimed.row.revision, claimed.epoch) == (1, None)
 
 
 def test_a_leased_save_of_a_row_that_is_gone_is_a_conflict(
@@ -542,3 +544,168 @@ def test_a_mark_never_recreates_a_row_a_lease_or_revision_is_expected_on(
     placeholder = MarkOp(workflow_instance_id="gone", status="failed", create=True)
     assert store.run(placeholder)
     assert store.load("gone").revision == 0  # type: ignore[union-attr]
+
+
+def _posting(
+    iid: str, event_id: str, event: str = "approve", payload: bytes = b"1"
+) -> storage.Posting:
+    return storage.Posting(
+        workflow_instance_id=iid, event_id=event_id, event=event, payload=payload
+    )
+
+
+def test_the_inbox_stores_events_in_order_once_each(store: WorkflowStore) -> None:
+    store.save(request("i", None))  # halted at revision 1
+    posted = [store.run(storage.PostOp(posting=_posting("i", f"e{n}"))) for n in (1, 2)]
+    assert [(p.outcome, p.entry.seq) for p in posted] == [("stored", 1), ("stored", 2)]
+    assert posted[0].row.revision == 1
+    assert posted[0].row.snapshot is None
+    # a repeat of an event id stores nothing and is answered with the first entry
+    again = store.run(storage.PostOp(posting=_posting("i", "e1")))
+    assert (again.outcome, again.entry) == ("duplicate", posted[0].entry)
+    other = store.run(storage.PostOp(posting=_posting("i", "e1", payload=b"2")))
+    assert (other.outcome, other.entry) == ("mismatch", posted[0].entry)
+    pending = store.run(storage.InboxOp(workflow_instance_id="i"))
+    assert [(e.seq, e.event_id, e.status) for e in pending] == [
+        (1, "e1", "pending"),
+        (2, "e2", "pending"),
+    ]
+    assert store.run(storage.InboxOp(workflow_instance_id="i", after=1)) == pending[1:]
+    found = store.run(storage.EntryOp(workflow_instance_id="i", event_id="e2"))
+    assert found == pending[1]
+    assert store.run(storage.EntryOp(workflow_instance_id="i", event_id="x")) is None
+    # a missing or closed instance stores nothing
+    missing = store.run(storage.PostOp(posting=_posting("nobody", "e1")))
+    assert (missing.outcome, missing.entry, missing.row) == ("missing", None, None)
+    store.save(request("done", None, status="finished"))
+    closed = store.run(storage.PostOp(posting=_posting("done", "e1")))
+    assert (closed.outcome, closed.row.status) == ("closed", "finished")
+    assert store.run(storage.InboxOp(workflow_instance_id="done")) == ()
+
+
+def test_a_save_consumes_its_entries_and_a_closing_save_refuses_the_rest(
+    store: WorkflowStore,
+) -> None:
+    store.save(request("c", None))
+    for n in (1, 2, 3):
+        store.run(storage.PostOp(posting=_posting("c", f"e{n}")))
+    # a refused save consumes nothing
+    refused = msgspec.structs.replace(
+        request("c", 5), consumed=(storage.Consumption(seq=1, status="transitioned"),)
+    )
+    assert store.save_classified(refused).outcome == "known_failure"
+    assert len(store.run(storage.InboxOp(workflow_instance_id="c"))) == 3
+    consuming = msgspec.structs.replace(
+        request("c", 1, status="running"),
+        consumed=(
+            storage.Consumption(seq=1, status="transitioned"),
+            storage.Consumption(seq=2, status="rejected", detail="no"),
+        ),
+    )
+    assert store.save(consuming) == 2
+    entries = store.run(storage.InboxOp(workflow_instance_id="c", pending_only=False))
+    assert [(e.seq, e.status, e.revision, e.detail) for e in entries] == [
+        (3, "pending", None, None),
+        (2, "rejected", 2, "no"),
+        (1, "transitioned", 2, None),
+    ]
+    assert all(e.consumed_at_ms for e in entries if e.status != "pending")
+    store.save(request("c", 2, status="finished"))
+    last = store.run(storage.EntryOp(workflow_instance_id="c", event_id="e3"))
+    assert (last.status, last.revision) == ("refused", 3)
+    assert "finished at revision 3" in (last.detail or "")
+    # deleting the instance deletes its inbox
+    store.delete("c", 3)
+    assert (
+        store.run(storage.InboxOp(workflow_instance_id="c", pending_only=False)) == ()
+    )
+
+
+def test_a_mark_consumes_entries_and_the_inbox_keeps_the_last_few(
+    store: WorkflowStore,
+) -> None:
+    store.save(request("m", None))
+    for n in range(SAVE_LOG_DEPTH + 3):
+        store.run(storage.PostOp(posting=_posting("m", f"e{n}")))
+    marked = MarkOp(
+        workflow_instance_id="m",
+        status="halted",
+        expected_revision=1,
+        consumed=tuple(
+            storage.Consumption(seq=n + 1, status="dropped")
+            for n in range(SAVE_LOG_DEPTH + 2)
+        ),
+    )
+    assert store.run(marked)
+    entries = store.run(
+        storage.InboxOp(workflow_instance_id="m", pending_only=False, limit=1000)
+    )
+    consumed = [e for e in entries if e.status != "pending"]
+    assert len(consumed) == SAVE_LOG_DEPTH  # pruned with the save log's depth
+    assert [e.seq for e in entries if e.status == "pending"] == [SAVE_LOG_DEPTH + 3]
+    assert {e.revision for e in consumed} == {1}
+
+
+def test_the_poll_sees_pending_entries_of_held_and_free_instances(
+    store: WorkflowStore,
+) -> None:
+    for iid in ("free", "mine", "theirs"):
+        store.save(request(iid, None))
+        store.run(storage.PostOp(posting=_posting(iid, "e")))
+    assert store.begin(
+        "mine", "wf", expected_revision=1, lease_owner="A", ttl_ms=60_000
+    )
+    assert store.begin(
+        "theirs", "wf", expected_revision=1, lease_owner="B", ttl_ms=60_000
+    )
+    polled = store.run(storage.PollOp(owner="A"))
+    assert [
+        (e.workflow_instance_id, status, owner) for e, status, _, owner in polled
+    ] == [
+        ("free", "halted", None),
+        ("mine", "running", "A"),
+    ]
+
+
+def test_a_claim_posts_and_returns_the_pending_entries(store: WorkflowStore) -> None:
+    store.save(request("q", None))
+    store.run(storage.PostOp(posting=_posting("q", "first")))
+    claimed = store.run(
+        ClaimOp(
+            workflow_instance_id="q",
+            workflow="wf",
+            lease_owner="A",
+            ttl_ms=60_000,
+            statuses=("halted",),
+            post=_posting("q", "second"),
+            pending=10,
+        )
+    )
+    assert (claimed.epoch, claimed.posted.outcome) == (1, "stored")
+    assert [e.event_id for e in claimed.pending] == ["first", "second"]
+    # a claim that creates its instance stores its posting too (signal with start)
+    created = store.run(
+        ClaimOp(
+            workflow_instance_id="new",
+            workflow="wf",
+            lease_owner="A",
+            ttl_ms=60_000,
+            create=True,
+            post=_posting("new", "hello"),
+            pending=10,
+        )
+    )
+    assert (created.row, created.epoch, created.posted.outcome) == (None, 1, "stored")
+    assert [e.seq for e in created.pending] == [1]
+    # refused (held by A), the posting is stored all the same
+    busy = store.run(
+        ClaimOp(
+            workflow_instance_id="new",
+            workflow="wf",
+            lease_owner="B",
+            ttl_ms=60_000,
+            statuses=("running",),
+            post=_posting("new", "again"),
+        )
+    )
+    assert (busy.epoch, busy.posted.outcome) == (None, "stored")

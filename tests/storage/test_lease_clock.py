@@ -17,7 +17,7 @@ import pytest
 
 from phronomy import MemoryStore, SQLiteStore
 from phronomy.cli import main
-from phronomy.storage import RecoverOp, RenewOp, _clock
+from phronomy.storage import SCHEMA_VERSION, RecoverOp, RenewOp, _clock
 from phronomy.storage._sqlite_schema import MIGRATIONS
 
 if TYPE_CHECKING:
@@ -211,7 +211,7 @@ def test_wall_clock_leases_of_schema_3_expire_on_migration(
     _schema_3(db)
     store = open_sqlite(db)
     store.open()
-    assert store.pragmas()["user_version"] == 4
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION
     assert _lease_clock(db) == _clock.LEASE_CLOCK_ID
     assert store.run(SWEEP) == [("old", "halted")]
     row = store.load("old")

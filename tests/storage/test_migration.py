@@ -7,10 +7,11 @@ import sqlite3
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+import msgspec
 import pytest
 
 from phronomy import errors
-from phronomy.storage import SCHEMA_VERSION, SaveRequest, SQLiteStore
+from phronomy.storage import SCHEMA_VERSION, Posting, PostOp, SaveRequest, SQLiteStore
 from records import durable_view
 
 if TYPE_CHECKING:
@@ -54,7 +55,7 @@ def test_every_row_and_its_history_survive_the_migration(
     ).fetchall()
     before.close()
     store.open()
-    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 4
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 5
     for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
@@ -154,3 +155,48 @@ def test_a_schema_2_file_gains_leases_and_keeps_every_row(
     assert [e.revision for e in store.history("finished-1")] == [2, 1]
     # a row left running by a runtime without leases can be claimed again
     assert store.begin("running-1", "fixture-flow", lease_owner="A", ttl_ms=1000) == 1
+
+
+def test_a_schema_4_file_gains_an_inbox_and_keeps_every_row(
+    open_sqlite: Callable[..., SQLiteStore], tmp_path: Path
+) -> None:
+    fixture = FIXTURE.with_name("schema_v4.db")
+    before = _read_only(fixture)
+    try:
+        assert before.execute("PRAGMA user_version").fetchone()[0] == 4
+        rows = before.execute(
+            "SELECT instance_id, revision, status, phase, snapshot, last_write_id, "
+            "detail, definition_version FROM phronomy_workflow_instances"
+        ).fetchall()
+        histories = before.execute(
+            "SELECT instance_id, revision, write_id FROM phronomy_save_log "
+            "ORDER BY instance_id, revision"
+        ).fetchall()
+    finally:
+        before.close()
+    path = tmp_path / "v4.db"
+    shutil.copy(fixture, path)
+    store = open_sqlite(path)
+    store.open()
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 5
+    for iid, *saved in rows:
+        record = store.load(iid)
+        assert record is not None
+        assert durable_view(record) == tuple(saved)
+    after = [
+        (iid, e.revision, e.write_id)
+        for iid in sorted({r[0] for r in rows})
+        for e in reversed(store.history(iid))
+    ]
+    assert after == histories
+    # the inbox works on the migrated rows: in order, once each
+    posting = Posting(
+        workflow_instance_id="finished-1", event_id="e", event="go", payload=b"{}"
+    )
+    assert store.run(PostOp(posting=posting)).outcome == "closed"
+    posted = store.run(
+        PostOp(
+            posting=msgspec.structs.replace(posting, workflow_instance_id="failed-1")
+        )
+    )
+    assert (posted.outcome, posted.entry.seq) == ("stored", 1)

@@ -500,3 +500,46 @@ def test_a_read_on_a_connection_the_server_ended_is_tried_again(
     assert store.load("r") is not None  # on a new connection, once more
     _terminate(postgres_dsn, _backend_of(store._conn))
     assert store.save(request("r", 1)) == 2  # a write that never began: likewise
+
+
+def test_a_schema_3_database_gains_an_inbox_and_keeps_every_row(
+    open_postgres: OpenPostgres, postgres_dsn: str
+) -> None:
+    from phronomy.storage import Posting, PostOp
+    from phronomy.storage._postgres_schema import (
+        MIGRATIONS,
+        SQL_CREATE_VERSION_TABLE,
+    )
+
+    schema = open_postgres().schema
+    with _admin(postgres_dsn) as conn:  # what the release before the inbox wrote
+        conn.execute(f"CREATE SCHEMA {schema}")
+        conn.execute(f"SET search_path = {schema}")
+        conn.execute(SQL_CREATE_VERSION_TABLE)
+        for step in MIGRATIONS[:3]:
+            for statement in step:
+                conn.execute(statement)
+        conn.execute("INSERT INTO phronomy_schema (version) VALUES (3)")
+    old = open_postgres()
+    with _admin(postgres_dsn) as conn:
+        conn.execute(f"SET search_path = {schema}")
+        conn.execute(
+            "INSERT INTO phronomy_workflow_instances (instance_id, workflow, revision,"
+            " status, phase, snapshot, last_write_id, created_at_ms, updated_at_ms)"
+            " VALUES ('h', 'wf', 1, 'halted', 'p', '\\x7b7d', 'w1', 1, 1)"
+        )
+    old.open()
+    row = old.load("h")
+    assert row is not None
+    assert (row.revision, row.status, row.snapshot, row.write_id) == (
+        1,
+        "halted",
+        b"{}",
+        "w1",
+    )
+    posting = Posting(workflow_instance_id="h", event_id="e", event="go", payload=b"1")
+    posted = old.run(PostOp(posting=posting))
+    assert (posted.outcome, posted.entry.seq) == ("stored", 1)
+    with _admin(postgres_dsn) as conn:
+        rows = conn.execute(f"SELECT version FROM {schema}.phronomy_schema")
+        assert [r[0] for r in rows] == [SCHEMA_VERSION] == [4]

@@ -78,7 +78,9 @@ def test_a_claim_of_a_row_another_transaction_holds_is_refused_at_once(
         [claim("held", "A", "halted"), claim("free", "A", "halted")]
     )
     took = time.monotonic() - started
-    (held_row, held_epoch), (free_row, free_epoch) = [r.unwrap() for r in results]
+    (held_row, held_epoch), (free_row, free_epoch) = [
+        (c.row, c.epoch) for c in (r.unwrap() for r in results)
+    ]
     assert held_epoch is None  # not claimed: the runtime refuses it as busy
     assert (held_row.status, held_row.revision) == ("halted", 1)  # as it is
     assert (free_row.status, free_epoch) == ("halted", 1)  # the rest of the batch ran
@@ -110,19 +112,20 @@ def test_creating_an_id_another_claim_is_creating_is_refused_at_once(
     try:
         assert inside.wait(10)
         started = time.monotonic()
-        assert second.run(claim("new", "B", create=True)) == (None, None)
+        refused = second.run(claim("new", "B", create=True))
+        assert (refused.row, refused.epoch) == (None, None)
         took = time.monotonic() - started
     finally:
         gate.set()
         creator.join(10)
-    assert outcome == [(None, 1)]
+    assert [(c.row, c.epoch) for c in outcome] == [(None, 1)]
     assert took < 1.0
     row = second.load("new")
     assert row is not None
     assert (row.lease_owner, row.lease_epoch) == ("A", 1)
     # once it exists, a second claim sees its owner (a BusyError naming it)
-    before, epoch = second.run(claim("new", "B", create=True))
-    assert (before.lease_owner, epoch) == ("A", None)
+    claimed = second.run(claim("new", "B", create=True))
+    assert (claimed.row.lease_owner, claimed.epoch) == ("A", None)
 
 
 def test_renewals_cancel_requests_and_sweeps_skip_a_row_being_written(

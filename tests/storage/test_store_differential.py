@@ -46,6 +46,7 @@ from hypothesis.stateful import (
 from phronomy import errors
 from phronomy.storage import (
     BeginOp,
+    Claimed,
     ClaimOp,
     DeleteOp,
     HistoryOp,
@@ -124,7 +125,7 @@ def normal(value: Any, now: int) -> Any:
         fields = msgspec.structs.asdict(value)
         del fields["committed_at_ms"]
         return fields
-    if isinstance(value, (InstancePage, SaveOutcome)):
+    if isinstance(value, (InstancePage, SaveOutcome, Claimed)):
         return normal(msgspec.structs.asdict(value), now)
     if isinstance(value, BaseException):
         # The conflict messages are part of the contract (one function writes them);
@@ -373,7 +374,7 @@ class DifferentialModel(RuleBasedStateMachine):
         if not isinstance(result, outcome.Value):
             return None
         if isinstance(op, ClaimOp):
-            epoch = result.value[1]
+            epoch = result.value.epoch
         elif isinstance(op, BeginOp):
             epoch = result.value
         else:
@@ -400,7 +401,7 @@ def _kinds(op: StoreOp, result: outcome.Outcome[Any]) -> list[str]:
     if isinstance(op, RecoverOp):
         return [f"recover: to {status}" for _, status in value] or ["recover: none"]
     if isinstance(op, ClaimOp):
-        value = value[1]
+        value = value.epoch
     return [f"{name}: {'nothing' if value in (None, False, {}) else 'done'}"]
 
 

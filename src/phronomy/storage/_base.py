@@ -13,13 +13,17 @@ import outcome
 
 from phronomy.errors import ConflictError
 
+from ._inbox import Claimed, InboxEntry, PostOutcome
 from ._ops import (
     READ_OPS,
     BeginOp,
     ClaimOp,
+    EntryOp,
     FindWriteOp,
     HistoryOp,
+    InboxOp,
     LoadOp,
+    PostOp,
     RenewOp,
     SaveOp,
     op_name,
@@ -234,7 +238,7 @@ class BaseStore(OneAtATime, Generic[C]):
         value: Any
         try:
             if isinstance(op, ClaimOp):
-                value = self._claim(conn, op)
+                value = self._claim_and_post(conn, op)
             else:
                 value = self.apply(conn, op)
         except KNOWN_FAILURES as exc:
@@ -273,6 +277,25 @@ class BaseStore(OneAtATime, Generic[C]):
         if isinstance(op, READ_OPS) and result is not None:
             return result  # a read that already completed stays valid
         return outcome.Error(error)
+
+    def _claim_and_post(self, conn: C, op: ClaimOp) -> Claimed:
+        """Run a :class:`ClaimOp` with its posting (first, under the instance's row; a
+        new instance's once the claim made its row) and its pending entries."""
+        posting = op.post
+        posted: PostOutcome | None = None
+        if posting is not None:
+            posted = self.apply(conn, PostOp(posting=posting))
+        row, epoch = self._claim(conn, op)
+        made = epoch is not None and posted is not None and posted.outcome == "missing"
+        if posting is not None and made:  # the claim made the row: store it now
+            posted = self.apply(conn, PostOp(posting=posting))
+        pending: tuple[InboxEntry, ...] = ()
+        if op.pending:
+            inbox = InboxOp(
+                workflow_instance_id=op.workflow_instance_id, limit=op.pending
+            )
+            pending = self.apply(conn, inbox)
+        return Claimed(row=row, epoch=epoch, pending=pending, posted=posted)
 
     def _claim(self, conn: C, op: ClaimOp) -> tuple[StoredRecord | None, int | None]:
         """Run a :class:`ClaimOp`: a load, then a claim at the revision it read."""
@@ -340,7 +363,41 @@ class BaseStore(OneAtATime, Generic[C]):
             return outcome.Value(row.lease_epoch)
         # the row as it was before the claim: its last save says its status
         before = msgspec.structs.replace(row, status=saved[0].status) if saved else None
-        return outcome.Value((before, row.lease_epoch))
+        posted = None
+        pending: tuple[InboxEntry, ...] = ()
+        if op.post is not None or op.pending:  # the claim committed: its post too
+            try:
+                posted, pending = self._read_back(lambda conn: self._inbox_of(conn, op))
+            except Exception as read_error:  # noqa: BLE001 - the claim stays unknown
+                logger.warning("reconciliation read of %r failed: %r", iid, read_error)
+                return outcome.Error(error)
+        return outcome.Value(
+            Claimed(row=before, epoch=row.lease_epoch, pending=pending, posted=posted)
+        )
+
+    def _inbox_of(
+        self, conn: C, op: ClaimOp
+    ) -> tuple[PostOutcome | None, tuple[InboxEntry, ...]]:
+        """What a committed claim's posting stored, and the instance's pending entries
+        (read back)."""
+        posted = None
+        posting = op.post
+        if posting is not None:
+            key = EntryOp(
+                workflow_instance_id=posting.workflow_instance_id,
+                event_id=posting.event_id,
+            )
+            entry: InboxEntry | None = self.apply(conn, key)
+            posted = PostOutcome(
+                outcome="stored" if entry is not None else "missing", entry=entry
+            )
+        pending: tuple[InboxEntry, ...] = ()
+        if op.pending:
+            inbox = InboxOp(
+                workflow_instance_id=op.workflow_instance_id, limit=op.pending
+            )
+            pending = self.apply(conn, inbox)
+        return posted, pending
 
     def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
         """Classify a save with an unknown outcome once it can no longer commit.
@@ -491,8 +548,8 @@ def _settle_rows(identity: str, results: list[outcome.Outcome[Any]]) -> None:
         if not isinstance(result, outcome.Value):
             continue
         value = result.value
-        if isinstance(value, tuple) and len(value) == 2:  # a claim's (row, epoch)
-            value = value[0]
+        if isinstance(value, Claimed):
+            value = value.row
         rows = value.records if isinstance(value, InstancePage) else (value,)
         for row in rows:
             if isinstance(row, StoredRecord):

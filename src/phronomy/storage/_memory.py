@@ -13,14 +13,19 @@ from phronomy.errors import InvalidInputError
 
 from ._base import BaseStore, Lane
 from ._clock import monotonic_ms, wall_ms
+from ._memory_inbox import MemoryInbox
 from ._ops import (
     BeginOp,
     DeleteOp,
+    EntryOp,
     FindWriteOp,
     HistoryOp,
+    InboxOp,
     ListOp,
     LoadOp,
     MarkOp,
+    PollOp,
+    PostOp,
     RecoverOp,
     RenewOp,
     RequestCancelOp,
@@ -37,15 +42,15 @@ if TYPE_CHECKING:
 __all__ = ["MemoryStore"]
 
 
-class _Tables:
-    """The rows and the save log; writes note what they replace, to undo a batch."""
+class _Tables(MemoryInbox):
+    """The rows, the save log and the inbox; writes note what they replace, to undo a
+    batch."""
 
     def __init__(self) -> None:
+        super().__init__()
         self.rows: dict[str, StoredRecord] = {}
         self.log: dict[str, dict[str, SaveLogEntry]] = {}  # id -> write id -> save
-        self.undo: (
-            list[tuple[str, StoredRecord | None, dict[str, SaveLogEntry] | None]] | None
-        ) = None
+        self.undo: list[tuple[str, Any]] | None = None
 
     def put(
         self,
@@ -53,18 +58,27 @@ class _Tables:
         row: StoredRecord | None,
         log: dict[str, SaveLogEntry] | None,
     ) -> None:
-        """Replace (or with ``None``, remove) the row and save log of *iid*."""
-        if self.undo is not None:
-            self.undo.append((iid, self.rows.get(iid), self.log.get(iid)))
+        """Replace (or with ``None``, remove: its inbox goes too) the row and save log
+        of *iid*."""
+        self.note(iid)
         _set(self.rows, iid, row)
         _set(self.log, iid, log)
+        if row is None:
+            self.forget(iid)
+
+    def note(self, iid: str) -> None:
+        """Remember the state of *iid*, to undo this batch's writes of it."""
+        if self.undo is not None:
+            kept = (self.rows.get(iid), self.log.get(iid), *self.inbox_state(iid))
+            self.undo.append((iid, kept))
 
     def rollback(self) -> None:
         """Undo every write of the batch, newest first."""
         undo, self.undo = self.undo or [], None
-        for iid, row, log in reversed(undo):
+        for iid, (row, log, *inbox) in reversed(undo):
             _set(self.rows, iid, row)
             _set(self.log, iid, log)
+            self.restore_inbox(iid, *inbox)
 
 
 def _claimable(row: StoredRecord, owner: str | None, now: int) -> bool:
@@ -169,9 +183,29 @@ class MemoryStore(BaseStore[_Tables]):
             case BeginOp():
                 return self._begin(conn, op)
             case SaveOp(request=request):
-                return self._save(conn, request)
+                revision = self._save(conn, request)
+                self._consume(conn, request.workflow_instance_id, revision, request)
+                return revision
             case MarkOp():
-                return self._mark(conn, op)
+                changed = self._mark(conn, op)
+                if changed:
+                    self._consume(
+                        conn, op.workflow_instance_id, op.expected_revision or 0, op
+                    )
+                return changed
+            case PostOp(posting=posting):
+                row = conn.rows.get(posting.workflow_instance_id)
+                if row is not None:
+                    row = msgspec.structs.replace(row, snapshot=None)
+                return conn.post(posting, wall_ms(), row)
+            case InboxOp(workflow_instance_id=iid):
+                if op.pending_only:
+                    return conn.pending(iid, op.after, op.limit)
+                return conn.recent(iid, op.limit)
+            case EntryOp(workflow_instance_id=iid, event_id=event_id):
+                return conn.entry(iid, event_id)
+            case PollOp(owner=owner, limit=limit):
+                return conn.poll(owner, limit)
             case RenewOp():
                 return self._renew(conn, op)
             case RecoverOp():
@@ -312,6 +346,19 @@ class MemoryStore(BaseStore[_Tables]):
             )
             recovered.append((iid, status))
         return recovered
+
+    def _consume(
+        self, conn: _Tables, iid: str, revision: int, op: SaveRequest | MarkOp
+    ) -> None:
+        closing = op.status if op.status in ("finished", "cancelled") else None
+        conn.consume(
+            iid,
+            revision=revision,
+            consumed=op.consumed,
+            closing=closing,
+            now=wall_ms(),
+            depth=self._depth,
+        )
 
     def _save(self, conn: _Tables, request: SaveRequest) -> int:
         iid = request.workflow_instance_id

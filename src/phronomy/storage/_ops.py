@@ -13,18 +13,23 @@ from typing import final
 
 import msgspec
 
-from ._records import InstanceStatus, Lease, SaveRequest
+from ._inbox import Posting
+from ._records import Consumption, InstanceStatus, Lease, SaveRequest
 
 __all__ = [
     "READ_OPS",
     "BeginOp",
     "ClaimOp",
     "DeleteOp",
+    "EntryOp",
     "FindWriteOp",
     "HistoryOp",
+    "InboxOp",
     "ListOp",
     "LoadOp",
     "MarkOp",
+    "PollOp",
+    "PostOp",
     "RecoverOp",
     "RenewOp",
     "RequestCancelOp",
@@ -100,11 +105,12 @@ class ClaimOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="claim"):
 
     The row is claimed (see :class:`BeginOp`, at its current revision) when its status
     is one of *statuses*, when it is a placeholder whose segment failed before its
-    first save (revision 0, ``failed``) and *placeholders* is set, or when there is none and
-    *create* is set. A ``recovery_required`` row, and one under another runtime's
-    unexpired lease, is never claimed. The result is ``(row, epoch)``: the row as it
-    was before the claim (``None`` if absent) and the new fencing epoch, or ``None``
-    when nothing was claimed (the row says why).
+    first save (revision 0, ``failed``) and *placeholders* is set, or when there is none
+    and *create* is set. A ``recovery_required`` row, and one under another runtime's
+    unexpired lease, is never claimed. The result is a
+    :class:`~phronomy.storage.Claimed`: the row as it was before the claim (``None`` if
+    absent) and the new fencing epoch (``None`` when nothing was claimed: the row says
+    why), the pending inbox entries asked for, and what the posting did.
     """
 
     workflow_instance_id: str
@@ -114,6 +120,13 @@ class ClaimOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="claim"):
     statuses: tuple[InstanceStatus, ...] = ()
     create: bool = False
     placeholders: bool = False
+    post: Posting | None = None
+    """An event to store in the instance's inbox in the same transaction (see
+    :class:`PostOp`; stored once the claim made a new instance's row, when *create*
+    is set)."""
+    pending: int = 0
+    """Return up to this many of the instance's pending inbox entries (claimed or
+    not), oldest first."""
 
 
 @final
@@ -197,6 +210,52 @@ class MarkOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="mark"):
     create: bool = False
     workflow: str = ""
     lease: Lease | None = None
+    consumed: tuple[Consumption, ...] = ()
+    """Inbox entries this write consumes (see :class:`SaveRequest`)."""
+
+
+@final
+class PostOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="post"):
+    """Store an event in an instance's inbox; the result is a
+    :class:`~phronomy.storage.PostOutcome`.
+
+    The entry gets the instance's next sequence number, under the instance's row (so
+    entries are applied in the order they were stored). A posting whose ``event_id``
+    the inbox holds already stores nothing: it is answered with the first entry. An
+    instance that is finished or cancelled, or does not exist, stores nothing.
+    """
+
+    posting: Posting
+
+
+@final
+class InboxOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="inbox"):
+    """An instance's inbox entries (a read): the pending ones after sequence number
+    *after*, oldest first, or (``pending_only=False``) the last *limit* of all,
+    newest first. The result is a tuple of :class:`~phronomy.storage.InboxEntry`."""
+
+    workflow_instance_id: str
+    pending_only: bool = True
+    after: int = 0
+    limit: int = 100
+
+
+@final
+class EntryOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="entry"):
+    """The inbox entry with *event_id* (a read), or ``None``."""
+
+    workflow_instance_id: str
+    event_id: str
+
+
+@final
+class PollOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="poll"):
+    """Pending inbox entries a runtime may act on (a read, one indexed query): those of
+    instances under *owner*'s lease, and of instances no runtime holds. The result is a
+    tuple of ``(entry, status, workflow, lease_owner)``, by instance and sequence."""
+
+    owner: str
+    limit: int = 500
 
 
 @final
@@ -220,10 +279,14 @@ StoreOp = (
     | RecoverOp
     | ClaimOp
     | RequestCancelOp
+    | PostOp
+    | InboxOp
+    | EntryOp
+    | PollOp
 )
 """Every operation a store runs."""
 
-READ_OPS = (LoadOp, ListOp, HistoryOp, FindWriteOp)
+READ_OPS = (LoadOp, ListOp, HistoryOp, FindWriteOp, InboxOp, EntryOp, PollOp)
 """Operations that only read (they run on the read lane, outside write transactions)."""
 
 

@@ -7,6 +7,7 @@ migration brings the schema from version i to i + 1; later releases append steps
 
 from __future__ import annotations
 
+from ._sql_inbox import INBOX_STATEMENTS, InboxStatements, pyformat
 from ._sql_ops import Statements
 
 __all__ = [
@@ -44,7 +45,7 @@ __all__ = [
     "STATEMENTS",
 ]
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 """The newest schema this release writes (the SQLite store's numbering up to 3; the
 SQLite store's version 4 changed its lease clock only)."""
 
@@ -143,6 +144,40 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         """CREATE INDEX phronomy_workflow_instances_leases
             ON phronomy_workflow_instances (lease_expires_at_ms)
             WHERE lease_owner IS NOT NULL""",
+    ),
+    (  # version 4: the inbox (events stored before they are acknowledged)
+        """ALTER TABLE phronomy_workflow_instances
+            ADD COLUMN inbox_seq bigint NOT NULL DEFAULT 0""",
+        """CREATE TABLE phronomy_inbox (
+            instance_id       text    NOT NULL,
+            seq               bigint  NOT NULL,
+            event_id          text    NOT NULL,
+            event             text    NOT NULL,
+            payload           bytea   NOT NULL,
+            input             bytea,
+            expected_revision bigint,
+            stored_at_ms      bigint  NOT NULL,
+            status            text    NOT NULL CHECK (status IN ('pending',
+                                'transitioned', 'rejected', 'dropped', 'refused',
+                                'failed')),
+            revision          bigint,
+            consumed_at_ms    bigint,
+            detail            text,
+            PRIMARY KEY (instance_id, seq)
+        )""",
+        """CREATE UNIQUE INDEX phronomy_inbox_event_ids
+            ON phronomy_inbox (instance_id, event_id)""",
+        """CREATE INDEX phronomy_inbox_pending ON phronomy_inbox (instance_id, seq)
+            WHERE status = 'pending'""",
+        """CREATE FUNCTION phronomy_inbox_forget() RETURNS trigger LANGUAGE plpgsql
+        SET search_path FROM CURRENT AS $$
+        BEGIN
+            DELETE FROM phronomy_inbox WHERE instance_id = OLD.instance_id;
+            RETURN NULL;
+        END $$""",
+        """CREATE TRIGGER phronomy_inbox_delete AFTER DELETE
+            ON phronomy_workflow_instances
+            FOR EACH ROW EXECUTE FUNCTION phronomy_inbox_forget()""",
     ),
 )
 
@@ -445,4 +480,5 @@ STATEMENTS = Statements(
     request_cancel=SQL_REQUEST_CANCEL,
     recover=SQL_RECOVER,
     claim=SQL_CLAIM,
+    inbox=InboxStatements(*(pyformat(q, now=_NOW_MS) for q in INBOX_STATEMENTS)),
 )

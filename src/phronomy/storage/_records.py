@@ -14,6 +14,8 @@ __all__ = [
     "EXECUTION_KIND",
     "MAX_INSTANCE_ID_LENGTH",
     "OPEN_STATUSES",
+    "Consumption",
+    "InboxStatus",
     "InstancePage",
     "InstanceStatus",
     "Lease",
@@ -51,6 +53,35 @@ OPEN_STATUSES: frozenset[InstanceStatus] = frozenset(
     {"running", "halted", "recovery_required"}
 )
 """Statuses of instances that have not ended (see :data:`InstanceStatus`)."""
+
+
+InboxStatus = Literal[
+    "pending", "transitioned", "rejected", "dropped", "refused", "failed"
+]
+"""What became of an inbox entry.
+
+``pending``: stored, not applied yet. ``transitioned``: it fired a transition (its
+``revision`` is the one the consuming save produced). ``rejected``: every guard
+rejected it. ``dropped``: the state the instance was in does not declare it.
+``refused``: the instance closed (finished or cancelled) before it was applied, or it
+no longer fitted (its ``detail`` says why). ``failed``: an action it ran raised (the
+instance failed with it; it is never applied again).
+"""
+
+
+@final
+class Consumption(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The outcome a write records for one inbox entry it consumes.
+
+    Attributes:
+        seq: the entry.
+        status: what became of it (not ``pending``).
+        detail: why it was refused, dropped or failed.
+    """
+
+    seq: int
+    status: InboxStatus
+    detail: str | None = None
 
 
 @final
@@ -127,6 +158,9 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         lease: the writer's lease: the save is accepted only while the row holds it
             (``None``: only while no runtime holds one). A save of any status but
             ``running`` releases it.
+        consumed: the inbox entries the segment applied, with their outcomes: they are
+            consumed in the same transaction, only if the save is accepted. A save of
+            ``finished`` or ``cancelled`` also refuses every entry still pending.
     """
 
     workflow_instance_id: str
@@ -139,6 +173,7 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     definition_version: str = ""
     detail: str | None = None
     lease: Lease | None = None
+    consumed: tuple[Consumption, ...] = ()
 
 
 @final

@@ -9,21 +9,28 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
 
+from msgspec.structs import replace
+
 from ._ops import (
     BeginOp,
     ClaimOp,
     DeleteOp,
+    EntryOp,
     FindWriteOp,
     HistoryOp,
+    InboxOp,
     ListOp,
     LoadOp,
     MarkOp,
+    PollOp,
+    PostOp,
     RecoverOp,
     RenewOp,
     RequestCancelOp,
     SaveOp,
 )
 from ._records import InstancePage, SaveLogEntry, StoredRecord
+from ._sql_inbox import InboxStatements, consume, entry_from_row, post
 from ._store import conflict_error
 
 if TYPE_CHECKING:
@@ -32,6 +39,7 @@ if TYPE_CHECKING:
     from phronomy.errors import ConflictError
 
     from ._clock import StoreClock
+    from ._inbox import Posting, PostOutcome
     from ._ops import StoreOp
     from ._records import Lease, SaveRequest
 
@@ -88,6 +96,7 @@ class Statements(NamedTuple):
     renew: str
     request_cancel: str
     recover: str
+    inbox: InboxStatements
     claim: str | None = None
 
 
@@ -185,7 +194,39 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             }
             return [(row[0], row[1]) for row in conn.execute(sql.recover, params)]
         case SaveOp(request=request):
-            return _save(conn, request, sql, clock)
+            revision = _save(conn, request, sql, clock)
+            closing = request.status if request.status in _CLOSED else None
+            if request.consumed or closing:
+                consume(
+                    conn,
+                    request.workflow_instance_id,
+                    revision=revision,
+                    consumed=request.consumed,
+                    closing=closing,
+                    sql=sql.inbox,
+                    now=clock.wall_ms(),
+                )
+            return revision
+        case PostOp(posting=posting):
+            return _post(conn, posting, sql, clock)
+        case InboxOp(workflow_instance_id=iid, pending_only=pending_only):
+            if pending_only:
+                params = {"id": iid, "after": op.after, "limit": op.limit}
+                found = conn.execute(sql.inbox.pending, params).fetchall()
+            else:
+                recent = {"id": iid, "limit": op.limit}
+                found = conn.execute(sql.inbox.recent, recent).fetchall()
+            return tuple(entry_from_row(row) for row in found)
+        case EntryOp(workflow_instance_id=iid, event_id=event_id):
+            params = {"id": iid, "event_id": event_id}
+            row = conn.execute(sql.inbox.entry, params).fetchone()
+            return None if row is None else entry_from_row(row)
+        case PollOp(owner=owner, limit=limit):
+            polled = conn.execute(sql.inbox.poll, {"owner": owner, "limit": limit})
+            return tuple(
+                (entry_from_row(row[:12]), row[12], row[13], row[14])
+                for row in polled.fetchall()
+            )
         case MarkOp():
             cursor = conn.execute(
                 # only an unfenced mark of revision 0 creates a placeholder: a row
@@ -204,7 +245,19 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                     "epoch": None if op.lease is None else op.lease.epoch,
                 },
             )
-            return cursor.rowcount == 1
+            changed = cursor.rowcount == 1
+            closing = op.status if op.status in _CLOSED else None
+            if changed and (op.consumed or closing):
+                consume(
+                    conn,
+                    op.workflow_instance_id,
+                    revision=op.expected_revision or 0,
+                    consumed=op.consumed,
+                    closing=closing,
+                    sql=sql.inbox,
+                    now=clock.wall_ms(),
+                )
+            return changed
         case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
             if conn.execute(sql.delete, (iid, expected)).rowcount != 1:
                 raise _conflict(conn, sql, iid, expected, "delete")
@@ -262,6 +315,22 @@ def claim_op(
     if kind == "created":
         return None, int(epoch)
     return record_from_row(row[1:-1]), None if epoch is None else int(epoch)
+
+
+_CLOSED = frozenset({"finished", "cancelled"})
+"""Statuses whose write refuses the instance's pending inbox entries."""
+
+
+def _post(
+    conn: Connection, posting: Posting, sql: Statements, clock: StoreClock
+) -> PostOutcome:
+    iid = posting.workflow_instance_id
+
+    def load() -> StoredRecord | None:
+        row = conn.execute(sql.load, (iid,)).fetchone()
+        return None if row is None else replace(record_from_row(row), snapshot=None)
+
+    return post(conn, posting, sql.inbox, clock.wall_ms(), load)
 
 
 def _save(

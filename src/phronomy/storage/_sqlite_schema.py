@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from ._sql_inbox import INBOX_STATEMENTS
 from ._sql_ops import Statements
 
 __all__ = [
@@ -42,7 +43,7 @@ __all__ = [
     "filesystem_type",
 ]
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 """``PRAGMA user_version`` of the newest schema this release writes."""
 
 NETWORK_FILESYSTEMS = frozenset({
@@ -174,6 +175,35 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         # that finds another id than its own counts every lease as expired). An
         # earlier release would misread these times: it refuses the new version.
         "INSERT INTO phronomy_settings VALUES ('lease_clock', -1)",
+    ),
+    (  # version 5: the inbox (events stored before they are acknowledged)
+        """ALTER TABLE phronomy_workflow_instances
+            ADD COLUMN inbox_seq INTEGER NOT NULL DEFAULT 0""",
+        """CREATE TABLE phronomy_inbox (
+            instance_id       TEXT    NOT NULL,
+            seq               INTEGER NOT NULL,
+            event_id          TEXT    NOT NULL,
+            event             TEXT    NOT NULL,
+            payload           BLOB    NOT NULL,
+            input             BLOB,
+            expected_revision INTEGER,
+            stored_at_ms      INTEGER NOT NULL,
+            status            TEXT    NOT NULL CHECK (status IN ('pending',
+                                'transitioned', 'rejected', 'dropped', 'refused',
+                                'failed')),
+            revision          INTEGER,
+            consumed_at_ms    INTEGER,
+            detail            TEXT,
+            PRIMARY KEY (instance_id, seq)
+        ) STRICT, WITHOUT ROWID""",
+        """CREATE UNIQUE INDEX phronomy_inbox_event_ids
+            ON phronomy_inbox (instance_id, event_id)""",
+        """CREATE INDEX phronomy_inbox_pending ON phronomy_inbox (instance_id, seq)
+            WHERE status = 'pending'""",
+        """CREATE TRIGGER phronomy_inbox_delete AFTER DELETE
+        ON phronomy_workflow_instances BEGIN
+            DELETE FROM phronomy_inbox WHERE instance_id = OLD.instance_id;
+        END""",
     ),
 )
 
@@ -392,6 +422,7 @@ STATEMENTS = Statements(
     renew=SQL_RENEW,
     request_cancel=SQL_REQUEST_CANCEL,
     recover=SQL_RECOVER,
+    inbox=INBOX_STATEMENTS,
 )
 
 

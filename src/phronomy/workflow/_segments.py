@@ -54,7 +54,13 @@ from ._session import WorkflowSession
 if TYPE_CHECKING:
     from phronomy.durability import DurabilityService
     from phronomy.engine import AdmissionTable, Host, Receiver, ResultHandle
-    from phronomy.storage import DeleteOp, InstanceStatus, MarkOp, StoredRecord
+    from phronomy.storage import (
+        Claimed,
+        DeleteOp,
+        InstanceStatus,
+        MarkOp,
+        StoredRecord,
+    )
 
     from ._messages import CancelCommand, EventCounters
     from ._state import State
@@ -157,10 +163,10 @@ class SegmentLifecycle:
         )
         sent = trio.current_time()
 
-        def decode(claimed: tuple[StoredRecord | None, int | None]) -> Loaded:
+        def decode(claimed: Claimed) -> Loaded:
             # Runs in the store's worker thread: decoding stays off the dispatcher.
             # Never raises: a claim that was made must be released.
-            record, epoch = claimed
+            record, epoch = claimed.row, claimed.epoch
             try:
                 return (
                     record,

@@ -1,0 +1,205 @@
+"""The inbox as SQL, written once for every SQL backend (in SQLite's ``:name`` style;
+:func:`pyformat` turns a statement into PostgreSQL's ``%(name)s``)."""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._inbox import InboxEntry, Posting, PostOutcome
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._records import Consumption, StoredRecord
+    from ._sql_ops import Connection
+
+__all__ = [
+    "INBOX_STATEMENTS",
+    "InboxStatements",
+    "consume",
+    "entry_from_row",
+    "post",
+    "pyformat",
+]
+
+_COLUMNS = (
+    "instance_id, seq, event_id, event, payload, input, expected_revision, "
+    "stored_at_ms, status, revision, consumed_at_ms, detail"
+)
+
+
+class InboxStatements(NamedTuple):
+    """The inbox's statements in one backend's parameter style."""
+
+    next_seq: str
+    insert: str
+    entry: str
+    pending: str
+    recent: str
+    consume: str
+    refuse_pending: str
+    prune: str
+    poll: str
+
+
+INBOX_STATEMENTS = InboxStatements(
+    # under the instance's row (a lock on PostgreSQL): entries take its order
+    next_seq="""
+        UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
+        WHERE instance_id = :id AND status NOT IN ('finished', 'cancelled')
+        RETURNING inbox_seq
+    """,
+    insert="""
+        INSERT INTO phronomy_inbox (instance_id, seq, event_id, event, payload, input,
+            expected_revision, stored_at_ms, status)
+        VALUES (:id, :seq, :event_id, :event, :payload, :input, :expected, :now,
+            'pending')
+        ON CONFLICT (instance_id, event_id) DO NOTHING
+        RETURNING stored_at_ms
+    """,
+    entry=f"""
+        SELECT {_COLUMNS} FROM phronomy_inbox
+        WHERE instance_id = :id AND event_id = :event_id
+    """,  # noqa: S608 - constant
+    pending=f"""
+        SELECT {_COLUMNS} FROM phronomy_inbox
+        WHERE instance_id = :id AND status = 'pending' AND seq > :after
+        ORDER BY seq LIMIT :limit
+    """,  # noqa: S608 - constant
+    recent=f"""
+        SELECT {_COLUMNS} FROM phronomy_inbox WHERE instance_id = :id
+        ORDER BY seq DESC LIMIT :limit
+    """,  # noqa: S608 - constant
+    consume="""
+        UPDATE phronomy_inbox SET status = :status, revision = :revision,
+            consumed_at_ms = :now, detail = :detail
+        WHERE instance_id = :id AND seq = :seq AND status = 'pending'
+    """,
+    refuse_pending="""
+        UPDATE phronomy_inbox SET status = 'refused', revision = :revision,
+            consumed_at_ms = :now, detail = :detail
+        WHERE instance_id = :id AND status = 'pending'
+    """,
+    # the last save_log_depth consumed entries of the instance are kept (its history)
+    prune="""
+        DELETE FROM phronomy_inbox
+        WHERE instance_id = :id AND status != 'pending' AND seq <= (
+            SELECT seq FROM phronomy_inbox
+            WHERE instance_id = :id AND status != 'pending'
+            ORDER BY seq DESC LIMIT 1
+            OFFSET (SELECT value FROM phronomy_settings WHERE name = 'save_log_depth'))
+    """,
+    # one indexed query (the pending entries' partial index) per poll
+    poll="""
+        SELECT i.instance_id, i.seq, i.event_id, i.event, i.payload, i.input,
+            i.expected_revision, i.stored_at_ms, i.status, i.revision,
+            i.consumed_at_ms, i.detail, r.status, r.workflow, r.lease_owner
+        FROM phronomy_inbox AS i
+        JOIN phronomy_workflow_instances AS r ON r.instance_id = i.instance_id
+        WHERE i.status = 'pending'
+          AND (r.lease_owner = :owner OR r.lease_owner IS NULL)
+        ORDER BY i.instance_id, i.seq LIMIT :limit
+    """,
+)
+"""The inbox's statements (SQLite's parameter style)."""
+
+_NAMED = re.compile(r"(?<![:\w]):(\w+)")
+
+
+def pyformat(statement: str, *, now: str) -> str:
+    """*statement* in PostgreSQL's style: ``:name`` parameters as ``%(name)s``, and
+    ``:now`` as the SQL expression *now* (the server's clock)."""
+    escaped = statement.replace("%", "%%").replace(":now", now)
+    return _NAMED.sub(r"%(\1)s", escaped)
+
+
+def entry_from_row(row: tuple[Any, ...]) -> InboxEntry:
+    """A row of the inbox table (its columns, in order) as an entry."""
+    return InboxEntry(
+        workflow_instance_id=row[0],
+        seq=int(row[1]),
+        event_id=row[2],
+        event=row[3],
+        payload=bytes(row[4]),
+        input=None if row[5] is None else bytes(row[5]),
+        expected_revision=row[6],
+        stored_at_ms=int(row[7]),
+        status=row[8],
+        revision=row[9],
+        consumed_at_ms=row[10],
+        detail=row[11],
+    )
+
+
+def post(
+    conn: Connection,
+    posting: Posting,
+    sql: InboxStatements,
+    now: int,
+    load: Callable[[], StoredRecord | None],
+) -> PostOutcome:
+    """Store *posting* (see :class:`~phronomy.storage.PostOp`); *load* reads the
+    instance's row (for a posting that stores nothing, and for the outcome)."""
+    iid = posting.workflow_instance_id
+    key = {"id": iid, "event_id": posting.event_id}
+    seq = conn.execute(sql.next_seq, {"id": iid}).fetchone()
+    if seq is not None:
+        params = {
+            **key,
+            "seq": int(seq[0]),
+            "event": posting.event,
+            "payload": posting.payload,
+            "input": posting.input,
+            "expected": posting.expected_revision,
+            "now": now,
+        }
+        stored = conn.execute(sql.insert, params).fetchone()
+        if stored is not None:
+            entry = InboxEntry(
+                workflow_instance_id=iid,
+                seq=int(seq[0]),
+                event_id=posting.event_id,
+                event=posting.event,
+                payload=posting.payload,
+                input=posting.input,
+                expected_revision=posting.expected_revision,
+                stored_at_ms=int(stored[0]),  # the store's clock
+            )
+            return PostOutcome(outcome="stored", entry=entry, row=load())
+    # nothing stored: an earlier entry with this id, or an instance that is closed or
+    # missing says why
+    row = load()
+    found = conn.execute(sql.entry, key).fetchone()
+    if found is not None:
+        earlier = entry_from_row(found)
+        if earlier.same_event(posting):
+            return PostOutcome(outcome="duplicate", entry=earlier, row=row)
+        return PostOutcome(outcome="mismatch", entry=earlier, row=row)
+    return PostOutcome(outcome="missing" if row is None else "closed", row=row)
+
+
+def consume(
+    conn: Connection,
+    workflow_instance_id: str,
+    *,
+    revision: int,
+    consumed: tuple[Consumption, ...],
+    closing: str | None,
+    sql: InboxStatements,
+    now: int,
+) -> None:
+    """Record the outcomes of *consumed* entries (in the write that consumes them); a
+    *closing* write (its status) refuses every entry still pending."""
+    base = {"id": workflow_instance_id, "revision": revision, "now": now}
+    for c in consumed:
+        conn.execute(
+            sql.consume, {**base, "seq": c.seq, "status": c.status, "detail": c.detail}
+        )
+    if closing is not None:
+        detail = (
+            f"the instance was {closing} at revision {revision} before it was applied"
+        )
+        conn.execute(sql.refuse_pending, {**base, "detail": detail})
+    if consumed or closing is not None:
+        conn.execute(sql.prune, {"id": workflow_instance_id})
