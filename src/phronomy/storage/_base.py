@@ -13,17 +13,15 @@ import outcome
 
 from phronomy.errors import ConflictError
 
-from ._inbox import Claimed, InboxEntry, PostOutcome
+from ._claiming import claim_and_post, inbox_of, load_and_claim
+from ._inbox import Claimed, InboxEntry
 from ._ops import (
     READ_OPS,
     BeginOp,
     ClaimOp,
-    EntryOp,
     FindWriteOp,
     HistoryOp,
-    InboxOp,
     LoadOp,
-    PostOp,
     RenewOp,
     SaveOp,
     op_name,
@@ -31,7 +29,7 @@ from ._ops import (
 from ._quarantine import note_unknown, settle
 from ._records import InstancePage, SaveOutcome, StoredRecord
 from ._shortcuts import OneAtATime
-from ._store import KNOWN_FAILURES, claimable, classify_uncertain_save, conflict_error
+from ._store import KNOWN_FAILURES, classify_uncertain_save, conflict_error
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -238,7 +236,7 @@ class BaseStore(OneAtATime, Generic[C]):
         value: Any
         try:
             if isinstance(op, ClaimOp):
-                value = self._claim_and_post(conn, op)
+                value = claim_and_post(self.apply, conn, op, self._claim)
             else:
                 value = self.apply(conn, op)
         except KNOWN_FAILURES as exc:
@@ -278,53 +276,10 @@ class BaseStore(OneAtATime, Generic[C]):
             return result  # a read that already completed stays valid
         return outcome.Error(error)
 
-    def _claim_and_post(self, conn: C, op: ClaimOp) -> Claimed:
-        """Run a :class:`ClaimOp` with its posting (first, under the instance's row; a
-        new instance's once the claim made its row) and its pending entries."""
-        posting = op.post
-        posted: PostOutcome | None = None
-        if posting is not None:
-            posted = self.apply(conn, PostOp(posting=posting))
-        row, epoch = self._claim(conn, op)
-        made = epoch is not None and posted is not None and posted.outcome == "missing"
-        if posting is not None and made:  # the claim made the row: store it now
-            posted = self.apply(conn, PostOp(posting=posting))
-        pending: tuple[InboxEntry, ...] = ()
-        if op.pending:
-            inbox = InboxOp(
-                workflow_instance_id=op.workflow_instance_id, limit=op.pending
-            )
-            pending = self.apply(conn, inbox)
-        return Claimed(row=row, epoch=epoch, pending=pending, posted=posted)
-
     def _claim(self, conn: C, op: ClaimOp) -> tuple[StoredRecord | None, int | None]:
-        """Run a :class:`ClaimOp`: a load, then a claim at the revision it read."""
-        iid = op.workflow_instance_id
-        if op.create:  # the common case, a new instance: one statement
-            new = BeginOp(
-                workflow_instance_id=iid,
-                workflow=op.workflow,
-                lease_owner=op.lease_owner,
-                ttl_ms=op.ttl_ms,
-                only_new=True,
-            )
-            created: int | None = self.apply(conn, new)
-            if created is not None:
-                return None, created
-        row: StoredRecord | None = self.apply(conn, LoadOp(workflow_instance_id=iid))
-        if not claimable(op, row):
-            return row, None
-        begin = BeginOp(
-            workflow_instance_id=iid,
-            workflow=op.workflow,
-            expected_revision=row.revision
-            if row is not None and row.revision
-            else None,
-            lease_owner=op.lease_owner,
-            ttl_ms=op.ttl_ms,
-        )
-        epoch: int | None = self.apply(conn, begin)
-        return row, epoch
+        """Run a :class:`ClaimOp` without its inbox part (backend; by default a load,
+        then a claim at the revision it read)."""
+        return load_and_claim(self.apply, conn, op)
 
     def _reconcile_claim(
         self, op: BeginOp | ClaimOp, error: Exception
@@ -367,37 +322,13 @@ class BaseStore(OneAtATime, Generic[C]):
         pending: tuple[InboxEntry, ...] = ()
         if op.post is not None or op.pending:  # the claim committed: its post too
             try:
-                posted, pending = self._read_back(lambda conn: self._inbox_of(conn, op))
+                posted, pending = self._read_back(lambda c: inbox_of(self.apply, c, op))
             except Exception as read_error:  # noqa: BLE001 - the claim stays unknown
                 logger.warning("reconciliation read of %r failed: %r", iid, read_error)
                 return outcome.Error(error)
         return outcome.Value(
             Claimed(row=before, epoch=row.lease_epoch, pending=pending, posted=posted)
         )
-
-    def _inbox_of(
-        self, conn: C, op: ClaimOp
-    ) -> tuple[PostOutcome | None, tuple[InboxEntry, ...]]:
-        """What a committed claim's posting stored, and the instance's pending entries
-        (read back)."""
-        posted = None
-        posting = op.post
-        if posting is not None:
-            key = EntryOp(
-                workflow_instance_id=posting.workflow_instance_id,
-                event_id=posting.event_id,
-            )
-            entry: InboxEntry | None = self.apply(conn, key)
-            posted = PostOutcome(
-                outcome="stored" if entry is not None else "missing", entry=entry
-            )
-        pending: tuple[InboxEntry, ...] = ()
-        if op.pending:
-            inbox = InboxOp(
-                workflow_instance_id=op.workflow_instance_id, limit=op.pending
-            )
-            pending = self.apply(conn, inbox)
-        return posted, pending
 
     def reconcile(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
         """Classify a save with an unknown outcome once it can no longer commit.

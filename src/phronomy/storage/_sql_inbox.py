@@ -11,8 +11,8 @@ from ._inbox import InboxEntry, Posting, PostOutcome
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from ._dbapi import Connection
     from ._records import Consumption, StoredRecord
-    from ._sql_ops import Connection
 
 __all__ = [
     "INBOX_STATEMENTS",

@@ -7,10 +7,11 @@ dialect) and a DB-API connection; :func:`apply_op` runs one operation on it.
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Any, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 from msgspec.structs import replace
 
+from ._dbapi import Connection
 from ._ops import (
     BeginOp,
     ClaimOp,
@@ -34,8 +35,6 @@ from ._sql_inbox import InboxStatements, consume, entry_from_row, post
 from ._store import conflict_error
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
-
     from phronomy.errors import ConflictError
 
     from ._clock import StoreClock
@@ -44,25 +43,6 @@ if TYPE_CHECKING:
     from ._records import Lease, SaveRequest
 
 __all__ = ["Connection", "Statements", "apply_op", "claim_op", "record_from_row"]
-
-
-class _Cursor(Protocol):
-    @property
-    def rowcount(self) -> int: ...
-
-    def fetchone(self) -> Any: ...
-
-    def fetchall(self) -> list[Any]: ...
-
-    def __iter__(self) -> Iterator[Any]: ...
-
-
-class Connection(Protocol):
-    """The part of a DB-API connection the operations use."""
-
-    def execute(self, sql: str, params: Any = ..., /) -> _Cursor:
-        """Run one statement; return its cursor."""
-        ...
 
 
 class Statements(NamedTuple):

@@ -1,0 +1,29 @@
+"""The part of a DB-API connection the SQL stores use (typing only)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from collections.abc import Iterator
+
+__all__ = ["Connection"]
+
+
+class _Cursor(Protocol):
+    @property
+    def rowcount(self) -> int: ...
+
+    def fetchone(self) -> Any: ...
+
+    def fetchall(self) -> list[Any]: ...
+
+    def __iter__(self) -> Iterator[Any]: ...
+
+
+class Connection(Protocol):
+    """The part of a DB-API connection the operations use."""
+
+    def execute(self, sql: str, params: Any = ..., /) -> _Cursor:
+        """Run one statement; return its cursor."""
+        ...
