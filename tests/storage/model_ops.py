@@ -2,8 +2,9 @@
 
 Each is relative to the state it runs on, so that both successes and conflicts happen:
 revisions (``at``) are offsets from the instance's current revision (``None``: none
-expected), leases are its holder's (or a named owner's) at an offset from its epoch.
-Each becomes a StoreOp when it runs (``op(model)``).
+expected), leases are its holder's (or a named owner's) at an offset from its epoch,
+consumed inbox entries are near the instance's pending ones (or its newest). Each
+becomes a StoreOp when it runs (``op(model)``).
 """
 
 from __future__ import annotations
@@ -15,16 +16,25 @@ from typing import Protocol, get_args
 from hypothesis import strategies as st
 
 from phronomy.storage import (
+    EVENT_OUTCOMES,
     BeginOp,
     ClaimOp,
+    Consumption,
     DeleteOp,
+    EntryOp,
     FindWriteOp,
     HistoryOp,
+    InboxEntry,
+    InboxOp,
+    InboxStatus,
     InstanceStatus,
     Lease,
     ListOp,
     LoadOp,
     MarkOp,
+    PollOp,
+    Posting,
+    PostOp,
     RecoverOp,
     RenewOp,
     RequestCancelOp,
@@ -38,6 +48,10 @@ IDS = ("a", "b", "c")
 OWNERS = ("A", "B")
 WORKFLOWS = ("wf", "other", "")
 STATUSES: tuple[InstanceStatus, ...] = get_args(InstanceStatus)
+EVENT_IDS = ("e1", "e2", "e3", "e4")
+"""Few event ids: repeats (and, with another event, mismatches) happen often."""
+EVENTS = (("go", b"1", None, None), ("go", b"2", None, None), ("stop", b"1", b"{}", 1))
+"""The events posted: (name, payload, input, expected revision)."""
 LIVE_MS = 60_000
 """The ttl of a live lease (the other ttl is 0: expired at once)."""
 
@@ -52,6 +66,8 @@ class Model(Protocol):
 
     @property
     def rows(self) -> dict[str, StoredRecord | None]: ...
+    @property
+    def inboxes(self) -> dict[str, tuple[InboxEntry, ...]]: ...
 
     def revision(self, iid: str, at: int | None) -> int | None: ...
     def lease(self, iid: str, held: Held | None) -> Lease | None: ...
@@ -65,6 +81,51 @@ class Held:
 
     owner: str | None
     shift: int
+
+
+@dataclass(frozen=True)
+class Event:
+    """A posting of ``EVENTS[kind]`` under *event_id*."""
+
+    event_id: str
+    kind: int
+
+    def posting(self, iid: str) -> Posting:
+        name, payload, input_, expected = EVENTS[self.kind]
+        return Posting(
+            workflow_instance_id=iid,
+            event_id=self.event_id,
+            event=name,
+            payload=payload,
+            input=input_,
+            expected_revision=expected,
+        )
+
+
+@dataclass(frozen=True)
+class Consume:
+    """A consumption of the instance's *pick*-th pending entry (by seq; its newest
+    entry when none is pending, seq 1 when it has none) shifted by *shift*."""
+
+    pick: int
+    shift: int
+    status: InboxStatus
+    detail: str | None
+
+    def consumption(self, m: Model, iid: str) -> Consumption:
+        entries = m.inboxes[iid]  # newest first
+        pending = sorted(e.seq for e in entries if e.status == "pending")
+        if pending:
+            seq = pending[self.pick % len(pending)]
+        else:
+            seq = entries[0].seq if entries else 1
+        return Consumption(seq=seq + self.shift, status=self.status, detail=self.detail)
+
+
+def _consumed(
+    m: Model, iid: str, consumed: tuple[Consume, ...]
+) -> tuple[Consumption, ...]:
+    return tuple(c.consumption(m, iid) for c in consumed)
 
 
 @dataclass(frozen=True)
@@ -142,6 +203,8 @@ class Claim:
     statuses: tuple[InstanceStatus, ...]
     create: bool
     placeholders: bool
+    post: Event | None = None
+    pending: int = 0
 
     def op(self, m: Model) -> StoreOp:
         return ClaimOp(
@@ -152,6 +215,8 @@ class Claim:
             statuses=self.statuses,
             create=self.create,
             placeholders=self.placeholders,
+            post=None if self.post is None else self.post.posting(self.iid),
+            pending=self.pending,
         )
 
 
@@ -164,6 +229,7 @@ class Save:
     lease: Held | None
     detail: str | None
     version: str
+    consumed: tuple[Consume, ...] = ()
 
     def op(self, m: Model) -> StoreOp:
         write_id = f"w{next(_write_ids)}"
@@ -179,8 +245,25 @@ class Save:
             definition_version=self.version,
             detail=self.detail,
             lease=m.lease(self.iid, self.lease),
+            consumed=_consumed(m, self.iid, self.consumed),
         )
         return SaveOp(request=request)
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A segment's save (mostly accepted): at the instance's revision, under its lease
+    if it has one, consuming entries."""
+
+    iid: str
+    status: InstanceStatus
+    consumed: tuple[Consume, ...]
+
+    def op(self, m: Model) -> StoreOp:
+        row = m.rows[self.iid]
+        held = None if row is None or row.lease_owner is None else Held(None, 0)
+        save = Save(self.iid, 0, self.status, "wf", held, None, "", self.consumed)
+        return save.op(m)
 
 
 @dataclass(frozen=True)
@@ -192,6 +275,7 @@ class Mark:
     create: bool
     workflow: str
     lease: Held | None
+    consumed: tuple[Consume, ...] = ()
 
     def op(self, m: Model) -> StoreOp:
         expected, lease = m.revision(self.iid, self.at), m.lease(self.iid, self.lease)
@@ -203,6 +287,7 @@ class Mark:
             create=self.create,
             workflow=self.workflow,
             lease=lease,
+            consumed=_consumed(m, self.iid, self.consumed),
         )
 
 
@@ -248,6 +333,51 @@ class Cancel:
         return RequestCancelOp(workflow_instance_id=self.iid, reason=self.reason)
 
 
+@dataclass(frozen=True)
+class Post:
+    iid: str
+    event: Event
+
+    def op(self, m: Model) -> StoreOp:
+        return PostOp(posting=self.event.posting(self.iid))
+
+
+@dataclass(frozen=True)
+class Inbox:
+    iid: str
+    pending_only: bool
+    after: int | None  # after one of the instance's seqs; None: 0
+    limit: int
+
+    def op(self, m: Model) -> StoreOp:
+        seqs = sorted(e.seq for e in m.inboxes[self.iid])
+        after = seqs[self.after % len(seqs)] if seqs and self.after is not None else 0
+        return InboxOp(
+            workflow_instance_id=self.iid,
+            pending_only=self.pending_only,
+            after=after,
+            limit=self.limit,
+        )
+
+
+@dataclass(frozen=True)
+class Entry:
+    iid: str
+    event_id: str
+
+    def op(self, m: Model) -> StoreOp:
+        return EntryOp(workflow_instance_id=self.iid, event_id=self.event_id)
+
+
+@dataclass(frozen=True)
+class Poll:
+    owner: str
+    limit: int
+
+    def op(self, m: Model) -> StoreOp:
+        return PollOp(owner=self.owner, limit=self.limit)
+
+
 ids = st.sampled_from(IDS)
 owners = st.sampled_from(OWNERS)
 workflows = st.sampled_from(WORKFLOWS)
@@ -262,12 +392,26 @@ leases = st.one_of(
     st.builds(Held, st.one_of(st.none(), owners), st.sampled_from([0, -1, 1])),
 )
 details = st.sampled_from([None, "why"])
+events = st.builds(Event, st.sampled_from(EVENT_IDS), st.integers(0, len(EVENTS) - 1))
+consumptions = st.lists(  # near the pending entries, with every outcome
+    st.builds(Consume, st.integers(0, 3), st.sampled_from([0, 0, 0, -1, 1]),
+              st.sampled_from(sorted(EVENT_OUTCOMES)), details),
+    min_size=1,
+    max_size=3,
+).map(tuple)  # fmt: skip
+consumed = st.one_of(st.just(()), consumptions, consumptions)  # mostly some
 READS = st.one_of(
     st.builds(Load, ids),
     st.builds(List, st.one_of(st.none(), statuses), limits, st.one_of(st.none(), ids),
               st.one_of(st.none(), workflows)),
     st.builds(History, ids, limits),
     st.builds(FindWrite, ids, st.one_of(st.none(), st.integers(0, 5))),
+)  # fmt: skip
+INBOX_READS = st.one_of(
+    st.builds(Inbox, ids, st.booleans(), st.one_of(st.none(), st.integers(0, 3)),
+              limits),
+    st.builds(Entry, ids, st.sampled_from(EVENT_IDS)),
+    st.builds(Poll, owners, limits),
 )  # fmt: skip
 SAVES = st.builds(
     Save,
@@ -278,22 +422,31 @@ SAVES = st.builds(
     leases,
     details,
     st.sampled_from(["", "v2"]),
+    consumed,
 )
+POSTS = st.builds(Post, ids, events)
 BEGINS = st.builds(
     Begin, ids, workflows, revisions, st.one_of(st.none(), owners), ttls, st.booleans()
 )
 RECOVERS = st.builds(Recover, st.sampled_from([1, 100]), st.sampled_from([1, 2, 5]))
-OPERATIONS = st.one_of(  # claims, saves and sweeps the most: deeper histories
+OPERATIONS = st.one_of(  # claims, saves, posts and sweeps the most: deeper histories
     READS,
+    INBOX_READS,
     BEGINS,
     BEGINS,
     st.builds(Claim, ids, workflows, owners, ttls,
               st.lists(statuses, max_size=3, unique=True).map(tuple), st.booleans(),
-              st.booleans()),
+              st.booleans(), st.one_of(st.none(), events),
+              st.sampled_from([0, 1, 10])),
     SAVES,
     SAVES,
     SAVES,
-    st.builds(Mark, ids, statuses, revisions, details, st.booleans(), workflows, leases),
+    st.builds(Segment, ids, statuses, consumptions),
+    POSTS,
+    POSTS,
+    POSTS,
+    st.builds(Mark, ids, statuses, revisions, details, st.booleans(), workflows, leases,
+              consumed),
     st.one_of(  # a delete ends a history: rarer
         st.builds(Delete, ids, offsets),
         st.builds(Renew, owners, st.lists(ids, min_size=1, max_size=3).map(tuple), ttls),
@@ -303,6 +456,6 @@ OPERATIONS = st.one_of(  # claims, saves and sweeps the most: deeper histories
     st.builds(Cancel, ids, st.sampled_from([None, "stop"])),
 )  # fmt: skip
 Operation = (
-    Load | List | History | FindWrite | Begin | Claim | Save | Mark | Delete | Renew
-    | Recover | Cancel
+    Load | List | History | FindWrite | Begin | Claim | Save | Segment | Mark | Delete
+    | Renew | Recover | Cancel | Post | Inbox | Entry | Poll
 )  # fmt: skip

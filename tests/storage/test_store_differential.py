@@ -3,11 +3,12 @@
 MemoryStore, SQLiteStore and PostgresStore run the same random sequence of every store
 operation, alone and in batches of two or three (group commit), and must agree after
 each step: on each outcome (a value, or an error's class, and a conflict's message)
-and on everything stored (every row, every column, and the save log). Only what
-legitimately differs is normalised away: wall-clock timestamps (``updated_at_ms``,
-``committed_at_ms``) and lease expiry times, seen as "live" or "expired". Leases last
-either 0 ms (expired at once) or a minute (live for the whole example), so no outcome
-depends on timing.
+and on everything stored (every row, every column, the save log, and every entry of
+the inbox). Only what legitimately differs is normalised away: wall-clock timestamps
+(``updated_at_ms``, ``committed_at_ms``; an entry's ``stored_at_ms`` and
+``consumed_at_ms``, seen as "set" or "unset") and lease expiry times, seen as "live"
+or "expired". Leases last either 0 ms (expired at once) or a minute (live for the
+whole example), so no outcome depends on timing.
 
 Invariants checked on every store after each step:
 
@@ -17,16 +18,24 @@ Invariants checked on every store after each step:
   is released) and no cancel request;
 * S1: a row's lease is one that a claim granted; each claim's epoch is higher than any
   before it; a live lease is never replaced by another owner's; epochs and revisions
-  never decrease while the row exists.
+  never decrease while the row exists;
+* the inbox: an instance's entries have unique seqs and event ids, and a new entry a
+  seq above every one given before (since the row was made); a pending entry's event
+  never changes and it is never lost but by its consumption (or its row's delete); a
+  consumed entry never changes again, and it goes only when pruned (the last ``DEPTH``
+  consumed entries are kept); a deleted instance has none; a finished or cancelled
+  instance has no pending entry right after the write that closed it (nothing later
+  in the batch wrote it).
 
 The operations and their strategies are in model_ops.py. CI runs
-``PHRONOMY_MODEL_EXAMPLES`` (default 60) examples of up to 40 steps (about 8 s); set
+``PHRONOMY_MODEL_EXAMPLES`` (default 60) examples of up to 40 steps (about 10 s); set
 it higher for a long run.
 """
 
 from __future__ import annotations
 
 import collections
+import contextlib
 import os
 import time
 from dataclasses import dataclass
@@ -50,6 +59,8 @@ from phronomy.storage import (
     ClaimOp,
     DeleteOp,
     HistoryOp,
+    InboxEntry,
+    InboxOp,
     InstancePage,
     InstanceStatus,
     Lease,
@@ -57,6 +68,8 @@ from phronomy.storage import (
     LoadOp,
     MarkOp,
     MemoryStore,
+    PostOp,
+    PostOutcome,
     RecoverOp,
     RenewOp,
     SaveLogEntry,
@@ -69,18 +82,25 @@ from phronomy.storage import (
     WorkflowStore,
     op_name,
 )
+from phronomy.storage._base import row_order
 from phronomy.storage._clock import monotonic_ms
+from phronomy.storage._memory_inbox import MemoryInbox
 
 from .model_ops import (
+    EVENT_IDS,
     IDS,
     LIVE_MS,
     OPERATIONS,
     OWNERS,
     Begin,
+    Consume,
     Delete,
+    Event,
     Held,
     Operation,
+    Post,
     Save,
+    Segment,
     statuses,
 )
 
@@ -125,7 +145,12 @@ def normal(value: Any, now: int) -> Any:
         fields = msgspec.structs.asdict(value)
         del fields["committed_at_ms"]
         return fields
-    if isinstance(value, (InstancePage, SaveOutcome, Claimed)):
+    if isinstance(value, InboxEntry):
+        fields = msgspec.structs.asdict(value)
+        for clock in ("stored_at_ms", "consumed_at_ms"):
+            fields[clock] = "unset" if fields[clock] is None else "set"
+        return fields
+    if isinstance(value, (InstancePage, SaveOutcome, Claimed, PostOutcome)):
         return normal(msgspec.structs.asdict(value), now)
     if isinstance(value, BaseException):
         # The conflict messages are part of the contract (one function writes them);
@@ -178,22 +203,28 @@ class State:
     page: InstancePage
     rows: dict[str, StoredRecord | None]
     logs: dict[str, list[SaveLogEntry]]
+    inboxes: dict[str, tuple[InboxEntry, ...]]  # every entry, newest first
 
     @classmethod
     def read(cls, store: WorkflowStore) -> State:
         ops: list[StoreOp] = [ListOp(limit=100)]
         ops += [LoadOp(workflow_instance_id=iid) for iid in IDS]
         ops += [HistoryOp(workflow_instance_id=iid, limit=100) for iid in IDS]
+        ops += [
+            InboxOp(workflow_instance_id=iid, pending_only=False, limit=1000)
+            for iid in IDS
+        ]
         page, *rest = [result.unwrap() for result in store.execute(ops)]
         n = len(IDS)
         return cls(
             page=page,
             rows=dict(zip(IDS, rest[:n], strict=True)),
-            logs=dict(zip(IDS, rest[n:], strict=True)),
+            logs=dict(zip(IDS, rest[n : 2 * n], strict=True)),
+            inboxes=dict(zip(IDS, rest[2 * n :], strict=True)),
         )
 
     def normal(self, now: int) -> Any:
-        return normal([self.page, self.rows, self.logs], now)
+        return normal([self.page, self.rows, self.logs, self.inboxes], now)
 
 
 class DifferentialModel(RuleBasedStateMachine):
@@ -218,6 +249,9 @@ class DifferentialModel(RuleBasedStateMachine):
         agree("the state at the start", self._normal_states())
         self.sent: dict[str, list[str]] = {}  # iid -> write ids of its saves
         self.granted: dict[str, list[tuple[str, int]]] = {}  # iid -> leases granted
+        self.tops = {  # store -> iid -> the highest seq seen since its row was made
+            name: dict.fromkeys(IDS, 0) for name in self.stores
+        }
         self.batch = 1
         self.resolved: list[StoreOp] = []  # the operations of the step being resolved
 
@@ -226,6 +260,10 @@ class DifferentialModel(RuleBasedStateMachine):
     @property
     def rows(self) -> dict[str, StoredRecord | None]:
         return next(iter(self.states.values())).rows
+
+    @property
+    def inboxes(self) -> dict[str, tuple[InboxEntry, ...]]:
+        return next(iter(self.states.values())).inboxes
 
     def revision(self, iid: str, at: int | None) -> int | None:
         if at is None:
@@ -267,14 +305,15 @@ class DifferentialModel(RuleBasedStateMachine):
 
     @initialize(saved=st.lists(statuses, min_size=2, max_size=2))
     def seed(self, saved: list[InstanceStatus]) -> None:
-        """Start with a saved row for two of the ids (the third has none): deeper
-        histories in fewer steps."""
+        """Start with a saved row for two of the ids (the third has none), and events
+        posted to each: deeper histories in fewer steps."""
         self.step(
             [
                 Save(iid, None, s, "wf", None, None, "")
                 for iid, s in zip(IDS[:2], saved, strict=True)
             ]
         )
+        self.step([Post(iid, Event(e, 0)) for iid in IDS[:2] for e in EVENT_IDS[:3]])
 
     @rule(operation=OPERATIONS)
     def one(self, operation: Operation) -> None:
@@ -304,6 +343,8 @@ class DifferentialModel(RuleBasedStateMachine):
         reference = next(iter(results.values()))
         for op, result in zip(ops, reference, strict=True):
             TALLY.update(_kinds(op, result))
+        first = next(iter(self.stores))
+        TALLY.update(_consumptions(before[first], self.states[first], ops, reference))
         for name, state in self.states.items():
             self._check(name, before[name], state, ops, reference)
 
@@ -325,11 +366,7 @@ class DifferentialModel(RuleBasedStateMachine):
         where = f"{name} after {ops!r}"
         listed = [r.workflow_instance_id for r in after.page.records]
         assert listed == [i for i in IDS if after.rows[i] is not None], where
-        deleted = {
-            op.workflow_instance_id
-            for op, result in zip(ops, results, strict=True)
-            if isinstance(op, DeleteOp) and isinstance(result, outcome.Value)
-        }
+        deleted = _deleted(ops, results)
         epochs = {  # the highest epoch of each instance so far (0 once deleted)
             iid: row.lease_epoch if row else 0 for iid, row in before.rows.items()
         }
@@ -341,6 +378,7 @@ class DifferentialModel(RuleBasedStateMachine):
                 iid = op.workflow_instance_id  # type: ignore[union-attr]
                 assert epoch > epochs[iid], f"{where}: epoch {epoch} granted again"
                 epochs[iid] = epoch
+        self._check_inbox(name, before, after, ops, results, deleted)
         for iid in IDS:
             row, log = after.rows[iid], after.logs[iid]
             revisions = [e.revision for e in log]
@@ -368,6 +406,58 @@ class DifferentialModel(RuleBasedStateMachine):
             live = old.lease_owner is not None and (old.lease_expires_at_ms or 0) > now
             if live and not any(_may_release(op, iid, old.lease_owner) for op in ops):
                 assert row.lease_owner == old.lease_owner, f"{where}: {iid} taken over"
+
+    def _check_inbox(
+        self,
+        name: str,
+        before: State,
+        after: State,
+        ops: list[StoreOp],
+        results: list[outcome.Outcome[Any]],
+        deleted: set[str],
+    ) -> None:
+        where = f"{name} after {ops!r}"
+        tops = self.tops[name]
+        for iid in IDS:
+            entries = after.inboxes[iid]
+            seqs = [e.seq for e in entries]
+            assert seqs == sorted(set(seqs), reverse=True), f"{where}: {iid} {seqs}"
+            event_ids = [e.event_id for e in entries]
+            assert len(set(event_ids)) == len(event_ids), f"{where}: {iid} {event_ids}"
+            assert {e.workflow_instance_id for e in entries} <= {iid}, where
+            consumed = [e for e in entries if e.status != "pending"]
+            assert len(consumed) <= DEPTH, f"{where}: {iid} keeps {len(consumed)}"
+            if after.rows[iid] is None:
+                assert entries == (), f"{where}: {iid} is gone, not its inbox"
+            if iid in deleted:  # its seqs start again
+                tops[iid] = max(seqs, default=0)
+                continue
+            was = {e.seq: e for e in before.inboxes[iid]}
+            now = {e.seq: e for e in entries}
+            consuming = any(
+                _consumes(op, result) and _target(op) == iid
+                for op, result in zip(ops, results, strict=True)
+            )
+            for seq, old in was.items():
+                new = now.get(seq)
+                if new is None:  # pruned: consumed, and DEPTH later ones kept
+                    assert old.status != "pending" or consuming, f"{where}: {old} lost"
+                    assert len(consumed) == DEPTH, f"{where}: {iid}'s {old} pruned"
+                elif old.status != "pending":  # final
+                    assert new == old, f"{where}: {iid}'s {old} became {new}"
+                else:  # its event never changes
+                    assert _event(new) == _event(old), f"{where}: {iid}'s {old}"
+            fresh = [seq for seq in seqs if seq not in was]
+            assert all(seq > tops[iid] for seq in fresh), f"{where}: {iid} {seqs}"
+            tops[iid] = max([tops[iid], *seqs])
+        order = row_order(ops)
+        for at, i in enumerate(order):  # in the order the batch ran them
+            closed = _target(ops[i])
+            if not _closes(ops[i], results[i]) or closed is None:
+                continue
+            if all(_target(ops[j]) != closed for j in order[at + 1 :]):
+                pending = [e for e in after.inboxes[closed] if e.status == "pending"]
+                assert not pending, f"{where}: {closed} closed, {pending} pending"
 
     def _granted(self, op: StoreOp, result: outcome.Outcome[Any]) -> int | None:
         """The epoch of a lease *op* granted (noted in the model), or ``None``."""
@@ -400,14 +490,80 @@ def _kinds(op: StoreOp, result: outcome.Outcome[Any]) -> list[str]:
         return [f"save: {value.outcome}{error}"]
     if isinstance(op, RecoverOp):
         return [f"recover: to {status}" for _, status in value] or ["recover: none"]
-    if isinstance(op, ClaimOp):
+    if isinstance(value, PostOutcome):
+        return [f"post: {value.outcome}"]
+    kinds = []
+    if isinstance(value, Claimed):
+        if value.posted is not None:
+            kinds.append(f"claim: posted, {value.posted.outcome}")
+        if value.pending:
+            kinds.append("claim: with pending entries")
         value = value.epoch
-    return [f"{name}: {'nothing' if value in (None, False, {}) else 'done'}"]
+    nothing = value is None or value is False or value in ({}, ())
+    return [*kinds, f"{name}: {'nothing' if nothing else 'done'}"]
+
+
+def _consumptions(
+    before: State,
+    after: State,
+    ops: list[StoreOp],
+    results: list[outcome.Outcome[Any]],
+) -> list[str]:
+    """What became of the inbox entries a step consumed or pruned, for the tally."""
+    kinds = []
+    for iid in set(IDS) - _deleted(ops, results):
+        now = {e.seq: e for e in after.inboxes[iid]}
+        for old in before.inboxes[iid]:
+            new = now.get(old.seq)
+            if new is None:
+                kinds.append("inbox: pruned")
+            elif old.status == "pending" and new.status != "pending":
+                kinds.append(f"inbox: {new.status}")
+    return kinds
+
+
+def _deleted(ops: list[StoreOp], results: list[outcome.Outcome[Any]]) -> set[str]:
+    """The instances a step deleted."""
+    return {
+        op.workflow_instance_id
+        for op, result in zip(ops, results, strict=True)
+        if isinstance(op, DeleteOp) and isinstance(result, outcome.Value)
+    }
+
+
+def _event(entry: InboxEntry) -> InboxEntry:
+    """*entry* without what its consumption sets."""
+    return msgspec.structs.replace(
+        entry, status="pending", revision=None, consumed_at_ms=None, detail=None
+    )
+
+
+def _written(op: StoreOp, result: outcome.Outcome[Any]) -> SaveRequest | MarkOp | None:
+    """The save or mark *op* wrote (``None``: another operation, or nothing written)."""
+    if not isinstance(result, outcome.Value):
+        return None
+    if isinstance(op, SaveOp) and result.value.outcome == "success":
+        return op.request
+    return op if isinstance(op, MarkOp) and result.value is True else None
+
+
+def _closes(op: StoreOp, result: outcome.Outcome[Any]) -> bool:
+    """Whether *op* is a write that finished or cancelled its instance."""
+    written = _written(op, result)
+    return written is not None and written.status in ("finished", "cancelled")
+
+
+def _consumes(op: StoreOp, result: outcome.Outcome[Any]) -> bool:
+    """Whether *op* is a write that consumed inbox entries (or may have)."""
+    written = _written(op, result)
+    return written is not None and (bool(written.consumed) or _closes(op, result))
 
 
 def _target(op: StoreOp) -> str | None:
     if isinstance(op, SaveOp):
         return op.request.workflow_instance_id
+    if isinstance(op, PostOp):
+        return op.posting.workflow_instance_id
     return getattr(op, "workflow_instance_id", None)
 
 
@@ -499,3 +655,92 @@ def test_the_model_finds_a_sweep_that_forgets_the_takeover_count(
                 database=None,
                 phases=[Phase.generate],  # no shrinking: finding it is enough
             )
+
+
+def test_the_model_catches_a_post_to_a_closed_instance(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # An inbox that stores an event for a finished instance: no segment ever applies it.
+    steps = [
+        Save("a", None, "finished", "wf", None, None, ""),
+        Post("a", Event("e", 0)),
+    ]
+    post = MemoryInbox.post
+
+    def careless(
+        self: MemoryInbox, posting: Any, now: int, row: StoredRecord | None
+    ) -> PostOutcome:
+        if row is None or row.status not in ("finished", "cancelled"):
+            return post(self, posting, now, row)
+        opened = msgspec.structs.replace(row, status="halted")
+        return msgspec.structs.replace(post(self, posting, now, opened), row=row)
+
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        model = DifferentialModel({"sqlite": sqlite})
+        for operation in steps:  # the real rule: the stores agree
+            model.one(operation)
+        model.teardown()
+        monkeypatch.setattr(MemoryInbox, "post", careless)
+        model = DifferentialModel({"sqlite": sqlite})
+        model.one(steps[0])
+        with pytest.raises(AssertionError, match="disagree on the outcome of PostOp"):
+            model.one(steps[1])
+        model.teardown()
+
+
+@pytest.mark.parametrize("reference", ["sqlite", "none"])
+def test_the_model_finds_a_closing_write_that_leaves_entries_pending(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: str
+) -> None:
+    # A closing save or mark that forgets to refuse what is still pending: caught by
+    # the comparison, and (MemoryStore alone) by the invariant.
+    consume = MemoryInbox.consume
+
+    def lenient(
+        self: MemoryInbox, iid: str, *, closing: str | None, **rest: Any
+    ) -> None:
+        consume(self, iid, closing=None, **rest)
+
+    monkeypatch.setattr(MemoryInbox, "consume", lenient)
+    expected = "the stores disagree" if reference == "sqlite" else "closed, .* pending"
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        with pytest.raises(AssertionError, match=expected):
+            run_model(
+                {"sqlite": sqlite} if reference == "sqlite" else {},
+                max_examples=500,
+                database=None,
+                phases=[Phase.generate],  # no shrinking: finding it is enough
+            )
+
+
+@pytest.mark.parametrize("reference", ["sqlite", "none"])
+def test_the_model_catches_an_inbox_that_keeps_too_many_consumed_entries(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: str
+) -> None:
+    consume = MemoryInbox.consume
+
+    def hoarding(self: MemoryInbox, iid: str, *, depth: int, **rest: Any) -> None:
+        consume(self, iid, depth=depth + 1, **rest)
+
+    applied = tuple(Consume(n, 0, "transitioned", None) for n in range(DEPTH + 1))
+    expected = (
+        "disagree on the stored state"
+        if reference == "sqlite"
+        else f"keeps {DEPTH + 1}"
+    )
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        for mutated in (False, True):  # the real rule passes
+            if mutated:
+                monkeypatch.setattr(MemoryInbox, "consume", hoarding)
+            model = DifferentialModel(
+                {"sqlite": sqlite} if reference == "sqlite" else {}
+            )
+            model.one(Save("a", None, "halted", "wf", None, None, ""))
+            model.batch_of([Post("a", Event(f"e{n}", 0)) for n in range(DEPTH + 1)])
+            with (
+                pytest.raises(AssertionError, match=expected)
+                if mutated
+                else contextlib.nullcontext()
+            ):
+                model.one(Segment("a", "halted", applied))
+            model.teardown()
