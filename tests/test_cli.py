@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import pytest
+import trio
 
 import phronomy
 from phronomy import _cli_commands as commands_module
@@ -21,6 +22,7 @@ from phronomy.agent._messages import ExecutionRecord
 from phronomy.agent._records import record_request
 from phronomy.cli import EXIT_BROKEN_PIPE, main
 from phronomy.storage import SaveOp, SaveRequest, encode_snapshot
+from polling import until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -416,3 +418,81 @@ def test_an_interrupt_is_one_line_and_status_130(
     monkeypatch.setattr(commands_module, "listing", interrupted)
     assert main(["instances", "list", "--db", mixed_db]) == 130
     assert capsys.readouterr().err == "phronomy: error: interrupted\n"
+
+
+# --- instances send: an event from the command line ------------------------------------
+
+
+def test_instances_send_stores_an_event_a_serving_runtime_applies_once(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "orders.db")
+    flow = (
+        phronomy.Workflow(_Order, name="orders")
+        .wait_state("awaiting")
+        .initial("awaiting")
+        .transition(
+            "awaiting",
+            phronomy.FINISH,
+            on="approve",
+            action=lambda s, e: s.merge(by=e.payload["by"]),
+        )
+        .build()
+    )
+
+    async def run(serving: bool) -> phronomy.storage.StoredRecord | None:
+        store = phronomy.SQLiteStore(db)
+        try:
+            async with phronomy.open_runtime(
+                store=store, workflows=[flow] if serving else ()
+            ) as rt:
+                if not serving:
+                    await rt.workflows.invoke(flow, workflow_instance_id="o-1")
+                    return None
+
+                def finished() -> bool:
+                    row = store.load("o-1")
+                    return row is not None and row.status == "finished"
+
+                await until(finished, limit=10)  # the poll resumes it
+                return store.load("o-1")
+        finally:
+            store.close()
+
+    trio.run(run, False)
+    send = ["instances", "send", "--db", db, "o-1", "approve"]
+    assert main([*send, "--payload", '{"by": "ops"}', "--event-id", "cli-1"]) == 0
+    out = capsys.readouterr().out
+    assert "o-1: event 'approve' stored as seq 1 (event id cli-1)" in out
+    assert "a runtime serving workflow 'orders' applies it" in out
+    assert main(["instances", "show", "--db", db, "o-1"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [(e["seq"], e["event"], e["event_id"]) for e in shown["pending_events"]] == [
+        (1, "approve", "cli-1")
+    ]
+    # bad input stores nothing
+    assert main([*send, "--payload", "{not json"]) == 1
+    assert "--payload is not JSON" in capsys.readouterr().err
+    assert main([*send, "--event-id", "x" * 300]) == 1
+    assert "event_id" in capsys.readouterr().err
+    row = trio.run(run, True)  # a runtime that serves the workflow applies it
+    assert row is not None
+    assert (row.status, row.revision) == ("finished", 2)
+    assert main([*send, "--payload", '{"by": "ops"}', "--event-id", "cli-1"]) == 0
+    assert "already stored (transitioned) as seq 1" in capsys.readouterr().out
+    assert main([*send, "--payload", '{"by": "ops"}']) == 1  # a new one: closed
+    assert "is finished (revision 2): it accepts no events" in capsys.readouterr().err
+    store = phronomy.SQLiteStore(db)
+    try:
+        entries = store.run(
+            phronomy.storage.InboxOp(workflow_instance_id="o-1", pending_only=False)
+        )
+    finally:
+        store.close()
+    assert [(e.event_id, e.status, e.revision) for e in entries] == [
+        ("cli-1", "transitioned", 2)
+    ]
+
+
+class _Order(phronomy.State):
+    by: str = ""

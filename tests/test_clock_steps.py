@@ -95,7 +95,9 @@ async def main():
         handles = {f"{tag}-{i}": rt.workflows.start(flow, workflow_instance_id=f"{tag}-{i}")
                    for i in range(int(count))}
         for iid in handles:  # each segment is live and holds its lease
-            while not rt.workflows.signal(flow, iid, "mark"):
+            while (rt.workflows.segment(iid) or phronomy.workflow.LiveSegment(
+                    workflow_instance_id=iid, workflow="", status="admitting")
+                   ).status != "executing":
                 await trio.sleep(0.01)
         say("ready")
         await commands(store)

@@ -49,9 +49,14 @@ def ack(kind, iid, revision):
 async def finish(rt, iid):
     while True:
         try:
-            done = await rt.workflows.send_event(flow, event="approve", workflow_instance_id=iid)
+            # one approval per order, whoever sends it: a retry after a crash is a
+            # repeat of the stored one (applied once) and gets its outcome
+            done = await rt.workflows.send_event(
+                flow, event="approve", workflow_instance_id=iid, event_id=f"approve-{iid}")
             break
-        except phronomy.BusyError:  # the killed process's lease has not expired yet
+        except phronomy.RuntimeShutdownError:
+            raise
+        except phronomy.TransientError:  # the store was busy: try again
             await trio.sleep(0.1)
     ack("finished", iid, done.revision)
 
@@ -92,8 +97,22 @@ def _check(db: Path, acks: Path) -> tuple[int, int]:
                 "SELECT instance_id, revision FROM phronomy_workflow_instances"
             ).fetchall()
         )
+        events = conn.execute(
+            "SELECT instance_id, status, revision FROM phronomy_inbox"
+        ).fetchall()
     finally:
         conn.close()
+    approvals: dict[str, list[tuple[str, int | None]]] = {}
+    for iid, status, revision in events:
+        approvals.setdefault(iid, []).append((status, revision))
+    for iid, applied in approvals.items():
+        # one approval per order (one event id), applied at most once, by the save
+        # that finished the order
+        assert len(applied) == 1, f"{iid} has approvals {applied}"
+        status, revision = applied[0]
+        assert status in ("pending", "transitioned"), (iid, applied)
+        if status == "transitioned":
+            assert rows[iid] == revision, (iid, applied, rows[iid])
     by_instance: dict[str, dict[int, str]] = {}
     for iid, revision, status in log:
         by_instance.setdefault(iid, {})[revision] = status

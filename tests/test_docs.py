@@ -1,7 +1,7 @@
 """The docs' programs run as their pages show them, and print what the pages say.
 
-The convention, for a page that shows a program (``docs/tutorial/index.rst`` and
-``docs/index.rst``):
+The convention, for a page that shows a program (``docs/tutorial/index.rst``,
+``docs/index.rst`` and ``docs/howto/events.rst``):
 
 * the program is every ``.. code-block:: python`` block with the option
   ``:class: program``, in page order, joined by two blank lines (so each block is one
@@ -31,7 +31,7 @@ import pytest
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
 TUTORIAL = DOCS / "tutorial" / "index.rst"
-PAGES = [TUTORIAL, DOCS / "index.rst"]
+PAGES = [TUTORIAL, DOCS / "index.rst", DOCS / "howto" / "events.rst"]
 
 _DIRECTIVE = re.compile(r"^(?P<indent> *)\.\. code-block:: *(?P<language>\S+) *$")
 _OPTION = re.compile(r"^:(?P<name>[\w-]+):(?P<value>.*)$")

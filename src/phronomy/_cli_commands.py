@@ -22,16 +22,25 @@ from phronomy.agent._records import (
     stale_records,
 )
 from phronomy.durability import kind_of
-from phronomy.engine import random_hex
-from phronomy.errors import InvalidInputError, NotFoundError, PhronomyError
+from phronomy.engine import random_hex, random_uuid
+from phronomy.errors import (
+    InstanceStateError,
+    InvalidInputError,
+    NotFoundError,
+    PhronomyError,
+)
 from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
     EXECUTION_KIND,
     SCHEMA_VERSION,
+    InboxOp,
+    Posting,
+    PostOp,
     SaveOp,
     cancellation,
     decode_snapshot_builtins,
     resolve_stored,
+    validate_event_id,
 )
 from phronomy.storage._shortcuts import MAX_LIMIT
 
@@ -53,6 +62,7 @@ __all__ = [
     "migrate",
     "resolve",
     "safe",
+    "send",
     "show",
 ]
 
@@ -266,6 +276,16 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
             error = exc
         else:
             view["fields"] = decoded.fields
+    pending = store.run(InboxOp(workflow_instance_id=args.id, limit=MAX_LIMIT))
+    view["pending_events"] = [
+        {
+            "seq": e.seq,
+            "event": e.event,
+            "event_id": e.event_id,
+            "stored_at": iso(e.stored_at_ms),
+        }
+        for e in pending
+    ]
     print(json.dumps(view, indent=2, sort_keys=True))
     if error is not None:
         raise error
@@ -317,6 +337,53 @@ def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
     record = store.load(args.id)
     assert record is not None
     print(f"{safe(args.id)}: cancelled at revision {record.revision}")
+    return 0
+
+
+def send(store: SQLiteStore, args: argparse.Namespace) -> int:
+    """``instances send``: store an event in the instance's inbox; the runtime that
+    runs the instance, or one that serves its workflow, applies it."""
+    record = _workflow_record(store, args)
+    try:
+        payload = None if args.payload is None else json.loads(args.payload)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"--payload is not JSON: {exc}") from None
+    if not args.event:
+        raise InvalidInputError("the event's name must not be empty")
+    event_id = random_uuid() if args.event_id is None else args.event_id
+    posting = Posting(
+        workflow_instance_id=args.id,
+        event_id=validate_event_id(event_id),
+        event=args.event,
+        payload=msgspec.json.encode(payload),
+    )
+    posted = store.run(PostOp(posting=posting))
+    entry = posted.entry
+    if posted.outcome == "mismatch":
+        assert entry is not None
+        raise InvalidInputError(
+            f"event id {event_id!r} of {args.id!r} names another event "
+            f"({entry.event!r}, seq {entry.seq}); an event id names one event"
+        )
+    if posted.outcome in ("closed", "missing") or entry is None:
+        row = posted.row or record
+        raise InstanceStateError(
+            f"{args.id!r} is {row.status} (revision {row.revision}): it accepts no "
+            "events; nothing was stored",
+            instance_id=args.id,
+        )
+    repeat = posted.outcome == "duplicate"
+    what = f"already stored ({entry.status})" if repeat else "stored"
+    row = posted.row or record
+    who = (
+        f"the runtime holding it ({safe(row.lease_owner)}) applies it"
+        if row.lease_owner
+        else f"a runtime serving workflow {safe(row.workflow)!r} applies it"
+    )
+    print(
+        f"{safe(args.id)}: event {safe(entry.event)!r} {what} as seq {entry.seq} "
+        f"(event id {safe(entry.event_id)}); {who}"
+    )
     return 0
 
 

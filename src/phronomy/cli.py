@@ -173,6 +173,21 @@ def build_parser() -> argparse.ArgumentParser:
     )
     history.add_argument("id", help="the workflow instance id")
     _paging(history, "saves")
+    send = command(
+        actions,
+        "send",
+        "store an event for an instance (a runtime that runs it or serves its "
+        "workflow applies it, once)",
+        commands_module.send,
+        write=True,
+    )
+    send.add_argument("id", help="the workflow instance id")
+    send.add_argument("event", help="the event's name")
+    send.add_argument("--payload", metavar="JSON", help="the payload, a JSON value")
+    send.add_argument(
+        "--event-id",
+        help="the idempotency key (default: a new UUID); a repeat stores nothing",
+    )
     cancel = command(
         actions,
         "cancel",

@@ -7,9 +7,10 @@ from __future__ import annotations
 
 import functools
 import logging
+import math
 import os
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Any, final
 
 import trio
 
@@ -24,10 +25,16 @@ from phronomy.storage import (
     SQLiteStore,
     WorkflowStore,
 )
-from phronomy.workflow import RecoveryClient, WorkflowClient, WorkflowCoordinator
+from phronomy.workflow import (
+    RecoveryClient,
+    WorkflowClient,
+    WorkflowCoordinator,
+    WorkflowDefinition,
+    poll_inbox,
+)
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator
+    from collections.abc import AsyncGenerator, Iterable
 
     from phronomy.engine import (
         Engine,
@@ -171,6 +178,53 @@ def _store_from(store: object) -> WorkflowStore | None:
     )
 
 
+def check_interval(value: object, name: str) -> float:
+    """*value* as seconds between two runs of something (``0``: never).
+
+    Raises:
+        InvalidInputError: not a finite number >= 0 (the message names *name*).
+    """
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, (int, float))
+        or not math.isfinite(value)
+        or value < 0
+    ):
+        raise InvalidInputError(
+            f"{name} must be a number of seconds >= 0, got {value!r}"
+        )
+    return float(value)
+
+
+def check_served(
+    workflows: Iterable[WorkflowDefinition[Any]],
+) -> tuple[WorkflowDefinition[Any], ...]:
+    """The workflows a runtime serves, checked.
+
+    Raises:
+        InvalidInputError: something that is not a compiled workflow, or two
+            definitions of one workflow name.
+    """
+    given: object = workflows  # checked at run time: callers are not typed
+    if isinstance(given, WorkflowDefinition):
+        workflows = (given,)
+    served: dict[str, WorkflowDefinition[Any]] = {}
+    for definition in workflows:
+        if not isinstance(definition, WorkflowDefinition):
+            raise InvalidInputError(
+                "workflows must be compiled workflow definitions "
+                f"(Workflow(...).compile()), got {type(definition).__name__}"
+            )
+        other = served.setdefault(definition.name, definition)
+        if other is not definition:
+            raise InvalidInputError(
+                f"workflows names workflow {definition.name!r} twice (versions "
+                f"{other.version!r} and {definition.version!r}); a runtime serves one "
+                "definition of each workflow"
+            )
+    return tuple(served.values())
+
+
 @asynccontextmanager
 async def open_runtime(
     store: WorkflowStore | str | os.PathLike[str] | None = None,
@@ -189,6 +243,8 @@ async def open_runtime(
     lease_margin: float = 5.0,
     sweep_interval: float = 5.0,
     max_takeovers: int = 5,
+    workflows: Iterable[WorkflowDefinition[Any]] = (),
+    inbox_poll_interval: float = 0.1,
 ) -> AsyncGenerator[Runtime]:
     """Run a phronomy runtime for the duration of the ``async with`` block.
 
@@ -232,6 +288,15 @@ async def open_runtime(
             back instances whose runtime stopped while running them (``0``: none).
         max_takeovers: an instance whose runtime stopped this many times in a row
             while running it becomes ``recovery_required``.
+        workflows: the workflows this runtime serves: it resumes their halted
+            instances that have pending events (stored by another process, or left by
+            a runtime that stopped) when nobody holds them. Workflows this runtime
+            starts or sends events to are served too; an instance of a workflow no
+            runtime serves keeps its events pending.
+        inbox_poll_interval: seconds between two reads of the store for events other
+            processes stored (for instances this runtime holds, and the halted ones it
+            serves); ``0``: none (events stored through this runtime still apply at
+            once).
 
     Yields:
         The :class:`Runtime`.
@@ -280,14 +345,23 @@ async def open_runtime(
                 await gateway.open()
                 engine.start_task(gateway.leases.heartbeat, name="lease heartbeat")
                 engine.start_task(gateway.leases.sweep, name="recovery sweep")
-            workflows = engine.receiver(
+            poll = check_interval(inbox_poll_interval, "inbox_poll_interval")
+            served = check_served(workflows)
+            coordinator_of_workflows = engine.receiver(
                 WorkflowCoordinator,
                 functools.partial(
                     WorkflowCoordinator,
                     gateway=gateway,
                     max_snapshot_bytes=max_snapshot_bytes,
+                    recursion_limit=recursion_limit,
+                    serves=served,
                 ),
             )
+            if gateway is not None:
+                engine.start_task(
+                    functools.partial(poll_inbox, coordinator_of_workflows, poll),
+                    name="inbox poll",
+                )
             coordinator = engine.receiver(
                 ExecutionCoordinator,
                 functools.partial(
@@ -299,7 +373,11 @@ async def open_runtime(
                 ),
             )
             yield Runtime(
-                engine, store, workflows, coordinator, recursion_limit=recursion_limit
+                engine,
+                store,
+                coordinator_of_workflows,
+                coordinator,
+                recursion_limit=recursion_limit,
             )
     finally:
         result = engines[0].shutdown_result if engines else None

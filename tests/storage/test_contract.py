@@ -583,6 +583,91 @@ def test_the_inbox_stores_events_in_order_once_each(store: WorkflowStore) -> Non
     assert store.run(storage.InboxOp(workflow_instance_id="done")) == ()
 
 
+def test_an_inbox_has_no_gaps_in_its_numbers(store: WorkflowStore) -> None:
+    # A segment knows it saw every entry when the numbers it was offered follow each
+    # other: a repeat (which stores nothing) must not use up a number.
+    store.save(request("g", None))
+    store.run(storage.PostOp(posting=_posting("g", "e1")))
+    store.run(storage.PostOp(posting=_posting("g", "e1")))  # a repeat
+    store.run(storage.PostOp(posting=_posting("g", "e1", payload=b"2")))  # mismatch
+    third = store.run(storage.PostOp(posting=_posting("g", "e2")))
+    assert third.entry.seq == 2
+
+
+def test_a_write_that_consumes_an_entry_twice_is_refused_and_changes_nothing(
+    store: WorkflowStore,
+) -> None:
+    # The store's own guard of exactly-once: an entry consumed by one write cannot be
+    # consumed by the next one (a segment that was offered it twice).
+    store.save(request("twice", None))
+    store.run(storage.PostOp(posting=_posting("twice", "e1")))
+    once = (storage.Consumption(seq=1, status="transitioned"),)
+    first = msgspec.structs.replace(request("twice", 1), consumed=once)
+    assert store.save(first) == 2
+    again = msgspec.structs.replace(request("twice", 2), consumed=once)
+    refused = store.save_classified(again)
+    assert refused.outcome == "known_failure"
+    assert isinstance(refused.error, errors.ConflictError)
+    assert "inbox entries [1] are not pending" in str(refused.error)
+    assert store.load("twice").revision == 2  # type: ignore[union-attr]
+    never = (storage.Consumption(seq=7, status="transitioned"),)
+    mark = MarkOp(
+        workflow_instance_id="twice",
+        status="failed",
+        expected_revision=2,
+        consumed=never,
+    )
+    with pytest.raises(errors.ConflictError, match=r"\[7\] are not pending"):
+        store.run(mark)
+    assert store.load("twice").status == "halted"  # type: ignore[union-attr]
+
+
+def test_entries_a_closing_write_refuses_name_the_row_s_revision(
+    store: WorkflowStore,
+) -> None:
+    # Before (found by the differential model): a closing mark without an expected
+    # revision recorded revision 0 on the entries it refused, and a recovery that
+    # put a restarted instance back as finished left its entries pending for good.
+    store.save(request("r", None))
+    store.save(request("r", 1))  # revision 2
+    store.run(storage.PostOp(posting=_posting("r", "e1")))
+    assert store.run(MarkOp(workflow_instance_id="r", status="cancelled"))
+    refused = store.run(storage.EntryOp(workflow_instance_id="r", event_id="e1"))
+    assert (refused.status, refused.revision) == ("refused", 2)
+    assert "cancelled at revision 2" in (refused.detail or "")
+    store.save(request("f", None, status="finished"))
+    assert store.begin("f", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)
+    store.run(storage.PostOp(posting=_posting("f", "e1")))  # while it runs again
+    assert store.run(RecoverOp(limit=10, max_takeovers=5)) == [("f", "finished")]
+    left = store.run(storage.EntryOp(workflow_instance_id="f", event_id="e1"))
+    assert (left.status, left.revision) == ("refused", 1)
+    assert store.run(storage.PollOp(owner="A", workflows=("wf",))) == ()
+
+
+def test_raw_inbox_operations_check_what_they_are_given() -> None:
+    with pytest.raises(errors.InvalidInputError, match="another instance"):
+        ClaimOp(
+            workflow_instance_id="a",
+            workflow="wf",
+            lease_owner="A",
+            ttl_ms=1,
+            post=_posting("b", "e1"),
+        )
+    with pytest.raises(errors.InvalidInputError, match="pending must be >= 0"):
+        ClaimOp(
+            workflow_instance_id="a",
+            workflow="wf",
+            lease_owner="A",
+            ttl_ms=1,
+            pending=-1,
+        )
+    for bad in (0, -1, True):
+        with pytest.raises(errors.InvalidInputError, match="limit"):
+            storage.InboxOp(workflow_instance_id="a", limit=bad)
+        with pytest.raises(errors.InvalidInputError, match="limit"):
+            storage.PollOp(owner="A", limit=bad)
+
+
 def test_a_save_consumes_its_entries_and_a_closing_save_refuses_the_rest(
     store: WorkflowStore,
 ) -> None:
@@ -649,8 +734,10 @@ def test_a_mark_consumes_entries_and_the_inbox_keeps_the_last_few(
 def test_the_poll_sees_pending_entries_of_held_and_free_instances(
     store: WorkflowStore,
 ) -> None:
-    for iid in ("free", "mine", "theirs"):
-        store.save(request(iid, None))
+    store.save(msgspec.structs.replace(request("unserved", None), workflow="other"))
+    for iid in ("free", "mine", "theirs", "failed", "unserved"):
+        if iid != "unserved":
+            store.save(request(iid, None))
         store.run(storage.PostOp(posting=_posting(iid, "e")))
     assert store.begin(
         "mine", "wf", expected_revision=1, lease_owner="A", ttl_ms=60_000
@@ -658,13 +745,21 @@ def test_the_poll_sees_pending_entries_of_held_and_free_instances(
     assert store.begin(
         "theirs", "wf", expected_revision=1, lease_owner="B", ttl_ms=60_000
     )
-    polled = store.run(storage.PollOp(owner="A"))
+    assert store.run(
+        MarkOp(workflow_instance_id="failed", status="failed", expected_revision=1)
+    )
+    polled = store.run(storage.PollOp(owner="A", workflows=("wf",)))
     assert [
         (e.workflow_instance_id, status, owner) for e, status, _, owner in polled
     ] == [
         ("free", "halted", None),
         ("mine", "running", "A"),
     ]
+    # a workflow the runtime does not serve: its free instances are left alone
+    mine_only = store.run(storage.PollOp(owner="A"))
+    assert [e.workflow_instance_id for e, *_ in mine_only] == ["mine"]
+    other = store.run(storage.PollOp(owner="A", workflows=("other", "wf")))
+    assert [e.workflow_instance_id for e, *_ in other] == ["free", "mine", "unserved"]
 
 
 def test_a_claim_posts_and_returns_the_pending_entries(store: WorkflowStore) -> None:
@@ -709,3 +804,18 @@ def test_a_claim_posts_and_returns_the_pending_entries(store: WorkflowStore) -> 
         )
     )
     assert (busy.epoch, busy.posted.outcome) == (None, "stored")
+
+
+def test_posts_take_their_instance_s_place_in_a_batch_s_row_order() -> None:
+    # Before (found by the differential model): a PostOp names its instance through
+    # its posting, which row_order did not look at, so posts ran after every other
+    # operation of the batch (and two batches could lock rows in opposite orders).
+    from phronomy.storage._base import row_order
+
+    ops = [
+        storage.PostOp(posting=_posting("b", "e1")),
+        storage.RecoverOp(limit=1, max_takeovers=5),
+        storage.PostOp(posting=_posting("a", "e1")),
+        storage.SaveOp(request=request("a", 1, status="finished")),
+    ]
+    assert row_order(ops) == [2, 3, 0, 1]

@@ -114,11 +114,19 @@ async def start_live(
     *,
     if_exists: IfExists = "refuse",
 ) -> ResultHandle[phronomy.WorkflowResult[Value]]:
-    """Start *flow* (a :func:`live_flow`) as *iid*; return once it accepted a signal."""
+    """Start *flow* (a :func:`live_flow`) as *iid*; return once its segment executes
+    and applied one ``mark``."""
     handle = runtime.workflows.start(
         flow, workflow_instance_id=iid, if_exists=if_exists
     )
-    await until(lambda: runtime.workflows.signal(flow, iid, "mark"))
+
+    def executing() -> bool:
+        segment = runtime.workflows.segment(iid)
+        return segment is not None and segment.status == "executing"
+
+    await until(executing)
+    outcome = await runtime.workflows.deliver(flow, iid, "mark")
+    assert outcome.status == "transitioned", outcome
     return handle
 
 

@@ -15,7 +15,9 @@ import phronomy
 from phronomy.engine import Event
 from phronomy.storage import (
     SAVE_LOG_DEPTH,
+    InboxEntry,
     Lease,
+    SaveOp,
     SaveRequest,
     StoredRecord,
     decode_snapshot_builtins,
@@ -341,14 +343,17 @@ async def test_no_halted_step_before_the_save_succeeds(
         await trio.sleep(0.05)
         assert steps == []
         assert not handle.done
-        assert not rt.workflows.signal(
-            flow, "barrier", "approve"
-        )  # scenario 54: not executing
+        # scenario 54: the segment is saving; the event is stored and applied after
+        # the halt is saved (by the next segment), not by this one
+        assert rt.workflows.signal(flow, "barrier", "approve", event_id="late")
         gate.set()
         result = await handle.result()
         assert steps == ["awaiting"]
         assert (result.halted, result.revision) == (True, 1)
-        assert admission_state(rt, "barrier") is None
+        await until(lambda: status_of(store, "barrier") == "finished")
+        receipt = await rt.workflows.receipt("barrier", "late")
+        assert receipt is not None
+        assert (receipt.status, receipt.revision) == ("transitioned", 2)
 
 
 async def test_stray_events_while_persisting_are_discarded(
@@ -380,25 +385,29 @@ async def test_competitors_are_refused_while_loading_and_saving(
         load_gate = store.block("claim.before")
         first = rt.workflows.start(flow, workflow_instance_id="c")
         await until(lambda: admission_state(rt, "c") == "admitting")
-        assert not rt.workflows.signal(
-            flow, "c", "mark"
-        )  # 53: still loading, no session bound
+        # 53: still loading: the event is stored, the segment applies it once it runs
+        assert rt.workflows.signal(flow, "c", "mark", event_id="early")
         with pytest.raises(phronomy.BusyError, match="live execution segment"):
             await rt.workflows.invoke(flow, workflow_instance_id="c")  # 55
         load_gate.set()
-        await until(
-            lambda: rt.workflows.signal(flow, "c", "mark")
-        )  # executing: delivered
         save_gate = store.block("save.before")
         assert rt.workflows.signal(flow, "c", "finish")
         await until(lambda: admission_state(rt, "c") == "persisting_terminal")
-        assert not rt.workflows.signal(flow, "c", "mark")  # 54: saving, no more events
+        # 54: saving, the segment takes no more events (this one is refused: closed)
+        assert rt.workflows.signal(flow, "c", "mark", event_id="late")
         with pytest.raises(phronomy.BusyError, match="live execution segment"):
             await rt.workflows.invoke(flow, workflow_instance_id="c")  # 56
         save_gate.set()
         done = await first.result()
         assert (done.phase, done.state.count) == (FINISH, 1)
         assert admission_state(rt, "c") is None
+        early = await rt.workflows.receipt("c", "early")
+        assert early is not None
+        assert (early.status, early.revision) == ("transitioned", 1)
+        # the late one was refused when it was posted, or by the save that closed
+        # the instance: never applied
+        late = await rt.workflows.receipt("c", "late")
+        assert late is None or late.status == "refused"
     assert store.count("claim") == 1  # the competitors never touched the store
 
 
@@ -658,12 +667,16 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
             phronomy.RecoveryRequiredError, match=r"resolved by an operator \(adopt\)"
         ):
             await pending.result()
-        assert admission_state(rt, "rr") is None
-        assert (
-            await rt.workflows.send_event(
-                flow, event="approve", workflow_instance_id="rr"
-            )
-        ).revision == 2
+        # the approval stayed stored: applied to the adopted revision, once
+        await until(lambda: status_of(reader, "rr") == "finished")
+        history = await rt.workflows.history("rr")
+        assert [
+            (type(item).__name__, item.revision, item.status) for item in history
+        ] == [
+            ("SaveLogEntry", 2, "finished"),
+            ("InboxEntry", 2, "transitioned"),
+            ("SaveLogEntry", 1, "halted"),
+        ]
         with pytest.raises(phronomy.NotFoundError, match="does not require recovery"):
             await rt.recovery.resolve("rr", action="release")
         with pytest.raises(phronomy.InvalidInputError, match="adopt"):
@@ -700,7 +713,8 @@ async def test_failed_offloaded_save_is_an_unknown_outcome(
         explode = False
 
         def execute(self, ops: Any) -> Any:
-            if self.explode:
+            # the batch that would save (the event it applies was stored before)
+            if self.explode and any(isinstance(op, SaveOp) for op in ops):
                 raise RuntimeError("worker crashed")
             return super().execute(ops)
 
@@ -709,7 +723,7 @@ async def test_failed_offloaded_save_is_an_unknown_outcome(
     async with runtime_on(store) as rt:
         handle = await start_live(rt, flow, "x")
         store.explode = True
-        rt.workflows.signal(flow, "x", "finish")
+        assert rt.workflows.signal(flow, "x", "finish")
         await until(lambda: admission_state(rt, "x") == "recovery_required")
         assert store.count("save") == 0
         # never read back either (before: it counted "load", which a reconciliation
@@ -724,12 +738,16 @@ async def test_refused_save_submission_is_a_known_failure(
     make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
     # scenario 85
-    store = make_store()
+    store = FaultyStore(make_store())
     flow = live_flow()
     async with runtime_on(store) as rt:
         handle = await start_live(rt, flow, "ref")
-        rt.pool("phronomy.store").close()  # the store refuses the terminal save
-        rt.workflows.signal(flow, "ref", "finish")
+        stored = store.block("post.after")
+        assert rt.workflows.signal(flow, "ref", "finish")
+        await until(lambda: store.count("post") == 2)
+        # the event is stored; the store refuses what comes next (the terminal save)
+        rt.pool("phronomy.store").close()
+        stored.set()
         with pytest.raises(phronomy.RuntimeShutdownError):
             await handle.result()
         assert admission_state(rt, "ref") is None
@@ -840,24 +858,42 @@ async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
     deep: list[Any] = []
     for _ in range(100_000):
         deep = [deep]
+    unsaveable = {"deep": deep, "bytes": b"\x00raw", "int-key": {1: "x"}}
     wf = phronomy.Workflow(Anything, name="any")
     wf.wait_state("parked").initial("parked")
     wf.transition(
-        "parked", FINISH, on="store", action=lambda s, e: s.merge(blob=e.payload)
+        "parked",
+        FINISH,
+        on="store",
+        action=lambda s, e: s.merge(
+            blob=unsaveable[e.payload] if isinstance(e.payload, str) else e.payload
+        ),
     )
     flow = wf.build()
     async with runtime_on(store) as rt:
         await rt.workflows.invoke(flow, {"blob": [1, "ok"]}, workflow_instance_id="j")
         before = store.load("j")
         assert before is not None
+        # as an event's payload: refused before it is stored
         for payload, message in [
-            (deep, r"'j' revision 2 is nested too deeply"),
-            (b"\x00raw", r"\$\.fields\.blob holds a bytes .* str .*'j' revision 2"),
-            ({1: "x"}, r"\$\.fields\.blob has a key of type int"),
+            (deep, r"payload of event 'store' for workflow instance 'j' is nested too"),
+            (b"\x00raw", r"'j' would not come back as it was"),
+            ({1: "x"}, r"'j' would not come back as it was"),
+            ((1, 2), r"'j' would not come back as it was"),
         ]:
             with pytest.raises(phronomy.SerializationError, match=message):
                 await rt.workflows.send_event(
                     flow, "store", workflow_instance_id="j", payload=payload
+                )
+        # as the state an action produced: the save is refused
+        for name, message in [
+            ("deep", r"'j' revision 2 is nested too deeply"),
+            ("bytes", r"\$\.fields\.blob holds a bytes .* str .*'j' revision 2"),
+            ("int-key", r"\$\.fields\.blob has a key of type int"),
+        ]:
+            with pytest.raises(phronomy.SerializationError, match=message):
+                await rt.workflows.send_event(
+                    flow, "store", workflow_instance_id="j", payload=name
                 )
             after = store.load("j")
             assert after is not None
@@ -866,6 +902,10 @@ async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
             flow, "store", workflow_instance_id="j", payload={"ok": [1, 2]}
         )
         assert (done.revision, done.state.blob) == (2, {"ok": [1, 2]})
+        # the refused events are recorded as failed, not applied again
+        history = await rt.workflows.history("j")
+        events = [item for item in history if isinstance(item, InboxEntry)]
+        assert [e.status for e in events] == ["transitioned"] + ["failed"] * 3
 
 
 async def test_a_stored_blob_nested_too_deeply_is_a_corrupt_record(
@@ -1060,7 +1100,9 @@ async def test_a_segment_cut_off_at_shutdown_leaves_an_honest_row(
 
     async def resume(rt: phronomy.Runtime) -> None:
         try:
-            await rt.workflows.send_event(_slow_approval(), "approve", halted=halted)
+            await rt.workflows.send_event(
+                _slow_approval(), "approve", halted=halted, event_id="approve-1"
+            )
         except phronomy.RuntimeShutdownError as exc:
             errors.append(exc)
 
@@ -1091,10 +1133,16 @@ async def test_a_segment_cut_off_at_shutdown_leaves_an_honest_row(
     assert (never_saved.status, never_saved.revision) == ("failed", 0)
     assert "had not saved yet" in (never_saved.detail or "")
     async with runtime_on(store) as rt:
+        # the event stayed stored: its retry (the same event id) is applied once
         done = await rt.workflows.send_event(
-            approval_flow(), "approve", workflow_instance_id="cut"
+            approval_flow(), "approve", workflow_instance_id="cut", event_id="approve-1"
         )
         assert (done.revision, status_of(store, "cut")) == (2, "finished")
+        history = await rt.workflows.history("cut")
+        events = [item for item in history if isinstance(item, InboxEntry)]
+        assert [(e.event_id, e.status, e.revision) for e in events] == [
+            ("approve-1", "transitioned", 2)
+        ]
 
 
 async def test_resume_rejects_state_of_another_class(

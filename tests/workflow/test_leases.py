@@ -19,6 +19,7 @@ import trio
 
 import phronomy
 from phronomy.errors import LeaseLostError
+from phronomy.storage import InboxOp
 from phronomy.testing import FaultyStore
 
 from .helpers import (
@@ -307,25 +308,36 @@ def test_after_sigkill_another_runtime_takes_the_instance_over(tmp_path: Path) -
     victim.wait(timeout=30)
     victim.stdout.close()
 
+    flow = (
+        phronomy.Workflow(Order, name="victim")
+        .wait_state("awaiting")
+        .initial("awaiting")
+        .state("working")
+        .transition("awaiting", "working", on="go")
+        .transition("working", phronomy.FINISH, on="done")
+        .build()
+    )
+
     async def recover() -> tuple[float, Any]:
         store = phronomy.SQLiteStore(db)
         try:
-            async with phronomy.open_runtime(store=store, sweep_interval=0.1) as rt:
+            async with phronomy.open_runtime(
+                store=store, sweep_interval=0.1, workflows=[flow]
+            ) as rt:
                 started = trio.current_time()
-                await until(lambda: store.load("v").status == "halted", limit=10)  # type: ignore[union-attr]
+
+                def taken_over() -> bool:
+                    segment = rt.workflows.segment("v")
+                    return segment is not None and segment.status == "executing"
+
+                # put back at revision 1, then resumed here with the victim's stored
+                # "go" (the runtime serves the workflow: its poll finds the event)
+                await until(taken_over, limit=10)
                 took = trio.current_time() - started
-                flow = (
-                    phronomy.Workflow(Order, name="victim")
-                    .wait_state("awaiting")
-                    .initial("awaiting")
-                    .state("working")
-                    .transition("awaiting", "working", on="go")
-                    .transition("working", phronomy.FINISH, on="done")
-                    .build()
+                done = await rt.workflows.send_event(
+                    flow, "done", workflow_instance_id="v"
                 )
-                handle = rt.workflows.start_event(flow, "go", workflow_instance_id="v")
-                await until(lambda: rt.workflows.signal(flow, "v", "done"))
-                return took, await handle.result()
+                return took, done
         finally:
             store.close()
 
@@ -336,25 +348,62 @@ def test_after_sigkill_another_runtime_takes_the_instance_over(tmp_path: Path) -
         entries = history.history("v")
         assert [e.revision for e in entries] == [2, 1]  # no duplicate terminal save
         assert [e.status for e in entries] == ["finished", "halted"]
+        events = history.run(InboxOp(workflow_instance_id="v", pending_only=False))
+        assert [(e.event, e.status, e.revision) for e in events] == [
+            ("done", "transitioned", 2),  # newest first
+            ("go", "transitioned", 2),  # the victim's: stored before the kill
+        ]
     finally:
         history.close()
     assert took < 1.0 + 1.0  # ttl + sweep + slack
-    print(f"SIGKILLed segment put back after {took:.2f} s (ttl 1.0 s)")  # noqa: T201
+    print(f"SIGKILLed segment put back and resumed after {took:.2f} s (ttl 1.0 s)")  # noqa: T201
 
 
-async def test_an_event_for_an_unsaved_instance_live_elsewhere_is_busy(
+async def test_an_event_for_an_unsaved_instance_live_elsewhere_reaches_it(
     make_store: Callable[[], phronomy.storage.WorkflowStore],
 ) -> None:
-    # Before: send_event to an instance live in another runtime that had never saved
-    # raised NotFoundError ("has no durable state"): it exists, and it is busy.
+    # Before: send_event to an instance live in another runtime raised BusyError (or
+    # NotFoundError while it had never saved): the event is stored, and the runtime
+    # that runs the instance applies it (its inbox poll finds it).
     flow = live_flow()
     async with runtime_on(make_store()) as a, runtime_on(make_store()) as b:
         first = await start_live(a, flow, "busy-1")
-        with pytest.raises(phronomy.BusyError, match="another runtime") as caught:
-            await b.workflows.send_event(flow, "mark", workflow_instance_id="busy-1")
-        assert "owner" in str(caught.value)
-        assert a.workflows.signal(flow, "busy-1", "finish")
-        assert (await first.result()).revision == 1
+        results: list[phronomy.WorkflowResult[Value]] = []
+
+        async def send() -> None:
+            sent = await b.workflows.send_event(
+                flow, "mark", workflow_instance_id="busy-1"
+            )
+            results.append(sent)
+
+        with trio.fail_after(10):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(send)
+                receipt = await b.workflows.post(flow, "busy-1", "mark")
+                assert (receipt.status, receipt.then) == ("pending", "queued")
+                while len(await _entries(b, "busy-1")) < 3:  # noqa: ASYNC110 - a store read
+                    await trio.sleep(0.01)
+                # the segment lives in a: a's poll gives it b's events, in order
+                assert a.workflows.signal(flow, "busy-1", "finish")
+            done = await first.result()
+        assert (done.revision, done.state.count) == (1, 3)
+        # the caller in b hears the result of the segment that applied its event
+        assert [(r.revision, r.state.count, r.status) for r in results] == [
+            (1, 3, "finished")
+        ]
+        applied = [(e.event, e.status, e.revision) for e in await _entries(b, "busy-1")]
+        assert (
+            applied
+            == [("finish", "transitioned", 1)] + [("mark", "transitioned", 1)] * 3
+        )
+
+
+async def _entries(
+    runtime: phronomy.Runtime, iid: str
+) -> list[phronomy.storage.InboxEntry]:
+    """The instance's events as the store has them, newest first."""
+    history = await runtime.workflows.history(iid)
+    return [e for e in history if isinstance(e, phronomy.storage.InboxEntry)]
 
 
 def _finished_stays_finished(row: phronomy.storage.StoredRecord | None) -> list[str]:
@@ -397,20 +446,16 @@ async def test_a_stale_owner_never_overwrites_a_finished_instance(
             then=OSError("cannot read back") if readback == "fails" else None,
         )
         approving = z.workflows.start_event(
-            flow, "approve", workflow_instance_id="order"
+            flow, "approve", workflow_instance_id="order", event_id="approval-7"
         )
         await until(lambda: stale_store.count("save") >= 2)
         # Z's lease lapses (Z is cut off from the store but for its stuck write);
-        # R's sweep puts the instance back at revision 1, then R finishes it
+        # R's sweep puts the instance back at revision 1, then R applies the stored
+        # approval (the webhook's retry to R names it: R waits for its outcome)
         with trio.fail_after(10):
-            while True:
-                try:
-                    done = await r.workflows.send_event(
-                        flow, "approve", workflow_instance_id="order"
-                    )
-                    break
-                except phronomy.BusyError:
-                    await trio.sleep(0.05)
+            done = await r.workflows.send_event(
+                flow, "approve", workflow_instance_id="order", event_id="approval-7"
+            )
         assert (done.status, done.revision) == ("finished", 2)
         taken_at = trio.current_time()
         gate.set()  # Z's reconciliation reads the row now
@@ -475,15 +520,20 @@ async def test_a_quarantine_ends_once_another_runtime_settled_the_instance(
                 await b.workflows.send_event(flow, "go", workflow_instance_id="q")
         with pytest.raises(phronomy.RecoveryRequiredError):
             await pending.result()  # settled by the shutdown
-        # the lease of the unknown save expires: a sweep puts the instance back
+        # the lease of the unknown save expires: a sweep puts the instance back (at
+        # revision 1), and b applies the events a stored ("go", "done") from there
         await until(lambda: inner.load("q").lease_epoch > claimed.lease_epoch)  # type: ignore[union-attr]
-        back = inner.load("q")
-        assert back is not None
-        assert (back.status, back.revision) == ("halted", 1)
-        handle = b.workflows.start_event(flow, "go", workflow_instance_id="q")
-        await until(lambda: b.workflows.signal(flow, "q", "done"))
-        done = await handle.result()
-        assert (done.status, done.revision) == ("finished", 2)
+        await until(lambda: inner.load("q").status == "finished")  # type: ignore[union-attr]
+        history = await b.workflows.history("q")
+        assert [
+            (type(item).__name__, item.revision, item.status) for item in history
+        ] == [
+            ("SaveLogEntry", 2, "finished"),
+            ("InboxEntry", 2, "refused"),  # b's "go": stored, then the instance closed
+            ("InboxEntry", 2, "transitioned"),  # done
+            ("InboxEntry", 2, "transitioned"),  # go
+            ("SaveLogEntry", 1, "halted"),
+        ]
         assert await b.recovery.list() == []
 
 

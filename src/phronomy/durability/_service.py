@@ -30,7 +30,13 @@ from ._leases import Leases, LeaseSettings
 
 if TYPE_CHECKING:
     from phronomy.engine import Engine
-    from phronomy.storage import InstanceStatus, Lease, StoredRecord, WorkflowStore
+    from phronomy.storage import (
+        Consumption,
+        InstanceStatus,
+        Lease,
+        StoredRecord,
+        WorkflowStore,
+    )
 
 __all__ = [
     "DurabilityService",
@@ -276,6 +282,7 @@ def mark_op(
     detail: str | None,
     workflow: str = "",
     lease: Lease | None = None,
+    consumed: tuple[Consumption, ...] = (),
 ) -> MarkOp:
     """A status-only write (``detail`` truncated to 1000 characters); with *lease*,
     only while the row holds that lease (its claim made the row), else it creates a
@@ -288,4 +295,5 @@ def mark_op(
         create=lease is None and not expected_revision,
         workflow=workflow,
         lease=lease,
+        consumed=consumed,
     )

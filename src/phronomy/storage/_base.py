@@ -22,6 +22,7 @@ from ._ops import (
     FindWriteOp,
     HistoryOp,
     LoadOp,
+    PostOp,
     RenewOp,
     SaveOp,
     op_name,
@@ -446,9 +447,12 @@ def row_order(ops: Sequence[StoreOp]) -> list[int]:
 
     def key(index: int) -> tuple[int, str]:
         op = ops[index]
-        iid = getattr(
-            op.request if isinstance(op, SaveOp) else op, "workflow_instance_id", None
-        )
+        of: object = op
+        if isinstance(op, SaveOp):
+            of = op.request
+        elif isinstance(op, PostOp):
+            of = op.posting
+        iid = getattr(of, "workflow_instance_id", None)
         return (0, iid) if isinstance(iid, str) else (1, "")
 
     return sorted(range(len(ops)), key=key)

@@ -63,7 +63,7 @@ def claim_and_post(
     posting = op.post
     posted: PostOutcome | None = None
     if posting is not None:
-        posted = apply(conn, PostOp(posting=posting))
+        posted = apply(conn, PostOp(posting=posting, wait=False))
     row, epoch = claim(conn, op)
     made = epoch is not None and posted is not None and posted.outcome == "missing"
     if posting is not None and made:  # the claim made the row: store it now

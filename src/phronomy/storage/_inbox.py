@@ -13,7 +13,7 @@ from typing import Literal, final
 
 import msgspec
 
-from phronomy.errors import InvalidInputError
+from phronomy.errors import ConflictError, InvalidInputError
 
 from ._records import (
     MAX_INSTANCE_ID_LENGTH,
@@ -30,6 +30,7 @@ __all__ = [
     "InboxStatus",
     "PostOutcome",
     "Posting",
+    "not_pending",
     "validate_event_id",
 ]
 
@@ -62,6 +63,17 @@ def validate_event_id(value: object) -> str:
     if _CONTROL.search(value):
         raise InvalidInputError(f"event_id {value!r} contains control characters")
     return value
+
+
+def not_pending(workflow_instance_id: str, seqs: list[int]) -> ConflictError:
+    """The refusal of a write that would consume entries *seqs*, which are not
+    pending (consumed by an earlier write, or never stored): nothing is written."""
+    return ConflictError(
+        f"workflow instance {workflow_instance_id!r}: inbox entries {seqs} are not "
+        "pending (consumed by an earlier write, or never stored); an event is applied "
+        "once, so nothing was written",
+        instance_id=workflow_instance_id,
+    )
 
 
 @final
@@ -123,12 +135,13 @@ class InboxEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     detail: str | None = None
 
     def same_event(self, posting: Posting) -> bool:
-        """Whether *posting* asks for this entry's event (a true repeat of it)."""
+        """Whether *posting* asks for this entry's event (a true repeat of it): the
+        same event, payload and input (a precondition, ``expected_revision``, is the
+        first one's: a retry may come from a caller that no longer has it)."""
         return (
             self.event == posting.event
             and self.payload == posting.payload
             and self.input == posting.input
-            and self.expected_revision == posting.expected_revision
         )
 
 

@@ -183,15 +183,17 @@ class MemoryStore(BaseStore[_Tables]):
             case BeginOp():
                 return self._begin(conn, op)
             case SaveOp(request=request):
+                conn.check_pending(request.workflow_instance_id, request.consumed)
                 revision = self._save(conn, request)
                 self._consume(conn, request.workflow_instance_id, revision, request)
                 return revision
             case MarkOp():
+                conn.check_pending(op.workflow_instance_id, op.consumed)
                 changed = self._mark(conn, op)
                 if changed:
-                    self._consume(
-                        conn, op.workflow_instance_id, op.expected_revision or 0, op
-                    )
+                    iid = op.workflow_instance_id
+                    revision = conn.rows[iid].revision
+                    self._consume(conn, iid, revision, op)
                 return changed
             case PostOp(posting=posting):
                 row = conn.rows.get(posting.workflow_instance_id)
@@ -204,8 +206,8 @@ class MemoryStore(BaseStore[_Tables]):
                 return conn.recent(iid, op.limit)
             case EntryOp(workflow_instance_id=iid, event_id=event_id):
                 return conn.entry(iid, event_id)
-            case PollOp(owner=owner, limit=limit):
-                return conn.poll(owner, limit)
+            case PollOp(owner=owner, workflows=workflows, limit=limit):
+                return conn.poll(owner, workflows, limit)
             case RenewOp():
                 return self._renew(conn, op)
             case RecoverOp():
@@ -288,8 +290,7 @@ class MemoryStore(BaseStore[_Tables]):
         conn.put(iid, requested, conn.log.get(iid))
         return row.lease_epoch
 
-    @staticmethod
-    def _recover(conn: _Tables, op: RecoverOp) -> list[tuple[str, str]]:
+    def _recover(self, conn: _Tables, op: RecoverOp) -> list[tuple[str, str]]:
         now = monotonic_ms()
         expired = heapq.nsmallest(
             op.limit,
@@ -345,6 +346,15 @@ class MemoryStore(BaseStore[_Tables]):
                 log,
             )
             recovered.append((iid, status))
+            if status in ("finished", "cancelled"):  # nothing applies any more
+                conn.consume(
+                    iid,
+                    revision=row.revision,
+                    consumed=(),
+                    closing=status,
+                    now=wall_ms(),
+                    depth=self._depth,
+                )
         return recovered
 
     def _consume(

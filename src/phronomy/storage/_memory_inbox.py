@@ -6,7 +6,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from ._inbox import InboxEntry, PostOutcome
+from ._inbox import InboxEntry, PostOutcome, not_pending
 
 if TYPE_CHECKING:
     from ._inbox import Posting
@@ -57,23 +57,22 @@ class MemoryInbox:
         earlier = next(
             (e for e in entries.values() if e.event_id == posting.event_id), None
         )
-        if row is not None and row.status not in _CLOSED:
+        if row is not None and row.status not in _CLOSED and earlier is None:
             self.note(iid)
-            seq = self.seqs.get(iid, 0) + 1  # given even to a repeat (as in SQL)
+            seq = self.seqs.get(iid, 0) + 1  # no gaps: a repeat takes no number
             self.seqs[iid] = seq
-            if earlier is None:
-                entry = InboxEntry(
-                    workflow_instance_id=iid,
-                    seq=seq,
-                    event_id=posting.event_id,
-                    event=posting.event,
-                    payload=posting.payload,
-                    input=posting.input,
-                    expected_revision=posting.expected_revision,
-                    stored_at_ms=now,
-                )
-                self.inbox[iid] = {**entries, seq: entry}
-                return PostOutcome(outcome="stored", entry=entry, row=row)
+            entry = InboxEntry(
+                workflow_instance_id=iid,
+                seq=seq,
+                event_id=posting.event_id,
+                event=posting.event,
+                payload=posting.payload,
+                input=posting.input,
+                expected_revision=posting.expected_revision,
+                stored_at_ms=now,
+            )
+            self.inbox[iid] = {**entries, seq: entry}
+            return PostOutcome(outcome="stored", entry=entry, row=row)
         if earlier is not None:
             repeat = earlier.same_event(posting)
             return PostOutcome(
@@ -101,19 +100,32 @@ class MemoryInbox:
         return next((e for e in entries if e.event_id == event_id), None)
 
     def poll(
-        self, owner: str, limit: int
+        self, owner: str, workflows: tuple[str, ...], limit: int
     ) -> tuple[tuple[InboxEntry, str, str, str | None], ...]:
         """See :class:`~phronomy.storage.PollOp`."""
         found: list[tuple[InboxEntry, str, str, str | None]] = []
         for iid in sorted(self.inbox):
             row = self.rows.get(iid)
-            if row is None or row.lease_owner not in (None, owner):
+            if row is None:
+                continue
+            free = row.lease_owner is None and row.status == "halted"
+            if row.lease_owner != owner and not (free and row.workflow in workflows):
                 continue
             found.extend(
                 (e, row.status, row.workflow, row.lease_owner)
                 for e in self.pending(iid, 0, limit)
             )
         return tuple(found[:limit])
+
+    def check_pending(self, iid: str, consumed: tuple[Consumption, ...]) -> None:
+        """A write that consumes entries that are not pending is refused (before it changes anything)."""
+        entries = self.inbox.get(iid, {})
+        missing = sorted(
+            {c.seq for c in consumed}
+            - {seq for seq, e in entries.items() if e.status == "pending"}
+        )
+        if missing:
+            raise not_pending(iid, missing)
 
     def consume(
         self,

@@ -13,6 +13,8 @@ from typing import final
 
 import msgspec
 
+from phronomy.errors import InvalidInputError
+
 from ._inbox import Posting
 from ._records import Consumption, InstanceStatus, Lease, SaveRequest
 
@@ -128,6 +130,17 @@ class ClaimOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="claim"):
     """Return up to this many of the instance's pending inbox entries (claimed or
     not), oldest first."""
 
+    def __post_init__(self) -> None:
+        if self.post is not None and (
+            self.post.workflow_instance_id != self.workflow_instance_id
+        ):
+            raise InvalidInputError(
+                f"a claim of workflow instance {self.workflow_instance_id!r} posts "
+                f"for another instance ({self.post.workflow_instance_id!r})"
+            )
+        if isinstance(self.pending, bool) or self.pending < 0:
+            raise InvalidInputError(f"pending must be >= 0, got {self.pending!r}")
+
 
 @final
 class RenewOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="renew"):
@@ -223,9 +236,17 @@ class PostOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="post"):
     entries are applied in the order they were stored). A posting whose ``event_id``
     the inbox holds already stores nothing: it is answered with the first entry. An
     instance that is finished or cancelled, or does not exist, stores nothing.
+
+    Attributes:
+        posting: the event.
+        wait: wait for a lock another transaction holds on the instance's row
+            (PostgreSQL; bounded by the store's ``lock_timeout``). A claim's posting
+            does not wait: a row another transaction has locked refuses it as busy
+            (:class:`~phronomy.BusyError`, nothing stored).
     """
 
     posting: Posting
+    wait: bool = True
 
 
 @final
@@ -239,6 +260,9 @@ class InboxOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="inbox"):
     after: int = 0
     limit: int = 100
 
+    def __post_init__(self) -> None:
+        _check_limit(self.limit)
+
 
 @final
 class EntryOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="entry"):
@@ -251,11 +275,16 @@ class EntryOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="entry"):
 @final
 class PollOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="poll"):
     """Pending inbox entries a runtime may act on (a read, one indexed query): those of
-    instances under *owner*'s lease, and of instances no runtime holds. The result is a
-    tuple of ``(entry, status, workflow, lease_owner)``, by instance and sequence."""
+    instances under *owner*'s lease, and of halted instances of *workflows* that no
+    runtime holds. The result is a tuple of ``(entry, status, workflow, lease_owner)``,
+    by instance and sequence."""
 
     owner: str
+    workflows: tuple[str, ...] = ()
     limit: int = 500
+
+    def __post_init__(self) -> None:
+        _check_limit(self.limit)
 
 
 @final
@@ -293,3 +322,9 @@ READ_OPS = (LoadOp, ListOp, HistoryOp, FindWriteOp, InboxOp, EntryOp, PollOp)
 def op_name(op: StoreOp) -> str:
     """The operation's name (``"load"``, ``"save"``, ...), used by fault points."""
     return type(op).__struct_config__.tag  # type: ignore[return-value]
+
+
+def _check_limit(limit: int) -> None:
+    given: object = limit  # checked at run time: callers are not typed
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise InvalidInputError(f"limit must be an int >= 1, got {limit!r}")

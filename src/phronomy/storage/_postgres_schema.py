@@ -462,6 +462,18 @@ SQL_SERVER_STARTED = "SELECT pg_postmaster_start_time()::text"
 SQL_XACT_STATUS = "SELECT pg_xact_status(%s::xid8)"
 """``committed``, ``aborted``, ``in progress`` or NULL (too old to tell)."""
 
+SQL_NEXT_SEQ_NOWAIT = """
+    UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
+    WHERE instance_id = (
+        SELECT instance_id FROM phronomy_workflow_instances
+        WHERE instance_id = %(id)s AND status NOT IN ('finished', 'cancelled')
+        FOR UPDATE SKIP LOCKED)
+    RETURNING inbox_seq
+"""
+"""The next inbox number for a claim's posting, under the instance's row lock; a row
+another transaction has locked (a stalled client, say) is skipped, not waited for:
+the claim is refused as busy at once, as a claim of a locked row is."""
+
 STATEMENTS = Statements(
     load=SQL_LOAD,
     revision=SQL_REVISION,
@@ -480,5 +492,7 @@ STATEMENTS = Statements(
     request_cancel=SQL_REQUEST_CANCEL,
     recover=SQL_RECOVER,
     claim=SQL_CLAIM,
-    inbox=InboxStatements(*(pyformat(q, now=_NOW_MS) for q in INBOX_STATEMENTS)),
+    inbox=InboxStatements(
+        *(pyformat(q, now=_NOW_MS) for q in INBOX_STATEMENTS)
+    )._replace(next_seq_nowait=SQL_NEXT_SEQ_NOWAIT),
 )

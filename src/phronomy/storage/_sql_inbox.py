@@ -6,7 +6,9 @@ from __future__ import annotations
 import re
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._inbox import InboxEntry, Posting, PostOutcome
+from phronomy.errors import BusyError
+
+from ._inbox import InboxEntry, Posting, PostOutcome, not_pending
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -17,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "INBOX_STATEMENTS",
     "InboxStatements",
+    "check_pending",
     "consume",
     "entry_from_row",
     "post",
@@ -33,9 +36,12 @@ class InboxStatements(NamedTuple):
     """The inbox's statements in one backend's parameter style."""
 
     next_seq: str
+    next_seq_nowait: str
+    give_back_seq: str
     insert: str
     entry: str
     pending: str
+    pending_seqs: str
     recent: str
     consume: str
     refuse_pending: str
@@ -49,6 +55,18 @@ INBOX_STATEMENTS = InboxStatements(
         UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
         WHERE instance_id = :id AND status NOT IN ('finished', 'cancelled')
         RETURNING inbox_seq
+    """,
+    # a claim's posting (SQLite locks the whole database: the same statement)
+    next_seq_nowait="""
+        UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
+        WHERE instance_id = :id AND status NOT IN ('finished', 'cancelled')
+        RETURNING inbox_seq
+    """,
+    # a repeat stored nothing: its number goes back (the row is still locked), so an
+    # inbox's numbers have no gaps (a segment knows it has seen every entry)
+    give_back_seq="""
+        UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq - 1
+        WHERE instance_id = :id
     """,
     insert="""
         INSERT INTO phronomy_inbox (instance_id, seq, event_id, event, payload, input,
@@ -67,6 +85,10 @@ INBOX_STATEMENTS = InboxStatements(
         WHERE instance_id = :id AND status = 'pending' AND seq > :after
         ORDER BY seq LIMIT :limit
     """,  # noqa: S608 - constant
+    pending_seqs="""
+        SELECT seq FROM phronomy_inbox
+        WHERE instance_id = :id AND status = 'pending' AND seq BETWEEN :low AND :high
+    """,
     recent=f"""
         SELECT {_COLUMNS} FROM phronomy_inbox WHERE instance_id = :id
         ORDER BY seq DESC LIMIT :limit
@@ -98,7 +120,9 @@ INBOX_STATEMENTS = InboxStatements(
         FROM phronomy_inbox AS i
         JOIN phronomy_workflow_instances AS r ON r.instance_id = i.instance_id
         WHERE i.status = 'pending'
-          AND (r.lease_owner = :owner OR r.lease_owner IS NULL)
+          AND (r.lease_owner = :owner OR (r.lease_owner IS NULL
+            AND r.status = 'halted'
+            AND r.workflow IN (SELECT value FROM json_each(:workflows))))
         ORDER BY i.instance_id, i.seq LIMIT :limit
     """,
 )
@@ -107,10 +131,15 @@ INBOX_STATEMENTS = InboxStatements(
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
 
 
+_JSON_LIST = re.compile(r"SELECT value FROM json_each\(:(\w+)\)")
+
+
 def pyformat(statement: str, *, now: str) -> str:
-    """*statement* in PostgreSQL's style: ``:name`` parameters as ``%(name)s``, and
-    ``:now`` as the SQL expression *now* (the server's clock)."""
+    """*statement* in PostgreSQL's style: ``:name`` parameters as ``%(name)s``,
+    ``:now`` as the SQL expression *now* (the server's clock), and the elements of a
+    JSON list parameter (``json_each``) as ``jsonb_array_elements_text``."""
     escaped = statement.replace("%", "%%").replace(":now", now)
+    escaped = _JSON_LIST.sub(r"SELECT jsonb_array_elements_text(:\1::jsonb)", escaped)
     return _NAMED.sub(r"%(\1)s", escaped)
 
 
@@ -138,12 +167,15 @@ def post(
     sql: InboxStatements,
     now: int,
     load: Callable[[], StoredRecord | None],
+    *,
+    wait: bool = True,
 ) -> PostOutcome:
     """Store *posting* (see :class:`~phronomy.storage.PostOp`); *load* reads the
     instance's row (for a posting that stores nothing, and for the outcome)."""
     iid = posting.workflow_instance_id
     key = {"id": iid, "event_id": posting.event_id}
-    seq = conn.execute(sql.next_seq, {"id": iid}).fetchone()
+    numbering = sql.next_seq if wait else sql.next_seq_nowait
+    seq = conn.execute(numbering, {"id": iid}).fetchone()
     if seq is not None:
         params = {
             **key,
@@ -167,6 +199,7 @@ def post(
                 stored_at_ms=int(stored[0]),  # the store's clock
             )
             return PostOutcome(outcome="stored", entry=entry, row=load())
+        conn.execute(sql.give_back_seq, {"id": iid})
     # nothing stored: an earlier entry with this id, or an instance that is closed or
     # missing says why
     row = load()
@@ -176,7 +209,36 @@ def post(
         if earlier.same_event(posting):
             return PostOutcome(outcome="duplicate", entry=earlier, row=row)
         return PostOutcome(outcome="mismatch", entry=earlier, row=row)
+    if row is not None and row.status not in ("finished", "cancelled"):
+        # PostgreSQL, a claim's posting: another transaction has locked the row (the
+        # numbering skips it rather than wait): nothing was stored, try again
+        held = f", lease owner {row.lease_owner}" if row.lease_owner else ""
+        raise BusyError(
+            f"workflow instance {iid!r} is being written by another transaction "
+            f"(status {row.status}{held}); the event was not stored: send it again"
+        )
     return PostOutcome(outcome="missing" if row is None else "closed", row=row)
+
+
+def check_pending(
+    conn: Connection,
+    workflow_instance_id: str,
+    consumed: tuple[Consumption, ...],
+    sql: InboxStatements,
+) -> None:
+    """Refuse a write that would consume an entry that is not pending (consumed
+    already, or never stored): checked before the write changes anything.
+
+    Raises:
+        ConflictError: naming the entries.
+    """
+    if not consumed:
+        return
+    seqs = {c.seq for c in consumed}
+    params = {"id": workflow_instance_id, "low": min(seqs), "high": max(seqs)}
+    pending = {int(row[0]) for row in conn.execute(sql.pending_seqs, params)}
+    if not seqs <= pending:
+        raise not_pending(workflow_instance_id, sorted(seqs - pending))
 
 
 def consume(

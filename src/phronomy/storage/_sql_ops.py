@@ -31,7 +31,7 @@ from ._ops import (
     SaveOp,
 )
 from ._records import InstancePage, SaveLogEntry, StoredRecord
-from ._sql_inbox import InboxStatements, consume, entry_from_row, post
+from ._sql_inbox import InboxStatements, check_pending, consume, entry_from_row, post
 from ._store import conflict_error
 
 if TYPE_CHECKING:
@@ -172,8 +172,23 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                 "limit": limit,
                 "max": max_takeovers,
             }
-            return [(row[0], row[1]) for row in conn.execute(sql.recover, params)]
+            recovered = [(row[0], row[1]) for row in conn.execute(sql.recover, params)]
+            for iid, status in recovered:
+                if status in _CLOSED:  # back to a closed revision: nothing applies
+                    consume(
+                        conn,
+                        iid,
+                        revision=_revision_of(conn, sql, iid),
+                        consumed=(),
+                        closing=status,
+                        sql=sql.inbox,
+                        now=clock.wall_ms(),
+                    )
+            return recovered
         case SaveOp(request=request):
+            check_pending(
+                conn, request.workflow_instance_id, request.consumed, sql.inbox
+            )
             revision = _save(conn, request, sql, clock)
             closing = request.status if request.status in _CLOSED else None
             if request.consumed or closing:
@@ -187,8 +202,8 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                     now=clock.wall_ms(),
                 )
             return revision
-        case PostOp(posting=posting):
-            return _post(conn, posting, sql, clock)
+        case PostOp(posting=posting, wait=wait):
+            return _post(conn, posting, sql, clock, wait=wait)
         case InboxOp(workflow_instance_id=iid, pending_only=pending_only):
             if pending_only:
                 params = {"id": iid, "after": op.after, "limit": op.limit}
@@ -201,13 +216,19 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             params = {"id": iid, "event_id": event_id}
             row = conn.execute(sql.inbox.entry, params).fetchone()
             return None if row is None else entry_from_row(row)
-        case PollOp(owner=owner, limit=limit):
-            polled = conn.execute(sql.inbox.poll, {"owner": owner, "limit": limit})
+        case PollOp(owner=owner, workflows=workflows, limit=limit):
+            params = {
+                "owner": owner,
+                "workflows": json.dumps(workflows),
+                "limit": limit,
+            }
+            polled = conn.execute(sql.inbox.poll, params)
             return tuple(
                 (entry_from_row(row[:12]), row[12], row[13], row[14])
                 for row in polled.fetchall()
             )
         case MarkOp():
+            check_pending(conn, op.workflow_instance_id, op.consumed, sql.inbox)
             cursor = conn.execute(
                 # only an unfenced mark of revision 0 creates a placeholder: a row
                 # a lease or a later revision is expected on is never made anew
@@ -228,10 +249,13 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             changed = cursor.rowcount == 1
             closing = op.status if op.status in _CLOSED else None
             if changed and (op.consumed or closing):
+                expected = op.expected_revision
                 consume(
                     conn,
                     op.workflow_instance_id,
-                    revision=op.expected_revision or 0,
+                    revision=_revision_of(conn, sql, op.workflow_instance_id)
+                    if expected is None
+                    else expected,
                     consumed=op.consumed,
                     closing=closing,
                     sql=sql.inbox,
@@ -302,7 +326,12 @@ _CLOSED = frozenset({"finished", "cancelled"})
 
 
 def _post(
-    conn: Connection, posting: Posting, sql: Statements, clock: StoreClock
+    conn: Connection,
+    posting: Posting,
+    sql: Statements,
+    clock: StoreClock,
+    *,
+    wait: bool,
 ) -> PostOutcome:
     iid = posting.workflow_instance_id
 
@@ -310,7 +339,7 @@ def _post(
         row = conn.execute(sql.load, (iid,)).fetchone()
         return None if row is None else replace(record_from_row(row), snapshot=None)
 
-    return post(conn, posting, sql.inbox, clock.wall_ms(), load)
+    return post(conn, posting, sql.inbox, clock.wall_ms(), load, wait=wait)
 
 
 def _save(
@@ -339,6 +368,13 @@ def _save(
             conn, sql, request.workflow_instance_id, expected, "save", request.lease
         )
     return (expected or 0) + 1
+
+
+def _revision_of(conn: Connection, sql: Statements, workflow_instance_id: str) -> int:
+    """The row's revision (it exists: the transaction just wrote it)."""
+    row = conn.execute(sql.revision, (workflow_instance_id,)).fetchone()
+    assert row is not None
+    return int(row[0])
 
 
 def _conflict(

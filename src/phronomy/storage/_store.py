@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from phronomy.errors import (
+    BusyError,
     ConflictError,
     InstanceStateError,
     LeaseLostError,
@@ -38,12 +39,14 @@ __all__ = [
 ]
 
 KNOWN_FAILURES: tuple[type[PhronomyError], ...] = (
+    BusyError,
     ConflictError,
     NotFoundError,
     SerializationError,
 )
-"""Save errors that prove nothing was written; no read-back is needed (a
-:class:`StoreUnavailableError` proves nothing: its save is reconciled)."""
+"""Errors that prove the operation wrote nothing (the batch's other operations go
+on); no read-back is needed (a :class:`StoreUnavailableError` proves nothing: its
+save is reconciled)."""
 
 SAVE_LOG_DEPTH = 32
 """How many recent saves per instance a store remembers (see :class:`FindWriteOp`)."""

@@ -10,6 +10,7 @@ from ._definition import (
     Transition as Transition,
     WorkflowDefinition as WorkflowDefinition,
 )
+from ._inbox import EventReceipt as EventReceipt
 from ._intents import Effects as Effects
 from ._machine import CONSUME as CONSUME
 from ._messages import (
@@ -24,6 +25,7 @@ from ._messages import (
     WorkflowResult as WorkflowResult,
     WorkflowStatistics as WorkflowStatistics,
 )
+from ._poller import poll_inbox as poll_inbox
 from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
 from ._state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
 from ._stream import WorkflowStream as WorkflowStream
@@ -39,6 +41,7 @@ __all__ = [
     "Callback",
     "Effects",
     "EventOutcome",
+    "EventReceipt",
     "EventStatus",
     "IfExists",
     "InstanceUpdate",
@@ -58,6 +61,7 @@ __all__ = [
     "WorkflowResult",
     "WorkflowStatistics",
     "WorkflowStream",
+    "poll_inbox",
 ]
 
 from phronomy._metadata import fixup_module_metadata

@@ -3,7 +3,9 @@ was refused, and what a segment that ended without its save writes instead."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
+
+import msgspec
 
 from phronomy.durability import mark_op
 from phronomy.errors import (
@@ -16,13 +18,20 @@ from phronomy.errors import (
     RecoveryRequiredError,
     RuntimeShutdownError,
 )
-from phronomy.storage import OPEN_STATUSES, DeleteOp
+from phronomy.storage import (
+    OPEN_STATUSES,
+    Consumption,
+    DeleteOp,
+    InboxEntry,
+    PostOutcome,
+    StoredRecord,
+)
 
 from ._hydration import DurableBase
 from ._messages import ResumeCommand, StartCommand
 
 if TYPE_CHECKING:
-    from phronomy.storage import InstanceStatus, Lease, MarkOp, StoredRecord
+    from phronomy.storage import InstanceStatus, Lease, MarkOp
 
 __all__ = [
     "UNCHANGED",
@@ -38,8 +47,27 @@ __all__ = [
 
 Command = StartCommand | ResumeCommand
 
-Loaded = tuple["StoredRecord | None", Any, "Exception | None", "int | None"]
-"""A load's result: the row, its decoded snapshot, a decoding error, the claim's epoch."""
+
+@final
+class Loaded(msgspec.Struct, frozen=True, kw_only=True):
+    """A durable command's load (and claim), decoded in the store's worker thread.
+
+    Attributes:
+        record: the row as it was before the claim, if any.
+        decoded: its decoded snapshot, if any.
+        problem: why it could not be decoded.
+        epoch: the claim's epoch, or ``None`` when nothing was claimed.
+        pending: the instance's pending inbox entries, oldest first.
+        posted: what the command's posting did, if it had one.
+    """
+
+    record: StoredRecord | None
+    decoded: Any
+    problem: Exception | None
+    epoch: int | None
+    pending: tuple[InboxEntry, ...] = ()
+    posted: PostOutcome | None = None
+
 
 _ANY_STATUS: tuple[InstanceStatus, ...] = (
     "running",
@@ -136,10 +164,14 @@ owns the instance now)."""
 
 
 def release_op(
-    cmd: Command, record: StoredRecord | None, lease: Lease
+    cmd: Command,
+    record: StoredRecord | None,
+    lease: Lease,
+    consumed: tuple[Consumption, ...] = (),
 ) -> MarkOp | DeleteOp:
     """The write that gives back a claim the load made for a command that then did
-    not run: the row goes back as it was (a row the claim created goes away)."""
+    not run: the row goes back as it was (a row the claim created goes away), and
+    the inbox entries judged on the way are *consumed*."""
     iid = cmd.workflow_instance_id
     if record is None:
         return DeleteOp(workflow_instance_id=iid, expected_revision=0)
@@ -153,13 +185,20 @@ def release_op(
         detail=record.detail,
         workflow=record.workflow,
         lease=lease,
+        consumed=consumed,
     )
 
 
 def segment_mark(
-    cmd: Command, base: DurableBase, error: BaseException, lease: Lease | None
+    cmd: Command,
+    base: DurableBase,
+    error: BaseException,
+    lease: Lease | None,
+    consumed: tuple[Consumption, ...] = (),
 ) -> MarkOp | None:
-    """The status write a durable segment that failed with *error* needs, if any."""
+    """The status write a durable segment that failed with *error* needs, if any; it
+    consumes the inbox entries in *consumed* (the one that raised, or the resume event
+    every guard rejected)."""
     iid, expected = cmd.workflow_instance_id, base.expected or 0
     detail: str | None
     if isinstance(error, RuntimeShutdownError):
@@ -185,6 +224,7 @@ def segment_mark(
         detail=detail,
         workflow=cmd.definition.name,
         lease=lease,
+        consumed=consumed,
     )
 
 

@@ -13,9 +13,10 @@ from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
     InvalidInputError,
 )
-from phronomy.storage import HistoryOp, check_limit, validate_instance_id
+from phronomy.storage import validate_instance_id
 
 from ._events import RESUME, resolve_event
+from ._inbox_client import InboxClient, make_posting
 from ._inputs import input_overlay, policy
 from ._messages import (
     CancelCommand,
@@ -31,8 +32,6 @@ from ._stream import WorkflowStream
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Mapping
 
-    from phronomy.storage import SaveLogEntry
-
     from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
     from ._messages import IfExists
@@ -43,7 +42,7 @@ S = TypeVar("S", bound=State)
 
 
 @final
-class WorkflowClient(LiveInstances):
+class WorkflowClient(InboxClient, LiveInstances):
     """Runs workflow definitions on one runtime (the workflow part of :class:`~phronomy.Runtime`)."""
 
     def __init__(
@@ -222,12 +221,20 @@ class WorkflowClient(LiveInstances):
         input: Mapping[str, Any] | S | None = None,  # noqa: A002
         recursion_limit: int | None = None,
         on_step: Callable[[Step[S]], object] | None = None,
+        event_id: str | None = None,
     ) -> WorkflowResult[S]:
-        """Start a new segment by firing *event* from a halted instance.
+        """Fire *event* at a halted instance and wait for the segment it starts.
 
         Give either the *halted* result (its state is the starting point; with a store
         it must still match the durable snapshot, else :class:`~phronomy.ConflictError`)
         or just the *workflow_instance_id* (the halted state is loaded from the store).
+
+        With a store the event goes through the instance's inbox (see :meth:`post`): it
+        is stored first (with the claim of the instance, in one transaction), then
+        applied once, in order; the call returns the saved result of the segment that
+        applied it. An instance another runtime holds applies it from its inbox: the
+        call waits for that (bound the wait with :func:`trio.move_on_after`; the
+        event stays stored). *on_step* sees the steps of a segment this runtime runs.
 
         Example::
 
@@ -243,6 +250,8 @@ class WorkflowClient(LiveInstances):
             input: field values merged into the state before the event fires.
             recursion_limit: transitions allowed (default: the runtime's).
             on_step: as in :meth:`start`.
+            event_id: with a store, the event's idempotency key (see :meth:`post`): a
+                retried call with the same id waits for the first one's event.
 
         Returns:
             The new segment's result.
@@ -253,9 +262,12 @@ class WorkflowClient(LiveInstances):
             TransitionError: the event does not leave the halted phase.
             NotFoundError: resume by id, but the store has no state for the instance.
             ConflictError: the durable state diverged from *halted*.
+            EventRejectedError: every guard rejected the event (nothing changed).
+            RecoveryRequiredError: the instance requires recovery (with a store, the
+                event stays stored and is applied once an operator resolved it).
 
         Cancellation:
-            As :meth:`invoke`.
+            As :meth:`invoke` (with a store, the event stays stored and is applied).
         """
         handle = self.start_event(
             workflow,
@@ -266,6 +278,7 @@ class WorkflowClient(LiveInstances):
             input=input,
             recursion_limit=recursion_limit,
             on_step=on_step,
+            event_id=event_id,
         )
         return await handle.result()
 
@@ -302,8 +315,12 @@ class WorkflowClient(LiveInstances):
         input: Mapping[str, Any] | S | None = None,  # noqa: A002
         recursion_limit: int | None = None,
         on_step: Callable[[Step[S]], object] | None = None,
+        event_id: str | None = None,
     ) -> ResultHandle[WorkflowResult[S]]:
         """:meth:`send_event` without waiting: queue the new segment, return its handle.
+
+        With a store, the event is acknowledged only by the handle (once the segment
+        that applied it saved); to return as soon as it is stored, use :meth:`post`.
 
         Returns:
             A handle settled with the segment's :class:`~phronomy.WorkflowResult` or
@@ -351,6 +368,17 @@ class WorkflowClient(LiveInstances):
                 )
             event = resolve_event(workflow, halted.phase, event, iid)
         overlay = input_overlay(workflow, input)
+        posting = None
+        if self.durable:
+            posting = make_posting(
+                workflow,
+                iid,
+                event,
+                payload,
+                overlay,
+                event_id=event_id,
+                expected_revision=None if halted is None else halted.revision,
+            )
         caller: ResultHandle[WorkflowResult[S]] = ResultHandle(
             f"workflow-resume:{workflow.name}:{iid}"
         )
@@ -365,11 +393,12 @@ class WorkflowClient(LiveInstances):
             recursion_limit=self._limit(recursion_limit),
             caller=caller,
             observer=on_step,
+            posting=posting,
         )
         self._post(command, caller, "resume")
         return caller
 
-    # --- cancelling and history ----------------------------------------------------------
+    # --- cancelling ----------------------------------------------------------
 
     async def cancel(
         self,
@@ -431,27 +460,6 @@ class WorkflowClient(LiveInstances):
         )
         self._post(command, done, "cancel")
         return await done.result()
-
-    async def history(
-        self, workflow_instance_id: str, *, limit: int = 100
-    ) -> list[SaveLogEntry]:
-        """The instance's last saves, newest first: revision, status, phase, time,
-        ``write_id``, definition version (the store keeps ``save_log_depth`` of them).
-
-        Raises:
-            InvalidInputError: an invalid id or limit, or the runtime has no store.
-
-        Cancellation:
-            Safe: nothing is changed.
-        """
-        iid = validate_instance_id(workflow_instance_id)
-        gateway = self._coordinator.gateway
-        if gateway is None:
-            raise InvalidInputError("history needs a store (open_runtime(store=...))")
-        entries: list[SaveLogEntry] = await gateway.run(
-            HistoryOp(workflow_instance_id=iid, limit=check_limit(limit))
-        )
-        return entries
 
     # --- internals -----------------------------------------------------------------
 

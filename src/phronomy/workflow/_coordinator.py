@@ -34,18 +34,27 @@ from ._messages import (
     LeaseLost,
     LiveSegment,
     LoadReady,
+    Polled,
+    PostCommand,
+    PostReady,
     ResolveCommand,
     ResumeCommand,
     StartCommand,
     WorkflowStatistics,
 )
 from ._segments import PERSISTING, SegmentLifecycle
+from ._settling import Call
+from ._waiters import Waiters
 from ._watch import Watchers
 
 if TYPE_CHECKING:
+    from collections.abc import Iterable
+
     from phronomy.durability import DurabilityService
     from phronomy.engine import Host, ResultHandle
+    from phronomy.storage import InboxEntry
 
+    from ._definition import WorkflowDefinition
     from ._messages import SegmentStatus
     from ._session import WorkflowSession
 
@@ -87,11 +96,24 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         *,
         gateway: DurabilityService | None,
         max_snapshot_bytes: int,
+        recursion_limit: int = 25,
+        serves: Iterable[WorkflowDefinition[Any]] = (),
     ) -> None:
-        """Create the coordinator (register it with ``engine.receiver``)."""
+        """Create the coordinator (register it with ``engine.receiver``); *serves*
+        are the workflows it runs instances of from the inbox (besides those it is
+        asked to run)."""
         super().__init__(engine)
         self.gateway = gateway
         self.max_snapshot_bytes = max_snapshot_bytes
+        self.recursion_limit = recursion_limit
+        self.served: dict[str, WorkflowDefinition[Any]] = {d.name: d for d in serves}
+        self.waiters = Waiters()
+        self.early: dict[str, tuple[object, list[InboxEntry]]] = {}
+        """Entries stored while a segment of their instance was loading here (its
+        owner token, the entries): the segment takes them."""
+        self.stuck: dict[str, tuple[int, float]] = {}
+        """Instances whose resume from the inbox could not run: failures in a row,
+        and when the poll tries again (trio time)."""
         self.counters = EventCounters()
         self.sessions: dict[str, WorkflowSession[Any]] = {}
         self.watchers = Watchers()
@@ -118,6 +140,14 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 self._begin(message)
             case LoadReady():
                 self._apply_load(message)
+            case PostCommand():
+                self._post(message)
+            case PostReady():
+                self._apply_post(message)
+            case Polled():
+                self._polled(message)
+            case Call():
+                message()
             case LeaseLost():
                 self._lease_lost(message)
             case CancelAsked():
@@ -138,7 +168,8 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
                 raise PhronomyInternalError(f"unknown workflow command {message!r}")
 
     def shutdown(self, error: BaseException | None) -> None:
-        """Clear every admission; pending recovery callers get a :class:`~phronomy.RecoveryRequiredError`."""
+        """Clear every admission; pending recovery callers (and whoever waits for an
+        event of such an instance) get a :class:`~phronomy.RecoveryRequiredError`."""
         self.watchers.close()
         for cmd in self.remote_cancels.values():
             cmd.done.fail(
@@ -150,20 +181,25 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         self.remote_cancels.clear()
         for record in self.admissions.clear():
             caller: ResultHandle[Any] | None = record.caller
-            if caller is None or caller.done:
-                continue
             if record.state == "recovery_required":
-                caller.fail(
-                    error
-                    or RecoveryRequiredError(
-                        f"workflow instance {record.key!r} requires recovery: the "
-                        f"outcome of its terminal save is unknown ({record.error!r}); "
-                        "the runtime shut down before an operator resolved it",
-                        instance_id=record.key,
-                    )
+                recovery = error or RecoveryRequiredError(
+                    f"workflow instance {record.key!r} requires recovery: the "
+                    f"outcome of its terminal save is unknown ({record.error!r}); "
+                    "the runtime shut down before an operator resolved it",
+                    instance_id=record.key,
                 )
-            elif error is not None:
+                self.waiters.fail_instance(record.key, recovery)
+                if caller is not None:
+                    caller.fail(recovery)
+            elif error is not None and caller is not None:
                 caller.fail(error)
+        self.waiters.close(
+            error
+            or RuntimeShutdownError(
+                "the runtime shut down before the event was applied; it is stored and "
+                "applied by the runtime that runs the instance next"
+            )
+        )
 
     async def flush(self) -> None:
         """Wait for the store writes the workflows owe (cut-off marks, failures).

@@ -9,7 +9,7 @@ import msgspec
 import outcome
 
 from phronomy.engine import ResultHandle
-from phronomy.storage import InstanceStatus, StoredRecord
+from phronomy.storage import InstanceStatus, Posting, StoredRecord
 
 from ._definition import WorkflowDefinition
 from ._state import State
@@ -30,6 +30,9 @@ __all__ = [
     "LeaseLost",
     "LiveSegment",
     "LoadReady",
+    "Polled",
+    "PostCommand",
+    "PostReady",
     "RecoveryEntry",
     "ResolveCommand",
     "ResumeCommand",
@@ -119,10 +122,19 @@ class StartCommand(msgspec.Struct, frozen=True, kw_only=True):
     caller: ResultHandle[Any]
     observer: Callable[[Step[Any]], object] | None = None
     if_exists: IfExists = "refuse"
+    posting: Posting | None = None
+    """An event to store in the new instance's inbox in the same transaction (a post
+    that starts its instance); the start runs only if it creates the instance."""
 
 
 class ResumeCommand(msgspec.Struct, frozen=True, kw_only=True):
-    """Start a segment by firing *event* from a halted state (or by id, from the store)."""
+    """Start a segment by firing *event* from a halted state (or by id, from the store).
+
+    With a store the event goes through the inbox: *posting* stores it (with the
+    claim, in one transaction), the segment resumes with the oldest pending entry, and
+    the caller waits for what becomes of its own one. Without a *posting*, the segment
+    only applies what the inbox holds (a drain).
+    """
 
     definition: WorkflowDefinition[Any]
     halted: WorkflowResult[Any] | None
@@ -134,6 +146,10 @@ class ResumeCommand(msgspec.Struct, frozen=True, kw_only=True):
     recursion_limit: int
     caller: ResultHandle[Any]
     observer: Callable[[Step[Any]], object] | None = None
+    posting: Posting | None = None
+    wants: Literal["result", "outcome"] = "result"
+    """What the caller waits for: the applying segment's result, or what became of
+    the event (``deliver``)."""
 
 
 class LoadReady(msgspec.Struct, frozen=True, kw_only=True):
@@ -143,6 +159,35 @@ class LoadReady(msgspec.Struct, frozen=True, kw_only=True):
     loaded: outcome.Outcome[Any]
     sent: float
     """When the load (and its claim) was sent, in trio time."""
+
+
+@final
+class PostCommand(msgspec.Struct, frozen=True, kw_only=True):
+    """Store an event in an instance's inbox (``runtime.workflows.post``)."""
+
+    definition: WorkflowDefinition[Any]
+    posting: Posting
+    done: ResultHandle[Any]
+    """Settled with the receipt once the event is stored."""
+    outcome: ResultHandle[Any] | None = None
+    """Settled with what became of the event once it is applied (``deliver``)."""
+
+
+@final
+class PostReady(msgspec.Struct, frozen=True, kw_only=True):
+    """The post of a :class:`PostCommand` came back."""
+
+    command: PostCommand
+    posted: outcome.Outcome[Any]
+
+
+@final
+class Polled(msgspec.Struct, frozen=True, kw_only=True):
+    """What the inbox poll found: pending entries of instances this runtime holds or
+    nobody does, and entries someone here waits for (``(key, entry or None)``)."""
+
+    pending: tuple[Any, ...]
+    checked: tuple[tuple[tuple[str, str], Any], ...] = ()
 
 
 @final
@@ -276,10 +321,11 @@ class LiveSegment(msgspec.Struct, frozen=True, kw_only=True):
     error: str | None = None
 
 
-EventStatus = Literal["transitioned", "rejected", "dropped", "not_live"]
+EventStatus = Literal["transitioned", "rejected", "dropped", "refused", "not_live"]
 """What happened to a delivered event: it fired a transition; every guard rejected it;
-the current state does not declare it (or the state's hook consumed it); or the
-instance had no live segment to take it."""
+the current state does not declare it (or the state's hook consumed it); the instance
+had closed (or moved on) before it could be applied; or (without a store) the instance
+had no live segment to take it."""
 
 
 @final

@@ -73,14 +73,15 @@ class TerminalPersistence:
     ) -> None:
         """Mark the admission, encode the snapshot and submit one save.
 
-        *value* is the segment's ``(state, phase, detail)`` at its terminal request
-        (*detail*: a note saved with the row, for example a cancellation's reason).
+        *value* is the segment's ``(state, phase, detail, consumed)`` at its terminal
+        request (*detail*: a note saved with the row, for example a cancellation's
+        reason; *consumed*: the inbox entries it consumes).
 
         Raises:
             SerializationError: the state holds values outside the JSON domain (the
                 session fails with it; nothing is written).
         """
-        state, phase, detail = value
+        state, phase, detail, consumed = value
         iid = self._instance_id
         self._on_persisting()
         revision = (self._expected or 0) + 1
@@ -104,6 +105,7 @@ class TerminalPersistence:
             definition_version=self._version,
             detail=detail,
             lease=self._lease,
+            consumed=consumed,
         )
 
         def deliver(saved: outcome.Outcome[Any]) -> None:

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast
 import outcome
 import trio
 
+from phronomy.engine import ResultHandle
 from phronomy.errors import (
     LeaseLostError,
     RuntimeShutdownError,
@@ -29,15 +30,14 @@ from ._claims import (
     segment_mark,
 )
 from ._definition import FINISH
-from ._events import resolve_event
 from ._hydration import (
     DurableBase,
-    check_unchanged,
     decode_stored,
-    require_durable,
     resume_state,
     start_state,
 )
+from ._inbox import Feed
+from ._inboxing import Inboxing
 from ._messages import (
     CancelAsked,
     InstanceUpdate,
@@ -50,18 +50,23 @@ from ._messages import (
 )
 from ._persistence import TerminalPersistence
 from ._session import WorkflowSession
+from ._settling import PENDING, consumed_by_failure, refused_posting
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from phronomy.durability import DurabilityService
-    from phronomy.engine import AdmissionTable, Host, Receiver, ResultHandle
+    from phronomy.engine import AdmissionTable, Host, Receiver
     from phronomy.storage import (
         Claimed,
         DeleteOp,
+        InboxEntry,
         InstanceStatus,
         MarkOp,
         StoredRecord,
     )
 
+    from ._definition import WorkflowDefinition
     from ._messages import CancelCommand, EventCounters
     from ._state import State
     from ._watch import Watchers
@@ -75,10 +80,11 @@ PERSISTING = "persisting_terminal"
 """The admission state of a segment whose terminal save is in flight."""
 
 
-class SegmentLifecycle:
+class SegmentLifecycle(Inboxing):
     """How the workflow coordinator runs one segment, from its command to its caller.
 
-    A mixin of :class:`~phronomy.workflow.WorkflowCoordinator` (on the dispatcher).
+    A mixin of :class:`~phronomy.workflow.WorkflowCoordinator` (on the dispatcher),
+    built on its inbox part.
     """
 
     gateway: DurabilityService | None
@@ -88,6 +94,8 @@ class SegmentLifecycle:
     sessions: dict[str, WorkflowSession[Any]]
     watchers: Watchers
     cancels: dict[str, list[CancelCommand]]
+    served: dict[str, WorkflowDefinition[Any]]
+    early: dict[str, tuple[object, list[InboxEntry]]]
 
     if TYPE_CHECKING:
 
@@ -95,14 +103,6 @@ class SegmentLifecycle:
         def engine(self) -> Host: ...
 
         def admit(self) -> None: ...
-
-        def post_message(
-            self,
-            message: Any,
-            *,
-            admission: bool = False,
-            completion: ResultHandle[Any] | None = None,
-        ) -> bool: ...
 
         def _segment_cancelled(
             self,
@@ -115,11 +115,16 @@ class SegmentLifecycle:
         def _cancel_next(self, iid: str) -> None: ...
 
     def _begin(self, cmd: Command) -> None:
+        iid = cmd.workflow_instance_id
+        admissions = self.admissions
+        if cmd.posting is not None and admissions.state(iid) in admissions.busy_states:
+            # live here already: its event is stored, then the live segment applies it
+            self._post_to_live(cmd)
+            return
         try:
             self.admit()
-            self.admissions.admit(
-                cmd.workflow_instance_id, cmd.owner, label=cmd.definition.name
-            )
+            admissions.admit(iid, cmd.owner, label=cmd.definition.name)
+            self.served.setdefault(cmd.definition.name, cmd.definition)
         except Exception as exc:  # noqa: BLE001 - the caller's error (busy, shutting down)
             cmd.caller.fail(exc)
             return
@@ -160,22 +165,27 @@ class SegmentLifecycle:
             statuses=statuses,
             create=create,
             placeholders=placeholders,
+            post=cmd.posting,
+            pending=PENDING if resuming or cmd.posting is not None else 0,
         )
         sent = trio.current_time()
 
         def decode(claimed: Claimed) -> Loaded:
             # Runs in the store's worker thread: decoding stays off the dispatcher.
             # Never raises: a claim that was made must be released.
-            record, epoch = claimed.row, claimed.epoch
+            record, decoded, problem = claimed.row, None, None
             try:
-                return (
-                    record,
-                    decode_stored(definition, record, resuming=resuming)[1],
-                    None,
-                    epoch,
-                )
+                decoded = decode_stored(definition, record, resuming=resuming)[1]
             except Exception as exc:  # noqa: BLE001 - reported on the dispatcher
-                return record, None, exc, epoch
+                problem = exc
+            return Loaded(
+                record=record,
+                decoded=decoded,
+                problem=problem,
+                epoch=claimed.epoch,
+                pending=claimed.pending,
+                posted=claimed.posted,
+            )
 
         def loaded(done: outcome.Outcome[Any]) -> None:
             message = LoadReady(command=cmd, loaded=done, sent=sent)
@@ -200,71 +210,75 @@ class SegmentLifecycle:
         except Exception as exc:  # noqa: BLE001 - the caller's error
             self._abort(cmd, exc)
             return
-        record, decoded, problem, epoch = loaded
         assert self.gateway is not None
         claim = None
-        if epoch is not None:
-            claim = (Lease(owner=self.gateway.leases.owner, epoch=epoch), message.sent)
-        error: Exception | None = problem
+        if loaded.epoch is not None:
+            lease = Lease(owner=self.gateway.leases.owner, epoch=loaded.epoch)
+            claim = (lease, message.sent)
+        error: Exception | None = loaded.problem
         if error is None:
             try:
-                self._continue_loaded(cmd, record, decoded, claim)
+                self._continue_loaded(cmd, loaded, claim)
             except Exception as exc:  # noqa: BLE001 - the caller's error
                 error = exc
             else:
                 return
+        self._refuse_loaded(cmd, loaded, claim, error)
+
+    def _refuse_loaded(
+        self,
+        cmd: Command,
+        loaded: Loaded,
+        claim: tuple[Lease, float] | None,
+        error: BaseException,
+    ) -> None:
+        """The command does not run: its claim (if any) is given back before its
+        caller hears why. The event the claim stored for it is refused in the same
+        write when the command itself is at fault (a definition that does not fit the
+        stored instance, say); otherwise it stays pending for the next segment."""
         if claim is None:
             self._abort(cmd, error)
             return
-        # the claim is given back before the caller hears why it did not run
         self.admissions.release(cmd.workflow_instance_id, owner=cmd.owner)
-        self._write_then_fail(release_op(cmd, record, claim[0]), cmd.caller, error)
+        consumed = refused_posting(loaded.posted, error)
+        release = release_op(cmd, loaded.record, claim[0], consumed)
+        self._write_then_fail(release, cmd.caller, error)
 
     def _continue_loaded(
-        self,
-        cmd: Command,
-        record: StoredRecord | None,
-        decoded: Any,
-        claim: tuple[Lease, float] | None,
+        self, cmd: Command, loaded: Loaded, claim: tuple[Lease, float] | None
     ) -> None:
         """Validate the loaded instance, then run the segment on the claim the load
         made; a row the load did not claim refuses the command (the row says why)."""
         definition = cmd.definition
+        record, decoded = loaded.record, loaded.decoded
         assert self.gateway is not None
         check_not_quarantined(self.gateway.store.identity, cmd.workflow_instance_id)
         if record is not None:
             check_startable(record, definition.name)
+        if isinstance(cmd, ResumeCommand):
+            self._resume_from_inbox(cmd, loaded, claim)
+            return
         if claim is None:
-            if (
-                isinstance(cmd, StartCommand)
-                and cmd.if_exists == "return"
-                and record is not None
-                and decoded is not None
-            ):
+            if cmd.posting is not None:
+                self._posted(cmd, loaded)  # a post to an instance that exists
+                return
+            if cmd.if_exists == "return" and record is not None and decoded is not None:
                 self._return_stored(cmd, record, decoded)  # never claimed
                 return
             raise refusal(cmd, record)
+        # Start hydration: stored fields, overridden by the input; the stored phase is
+        # ignored (the segment restarts at the entry point).
+        stored = decoded.fields if decoded is not None else None
+        state = start_state(definition, cmd.input, stored)
+        self._announce_start(cmd, loaded)
+        pending = loaded.pending
+        feed = Feed(
+            pending,
+            horizon=0 if record is None else None,  # a new instance's first entry
+            truncated=len(pending) >= PENDING,
+        )
         base = DurableBase.of(record)
-        resume = None
-        if isinstance(cmd, StartCommand):
-            # Start hydration: stored fields, overridden by the input; the stored
-            # phase is ignored (the segment restarts at the entry point).
-            stored = decoded.fields if decoded is not None else None
-            state = start_state(definition, cmd.input, stored)
-        elif cmd.halted is not None:
-            if decoded is not None:
-                check_unchanged(cmd, decoded.fields, decoded.phase)
-            state = resume_state(cmd.input, cmd.halted.state)
-            resume = (cmd.halted.phase, cmd.event, cmd.payload)
-        else:
-            require_durable(decoded, cmd.workflow_instance_id)
-            phase = decoded.phase or FINISH
-            event = resolve_event(
-                definition, phase, cmd.event, cmd.workflow_instance_id
-            )
-            state = resume_state(cmd.input, decoded.fields)
-            resume = (phase, event, cmd.payload)
-        self._register(cmd, state, base=base, resume=resume, claim=claim)
+        self._register(cmd, state, base=base, resume=None, claim=claim, feed=feed)
 
     def _lease_lost(self, message: LeaseLost) -> None:
         session: WorkflowSession[Any] = message.session
@@ -300,9 +314,10 @@ class SegmentLifecycle:
         base: DurableBase | None,
         resume: tuple[str, str, Any] | None,
         claim: tuple[Lease, float] | None = None,
+        feed: Feed | None = None,
     ) -> None:
         """Create the segment's session; *base* is what a durable segment started from,
-        *claim* its lease and when the claim was sent."""
+        *claim* its lease and when the claim was sent, *feed* its inbox entries."""
         iid = cmd.workflow_instance_id
         policy = None
         if base is not None:
@@ -320,6 +335,7 @@ class SegmentLifecycle:
                 lease=None if claim is None else claim[0],
             )
         held = None
+        session: WorkflowSession[Any]
         if claim is not None:
             assert self.gateway is not None
             lease, sent = claim
@@ -333,7 +349,7 @@ class SegmentLifecycle:
             held = self.gateway.leases.hold(
                 iid, lease.epoch, lost, cancel, claimed_at=sent
             )
-        session: WorkflowSession[Any] = WorkflowSession(
+        session = WorkflowSession(
             self.engine,
             cmd.definition,
             state,
@@ -346,9 +362,17 @@ class SegmentLifecycle:
             counters=self.counters,
             watchers=self.watchers,
             lease=held,
+            feed=feed,
         )
+        if feed is not None:
+            feed.on_record = self._judged
         self.admissions.bind(iid, cmd.owner, session.id, caller=cmd.caller)
         self.sessions[iid] = session
+        poster, early = self.early.pop(iid, (None, []))
+        if poster is not cmd.owner:
+            early = []  # stored while another segment of it loaded (that one ended)
+        if feed is not None and (feed.gap or early):
+            self._offer(session, early)  # stored while this segment loaded
         coordinator = cast("Receiver", self)  # a registered receiver
         waiter = self.engine.register_session(session, receiver=coordinator)
         waiting = self.cancels.get(iid)
@@ -372,6 +396,7 @@ class SegmentLifecycle:
             self.gateway.leases.drop(iid)
         if self.sessions.get(iid) is session:
             del self.sessions[iid]
+        inbox = isinstance(cmd, ResumeCommand) and session.feed is not None
         if done.status == "completed":
             segment: SegmentResult = done.result_nowait()
             result = WorkflowResult(
@@ -389,8 +414,11 @@ class SegmentLifecycle:
             if segment.status == "cancelled":
                 reason = session.cancel_reason
                 self._segment_cancelled(iid, cmd.caller, result, reason)
-            else:
+            elif not inbox:
                 cmd.caller.complete(result)
+            self._segment_applied(cmd.definition, session, result)
+            if inbox and cmd.posting is None:
+                cmd.caller.complete(None)  # a drain: nobody waits for it as such
         else:
             error = done.error
             assert error is not None
@@ -400,11 +428,19 @@ class SegmentLifecycle:
             mark = None
             if base is not None and self.gateway is not None:
                 lease = None if claim is None else claim[0]
-                mark = segment_mark(cmd, base, error, lease)
+                mark = segment_mark(
+                    cmd, base, error, lease, consumed_by_failure(session, error)
+                )
+            caller = ResultHandle[Any](f"ended:{iid}") if inbox else cmd.caller
+
+            def ended() -> None:
+                caller.fail(error)
+                self._segment_ended(cmd.definition, session, error)
+
             if mark is None:
-                cmd.caller.fail(error)
+                ended()
             else:
-                self._write_then_fail(mark, cmd.caller, error)
+                self._write_then(mark, ended)
         self._cancel_next(iid)  # cancels that waited for the segment to end
 
     def _write_then_fail(
@@ -412,17 +448,24 @@ class SegmentLifecycle:
     ) -> None:
         """Write the row's status after a segment that did not end with its save; the
         caller hears of the failure once the row says it (at shutdown: at once)."""
-        assert self.gateway is not None
-        what = f"write the status of workflow instance {op.workflow_instance_id!r}"
         if isinstance(error, RuntimeShutdownError):
+            assert self.gateway is not None
+            what = f"write the status of workflow instance {op.workflow_instance_id!r}"
             self.gateway.submit_quietly(op, what)
             caller.fail(error)
             return
+        self._write_then(op, lambda: caller.fail(error))
+
+    def _write_then(self, op: MarkOp | DeleteOp, then: Callable[[], object]) -> None:
+        """Write *op* (a status, or a claim given back), then call *then* (whether the
+        write landed or not: a failure is logged)."""
+        assert self.gateway is not None
+        what = f"write the status of workflow instance {op.workflow_instance_id!r}"
 
         def written(done: outcome.Outcome[Any]) -> None:
             if isinstance(done, outcome.Error) or done.unwrap() is False:
                 logger.warning("could not %s: %r", what, done)
-            caller.fail(error)
+            then()
 
         self.gateway.submit(op, written)
 

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from phronomy.engine import Event, GatedSession
-from phronomy.errors import EventRejectedError
+from phronomy.errors import EventRejectedError, PhronomyError
 
 from ._definition import AUTO_EVENT, FINISH, START_EVENT
 from ._effects import CANCEL_READY, EFFECT_FAILED, EffectRunner
+from ._events import resolve_event
+from ._hydration import resume_state
+from ._inbox import Feed, decode_input, decode_payload
 from ._machine import WorkflowMachine
 from ._messages import (
     EventCounters,
@@ -25,6 +28,7 @@ if TYPE_CHECKING:
 
     from phronomy.durability import HeldLease
     from phronomy.engine import Host, TerminalPolicy, TerminalType
+    from phronomy.storage import InboxEntry
 
     from ._definition import WorkflowDefinition
     from ._machine import MachineStep
@@ -62,6 +66,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         counters: EventCounters | None = None,
         watchers: Watchers | None = None,
         lease: HeldLease | None = None,
+        feed: Feed | None = None,
     ) -> None:
         """Create a session (runtime internal).
 
@@ -79,6 +84,8 @@ class WorkflowSession(GatedSession, Generic[S]):
             watchers: who watches instances (``runtime.workflows.watch``).
             lease: the lease a durable segment holds: once it lapsed, nothing of the
                 segment runs any more.
+            feed: a durable segment's inbox entries: its resume event (the feed's
+                current entry) and the events it applies while it waits.
         """
         super().__init__(engine, terminal_policy=policy)
         self.machine = WorkflowMachine(
@@ -102,6 +109,9 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.counters = counters if counters is not None else EventCounters()
         self.watchers = watchers
         self.lease = lease
+        self.feed = feed
+        self._feeding = False
+        self._started = False
         self._auto = Event(type=AUTO_EVENT, target_id=self.id)
 
     def __repr__(self) -> str:
@@ -125,6 +135,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         instance stays halted where it was. A segment cancelled before it started runs
         nothing: it ends as cancelled where it stands.
         """
+        self._started = True
         if self.cancelling or self._lapsed():
             return
         try:
@@ -137,11 +148,33 @@ class WorkflowSession(GatedSession, Generic[S]):
                 Event(type=event, target_id=self.id, payload=payload)
             )
             if step.next == "rejected":
+                if self.feed is not None:
+                    self.feed.record("rejected", "every guard rejected it")
                 self.finish_with_error(self._rejected(phase, event))
             else:
+                if self.feed is not None:
+                    self.feed.record("transitioned")
                 self._carry_out(step)
         except Exception as exc:  # noqa: BLE001 - the segment's failure, for its caller
             self.finish_with_error(exc)
+
+    def offer(
+        self,
+        entries: list[InboxEntry] | tuple[InboxEntry, ...],
+        *,
+        complete: bool = False,
+    ) -> None:
+        """Take newly stored inbox entries of the instance: a segment that waits for
+        events applies them at once, in order (each is consumed with its end); see
+        :meth:`~phronomy.workflow._inbox.Feed.offer` for *complete*."""
+        if self.feed is None:
+            return
+        self.feed.offer(entries, complete=complete)
+        if self._started:
+            try:
+                self._apply_feed()
+            except Exception as exc:  # noqa: BLE001 - the segment's failure
+                self.finish_with_error(exc)
 
     def handle(self, event: Event) -> None:
         """Route *event* (see :class:`~phronomy.lowlevel.GatedSession`), unless the
@@ -176,6 +209,19 @@ class WorkflowSession(GatedSession, Generic[S]):
             return
         if event.type == EFFECT_FAILED:
             raise event.payload
+        status = self._apply(event)
+        if event.caller is not None:
+            event.caller.complete(
+                EventOutcome(
+                    workflow_instance_id=self.workflow_instance_id,
+                    event=event.type,
+                    status=status,
+                    phase=self.machine.current,
+                )
+            )
+
+    def _apply(self, event: Event) -> EventStatus:
+        """Hand *event* to the machine, carry the step out, and say what it did."""
         step = self.machine.handle(event)
         counters = self.counters
         match step.next:
@@ -198,15 +244,7 @@ class WorkflowSession(GatedSession, Generic[S]):
                 status = "transitioned"
                 counters.transitioned += 1
         self._carry_out(step)
-        if event.caller is not None:
-            event.caller.complete(
-                EventOutcome(
-                    workflow_instance_id=self.workflow_instance_id,
-                    event=event.type,
-                    status=status,
-                    phase=self.machine.current,
-                )
-            )
+        return status
 
     def cancel(self, reason: str | None) -> bool:
         """Stop taking events, cancel the effects' trio work, and once every effect
@@ -237,9 +275,9 @@ class WorkflowSession(GatedSession, Generic[S]):
         self._terminal = terminal_type
         self.phase = FINISH if terminal_type == "finished" else self.machine.current
 
-    def terminal_value(self) -> tuple[S, str | None, str | None]:
-        """What the terminal policy saves: the state, its phase, and a note (the
-        reason of a cancellation)."""
+    def terminal_value(self) -> tuple[S, str | None, str | None, tuple[Any, ...]]:
+        """What the terminal policy saves: the state, its phase, a note (the reason of
+        a cancellation), and the inbox entries the segment consumes."""
         detail = None
         if self._terminal == "cancelled":
             detail = (
@@ -247,7 +285,12 @@ class WorkflowSession(GatedSession, Generic[S]):
                 if self.cancel_reason
                 else ("cancelled")
             )
-        return self.machine.state, self.phase, detail
+        feed = self.feed
+        if feed is None:
+            return self.machine.state, self.phase, detail, ()
+        if feed.current is not None:  # the entry whose transition ended the segment
+            feed.record("transitioned")
+        return self.machine.state, self.phase, detail, feed.consumed
 
     def terminal_result(self, revision: int | None) -> SegmentResult:
         """The state, phase and revision (the saved one, if any) for the caller."""
@@ -279,6 +322,7 @@ class WorkflowSession(GatedSession, Generic[S]):
                     continue
                 case "wait":
                     self._publish()
+                    self._apply_feed()
                 case "finish":
                     self.request_terminal("finished", notify_stable=False)
                 case "halt":
@@ -288,6 +332,53 @@ class WorkflowSession(GatedSession, Generic[S]):
                 case "consumed" | "rejected" | "dropped":
                     pass  # a live event the hook consumed, guards rejected, or undeclared
             return
+
+    def _apply_feed(self) -> None:
+        """Apply the feed's entries in order while the segment waits for events."""
+        feed = self.feed
+        if feed is None or self._feeding:
+            return  # an outer call goes on with the next entry
+        self._feeding = True
+        try:
+            while (
+                self.lifecycle == "running"
+                and not self.done
+                and not self.cancelling
+                and not self._lapsed()
+                and (entry := feed.take()) is not None
+            ):
+                self._apply_entry(feed, entry)
+        finally:
+            self._feeding = False
+
+    def _apply_entry(self, feed: Feed, entry: InboxEntry) -> None:
+        if entry.expected_revision is not None:
+            # sent with a halted result: only a segment resuming from that revision
+            # applies it (as its first event), never one that moved on from it
+            feed.record(
+                "refused",
+                f"it was sent for revision {entry.expected_revision}; the instance had "
+                "moved on (a live segment took it over) before it was applied",
+            )
+            return
+        try:
+            event_type = resolve_event(
+                self.definition,
+                self.machine.current,
+                entry.event,
+                self.workflow_instance_id,
+            )
+            overlay = decode_input(self.definition, entry.input)
+        except (PhronomyError, ValueError) as exc:
+            feed.record("dropped", str(exc)[:1000])
+            return
+        if overlay.fields:
+            self.machine.state = cast("S", resume_state(overlay, self.machine.state))
+        event = Event(
+            type=event_type, target_id=self.id, payload=decode_payload(entry.payload)
+        )
+        status = self._apply(event)
+        feed.record("dropped" if status == "not_live" else status)
 
     def _rejected(self, phase: str, event: str) -> EventRejectedError:
         where = (

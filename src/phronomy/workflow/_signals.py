@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
@@ -12,7 +13,8 @@ from phronomy.errors import InvalidInputError, NotFoundError
 from phronomy.storage import LoadOp, validate_instance_id
 
 from ._hydration import decode_stored
-from ._messages import Barrier, EventOutcome, InstanceUpdate
+from ._inbox_client import make_posting
+from ._messages import Barrier, EventOutcome, InputOverlay, InstanceUpdate, PostCommand
 from ._state import State
 from ._watch import InstanceWatch
 
@@ -24,6 +26,8 @@ if TYPE_CHECKING:
     from ._messages import LiveSegment, WorkflowStatistics
 
 __all__ = ["LiveInstances"]
+
+logger = logging.getLogger(__name__)
 
 S = TypeVar("S", bound=State)
 
@@ -56,26 +60,53 @@ class LiveInstances:
         workflow_instance_id: str,
         event: str,
         payload: Any = None,
+        *,
+        event_id: str | None = None,
     ) -> bool:
-        """Deliver *event* to the live segment of an instance, without waiting.
+        """Send *event* to an instance without waiting.
 
         Callable from any trio task of the runtime and from actions on the dispatcher
         (from another thread: ``runtime.from_thread.signal``). To learn what happened
         to the event, use :meth:`deliver`.
 
+        With a store, the event goes through the instance's inbox (see
+        :meth:`~phronomy.workflow.WorkflowClient.post`), so it reaches the instance
+        in whichever process runs it, and a halted instance is resumed with it; a
+        refusal (no such instance, a closed one) is logged. To know the event is
+        stored, await ``post`` instead. Without a store, it reaches only a segment
+        live in this runtime.
+
+        Args:
+            workflow: the instance's workflow.
+            workflow_instance_id: the instance.
+            event: the event.
+            payload: its payload (with a store: a JSON value, see ``post``).
+            event_id: with a store, its idempotency key (see ``post``).
+
         Returns:
-            ``True`` if the event was queued for the live session (not that a
-            transition matched); ``False`` if the instance has no executing segment
-            (not started, still loading, saving, finished or recovery-required).
+            ``True`` if the event was queued (for the live session, or with a store to
+            be stored), not that a transition matched; ``False`` without a store if
+            the instance has no executing segment here (not started, still loading,
+            saving, finished or recovery-required), and when the runtime is closing.
 
         Raises:
             InvalidInputError: an empty or invalid *workflow_instance_id*.
-            InvalidInputError: the workflow declares no such event (nothing is queued).
+            InvalidInputError: the workflow declares no such event, or (with a store)
+                a payload that cannot be stored (nothing is queued).
             ReentrancyError: called from a thread that does not run the runtime.
         """
-        self._coordinator.engine.check_thread("runtime.workflows.signal()")
+        coordinator = self._coordinator
+        coordinator.engine.check_thread("runtime.workflows.signal()")
         iid = _live_event(workflow, workflow_instance_id, event)
-        return self._coordinator.post_to_workflow(iid, workflow.name, event, payload)
+        if not self._through_inbox(iid):
+            return coordinator.post_to_workflow(iid, workflow.name, event, payload)
+        posting = make_posting(
+            workflow, iid, event, payload, InputOverlay(), event_id=event_id
+        )
+        done: ResultHandle[Any] = ResultHandle(f"signal:{iid}:{event}")
+        done.on_complete(_log_refusal)
+        command = PostCommand(definition=workflow, posting=posting, done=done)
+        return coordinator.post_message(command, completion=done)
 
     async def deliver(
         self,
@@ -83,32 +114,61 @@ class LiveInstances:
         workflow_instance_id: str,
         event: str,
         payload: Any = None,
+        *,
+        event_id: str | None = None,
     ) -> EventOutcome:
-        """Deliver *event* to the live segment of an instance and learn what happened.
+        """Send *event* to an instance and learn what happened to it.
+
+        With a store, the event goes through the instance's inbox as with
+        :meth:`signal`, and the call returns once it was applied (by whichever
+        runtime runs the instance; bound the wait with :func:`trio.move_on_after`:
+        the event stays stored).
 
         Example::
 
             outcome = await runtime.workflows.deliver(flow, "order-1", "paid", 10)
-            if outcome.status == "not_live": ...   # send_event(...) if it is halted
+            if outcome.status == "dropped": ...   # its current state does not take it
 
         Returns:
             An :class:`~phronomy.workflow.EventOutcome`: ``transitioned`` (a transition
             fired), ``rejected`` (every guard rejected it), ``dropped`` (the current
-            state does not declare it) or ``not_live`` (no executing segment here).
+            state does not declare it), ``refused`` (with a store: the instance closed
+            before it was applied) or, without a store, ``not_live`` (no executing
+            segment here).
 
         Raises:
-            InvalidInputError: an invalid id, or the workflow declares no such event.
+            InvalidInputError: an invalid id, the workflow declares no such event, or
+                (with a store) a payload that cannot be stored.
+            NotFoundError: with a store, no such instance (nothing stored).
+            InstanceStateError: with a store, the instance is finished or cancelled
+                (nothing stored).
             ReentrancyError: called from a thread that does not run the runtime.
             Exception: what the event's transition raised (the segment failed with it).
             RuntimeShutdownError: the runtime shut down before the event was handled.
 
         Cancellation:
-            Cancelling the caller stops the wait only: the event stays queued.
+            Cancelling the caller stops the wait only: the event stays queued (with a
+            store: stored).
         """
-        self._coordinator.engine.check_thread("runtime.workflows.deliver()")
+        coordinator = self._coordinator
+        coordinator.engine.check_thread("runtime.workflows.deliver()")
         iid = _live_event(workflow, workflow_instance_id, event)
         caller: ResultHandle[EventOutcome | None] = ResultHandle(f"event:{iid}:{event}")
-        posted = self._coordinator.post_to_workflow(
+        if self._through_inbox(iid):
+            posting = make_posting(
+                workflow, iid, event, payload, InputOverlay(), event_id=event_id
+            )
+            done: ResultHandle[Any] = ResultHandle(f"deliver:{iid}:{event}")
+            command = PostCommand(
+                definition=workflow, posting=posting, done=done, outcome=caller
+            )
+            if not coordinator.post_message(command, completion=done):
+                raise coordinator.engine.refusal("the delivery")
+            await done.result()  # stored (or refused: nothing was)
+            applied = await caller.result()
+            assert applied is not None
+            return applied
+        posted = coordinator.post_to_workflow(
             iid, workflow.name, event, payload, caller=caller
         )
         outcome = await caller.result() if posted else None
@@ -117,6 +177,15 @@ class LiveInstances:
                 workflow_instance_id=iid, event=event, status="not_live"
             )
         return outcome
+
+    def _through_inbox(self, iid: str) -> bool:
+        """Whether an event for *iid* is stored first (a store, and the instance is
+        not an ephemeral segment live here)."""
+        coordinator = self._coordinator
+        if coordinator.gateway is None:
+            return False
+        session = coordinator.sessions.get(iid)
+        return session is None or session.feed is not None
 
     def statistics(self) -> WorkflowStatistics:
         """Counters of this runtime's workflows (live segments, what events did)."""
@@ -249,3 +318,9 @@ def _live_event(
             f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
         )
     return iid
+
+
+def _log_refusal(done: ResultHandle[Any]) -> None:
+    """A signal nobody waits for: its refusal (or failure to store) is logged."""
+    if done.status == "failed":
+        logger.warning("a signal was not stored: %r", done.error)

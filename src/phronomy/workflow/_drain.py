@@ -1,0 +1,111 @@
+"""Which inbox entry a segment resumes with (pure: it decides, the coordinator acts).
+
+A segment that resumes a halted instance from its inbox takes the oldest pending entry
+whose event can fire from the halted phase. Entries before it that cannot are judged
+on the way — dropped (the phase does not declare the event), or refused (the sender
+resumed from a halted result the instance has moved on from) — and consumed with the
+segment's end.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any, final
+
+import msgspec
+
+from phronomy.errors import (
+    AmbiguousEventError,
+    InstanceStateError,
+    InvalidInputError,
+    TransitionError,
+)
+from phronomy.storage import Consumption, InboxEntry
+
+from ._definition import FINISH
+from ._events import resolve_event
+from ._hydration import resume_state
+from ._inbox import Feed, decode_input, decode_payload
+
+if TYPE_CHECKING:
+    from ._definition import WorkflowDefinition
+    from ._state import State
+
+__all__ = ["Selection", "select_entry"]
+
+
+@final
+class Selection(msgspec.Struct, frozen=True, kw_only=True):
+    """What a segment resuming from the inbox starts with.
+
+    Attributes:
+        resume: ``(phase, event, payload)`` to resume with, or ``None`` when no entry
+            can fire (the segment does not run: its claim is given back, consuming
+            what *feed* judged).
+        state: the state to resume from (the stored one, with the entry's input).
+        feed: the segment's feed: the entry it resumes with as its current one, the
+            later ones, and those judged on the way.
+    """
+
+    resume: tuple[str, str, Any] | None
+    state: Any
+    feed: Feed
+
+
+def select_entry(
+    definition: WorkflowDefinition[Any],
+    *,
+    stored: State,
+    phase: str | None,
+    revision: int,
+    entries: tuple[InboxEntry, ...],
+) -> Selection:
+    """Pick the entry the segment resumes with (see the module docstring).
+
+    Args:
+        definition: the instance's workflow.
+        stored: the stored state.
+        phase: the stored phase (the wait state it halted at).
+        revision: the stored revision.
+        entries: the pending entries, oldest first.
+    """
+    judged: list[tuple[InboxEntry, Consumption]] = []
+    at = phase or FINISH
+    for index, entry in enumerate(entries):
+        verdict = _verdict(definition, entry, at, revision)
+        if isinstance(verdict, str):
+            try:
+                state = resume_state(decode_input(definition, entry.input), stored)
+            except InvalidInputError as exc:
+                judged.append((entry, _judged(entry, "refused", str(exc))))
+                continue
+            feed = Feed(entries[index + 1 :], current=entry, done=tuple(judged))
+            return Selection(
+                resume=(at, verdict, decode_payload(entry.payload)),
+                state=state,
+                feed=feed,
+            )
+        judged.append((entry, verdict))
+    return Selection(resume=None, state=stored, feed=Feed(done=tuple(judged)))
+
+
+def _verdict(
+    definition: WorkflowDefinition[Any], entry: InboxEntry, phase: str, revision: int
+) -> str | Consumption:
+    """The event the entry fires from *phase*, or what becomes of it instead."""
+    if entry.expected_revision is not None and entry.expected_revision != revision:
+        return _judged(
+            entry,
+            "refused",
+            f"it was sent for revision {entry.expected_revision}; the instance had "
+            f"moved on to revision {revision} (resume by id to continue from there)",
+        )
+    try:
+        return resolve_event(definition, phase, entry.event, entry.workflow_instance_id)
+    except (TransitionError, AmbiguousEventError, InvalidInputError) as exc:
+        return _judged(entry, "dropped", str(exc))
+    except InstanceStateError as exc:
+        return _judged(entry, "refused", str(exc))
+
+
+def _judged(entry: InboxEntry, status: Any, detail: str) -> Consumption:
+    return Consumption(seq=entry.seq, status=status, detail=detail[:1000])

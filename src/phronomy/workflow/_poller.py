@@ -1,0 +1,80 @@
+"""The inbox poll: how a runtime learns of events other processes stored.
+
+Events stored through this runtime wake their instance at once; those stored by
+another process (a replica, the command line) are found by the poll: every
+``inbox_poll_interval`` seconds one indexed read returns the pending entries of the
+instances this runtime holds, and of halted instances of the workflows it serves that
+nobody holds (it resumes those). The same pass reads the entries callers here wait for
+that another runtime applies.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from typing import TYPE_CHECKING, Any
+
+import trio
+import trio_util
+
+from phronomy.storage import EntryOp, PollOp
+
+from ._messages import Polled
+
+if TYPE_CHECKING:
+    from ._coordinator import WorkflowCoordinator
+
+__all__ = ["POLL_LIMIT", "poll_inbox", "poll_once"]
+
+logger = logging.getLogger(__name__)
+
+POLL_LIMIT = 500
+"""Pending entries one poll returns at most (the next poll returns the rest)."""
+
+
+async def poll_inbox(coordinator: WorkflowCoordinator, interval: float) -> None:
+    """Poll the inbox every *interval* seconds (``0``: never).
+
+    Cancellation:
+        The loop ends (shutdown); a read in flight is abandoned (nothing is written).
+    """
+    if interval == 0:
+        return
+    ticks = trio_util.periodic(interval)
+    async with contextlib.aclosing(ticks):
+        async for _ in ticks:
+            try:
+                await poll_once(coordinator)
+            except Exception as exc:  # noqa: BLE001 - the next poll tries again
+                logger.warning("the inbox poll failed: %r", exc)
+
+
+async def poll_once(coordinator: WorkflowCoordinator) -> None:
+    """One poll (see the module docstring); what it found is handled on the dispatcher.
+
+    Cancellation:
+        Stops the wait only (the reads change nothing).
+    """
+    gateway = coordinator.gateway
+    assert gateway is not None
+    op = PollOp(
+        owner=gateway.leases.owner,
+        workflows=tuple(sorted(coordinator.served)),
+        limit=POLL_LIMIT,
+    )
+    keys = [
+        k for k in coordinator.waiters.awaited() if k[0] not in coordinator.sessions
+    ]
+    checked: list[tuple[tuple[str, str], Any]] = []
+
+    async def check(iid: str, event_id: str) -> None:
+        entry = await gateway.run(EntryOp(workflow_instance_id=iid, event_id=event_id))
+        checked.append(((iid, event_id), entry))
+
+    pending: tuple[Any, ...] = ()
+    async with trio.open_nursery() as nursery:
+        for iid, event_id in keys:  # submitted together: one batch of reads
+            nursery.start_soon(check, iid, event_id)
+        pending = await gateway.run(op)
+    if pending or checked:
+        coordinator.post_message(Polled(pending=pending, checked=tuple(checked)))

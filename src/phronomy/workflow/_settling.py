@@ -1,0 +1,317 @@
+"""How the workflow coordinator settles what its segments and the poll did with inbox
+entries (a mixin of the coordinator): whoever waits for an entry hears what became
+of it once the store says so.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from phronomy.errors import (
+    EventRejectedError,
+    InstanceStateError,
+    NotFoundError,
+    UsageError,
+)
+from phronomy.storage import Consumption, LoadOp
+
+from ._claims import UNCHANGED
+from ._definition import FINISH
+from ._hydration import decode_stored
+from ._messages import Polled, ResumeCommand, WorkflowResult
+from ._waiters import Applied
+
+if TYPE_CHECKING:
+    import outcome
+
+    from phronomy.durability import DurabilityService
+    from phronomy.engine import ResultHandle
+    from phronomy.storage import InboxEntry, PostOutcome, StoredRecord
+
+    from ._definition import WorkflowDefinition
+    from ._inbox import Feed
+    from ._session import WorkflowSession
+    from ._waiters import Waiters
+
+__all__ = ["PENDING", "Call", "Settling", "consumed_by_failure", "refused_posting"]
+
+PENDING = 100
+"""How many pending entries a claim brings along (a segment applies more later)."""
+
+
+class Settling:
+    """The workflow coordinator's part that settles inbox entries (on the dispatcher)."""
+
+    gateway: DurabilityService | None
+    sessions: dict[str, WorkflowSession[Any]]
+    waiters: Waiters
+    served: dict[str, WorkflowDefinition[Any]]
+
+    if TYPE_CHECKING:
+
+        def post_message(
+            self,
+            message: Any,
+            *,
+            admission: bool = False,
+            completion: ResultHandle[Any] | None = None,
+        ) -> bool: ...
+
+        def _drain(
+            self, definition: WorkflowDefinition[Any], iid: str, *, polled: bool = False
+        ) -> None: ...
+
+        def _offer(
+            self,
+            session: WorkflowSession[Any],
+            entries: list[InboxEntry],
+            *,
+            complete: bool = False,
+        ) -> None: ...
+
+    def _settled(
+        self, feed: Feed, phase: str | None, revision: int, *, drain: ResumeCommand
+    ) -> None:
+        """A claim given back (nothing could fire) was written: the instance may have
+        more entries pending."""
+        for entry, consumption in feed.judged:
+            self._settle(entry, consumption, phase=phase, revision=revision)
+        if len(feed.judged) >= PENDING:
+            self._drain(drain.definition, drain.workflow_instance_id)
+
+    def _judged(self, entry: InboxEntry, consumption: Consumption) -> None:
+        """A segment judged an entry: who wants only that hears now."""
+        session = self.sessions.get(entry.workflow_instance_id)
+        phase = None if session is None else session.machine.current
+        self.waiters.settle(
+            Applied(
+                entry=entry,
+                status=consumption.status,
+                detail=consumption.detail,
+                phase=phase,
+            ),
+            final=False,
+        )
+
+    def _settle(
+        self,
+        entry: InboxEntry,
+        consumption: Consumption,
+        *,
+        phase: str | None,
+        revision: int | None = None,
+        result: WorkflowResult[Any] | None = None,
+    ) -> None:
+        self.waiters.settle(
+            Applied(
+                entry=entry,
+                status=consumption.status,
+                detail=consumption.detail,
+                result=result,
+                phase=phase,
+                revision=revision,
+            )
+        )
+
+    def _segment_applied(
+        self,
+        definition: WorkflowDefinition[Any],
+        session: WorkflowSession[Any],
+        result: WorkflowResult[Any],
+    ) -> None:
+        """A durable segment ended with its save: what it consumed is settled, and
+        entries still pending are applied by the next segment (a halted instance)."""
+        feed = session.feed
+        if feed is None:
+            return
+        for entry, consumption in feed.judged:
+            self._settle(
+                entry,
+                consumption,
+                phase=result.phase,
+                revision=result.revision,
+                result=result,
+            )
+        untaken = feed.untaken()
+        if result.status in ("finished", "cancelled"):
+            detail = f"the instance was {result.status} before it was applied"
+            for entry in untaken:
+                self.waiters.settle(
+                    Applied(entry=entry, status="refused", detail=detail)
+                )
+        elif result.status == "halted" and (untaken or feed.gap):
+            self._drain(definition, result.workflow_instance_id)
+
+    def _segment_ended(
+        self,
+        definition: WorkflowDefinition[Any],
+        session: WorkflowSession[Any],
+        error: BaseException,
+    ) -> None:
+        """A durable segment failed (its status write, if any, is done): waiters of
+        the entries it held hear why (a resume event every guard rejected: that)."""
+        feed = session.feed
+        if feed is None:
+            return
+        iid = session.workflow_instance_id
+        if isinstance(error, EventRejectedError):  # its resume event: consumed
+            for entry, consumption in feed.judged:
+                self._settle(
+                    entry, consumption, phase=error.phase, revision=error.revision
+                )
+            if feed.untaken():
+                self._drain(definition, iid)
+            return
+        failing = feed.culprit
+        held = [e for e, _ in feed.judged] + feed.untaken()
+        for entry in held:
+            if entry is failing:
+                self.waiters.fail(iid, entry.event_id, error)
+                continue
+            self.waiters.fail(
+                iid,
+                entry.event_id,
+                error
+                if failing is None
+                else InstanceStateError(
+                    f"workflow instance {iid!r} failed applying event "
+                    f"{failing.event!r} ({type(error).__name__}: {error}) before event "
+                    f"{entry.event!r} was applied; it is stored and applied when the "
+                    "instance is resumed (send_event)",
+                    instance_id=iid,
+                ),
+            )
+
+    # --- the poll ----------------------------------------------------------------------
+
+    def _polled(self, message: Polled) -> None:
+        """What the inbox poll found (see :class:`~phronomy.workflow.Polled`)."""
+        assert self.gateway is not None
+        by_instance: dict[str, list[InboxEntry]] = {}
+        rows: dict[str, tuple[str, str, str | None]] = {}
+        for entry, status, workflow, owner in message.pending:
+            iid = entry.workflow_instance_id
+            by_instance.setdefault(iid, []).append(entry)
+            rows[iid] = (status, workflow, owner)
+        mine = self.gateway.leases.owner
+        for iid, entries in by_instance.items():
+            status, workflow, owner = rows[iid]
+            session = self.sessions.get(iid)
+            definition = self.served.get(workflow)
+            if session is not None and owner == mine:
+                self._offer(session, entries, complete=True)
+            elif owner is None and status == "halted" and definition is not None:
+                self._drain(definition, iid, polled=True)
+        self._check_applied(list(message.checked))
+
+    def _check_applied(self, checked: list[tuple[tuple[str, str], Any]]) -> None:
+        """Entries someone here waits for, as the store has them: settle those that
+        another runtime applied (the result is the instance as stored now)."""
+        assert self.gateway is not None
+        for (iid, event_id), entry in checked:
+            if entry is None:
+                self.waiters.fail(
+                    iid,
+                    event_id,
+                    NotFoundError(
+                        f"workflow instance {iid!r} and its events were deleted",
+                        instance_id=iid,
+                    ),
+                )
+                continue
+            if entry.status == "pending":
+                continue
+            self.waiters.settle(
+                Applied(entry=entry, status=entry.status, detail=entry.detail),
+                final=False,
+            )
+            if entry.status != "transitioned":
+                self.waiters.settle(
+                    Applied(entry=entry, status=entry.status, detail=entry.detail)
+                )
+                continue
+            self._load_result(entry)
+
+    def _load_result(self, entry: InboxEntry) -> None:
+        """Settle the result waiters of *entry* (applied elsewhere) with the instance
+        as stored now."""
+        assert self.gateway is not None
+        iid = entry.workflow_instance_id
+
+        def decode(row: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
+            definition = None if row is None else self.served.get(row.workflow)
+            if row is None or definition is None:
+                return row, None
+            return decode_stored(definition, row, resuming=False)
+
+        def loaded(done: outcome.Outcome[Any]) -> None:
+            try:
+                row, decoded = done.unwrap()
+            except Exception as exc:  # noqa: BLE001 - the waiters' error
+                self.waiters.fail(iid, entry.event_id, exc)
+                return
+            result = None
+            if row is not None and decoded is not None:
+                phase = row.phase or FINISH
+                result = WorkflowResult(
+                    state=decoded.fields,
+                    phase=phase,
+                    workflow_instance_id=iid,
+                    revision=row.revision,
+                    halted=row.status == "halted",
+                    workflow=row.workflow,
+                    status=row.status,
+                )
+            self.waiters.settle(
+                Applied(entry=entry, status="transitioned", result=result)
+            )
+
+        self.gateway.submit(
+            LoadOp(workflow_instance_id=iid),
+            lambda done: self.post_message(Call(loaded, done)),
+            finish=decode,
+        )
+
+
+class Call:
+    """A continuation run on the dispatcher with a store operation's outcome (the
+    coordinator calls it)."""
+
+    __slots__ = ("done", "fn")
+
+    def __init__(self, fn: Any, done: Any) -> None:
+        self.fn, self.done = fn, done
+
+    def __call__(self) -> None:
+        self.fn(self.done)
+
+
+def consumed_by_failure(
+    session: WorkflowSession[Any], error: BaseException
+) -> tuple[Any, ...]:
+    """What the status write of a segment that failed with *error* consumes."""
+    feed = session.feed
+    if feed is None:
+        return ()
+    if isinstance(error, EventRejectedError):
+        return feed.consumed  # the resume event every guard rejected
+    if isinstance(error, UNCHANGED):
+        return ()  # cut off, or another runtime has it now: applied again later
+    return feed.failing(error)  # the entry whose action raised: never again
+
+
+def refused_posting(
+    posted: PostOutcome | None, error: BaseException
+) -> tuple[Consumption, ...]:
+    """What the write that gives back a claim refused with *error* consumes: the
+    event the claim stored, when the command itself is at fault (a definition that
+    does not fit the stored instance, say); otherwise nothing (it stays pending)."""
+    if (
+        not isinstance(error, UsageError)
+        or posted is None
+        or posted.outcome != "stored"
+        or posted.entry is None
+    ):
+        return ()
+    detail = f"{type(error).__name__}: {error}"[:1000]
+    return (Consumption(seq=posted.entry.seq, status="refused", detail=detail),)

@@ -1,0 +1,222 @@
+"""The durable inbox as users meet it: ``post``, receipts, repeats, refusals, starts
+that post, order under concurrent senders, bad input, poison events."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+import phronomy
+from phronomy.storage import InboxEntry
+from records import durable_view
+
+from .helpers import Value, halting_flow, live_flow, runtime_on, until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+
+async def _events(runtime: phronomy.Runtime, iid: str) -> list[InboxEntry]:
+    """The instance's events, oldest first."""
+    history = await runtime.workflows.history(iid)
+    return sorted(
+        (e for e in history if isinstance(e, InboxEntry)), key=lambda e: e.seq
+    )
+
+
+def _status(store: phronomy.storage.WorkflowStore, iid: str) -> str | None:
+    row = store.load(iid)  # type: ignore[attr-defined]
+    return None if row is None else row.status  # type: ignore[no-any-return]
+
+
+async def test_a_post_is_stored_then_applied_once_and_a_repeat_gets_the_first_receipt(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    store = make_store()
+    flow = halting_flow()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="p-1")
+        first = await rt.workflows.post(flow, "p-1", "approve", {"n": 1}, event_id="k")
+        assert (first.event_id, first.seq, first.duplicate) == ("k", 1, False)
+        assert first.then == "applying"  # halted and nobody runs it: resumed here
+        await until(lambda: _status(store, "p-1") == "finished")
+        again = await rt.workflows.post(flow, "p-1", "approve", {"n": 1}, event_id="k")
+        assert (again.seq, again.duplicate, again.status) == (1, True, "transitioned")
+        assert (again.revision, again.then) == (2, "applied")
+        receipt = await rt.workflows.receipt("p-1", "k")
+        assert receipt is not None
+        assert (receipt.status, receipt.revision) == ("transitioned", 2)
+        assert await rt.workflows.receipt("p-1", "unknown") is None
+        events = await _events(rt, "p-1")
+        assert [(e.event_id, e.status, e.revision) for e in events] == [
+            ("k", "transitioned", 2)
+        ]
+        row = store.load("p-1")  # type: ignore[attr-defined]
+        assert row.revision == 2  # one application
+
+
+async def test_refusals_store_nothing_and_name_what_was_wrong(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    store = make_store()
+    flow = halting_flow()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="r-1")
+        await rt.workflows.post(flow, "r-1", "approve", event_id="same")
+        # the same id for another event (another payload)
+        with pytest.raises(phronomy.InvalidInputError, match="was used for another"):
+            await rt.workflows.post(flow, "r-1", "approve", "x", event_id="same")
+        await until(lambda: _status(store, "r-1") == "finished")
+        before = durable_view(store.load("r-1"))  # type: ignore[attr-defined]
+        with pytest.raises(phronomy.InstanceStateError, match="finished"):
+            await rt.workflows.post(flow, "r-1", "approve")
+        with pytest.raises(phronomy.NotFoundError, match="'nobody'"):
+            await rt.workflows.post(flow, "nobody", "approve")
+        with pytest.raises(phronomy.InvalidInputError, match="Unknown event 'nope'"):
+            await rt.workflows.post(flow, "r-1", "nope")
+        with pytest.raises(phronomy.SerializationError, match="'r-1'"):
+            await rt.workflows.post(flow, "r-1", "approve", {"blob": b"\x00"})
+        with pytest.raises(phronomy.SerializationError, match="limit is"):
+            await rt.workflows.post(flow, "r-1", "approve", "x" * (1 << 20))
+        for hostile in ["", "x" * 1000, "a\x00b", 7]:
+            with pytest.raises(phronomy.InvalidInputError, match="event_id"):
+                await rt.workflows.post(flow, "r-1", "approve", event_id=hostile)  # type: ignore[arg-type]
+        with pytest.raises(phronomy.InvalidInputError):
+            await rt.workflows.post(flow, "r-1", "approve", input={"count": "many"})
+        assert durable_view(store.load("r-1")) == before  # type: ignore[attr-defined]
+        assert [e.event_id for e in await _events(rt, "r-1")] == ["same"]
+        assert not store.load("nobody")  # type: ignore[attr-defined]
+
+
+async def test_of_concurrent_posts_that_start_one_id_exactly_one_starts_it(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    flow = live_flow()  # stays live: every post finds it open
+    receipts: list[Any] = []
+    async with runtime_on(make_store()) as a, runtime_on(make_store()) as b:
+
+        async def post(rt: phronomy.Runtime, n: int) -> None:
+            receipt = await rt.workflows.post(
+                flow, "s-1", "mark", event_id=f"e{n}", start={}
+            )
+            receipts.append(receipt)
+
+        async with trio.open_nursery() as nursery:
+            for n in range(8):
+                nursery.start_soon(post, (a, b)[n % 2], n)
+        assert sum(r.started for r in receipts) == 1
+        assert sorted(r.seq for r in receipts) == list(range(1, 9))  # no gaps
+        with trio.fail_after(10):
+            done = await b.workflows.send_event(
+                flow, "finish", workflow_instance_id="s-1"
+            )
+        assert (done.status, done.state.count) == ("finished", 8)  # each one once
+        events = await _events(a, "s-1")
+        assert [e.status for e in events] == ["transitioned"] * 9
+
+
+async def test_events_from_concurrent_senders_are_applied_in_the_order_stored(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    wf = phronomy.Workflow(Value, name="log").state("open")
+    wf.transition(
+        "open",
+        "open",
+        on="add",
+        action=lambda s, e: s.merge(steps=[e.payload]),
+    )
+    wf.transition("open", phronomy.FINISH, on="close")
+    flow = wf.build()
+    async with runtime_on(make_store()) as a, runtime_on(make_store()) as b:
+        handle = a.workflows.start(flow, workflow_instance_id="o-1")
+        await until(lambda: (a.workflows.segment("o-1") or _NONE).status == "executing")
+        receipts: list[Any] = []
+
+        async def send(rt: phronomy.Runtime, sender: int) -> None:
+            for n in range(10):
+                receipt = await rt.workflows.post(flow, "o-1", "add", f"{sender}.{n}")
+                receipts.append(receipt)
+
+        async with trio.open_nursery() as nursery:
+            for sender in range(4):
+                nursery.start_soon(send, (a, b)[sender % 2], sender)
+        await a.workflows.post(flow, "o-1", "close")
+        with trio.fail_after(10):
+            result = await handle.result()
+    stored = sorted(receipts, key=lambda r: r.seq)
+    assert [r.seq for r in stored] == list(range(1, 41))
+    # the state saw every event once, in the order the inbox numbered them
+    assert len(result.state.steps) == 40
+    assert len(set(result.state.steps)) == 40
+    for sender in range(4):
+        mine = [s for s in result.state.steps if s.startswith(f"{sender}.")]
+        assert mine == [f"{sender}.{n}" for n in range(10)]  # each sender's order
+
+
+async def test_a_poison_event_is_recorded_failed_and_not_applied_again(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    ran: list[str] = []
+
+    def explode(state: Value, event: Any) -> Value:
+        ran.append(event.payload)
+        if event.payload == "poison":
+            raise RuntimeError("bad event")
+        return state.merge(value=event.payload)
+
+    wf = phronomy.Workflow(Value, name="poison").wait_state("w").initial("w")
+    wf.transition("w", "w", on="go", action=explode)
+    wf.transition("w", phronomy.FINISH, on="stop")
+    flow = wf.build()
+    store = make_store()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="x-1")
+        with pytest.raises(RuntimeError, match="bad event"):
+            await rt.workflows.send_event(
+                flow, "go", payload="poison", workflow_instance_id="x-1"
+            )
+        assert _status(store, "x-1") == "failed"
+        done = await rt.workflows.send_event(
+            flow, "go", payload="fine", workflow_instance_id="x-1"
+        )
+        assert (done.revision, done.state.value) == (2, "fine")
+        await trio.sleep(0.3)  # polls pass: nothing applies the poison again
+        assert ran == ["poison", "fine"]
+        events = await _events(rt, "x-1")
+        assert [(e.status, e.revision) for e in events] == [
+            ("failed", 1),
+            ("transitioned", 2),
+        ]
+        assert "RuntimeError: bad event" in (events[0].detail or "")
+
+
+async def test_signal_and_deliver_go_through_the_inbox_to_a_live_segment(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    flow = live_flow()
+    async with runtime_on(make_store()) as rt:
+        handle = rt.workflows.start(flow, workflow_instance_id="l-1")
+        assert rt.workflows.signal(flow, "l-1", "mark", event_id="m-1")
+        outcome = await rt.workflows.deliver(flow, "l-1", "ignored")
+        assert outcome.status == "rejected"
+        assert rt.workflows.signal(flow, "l-1", "mark", event_id="m-1")  # a repeat
+        assert (await rt.workflows.deliver(flow, "l-1", "finish")).status == (
+            "transitioned"
+        )
+        result = await handle.result()
+        assert result.state.count == 1  # the repeat stored nothing
+        events = await _events(rt, "l-1")
+        assert [(e.event, e.status) for e in events] == [
+            ("mark", "transitioned"),
+            ("ignored", "rejected"),
+            ("finish", "transitioned"),
+        ]
+
+
+class _None:
+    status = None
+
+
+_NONE = _None()
