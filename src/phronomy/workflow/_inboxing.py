@@ -209,7 +209,10 @@ class Inboxing(Settling):
         assert cmd.posting is not None
         if isinstance(cmd, StartCommand):  # it exists: the post only posts
             post = PostCommand(
-                definition=cmd.definition, posting=cmd.posting, done=cmd.caller
+                definition=cmd.definition,
+                posting=cmd.posting,
+                done=cmd.caller,
+                starting=True,
             )
             self._post(post)
             return
@@ -251,8 +254,9 @@ class Inboxing(Settling):
                 # before it can be applied (the receipt wakes whoever applies it)
                 iid = entry.workflow_instance_id
                 self.waiters.add(iid, entry.event_id, cmd.outcome, "outcome")
+            iid = cmd.posting.workflow_instance_id
             receipt = self._receipt(
-                cmd.definition, cmd.posting.workflow_instance_id, posted, started=False
+                cmd.definition, iid, posted, started=False, starting=cmd.starting
             )
         except Exception as exc:  # noqa: BLE001 - the caller's error
             cmd.done.fail(exc)
@@ -293,6 +297,7 @@ class Inboxing(Settling):
         posted: PostOutcome,
         *,
         started: bool,
+        starting: bool = False,
     ) -> Any:
         """The receipt of a post (and what it wakes here).
 
@@ -302,6 +307,10 @@ class Inboxing(Settling):
             InvalidInputError: its event id was used for another event.
         """
         entry, row = posted.entry, posted.row
+        if posted.outcome == "missing" and starting:  # a segment here creates it
+            raise BusyError(
+                f"workflow instance {iid!r} is being started; nothing was stored"
+            )
         if posted.outcome == "missing":
             raise NotFoundError(
                 f"workflow instance {iid!r} does not exist: nothing was stored (post "

@@ -171,6 +171,9 @@ class PostCommand(msgspec.Struct, frozen=True, kw_only=True):
     """Settled with the receipt once the event is stored."""
     outcome: ResultHandle[Any] | None = None
     """Settled with what became of the event once it is applied (``deliver``)."""
+    starting: bool = False
+    """A post that would start the instance, which a segment here is loading: a row
+    not there yet is being created (busy, not missing)."""
 
 
 @final
