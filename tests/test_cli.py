@@ -475,6 +475,8 @@ def test_instances_send_stores_an_event_a_serving_runtime_applies_once(
     assert "--payload is not JSON" in capsys.readouterr().err
     assert main([*send, "--event-id", "x" * 300]) == 1
     assert "event_id" in capsys.readouterr().err
+    assert main([*send, "--payload", json.dumps("x" * (1 << 20))]) == 1
+    assert "the limit is 1048576" in capsys.readouterr().err
     row = trio.run(run, True)  # a runtime that serves the workflow applies it
     assert row is not None
     assert (row.status, row.revision) == ("finished", 2)

@@ -43,6 +43,7 @@ from phronomy.storage import (
     validate_event_id,
 )
 from phronomy.storage._shortcuts import MAX_LIMIT
+from phronomy.workflow._inbox import encode_payload
 
 if TYPE_CHECKING:
     import argparse
@@ -355,7 +356,7 @@ def send(store: SQLiteStore, args: argparse.Namespace) -> int:
         workflow_instance_id=args.id,
         event_id=validate_event_id(event_id),
         event=args.event,
-        payload=msgspec.json.encode(payload),
+        payload=encode_payload(payload, event=args.event, instance=args.id),
     )
     posted = store.run(PostOp(posting=posting))
     entry = posted.entry

@@ -24,7 +24,7 @@ from phronomy.storage import Consumption, InboxEntry
 from ._definition import FINISH
 from ._events import resolve_event
 from ._hydration import resume_state
-from ._inbox import Feed, decode_input, decode_payload
+from ._inbox import Feed, decode_input, decode_payload, moved_on
 
 if TYPE_CHECKING:
     from ._definition import WorkflowDefinition
@@ -93,12 +93,8 @@ def _verdict(
 ) -> str | Consumption:
     """The event the entry fires from *phase*, or what becomes of it instead."""
     if entry.expected_revision is not None and entry.expected_revision != revision:
-        return _judged(
-            entry,
-            "refused",
-            f"it was sent for revision {entry.expected_revision}; the instance had "
-            f"moved on to revision {revision} (resume by id to continue from there)",
-        )
+        now = f"to revision {revision} (resume by id to continue from there)"
+        return _judged(entry, "refused", moved_on(entry.expected_revision, now))
     try:
         return resolve_event(definition, phase, entry.event, entry.workflow_instance_id)
     except (TransitionError, AmbiguousEventError, InvalidInputError) as exc:

@@ -30,16 +30,29 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MAX_PAYLOAD_BYTES",
+    "MOVED_ON",
     "EventReceipt",
     "Feed",
     "decode_input",
     "decode_payload",
     "encode_input",
     "encode_payload",
+    "moved_on",
     "receipt_of",
 ]
 
 MAX_PAYLOAD_BYTES = 1 << 20
+
+
+def moved_on(expected: int, now: str) -> str:
+    """Why an entry sent with a halted result is refused: the instance moved on from
+    revision *expected* (*now*: to what). Callers recognise it by :data:`MOVED_ON`."""
+    return f"it was sent for revision {expected}; {MOVED_ON} {now}"
+
+
+MOVED_ON = "the instance had moved on"
+"""The words of every refusal of an entry whose halted result is out of date (a
+waiter reports those as a :class:`~phronomy.ConflictError`)."""
 """The largest payload (encoded) an event may carry: 1 MiB."""
 
 _ENCODER = msgspec.json.Encoder()

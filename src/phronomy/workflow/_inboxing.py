@@ -272,13 +272,11 @@ class Inboxing(Settling):
         """A post that would start its instance found it: it only posted."""
         self.admissions.release(cmd.workflow_instance_id, owner=cmd.owner)
         assert loaded.posted is not None
-        if loaded.posted.outcome == "missing":  # another transaction creates it now
-            raise BusyError(
-                f"workflow instance {cmd.workflow_instance_id!r} is being started by "
-                "another runtime; nothing was stored"
-            )
         iid = cmd.workflow_instance_id
-        receipt = self._receipt(cmd.definition, iid, loaded.posted, started=False)
+        # "missing": another runtime's transaction is creating it (busy, not missing)
+        receipt = self._receipt(
+            cmd.definition, iid, loaded.posted, started=False, starting=True
+        )
         cmd.caller.complete(receipt)
 
     def _announce_start(self, cmd: StartCommand, loaded: Loaded) -> None:
@@ -303,11 +301,13 @@ class Inboxing(Settling):
 
         Raises:
             NotFoundError: no such instance (nothing stored).
+            BusyError: *starting* (a post with ``start=``) and the instance is being
+                created by a transaction not committed yet (nothing stored).
             InstanceStateError: it is finished or cancelled (nothing stored).
             InvalidInputError: its event id was used for another event.
         """
         entry, row = posted.entry, posted.row
-        if posted.outcome == "missing" and starting:  # a segment here creates it
+        if posted.outcome == "missing" and starting:  # someone is creating it now
             raise BusyError(
                 f"workflow instance {iid!r} is being started; nothing was stored"
             )

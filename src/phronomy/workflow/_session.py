@@ -12,7 +12,7 @@ from ._definition import AUTO_EVENT, FINISH, START_EVENT
 from ._effects import CANCEL_READY, EFFECT_FAILED, EffectRunner
 from ._events import resolve_event
 from ._hydration import resume_state
-from ._inbox import Feed, decode_input, decode_payload
+from ._inbox import Feed, decode_input, decode_payload, moved_on
 from ._machine import WorkflowMachine
 from ._messages import (
     EventCounters,
@@ -355,11 +355,8 @@ class WorkflowSession(GatedSession, Generic[S]):
         if entry.expected_revision is not None:
             # sent with a halted result: only a segment resuming from that revision
             # applies it (as its first event), never one that moved on from it
-            feed.record(
-                "refused",
-                f"it was sent for revision {entry.expected_revision}; the instance had "
-                "moved on (a live segment took it over) before it was applied",
-            )
+            now = "(a live segment took it over) before it was applied"
+            feed.record("refused", moved_on(entry.expected_revision, now))
             return
         try:
             event_type = resolve_event(

@@ -83,15 +83,7 @@ class Settling:
         """A segment judged an entry: who wants only that hears now."""
         session = self.sessions.get(entry.workflow_instance_id)
         phase = None if session is None else session.machine.current
-        self.waiters.settle(
-            Applied(
-                entry=entry,
-                status=consumption.status,
-                detail=consumption.detail,
-                phase=phase,
-            ),
-            final=False,
-        )
+        self._settle(entry, consumption, phase=phase, final=False)
 
     def _settle(
         self,
@@ -101,7 +93,9 @@ class Settling:
         phase: str | None,
         revision: int | None = None,
         result: WorkflowResult[Any] | None = None,
+        final: bool = True,
     ) -> None:
+        """Tell the waiters of *entry* what became of it (see :meth:`Waiters.settle`)."""
         self.waiters.settle(
             Applied(
                 entry=entry,
@@ -110,7 +104,8 @@ class Settling:
                 result=result,
                 phase=phase,
                 revision=revision,
-            )
+            ),
+            final=final,
         )
 
     def _segment_applied(

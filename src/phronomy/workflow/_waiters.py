@@ -17,6 +17,7 @@ from phronomy.errors import (
 )
 from phronomy.storage import InboxEntry, InboxStatus
 
+from ._inbox import MOVED_ON
 from ._messages import EventOutcome, WorkflowResult
 
 if TYPE_CHECKING:
@@ -157,7 +158,7 @@ def _answer_result(caller: ResultHandle[Any], applied: Applied) -> None:
                     instance_id=iid,
                 )
             )
-        case "refused" if entry.expected_revision is not None and "moved on" in detail:
+        case "refused" if entry.expected_revision is not None and MOVED_ON in detail:
             caller.fail(
                 ConflictError(
                     "Workflow state changed since the supplied halted result for "
