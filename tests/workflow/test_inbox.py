@@ -10,6 +10,7 @@ import trio
 
 import phronomy
 from phronomy.storage import InboxEntry
+from phronomy.testing import FaultyStore
 from records import durable_view
 
 from .helpers import Value, halting_flow, live_flow, runtime_on, until
@@ -220,3 +221,34 @@ class _None:
 
 
 _NONE = _None()
+
+
+async def test_an_event_whose_save_the_store_refused_stays_pending_not_poisoned(
+    make_store: Callable[[], phronomy.storage.WorkflowStore],
+) -> None:
+    # Before: a save the disk refused (nothing written) marked the event that led to
+    # it "failed", as if the event were poison: its retry by event id was refused.
+    store = FaultyStore(make_store())
+    flow = halting_flow()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="d-1")
+        store.fail("save.before", OSError("disk full"))
+        with pytest.raises(OSError, match="disk full"):
+            await rt.workflows.send_event(
+                flow, "approve", workflow_instance_id="d-1", event_id="a-1"
+            )
+        receipt = await rt.workflows.receipt("d-1", "a-1")
+        assert receipt is not None
+        assert receipt.status == "pending"  # stored, not applied, not poison
+        done = await rt.workflows.send_event(
+            flow, "approve", workflow_instance_id="d-1", event_id="a-1"
+        )
+        assert (done.status, done.revision, done.state.steps) == (
+            "finished",
+            2,
+            ["approved"],
+        )
+        events = await _events(rt, "d-1")
+        assert [(e.event_id, e.status, e.revision) for e in events] == [
+            ("a-1", "transitioned", 2)
+        ]

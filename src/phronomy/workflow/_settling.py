@@ -11,6 +11,8 @@ from phronomy.errors import (
     EventRejectedError,
     InstanceStateError,
     NotFoundError,
+    SerializationError,
+    TransientError,
     UsageError,
 )
 from phronomy.storage import Consumption, LoadOp
@@ -33,7 +35,14 @@ if TYPE_CHECKING:
     from ._session import WorkflowSession
     from ._waiters import Waiters
 
-__all__ = ["PENDING", "Call", "Settling", "consumed_by_failure", "refused_posting"]
+__all__ = [
+    "PENDING",
+    "Call",
+    "Settling",
+    "blames_an_event",
+    "consumed_by_failure",
+    "refused_posting",
+]
 
 PENDING = 100
 """How many pending entries a claim brings along (a segment applies more later)."""
@@ -157,7 +166,7 @@ class Settling:
             if feed.untaken():
                 self._drain(definition, iid)
             return
-        failing = feed.culprit
+        failing = feed.culprit if blames_an_event(feed, error) else None
         held = [e for e, _ in feed.judged] + feed.untaken()
         for entry in held:
             if entry is failing:
@@ -290,9 +299,21 @@ def consumed_by_failure(
         return ()
     if isinstance(error, EventRejectedError):
         return feed.consumed  # the resume event every guard rejected
-    if isinstance(error, UNCHANGED):
-        return ()  # cut off, or another runtime has it now: applied again later
+    if not blames_an_event(feed, error):
+        return ()  # applied again later, from the last durable revision
     return feed.failing(error)  # the entry whose action raised: never again
+
+
+def blames_an_event(feed: Feed, error: BaseException) -> bool:
+    """Whether a segment that failed with *error* failed because of an event it
+    applied, so that event (:attr:`Feed.culprit`) is never applied again: its action
+    raised (the feed was applying it), or the state it led to cannot be saved. Not
+    when the segment was cut off or lost its lease, nor when the store failed (a
+    save refused by the disk or the server): its events stay pending, applied again
+    from the last durable revision."""
+    if isinstance(error, (*UNCHANGED, TransientError)):
+        return False
+    return feed.current is not None or isinstance(error, SerializationError)
 
 
 def refused_posting(
