@@ -22,6 +22,7 @@ from ._postgres_errors import (
     describe,
     driver as _driver,
 )
+from ._postgres_notify import PostgresListener
 from ._postgres_schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -485,6 +486,11 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
                     )
                 conn.execute(SQL_TERMINATE, {"pid": pid, "xid": xid})
                 time.sleep(0.05)
+
+    def listen(self) -> PostgresListener:
+        """The inbox's notifications, on a connection of its own (opened at its first
+        wait)."""
+        return PostgresListener(self._connect, self._translated, self._schema)
 
     # --- operations ----------------------------------------------------------------
 

@@ -7,6 +7,7 @@ migration brings the schema from version i to i + 1; later releases append steps
 
 from __future__ import annotations
 
+from ._postgres_notify import SQL_NOTIFY
 from ._sql_inbox import INBOX_STATEMENTS, InboxStatements, pyformat
 from ._sql_ops import Statements
 
@@ -494,5 +495,5 @@ STATEMENTS = Statements(
     claim=SQL_CLAIM,
     inbox=InboxStatements(
         *(pyformat(q, now=_NOW_MS) for q in INBOX_STATEMENTS)
-    )._replace(next_seq_nowait=SQL_NEXT_SEQ_NOWAIT),
+    )._replace(next_seq_nowait=SQL_NEXT_SEQ_NOWAIT, notify=SQL_NOTIFY),
 )

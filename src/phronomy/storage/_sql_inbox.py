@@ -47,6 +47,9 @@ class InboxStatements(NamedTuple):
     refuse_pending: str
     prune: str
     poll: str
+    notify: str = ""
+    """Tells other runtimes the inbox changed (``kind``: ``posted`` or ``consumed``),
+    at commit; empty for a backend without notifications (they poll)."""
 
 
 INBOX_STATEMENTS = InboxStatements(
@@ -198,6 +201,8 @@ def post(
                 expected_revision=posting.expected_revision,
                 stored_at_ms=int(stored[0]),  # the store's clock
             )
+            if sql.notify:
+                conn.execute(sql.notify, {"kind": "posted"})
             return PostOutcome(outcome="stored", entry=entry, row=load())
         conn.execute(sql.give_back_seq, {"id": iid})
     # nothing stored: an earlier entry with this id, or an instance that is closed or
@@ -258,10 +263,13 @@ def consume(
         conn.execute(
             sql.consume, {**base, "seq": c.seq, "status": c.status, "detail": c.detail}
         )
+    refused = 0
     if closing is not None:
         detail = (
             f"the instance was {closing} at revision {revision} before it was applied"
         )
-        conn.execute(sql.refuse_pending, {**base, "detail": detail})
+        refused = conn.execute(sql.refuse_pending, {**base, "detail": detail}).rowcount
     if consumed or closing is not None:
         conn.execute(sql.prune, {"id": workflow_instance_id})
+    if sql.notify and (consumed or refused > 0):  # for waiters in other runtimes
+        conn.execute(sql.notify, {"kind": "consumed"})

@@ -6,13 +6,17 @@ another process (a replica, the command line) are found by the poll: every
 instances this runtime holds, and of halted instances of the workflows it serves that
 nobody holds (it resumes those). The same pass reads the entries callers here wait for
 that another runtime applies.
+
+A store that sends notifications (PostgreSQL's ``LISTEN``/``NOTIFY``: its
+``listen()``) wakes the poll as soon as another runtime stores or consumes an entry;
+the poll still runs at its interval, for a notification that was missed.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 import trio_util
@@ -32,21 +36,73 @@ POLL_LIMIT = 500
 """Pending entries one poll returns at most (the next poll returns the rest)."""
 
 
+class _Listener(Protocol):  # see phronomy.storage.PostgresStore.listen
+    def open(self) -> None: ...
+
+    def fileno(self) -> int: ...
+
+    def drain(self) -> frozenset[str]: ...
+
+    def close(self) -> None: ...
+
+
 async def poll_inbox(coordinator: WorkflowCoordinator, interval: float) -> None:
-    """Poll the inbox every *interval* seconds (``0``: never).
+    """Poll the inbox every *interval* seconds (``0``: never), and at once when the
+    store says another runtime stored an event (or consumed one a caller here awaits).
 
     Cancellation:
         The loop ends (shutdown); a read in flight is abandoned (nothing is written).
     """
     if interval == 0:
         return
+    gateway = coordinator.gateway
+    assert gateway is not None
+    listen = getattr(gateway.store, "listen", None)
+    if listen is not None:
+        listener: _Listener = listen()
+        try:
+            await _poll_when_told(coordinator, listener, interval)
+        finally:
+            listener.close()  # nothing waits on it any more: closes at once
+        return
     ticks = trio_util.periodic(interval)
     async with contextlib.aclosing(ticks):
         async for _ in ticks:
-            try:
-                await poll_once(coordinator)
-            except Exception as exc:  # noqa: BLE001 - the next poll tries again
-                logger.warning("the inbox poll failed: %r", exc)
+            await _poll(coordinator)
+
+
+async def _poll_when_told(
+    coordinator: WorkflowCoordinator, listener: _Listener, interval: float
+) -> None:
+    listening = failing = False
+    due = trio.current_time()
+    while True:
+        told = frozenset[str]()
+        try:
+            if not listening:  # what was sent before is missed: poll now
+                await trio.to_thread.run_sync(listener.open)
+                listening, failing, due = True, False, trio.current_time()
+            else:
+                with trio.move_on_after(due - trio.current_time()):
+                    await trio.lowlevel.wait_readable(listener.fileno())
+                told = listener.drain()
+        except Exception as exc:  # noqa: BLE001 - polled at the interval meanwhile
+            if not failing:
+                logger.warning("inbox notifications failed (polling): %r", exc)
+            listening, failing = False, True
+            await trio.sleep_until(due)
+        # a consumed entry matters only to callers here waiting for one
+        wanted = "posted" in told or (told and coordinator.waiters.awaited())
+        if wanted or trio.current_time() >= due:
+            await _poll(coordinator)
+            due = trio.current_time() + interval
+
+
+async def _poll(coordinator: WorkflowCoordinator) -> None:
+    try:
+        await poll_once(coordinator)
+    except Exception as exc:  # noqa: BLE001 - the next poll tries again
+        logger.warning("the inbox poll failed: %r", exc)
 
 
 async def poll_once(coordinator: WorkflowCoordinator) -> None:

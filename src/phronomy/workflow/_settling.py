@@ -5,6 +5,7 @@ of it once the store says so.
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, Any
 
 from phronomy.errors import (
@@ -15,7 +16,7 @@ from phronomy.errors import (
     TransientError,
     UsageError,
 )
-from phronomy.storage import Consumption, LoadOp
+from phronomy.storage import Consumption, HistoryOp, LoadOp
 
 from ._claims import UNCHANGED
 from ._definition import FINISH
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import ResultHandle
-    from phronomy.storage import InboxEntry, PostOutcome, StoredRecord
+    from phronomy.storage import InboxEntry, InstanceStatus, PostOutcome, StoredRecord
 
     from ._definition import WorkflowDefinition
     from ._inbox import Feed
@@ -239,7 +240,8 @@ class Settling:
     def _load_result(self, entry: InboxEntry) -> None:
         """Settle the result waiters of *entry* (applied elsewhere) with the instance
         as stored now."""
-        assert self.gateway is not None
+        gateway = self.gateway
+        assert gateway is not None
         iid = entry.workflow_instance_id
 
         def decode(row: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
@@ -254,27 +256,57 @@ class Settling:
             except Exception as exc:  # noqa: BLE001 - the waiters' error
                 self.waiters.fail(iid, entry.event_id, exc)
                 return
-            result = None
-            if row is not None and decoded is not None:
-                phase = row.phase or FINISH
-                result = WorkflowResult(
-                    state=decoded.fields,
-                    phase=phase,
-                    workflow_instance_id=iid,
-                    revision=row.revision,
-                    halted=row.status == "halted",
-                    workflow=row.workflow,
-                    status=row.status,
+            if row is None or decoded is None:
+                self.waiters.settle(Applied(entry=entry, status="transitioned"))
+            elif row.status != "running":
+                self._settle_result(entry, row, decoded.fields, row.status)
+            else:  # claimed since it saved: the result has the status that save set
+                gateway.submit(
+                    HistoryOp(workflow_instance_id=iid, limit=1),
+                    lambda done: self.post_message(
+                        Call(
+                            functools.partial(saved, row=row, fields=decoded.fields),
+                            done,
+                        )
+                    ),
                 )
-            self.waiters.settle(
-                Applied(entry=entry, status="transitioned", result=result)
-            )
 
-        self.gateway.submit(
+        def saved(
+            done: outcome.Outcome[Any], *, row: StoredRecord, fields: Any
+        ) -> None:
+            try:
+                log = done.unwrap()
+            except Exception as exc:  # noqa: BLE001 - the waiters' error
+                self.waiters.fail(iid, entry.event_id, exc)
+                return
+            status = next(
+                (s.status for s in log if s.revision == row.revision), row.status
+            )
+            self._settle_result(entry, row, fields, status)
+
+        gateway.submit(
             LoadOp(workflow_instance_id=iid),
             lambda done: self.post_message(Call(loaded, done)),
             finish=decode,
         )
+
+    def _settle_result(
+        self,
+        entry: InboxEntry,
+        row: StoredRecord,
+        fields: Any,
+        status: InstanceStatus,
+    ) -> None:
+        result = WorkflowResult(
+            state=fields,
+            phase=row.phase or FINISH,
+            workflow_instance_id=entry.workflow_instance_id,
+            revision=row.revision,
+            halted=status == "halted",
+            workflow=row.workflow,
+            status=status,
+        )
+        self.waiters.settle(Applied(entry=entry, status="transitioned", result=result))
 
 
 class Call:
