@@ -17,6 +17,11 @@
                PostgreSQL schema when configured): leases keep their instances apart
 * executions   1,000 trivial supervised executions vs 1,000 raw trio.to_thread round trips;
                time from cancel to settlement with a 0.5 s blocking tool
+* inbox        durable posts/s (64 posters, SQLite) vs the raw insert limit (the same
+               numbering and insert in a raw trio + sqlite3 group-commit loop); post to
+               application p50/p99 in this process, from another process on SQLite (the
+               default poll interval) and on PostgreSQL (notifications); durable runs/s
+               that receive no events, with the inbox poll on and off
 * lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
                one); thread-portal calls vs raw trio.from_thread.run_sync
 """
@@ -35,6 +40,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import _inbox
 import _processes
 import trio
 import trio.lowlevel
@@ -303,10 +309,12 @@ def _write_batches(store: phronomy.SQLiteStore | phronomy.PostgresStore) -> list
     return sizes
 
 
-async def _durable_runs(path: str, total: int) -> tuple[float, float, float]:
+async def _durable_runs(
+    path: str, total: int, poll: float = 0.1
+) -> tuple[float, float, float]:
     store = phronomy.SQLiteStore(path)
     sizes = _write_batches(store)
-    async with phronomy.open_runtime(store=store) as runtime:
+    async with phronomy.open_runtime(store=store, inbox_poll_interval=poll) as runtime:
         cpu = time.process_time()
         rate = await _runs(runtime, three_steps(), total, 64, "run")
         cpu = time.process_time() - cpu
@@ -619,6 +627,88 @@ def bench_processes(directory: Path) -> None:
         )
 
 
+# --- inbox -------------------------------------------------------------------------------------
+
+
+def _report_latency(name: str, seconds: list[float], target: str = "") -> None:
+    p50, p99 = _inbox.percentiles(seconds)
+    line = (
+        f"{name:<34} p50 {p50:>7.1f} ms   p99 {p99:>7.1f} ms   ({len(seconds)} posts)"
+    )
+    print(line + (f"   [{target}]" if target else ""), flush=True)
+
+
+def bench_inbox(directory: Path) -> None:
+    total = _n(20_000, 1_000)
+    limit = sorted(
+        trio.run(_inbox.raw_post_limit, str(directory / f"rawpost{i}.db"), total)
+        for i in range(3)
+    )[1]
+    ours = sorted(
+        trio.run(
+            _inbox.posts_per_second,
+            phronomy.SQLiteStore(directory / f"posts{i}.db"),
+            total,
+        )
+        for i in range(3)
+    )[1]
+    _report(
+        "durable posts/s (SQLite, 64)",
+        ours,
+        "posts/s",
+        limit,
+        "raw limit (trio + sqlite3 insert)",
+        "target ratio >= 0.50",
+    )
+    count = _n(400, 40)
+    here = str(Path(__file__).parent)
+    _report_latency(
+        "post to applied, same process",
+        trio.run(
+            _inbox.latency_here, phronomy.SQLiteStore(directory / "lat.db"), count
+        ),
+    )
+    _report_latency(
+        "post to applied, other process",
+        _inbox.latency_across(f"sqlite:{directory / 'latx.db'}", count, here),
+        "SQLite: poll every 0.1 s",
+    )
+    dsn = _postgres_dsn()
+    if dsn is not None:
+        import psycopg
+
+        schema = f"bench_inbox_{os.getpid()}_{time.monotonic_ns()}"
+        try:
+            _report_latency(
+                "post to applied, other process",
+                _inbox.latency_across(f"postgres:{schema}:{dsn}", count, here),
+                "PostgreSQL, NOTIFY: target p99 <= 20 ms",
+            )
+        finally:
+            with psycopg.connect(dsn, autocommit=True) as conn:
+                conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+    runs = _n(10_000, 1_000)
+    on, off = (
+        _median_run(
+            [
+                trio.run(
+                    _durable_runs, str(directory / f"quiet{poll}{i}.db"), runs, poll
+                )
+                for i in range(3)
+            ]
+        )
+        for poll in (0.1, 0.0)
+    )
+    _report(
+        "durable runs/s, inbox poll on",
+        on[0],
+        "runs/s",
+        off[0],
+        "poll off",
+        "no events: target ratio >= 0.95",
+    )
+
+
 # --- executions --------------------------------------------------------------------------------
 
 
@@ -774,6 +864,7 @@ def main(argv: list[str] | None = None) -> int:
             "postgres": bench_postgres,
             "processes": lambda: bench_processes(directory),
             "executions": bench_executions,
+            "inbox": lambda: bench_inbox(directory),
             "lifecycle": bench_lifecycle,
         }
         for name, bench in benches.items():

@@ -424,7 +424,9 @@ def test_an_interrupt_is_one_line_and_status_130(
 
 
 def test_instances_send_stores_an_event_a_serving_runtime_applies_once(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     db = str(tmp_path / "orders.db")
     flow = (
@@ -470,6 +472,12 @@ def test_instances_send_stores_an_event_a_serving_runtime_applies_once(
     assert [(e["seq"], e["event"], e["event_id"]) for e in shown["pending_events"]] == [
         (1, "approve", "cli-1")
     ]
+    note = shown["pending_events_note"]
+    assert "serves workflow 'orders' applies them at its next poll" in note
+    monkeypatch.setattr(commands_module, "SETTLING_S", 0)  # as if it waited long
+    assert main(["instances", "show", "--db", db, "o-1"]) == 0
+    note = json.loads(capsys.readouterr().out)["pending_events_note"]
+    assert "no live runtime serves workflow 'orders': the oldest has waited" in note
     # bad input stores nothing
     assert main([*send, "--payload", "{not json"]) == 1
     assert "--payload is not JSON" in capsys.readouterr().err
@@ -494,6 +502,25 @@ def test_instances_send_stores_an_event_a_serving_runtime_applies_once(
     assert [(e.event_id, e.status, e.revision) for e in entries] == [
         ("cli-1", "transitioned", 2)
     ]
+    # the history: the event just below the save that consumed it
+    assert main(["instances", "history", "--db", db, "o-1", "--json"]) == 0
+    items = [json.loads(line) for line in capsys.readouterr().out.splitlines()]
+    assert [(i.get("kind", "save"), i["revision"], i["status"]) for i in items] == [
+        ("save", 2, "finished"),
+        ("event", 2, "transitioned"),
+        ("save", 1, "halted"),
+    ]
+    assert (items[1]["event_id"], items[1]["payload"]) == ("cli-1", '{"by":"ops"}')
+    assert items[1]["stored_at"].endswith("Z")
+    assert items[1]["consumed_at"].endswith("Z")
+    assert main(["instances", "history", "--db", db, "o-1"]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines()]
+    assert [r[:4] for r in rows[1:]] == [
+        ["2", "save", "finished", "__end__"],
+        ["2", "event", "1", "transitioned"],
+        ["1", "save", "halted", "awaiting"],
+    ]
+    assert 'payload {"by":"ops"}' in " ".join(rows[2])
 
 
 class _Order(phronomy.State):

@@ -72,6 +72,32 @@ def test_the_readme_sample_runs_twice(tmp_path: Path) -> None:
     assert second.splitlines() == ["finished __end__ 2", "finished 2"]
 
 
+def test_the_readme_webhook_answers_once_the_event_is_stored(tmp_path: Path) -> None:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    blocks = [b.split("```")[0] for b in text.split("```python\n")[1:]]
+    (sample,) = [b for b in blocks if "trio.run(main)" in b]
+    (webhook,) = [b for b in blocks if "def approval_webhook" in b]
+    check = """
+async def check():
+    store = phronomy.SQLiteStore("orders.db")
+    async with phronomy.open_runtime(store=store, workflows=[order_flow]) as rt:
+        await rt.workflows.invoke(order_flow, workflow_instance_id="order-2")
+        codes = [await approval_webhook(rt, "order-2", "d-1") for _ in range(2)]
+        codes.append(await approval_webhook(rt, "nobody", "d-2"))
+        while (await rt.workflows.receipt("order-2", "d-1")).status == "pending":
+            await trio.sleep(0.01)
+        codes.append(await approval_webhook(rt, "order-2", "d-3"))
+        print(codes, store.load("order-2").status, store.load("order-2").revision)
+
+trio.run(check)
+"""
+    (tmp_path / "webhook.py").write_text(sample + webhook + check, encoding="utf-8")
+    out = _run("webhook.py", cwd=tmp_path).splitlines()
+    # a retry of the same delivery is a repeat (202, applied once); an unknown order
+    # is 404; a finished one accepts no new event (409)
+    assert out[-1] == "[202, 202, 404, 409] finished 2"
+
+
 def test_demo_survives_the_process(tmp_path: Path) -> None:
     first = _run("-m", "phronomy", "demo", "--db", "demo.db", cwd=tmp_path)
     assert "started order-1: halted at 'awaiting_approval', revision 1" in first

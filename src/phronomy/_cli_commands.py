@@ -22,9 +22,8 @@ from phronomy.agent._records import (
     stale_records,
 )
 from phronomy.durability import kind_of
-from phronomy.engine import random_hex, random_uuid
+from phronomy.engine import random_hex
 from phronomy.errors import (
-    InstanceStateError,
     InvalidInputError,
     NotFoundError,
     PhronomyError,
@@ -33,17 +32,14 @@ from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
     EXECUTION_KIND,
     SCHEMA_VERSION,
+    InboxEntry,
     InboxOp,
-    Posting,
-    PostOp,
     SaveOp,
     cancellation,
     decode_snapshot_builtins,
     resolve_stored,
-    validate_event_id,
 )
 from phronomy.storage._shortcuts import MAX_LIMIT
-from phronomy.workflow._inbox import encode_payload
 
 if TYPE_CHECKING:
     import argparse
@@ -51,19 +47,21 @@ if TYPE_CHECKING:
 
     from phronomy.storage import SQLiteStore, StoredRecord
 
+SETTLING_S = 5
+"""Seconds a halted instance's event may wait for a runtime's poll before ``instances
+show`` says that no live runtime has taken it."""
+
 __all__ = [
     "cancel",
     "executions_list",
     "executions_resolve",
     "executions_show",
-    "history",
     "iso",
     "lease_state",
     "listing",
     "migrate",
     "resolve",
     "safe",
-    "send",
     "show",
 ]
 
@@ -254,6 +252,48 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
+def pending_events(store: SQLiteStore, record: StoredRecord) -> dict[str, Any]:
+    """The instance's pending events, and (if any) who applies them."""
+    pending = store.run(
+        InboxOp(workflow_instance_id=record.workflow_instance_id, limit=MAX_LIMIT)
+    )
+    view: dict[str, Any] = {
+        "pending_events": [
+            {
+                "seq": e.seq,
+                "event": e.event,
+                "event_id": e.event_id,
+                "stored_at": iso(e.stored_at_ms),
+            }
+            for e in pending
+        ]
+    }
+    if pending:
+        view["pending_events_note"] = _who_applies(record, pending[0])
+    return view
+
+
+def _who_applies(record: StoredRecord, oldest: InboxEntry) -> str:
+    workflow = safe(record.workflow)
+    if record.lease_owner:
+        return f"the runtime holding the instance ({safe(record.lease_owner)}) applies them"
+    if record.status != "halted":
+        return (
+            f"the instance is {record.status}: no runtime applies its events until "
+            "it is resumed"
+        )
+    waited = time.time() - oldest.stored_at_ms / 1000
+    if waited < SETTLING_S:
+        return (
+            f"a runtime that serves workflow {workflow!r} applies them at its next poll"
+        )
+    return (
+        f"no live runtime serves workflow {workflow!r}: the oldest has waited "
+        f"{waited:.0f} s; a runtime opened with open_runtime(workflows=[...]) that "
+        "includes it applies them"
+    )
+
+
 def show(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``instances show``: the row and its stored fields, as JSON."""
     record = _workflow_record(store, args)
@@ -277,45 +317,10 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
             error = exc
         else:
             view["fields"] = decoded.fields
-    pending = store.run(InboxOp(workflow_instance_id=args.id, limit=MAX_LIMIT))
-    view["pending_events"] = [
-        {
-            "seq": e.seq,
-            "event": e.event,
-            "event_id": e.event_id,
-            "stored_at": iso(e.stored_at_ms),
-        }
-        for e in pending
-    ]
+    view.update(pending_events(store, record))
     print(json.dumps(view, indent=2, sort_keys=True))
     if error is not None:
         raise error
-    return 0
-
-
-def history(store: SQLiteStore, args: argparse.Namespace) -> int:
-    """``instances history``: the instance's last saves, newest first."""
-    _workflow_record(store, args)
-    entries = store.history(args.id, limit=args.limit)
-    if args.json:
-        for e in entries:
-            print(_json(e, committed_at=e.committed_at_ms))
-        return 0
-    _table(
-        ("REV", "STATUS", "PHASE", "COMMITTED", "WRITE_ID", "VERSION", "DETAIL"),
-        [
-            (
-                str(e.revision),
-                e.status,
-                safe(e.phase or ""),
-                iso(e.committed_at_ms) or "",
-                safe(e.write_id),
-                safe(e.definition_version),
-                safe(e.detail or ""),
-            )
-            for e in entries
-        ],
-    )
     return 0
 
 
@@ -338,53 +343,6 @@ def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
     record = store.load(args.id)
     assert record is not None
     print(f"{safe(args.id)}: cancelled at revision {record.revision}")
-    return 0
-
-
-def send(store: SQLiteStore, args: argparse.Namespace) -> int:
-    """``instances send``: store an event in the instance's inbox; the runtime that
-    runs the instance, or one that serves its workflow, applies it."""
-    record = _workflow_record(store, args)
-    try:
-        payload = None if args.payload is None else json.loads(args.payload)
-    except json.JSONDecodeError as exc:
-        raise InvalidInputError(f"--payload is not JSON: {exc}") from None
-    if not args.event:
-        raise InvalidInputError("the event's name must not be empty")
-    event_id = random_uuid() if args.event_id is None else args.event_id
-    posting = Posting(
-        workflow_instance_id=args.id,
-        event_id=validate_event_id(event_id),
-        event=args.event,
-        payload=encode_payload(payload, event=args.event, instance=args.id),
-    )
-    posted = store.run(PostOp(posting=posting))
-    entry = posted.entry
-    if posted.outcome == "mismatch":
-        assert entry is not None
-        raise InvalidInputError(
-            f"event id {event_id!r} of {args.id!r} names another event "
-            f"({entry.event!r}, seq {entry.seq}); an event id names one event"
-        )
-    if posted.outcome in ("closed", "missing") or entry is None:
-        row = posted.row or record
-        raise InstanceStateError(
-            f"{args.id!r} is {row.status} (revision {row.revision}): it accepts no "
-            "events; nothing was stored",
-            instance_id=args.id,
-        )
-    repeat = posted.outcome == "duplicate"
-    what = f"already stored ({entry.status})" if repeat else "stored"
-    row = posted.row or record
-    who = (
-        f"the runtime holding it ({safe(row.lease_owner)}) applies it"
-        if row.lease_owner
-        else f"a runtime serving workflow {safe(row.workflow)!r} applies it"
-    )
-    print(
-        f"{safe(args.id)}: event {safe(entry.event)!r} {what} as seq {entry.seq} "
-        f"(event id {safe(entry.event_id)}); {who}"
-    )
     return 0
 
 

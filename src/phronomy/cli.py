@@ -35,7 +35,11 @@ from typing import TYPE_CHECKING, get_args
 
 import trio
 
-from phronomy import __version__, _cli_commands as commands_module
+from phronomy import (
+    __version__,
+    _cli_commands as commands_module,
+    _cli_events as events_module,
+)
 from phronomy._cli_commands import safe
 from phronomy._demo import run_demo
 from phronomy.errors import PhronomyError, StoreUnavailableError
@@ -167,18 +171,18 @@ def build_parser() -> argparse.ArgumentParser:
     history = command(
         actions,
         "history",
-        "list an instance's last saves, newest first",
-        commands_module.history,
+        "list an instance's last saves and events, newest first",
+        events_module.history,
         json_output=True,
     )
     history.add_argument("id", help="the workflow instance id")
-    _paging(history, "saves")
+    _paging(history, "saves and events")
     send = command(
         actions,
         "send",
         "store an event for an instance (a runtime that runs it or serves its "
         "workflow applies it, once)",
-        commands_module.send,
+        events_module.send,
         write=True,
     )
     send.add_argument("id", help="the workflow instance id")

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 import phronomy
-from phronomy.storage import BeginOp, MarkOp, cancellation
+from phronomy.storage import BeginOp, InboxEntry, MarkOp, cancellation
 from phronomy.testing import FaultyStore
 from phronomy.workflow import FINISH
 
@@ -231,7 +231,13 @@ async def test_a_cancelled_instance_refuses_every_event_and_nothing_is_written(
             assert "if_exists='restart'" in message  # how to start a new one
             assert not isinstance(caught.value, phronomy.InstanceExistsError)
             assert store.load("o-1") == before  # type: ignore[attr-defined]
+        with pytest.raises(phronomy.InstanceStateError, match="'o-1' is cancelled"):
+            await rt.workflows.post(flow, "o-1", "approve")  # stored first: refused
+        assert store.load("o-1") == before  # type: ignore[attr-defined]
         assert rt.workflows.segment("o-1") is None
+        assert not [
+            e for e in await rt.workflows.history("o-1") if isinstance(e, InboxEntry)
+        ]  # no event of any call was stored
     assert [e.revision for e in store.history("o-1")] == [2, 1]  # type: ignore[attr-defined]
 
 

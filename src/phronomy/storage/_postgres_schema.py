@@ -8,7 +8,7 @@ migration brings the schema from version i to i + 1; later releases append steps
 from __future__ import annotations
 
 from ._postgres_notify import SQL_NOTIFY
-from ._sql_inbox import INBOX_STATEMENTS, InboxStatements, pyformat
+from ._sql_inbox import INBOX_STATEMENTS, ROW, InboxStatements, pyformat
 from ._sql_ops import Statements
 
 __all__ = [
@@ -463,14 +463,14 @@ SQL_SERVER_STARTED = "SELECT pg_postmaster_start_time()::text"
 SQL_XACT_STATUS = "SELECT pg_xact_status(%s::xid8)"
 """``committed``, ``aborted``, ``in progress`` or NULL (too old to tell)."""
 
-SQL_NEXT_SEQ_NOWAIT = """
+SQL_NEXT_SEQ_NOWAIT = f"""
     UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
     WHERE instance_id = (
         SELECT instance_id FROM phronomy_workflow_instances
         WHERE instance_id = %(id)s AND status NOT IN ('finished', 'cancelled')
         FOR UPDATE SKIP LOCKED)
-    RETURNING inbox_seq
-"""
+    RETURNING {ROW}
+"""  # noqa: S608 - constant
 """The next inbox number for a claim's posting, under the instance's row lock; a row
 another transaction has locked (a stalled client, say) is skipped, not waited for:
 the claim is refused as busy at once, as a claim of a locked row is."""

@@ -18,6 +18,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "INBOX_STATEMENTS",
+    "ROW",
     "InboxStatements",
     "check_pending",
     "consume",
@@ -30,6 +31,15 @@ _COLUMNS = (
     "instance_id, seq, event_id, event, payload, input, expected_revision, "
     "stored_at_ms, status, revision, consumed_at_ms, detail"
 )
+
+
+ROW = (
+    "inbox_seq, instance_id, workflow, revision, status, phase, NULL, last_write_id, "
+    "detail, updated_at_ms, definition_version, lease_owner, lease_epoch, "
+    "lease_expires_at_ms, takeovers, cancel_requested"
+)
+"""What numbering an entry returns: the number, then the instance's row as a load
+reads it, without the snapshot (the post's outcome needs the row, not the state)."""
 
 
 class InboxStatements(NamedTuple):
@@ -54,17 +64,17 @@ class InboxStatements(NamedTuple):
 
 INBOX_STATEMENTS = InboxStatements(
     # under the instance's row (a lock on PostgreSQL): entries take its order
-    next_seq="""
+    next_seq=f"""
         UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
         WHERE instance_id = :id AND status NOT IN ('finished', 'cancelled')
-        RETURNING inbox_seq
-    """,
+        RETURNING {ROW}
+    """,  # noqa: S608 - constant
     # a claim's posting (SQLite locks the whole database: the same statement)
-    next_seq_nowait="""
+    next_seq_nowait=f"""
         UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
         WHERE instance_id = :id AND status NOT IN ('finished', 'cancelled')
-        RETURNING inbox_seq
-    """,
+        RETURNING {ROW}
+    """,  # noqa: S608 - constant
     # a repeat stored nothing: its number goes back (the row is still locked), so an
     # inbox's numbers have no gaps (a segment knows it has seen every entry)
     give_back_seq="""
@@ -170,11 +180,13 @@ def post(
     sql: InboxStatements,
     now: int,
     load: Callable[[], StoredRecord | None],
+    row_from: Callable[[tuple[Any, ...]], StoredRecord],
     *,
     wait: bool = True,
 ) -> PostOutcome:
     """Store *posting* (see :class:`~phronomy.storage.PostOp`); *load* reads the
-    instance's row (for a posting that stores nothing, and for the outcome)."""
+    instance's row for a posting that stores nothing; *row_from* makes the row the
+    numbering returned (:data:`ROW`) a record."""
     iid = posting.workflow_instance_id
     key = {"id": iid, "event_id": posting.event_id}
     numbering = sql.next_seq if wait else sql.next_seq_nowait
@@ -203,7 +215,7 @@ def post(
             )
             if sql.notify:
                 conn.execute(sql.notify, {"kind": "posted"})
-            return PostOutcome(outcome="stored", entry=entry, row=load())
+            return PostOutcome(outcome="stored", entry=entry, row=row_from(seq[1:]))
         conn.execute(sql.give_back_seq, {"id": iid})
     # nothing stored: an earlier entry with this id, or an instance that is closed or
     # missing says why

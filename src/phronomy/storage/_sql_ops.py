@@ -339,7 +339,9 @@ def _post(
         row = conn.execute(sql.load, (iid,)).fetchone()
         return None if row is None else replace(record_from_row(row), snapshot=None)
 
-    return post(conn, posting, sql.inbox, clock.wall_ms(), load, wait=wait)
+    return post(
+        conn, posting, sql.inbox, clock.wall_ms(), load, record_from_row, wait=wait
+    )
 
 
 def _save(
