@@ -61,7 +61,7 @@ def tally_flow(*, live: bool) -> phronomy.WorkflowDefinition[Tally]:
     return wf.build()
 
 
-def open_store(spec: str) -> phronomy.storage.WorkflowStore:
+def open_store(spec: str) -> phronomy.storage.BaseStore[Any]:
     """The store *spec* names (see the module docstring)."""
     kind, _, rest = spec.partition(":")
     if kind == "sqlite":

@@ -84,7 +84,7 @@ def mixed_db(open_sqlite: OpenSQLite, tmp_path: Path) -> str:
     ops = [_save("a-0"), _save("a-1"), _save("b-0"), _save("b-1", status="failed")]
     ops += [_execution(f"{n:03d}", "completed") for n in range(600)]
     ops += [_execution("crashed")]
-    assert all(r.unwrap().outcome == "success" for r in store.execute(ops))  # type: ignore[union-attr]
+    assert all(r.unwrap().outcome == "success" for r in store.execute(ops))
     store.mark(
         "agent:stuck", "recovery_required", create=True, workflow="phronomy.execution"
     )

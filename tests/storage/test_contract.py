@@ -12,6 +12,7 @@ import pytest
 from phronomy import errors, storage
 from phronomy.storage import (
     SAVE_LOG_DEPTH,
+    BaseStore,
     BeginOp,
     ClaimOp,
     DeleteOp,
@@ -25,7 +26,6 @@ from phronomy.storage import (
     SaveOp,
     SaveRequest,
     SQLiteStore,
-    WorkflowStore,
     check_startable,
 )
 from phronomy.testing import FaultyStore
@@ -33,6 +33,9 @@ from phronomy.testing import FaultyStore
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
     from pathlib import Path
+
+Store = BaseStore[Any]
+"""Every store the contract runs on (they share BaseStore's shortcuts)."""
 
 _ids = itertools.count()
 
@@ -51,19 +54,19 @@ def request(
     )
 
 
-STORES: dict[str, Callable[[Path], WorkflowStore]] = {
+STORES: dict[str, Callable[[Path], Store]] = {
     "memory": lambda path: MemoryStore(),
     "sqlite": lambda path: SQLiteStore(path / "contract.db"),
     "faulty-sqlite": lambda path: FaultyStore(SQLiteStore(path / "faulty.db")),
 }
-SERVER_STORES: dict[str, Callable[[Callable[..., WorkflowStore]], WorkflowStore]] = {
+SERVER_STORES: dict[str, Callable[[Callable[..., Store]], Store]] = {
     "postgres": lambda open_postgres: open_postgres(),
     "faulty-postgres": lambda open_postgres: FaultyStore(open_postgres()),
 }
 
 
 @pytest.fixture(params=sorted(STORES) + sorted(SERVER_STORES))
-def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkflowStore]:
+def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Store]:
     if request.param in SERVER_STORES:
         opener = request.getfixturevalue("open_postgres")
         made = SERVER_STORES[request.param](opener)
@@ -73,7 +76,7 @@ def store(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[WorkflowSt
     made.close()
 
 
-def test_revision_contract(store: WorkflowStore) -> None:
+def test_revision_contract(store: Store) -> None:
     # scenario 63
     assert store.load("missing") is None
     assert store.save(request("a", None)) == 1
@@ -92,7 +95,7 @@ def test_revision_contract(store: WorkflowStore) -> None:
     assert store.save(request("a", None)) == 1
 
 
-def test_loaded_rows_are_isolated_values(store: WorkflowStore) -> None:
+def test_loaded_rows_are_isolated_values(store: Store) -> None:
     store.save(request("iso", None, snapshot=b'{"fields":{"x":[1]}}'))
     first = store.load("iso")
     assert first is not None
@@ -103,7 +106,7 @@ def test_loaded_rows_are_isolated_values(store: WorkflowStore) -> None:
     assert second == first
 
 
-def test_rows_carry_status_phase_workflow_and_write_id(store: WorkflowStore) -> None:
+def test_rows_carry_status_phase_workflow_and_write_id(store: Store) -> None:
     saved = request("row", None, status="finished")
     store.save(saved)
     row = store.load("row")
@@ -118,7 +121,7 @@ def test_rows_carry_status_phase_workflow_and_write_id(store: WorkflowStore) -> 
     assert row.updated_at_ms > 0
 
 
-def test_find_write_identifies_committed_saves(store: WorkflowStore) -> None:
+def test_find_write_identifies_committed_saves(store: Store) -> None:
     first, second = request("fw", None), request("fw", 1)
     store.save(first)
     store.save(second)
@@ -129,7 +132,7 @@ def test_find_write_identifies_committed_saves(store: WorkflowStore) -> None:
 
 
 def test_the_save_log_keeps_the_recent_saves_of_each_instance(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     requests = [request("deep", None)] + [
         request("deep", revision) for revision in range(1, SAVE_LOG_DEPTH + 8)
@@ -146,7 +149,7 @@ def test_the_save_log_keeps_the_recent_saves_of_each_instance(
     assert store.find_write("other", requests[-1].write_id) is None
 
 
-def test_begin_marks_running_at_the_expected_revision(store: WorkflowStore) -> None:
+def test_begin_marks_running_at_the_expected_revision(store: Store) -> None:
     assert store.begin("c", "wf")  # no row: a revision-0 placeholder
     placeholder = store.load("c")
     assert placeholder is not None
@@ -167,7 +170,7 @@ def test_begin_marks_running_at_the_expected_revision(store: WorkflowStore) -> N
     assert store.load("absent") is None
 
 
-def test_startable_rows(store: WorkflowStore) -> None:
+def test_startable_rows(store: Store) -> None:
     store.save(request("s", None))
     row = store.load("s")
     assert row is not None
@@ -177,7 +180,7 @@ def test_startable_rows(store: WorkflowStore) -> None:
         check_startable(row, "other")
 
 
-def test_recovery_required_is_fail_closed(store: WorkflowStore) -> None:
+def test_recovery_required_is_fail_closed(store: Store) -> None:
     store.save(request("r", None))
     assert store.mark("r", "recovery_required", detail="lost ack")
     row = store.load("r")
@@ -189,7 +192,7 @@ def test_recovery_required_is_fail_closed(store: WorkflowStore) -> None:
     assert store.load("r").status == "recovery_required"  # type: ignore[union-attr]
 
 
-def test_mark_is_guarded_by_revision(store: WorkflowStore) -> None:
+def test_mark_is_guarded_by_revision(store: Store) -> None:
     store.save(request("m", None))
     assert not store.mark("m", "failed", expected_revision=7)
     assert store.mark("m", "failed", expected_revision=1, detail="boom")
@@ -201,7 +204,7 @@ def test_mark_is_guarded_by_revision(store: WorkflowStore) -> None:
     assert store.load("m").detail is None  # type: ignore[union-attr]
 
 
-def test_listing_filters_and_paginates(store: WorkflowStore) -> None:
+def test_listing_filters_and_paginates(store: Store) -> None:
     for i in range(5):
         store.save(request(f"i{i}", None, status="halted" if i % 2 else "finished"))
     page = store.list_instances(limit=2)
@@ -218,7 +221,7 @@ def test_listing_filters_and_paginates(store: WorkflowStore) -> None:
             bad(limit=0)
 
 
-def test_batches_check_each_save_on_its_own(store: WorkflowStore) -> None:
+def test_batches_check_each_save_on_its_own(store: Store) -> None:
     store.save(request("x", None))
     results = store.execute(
         [
@@ -232,7 +235,7 @@ def test_batches_check_each_save_on_its_own(store: WorkflowStore) -> None:
         ]
     )
     assert all(isinstance(r, outcome.Value) for r in results), results
-    values = [r.unwrap() for r in results]  # type: ignore[union-attr]
+    values = [r.unwrap() for r in results]
     assert (values[0].outcome, values[0].revision) == ("success", 1)
     assert values[1].outcome == "known_failure"
     assert isinstance(values[1].error, errors.ConflictError)
@@ -244,7 +247,7 @@ def test_batches_check_each_save_on_its_own(store: WorkflowStore) -> None:
     assert store.load("x").revision == 2  # type: ignore[union-attr]
 
 
-def test_errors_stay_inside_the_batch(store: WorkflowStore) -> None:
+def test_errors_stay_inside_the_batch(store: Store) -> None:
     store.save(request("bad", None))
     results = store.execute(
         [
@@ -254,7 +257,7 @@ def test_errors_stay_inside_the_batch(store: WorkflowStore) -> None:
     )
     assert isinstance(results[0], outcome.Error)
     assert isinstance(results[0].error, errors.ConflictError)
-    assert results[1].unwrap().outcome == "success"  # type: ignore[union-attr]
+    assert results[1].unwrap().outcome == "success"
 
 
 def leased(
@@ -263,7 +266,7 @@ def leased(
     return msgspec.structs.replace(request(iid, expected, status=status), lease=lease)
 
 
-def test_a_lease_admits_one_owner_and_fences_its_writes(store: WorkflowStore) -> None:
+def test_a_lease_admits_one_owner_and_fences_its_writes(store: Store) -> None:
     assert store.begin("l", "wf", lease_owner="A", ttl_ms=60_000) == 1
     assert store.begin("l", "wf", lease_owner="B", ttl_ms=60_000) is None  # held
     row = store.load("l")
@@ -294,7 +297,7 @@ def test_a_lease_admits_one_owner_and_fences_its_writes(store: WorkflowStore) ->
     assert store.save(leased("l", 1, Lease(owner="B", epoch=2), "finished")) == 2
 
 
-def test_an_expired_lease_can_be_claimed_by_another_owner(store: WorkflowStore) -> None:
+def test_an_expired_lease_can_be_claimed_by_another_owner(store: Store) -> None:
     assert store.begin("e", "wf", lease_owner="A", ttl_ms=0) == 1  # expires at once
     assert store.begin("e", "wf", lease_owner="B", ttl_ms=60_000) == 2
     with pytest.raises(errors.LeaseLostError, match="epoch 2"):
@@ -304,7 +307,7 @@ def test_an_expired_lease_can_be_claimed_by_another_owner(store: WorkflowStore) 
 
 
 def test_a_cancel_request_reaches_the_lease_holder_and_ends_with_it(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     assert store.run(RequestCancelOp(workflow_instance_id="c", reason="x")) is None
     store.begin("c", "wf", lease_owner="A", ttl_ms=60_000)
@@ -323,7 +326,7 @@ def test_a_cancel_request_reaches_the_lease_holder_and_ends_with_it(
 
 
 def test_marks_keep_the_lease_only_while_the_outcome_is_open(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     store.begin("m", "wf", lease_owner="A", ttl_ms=60_000)
     # Before: a mark without a lease changed a row a runtime runs under its lease (a
@@ -351,7 +354,7 @@ def test_marks_keep_the_lease_only_while_the_outcome_is_open(
     assert (row.lease_owner, row.lease_expires_at_ms) == (None, None)
 
 
-def test_the_recovery_sweep_puts_expired_instances_back(store: WorkflowStore) -> None:
+def test_the_recovery_sweep_puts_expired_instances_back(store: Store) -> None:
     store.save(request("h", None))  # halted at revision 1
     assert store.begin("h", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)
     assert store.begin("n", "wf", lease_owner="A", ttl_ms=0)  # never saved
@@ -380,7 +383,7 @@ def test_the_recovery_sweep_puts_expired_instances_back(store: WorkflowStore) ->
     assert "2 times in a row" in (row.detail or "")
 
 
-def test_a_save_resets_the_takeover_count(store: WorkflowStore) -> None:
+def test_a_save_resets_the_takeover_count(store: Store) -> None:
     store.save(request("t", None))
     store.begin("t", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)
     store.run(RecoverOp())
@@ -392,7 +395,7 @@ def test_a_save_resets_the_takeover_count(store: WorkflowStore) -> None:
     assert (row.revision, row.takeovers, row.status) == (2, 0, "halted")
 
 
-def test_a_claim_loads_and_claims_in_one_write(store: WorkflowStore) -> None:
+def test_a_claim_loads_and_claims_in_one_write(store: Store) -> None:
     def claim(iid: str, owner: str, statuses: tuple[str, ...], create: bool) -> Any:
         claimed = store.run(
             ClaimOp(
@@ -447,7 +450,7 @@ def test_a_claim_loads_and_claims_in_one_write(store: WorkflowStore) -> None:
 
 
 def test_a_leased_save_of_a_row_that_is_gone_is_a_conflict(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     # Before: MemoryStore accepted it and created the row again (the SQL stores
     # refused it): a lease-holding save always updates the row its claim made.
@@ -476,7 +479,7 @@ def test_store_identities_are_never_reused() -> None:
     assert len(seen) == 100
 
 
-def test_a_save_keeps_the_workflow_of_its_row(store: WorkflowStore) -> None:
+def test_a_save_keeps_the_workflow_of_its_row(store: Store) -> None:
     # Before: MemoryStore gave the row the saving request's workflow (the SQL stores
     # keep the row's; a request's name only fills a row that has none).
     store.run(MarkOp(workflow_instance_id="w", status="failed", create=True))
@@ -487,7 +490,7 @@ def test_a_save_keeps_the_workflow_of_its_row(store: WorkflowStore) -> None:
     assert store.load("w").workflow == "other"  # type: ignore[union-attr]
 
 
-def test_a_running_save_keeps_the_cancel_request(store: WorkflowStore) -> None:
+def test_a_running_save_keeps_the_cancel_request(store: Store) -> None:
     # Before: MemoryStore dropped it (the SQL stores keep it with the lease), so a
     # cancellation asked for during a segment was lost at its next running save.
     assert store.begin("k", "wf", lease_owner="A", ttl_ms=60_000) == 1
@@ -506,7 +509,7 @@ def test_a_running_save_keeps_the_cancel_request(store: WorkflowStore) -> None:
 
 
 def test_a_claim_of_a_new_instance_ignores_the_expected_revision(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     # Before: MemoryStore refused it when the instance had no row (the SQL stores
     # create it: only_new claims an instance that has no row, whatever was expected).
@@ -521,7 +524,7 @@ def test_a_claim_of_a_new_instance_ignores_the_expected_revision(
 
 
 def test_a_mark_never_recreates_a_row_a_lease_or_revision_is_expected_on(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     # Before (found by the differential model): SQLite and PostgreSQL inserted a
     # placeholder for MarkOp(create=True) on a missing row even when the mark named a
@@ -554,7 +557,7 @@ def _posting(
     )
 
 
-def test_the_inbox_stores_events_in_order_once_each(store: WorkflowStore) -> None:
+def test_the_inbox_stores_events_in_order_once_each(store: Store) -> None:
     store.save(request("i", None))  # halted at revision 1
     posted = [store.run(storage.PostOp(posting=_posting("i", f"e{n}"))) for n in (1, 2)]
     assert [(p.outcome, p.entry.seq) for p in posted] == [("stored", 1), ("stored", 2)]
@@ -583,7 +586,7 @@ def test_the_inbox_stores_events_in_order_once_each(store: WorkflowStore) -> Non
     assert store.run(storage.InboxOp(workflow_instance_id="done")) == ()
 
 
-def test_an_inbox_has_no_gaps_in_its_numbers(store: WorkflowStore) -> None:
+def test_an_inbox_has_no_gaps_in_its_numbers(store: Store) -> None:
     # A segment knows it saw every entry when the numbers it was offered follow each
     # other: a repeat (which stores nothing) must not use up a number.
     store.save(request("g", None))
@@ -595,7 +598,7 @@ def test_an_inbox_has_no_gaps_in_its_numbers(store: WorkflowStore) -> None:
 
 
 def test_a_write_that_consumes_an_entry_twice_is_refused_and_changes_nothing(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     # The store's own guard of exactly-once: an entry consumed by one write cannot be
     # consumed by the next one (a segment that was offered it twice).
@@ -623,7 +626,7 @@ def test_a_write_that_consumes_an_entry_twice_is_refused_and_changes_nothing(
 
 
 def test_entries_a_closing_write_refuses_name_the_row_s_revision(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     # Before (found by the differential model): a closing mark without an expected
     # revision recorded revision 0 on the entries it refused, and a recovery that
@@ -669,7 +672,7 @@ def test_raw_inbox_operations_check_what_they_are_given() -> None:
 
 
 def test_a_save_consumes_its_entries_and_a_closing_save_refuses_the_rest(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     store.save(request("c", None))
     for n in (1, 2, 3):
@@ -707,7 +710,7 @@ def test_a_save_consumes_its_entries_and_a_closing_save_refuses_the_rest(
 
 
 def test_a_mark_consumes_entries_and_the_inbox_keeps_the_last_few(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     store.save(request("m", None))
     for n in range(SAVE_LOG_DEPTH + 3):
@@ -732,7 +735,7 @@ def test_a_mark_consumes_entries_and_the_inbox_keeps_the_last_few(
 
 
 def test_the_poll_sees_pending_entries_of_held_and_free_instances(
-    store: WorkflowStore,
+    store: Store,
 ) -> None:
     store.save(msgspec.structs.replace(request("unserved", None), workflow="other"))
     for iid in ("free", "mine", "theirs", "failed", "unserved"):
@@ -762,7 +765,7 @@ def test_the_poll_sees_pending_entries_of_held_and_free_instances(
     assert [e.workflow_instance_id for e, *_ in other] == ["free", "mine", "unserved"]
 
 
-def test_a_claim_posts_and_returns_the_pending_entries(store: WorkflowStore) -> None:
+def test_a_claim_posts_and_returns_the_pending_entries(store: Store) -> None:
     store.save(request("q", None))
     store.run(storage.PostOp(posting=_posting("q", "first")))
     claimed = store.run(

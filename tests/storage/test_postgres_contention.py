@@ -222,7 +222,7 @@ def test_every_connection_runs_with_the_session_timeouts(
     expected = ["500ms", "1500ms", "2s"]
 
     def shown(conn: psycopg.Connection[Any]) -> list[str]:
-        return [conn.execute(f"SHOW {name}").fetchone()[0] for name in names]  # type: ignore[index]
+        return [conn.execute(f"SHOW {name}").fetchone()[0] for name in names]
 
     with store._writing() as conn:
         assert shown(conn) == expected

@@ -142,7 +142,7 @@ def test_group_commit_failure_reconciles_each_save(
         [SaveOp(request=request(f"g{i}", None)) for i in range(5)]
         + [SaveOp(request=request("pre", 1))]
     )
-    outcomes = [r.unwrap().outcome for r in results]  # type: ignore[union-attr]
+    outcomes = [r.unwrap().outcome for r in results]
     assert outcomes == [expected] * 6
     present = [store.load(f"g{i}") is not None for i in range(5)]
     assert present == [expected == "success"] * 5
@@ -542,7 +542,7 @@ def _statements(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     connect = sqlite3.connect
 
     def traced(*args: object, **kwargs: object) -> sqlite3.Connection:
-        conn = connect(*args, **kwargs)  # type: ignore[arg-type]
+        conn = connect(*args, **kwargs)
         log: list[str] = []
         opened.append(log)
         conn.set_trace_callback(log.append)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -18,7 +18,7 @@ def make_store(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     open_sqlite: Callable[..., phronomy.SQLiteStore],
-) -> Callable[[], phronomy.storage.WorkflowStore]:
+) -> Callable[[], phronomy.storage.BaseStore[Any]]:
     if request.param == "memory":
         shared = phronomy.MemoryStore()
         return lambda: shared

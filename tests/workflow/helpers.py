@@ -145,7 +145,7 @@ def guarded_flow(name: str = "guarded") -> phronomy.WorkflowDefinition[Value]:
 
 
 def runtime_on(
-    store: phronomy.storage.WorkflowStore, **kw: Any
+    store: phronomy.storage.BaseStore[Any], **kw: Any
 ) -> AbstractAsyncContextManager[phronomy.Runtime]:
     return phronomy.open_runtime(
         store=store, shutdown_timeout=kw.pop("shutdown_timeout", 2.0), **kw

@@ -38,7 +38,7 @@ def _blocking_flow(started: threading.Event, finished: list[float]) -> Any:
 
 
 async def test_cancel_settles_only_after_the_effects_thread_returned(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     started, finished = threading.Event(), []
@@ -64,7 +64,7 @@ async def test_cancel_settles_only_after_the_effects_thread_returned(
             "c-1",
             "customer left",
         )
-        row = store.load("c-1")  # type: ignore[attr-defined]
+        row = store.load("c-1")
         assert (row.status, row.revision, row.detail) == (
             "cancelled",
             1,
@@ -82,7 +82,7 @@ async def test_cancel_settles_only_after_the_effects_thread_returned(
         await rt.workflows.cancel(flow, "c-1")
         with pytest.raises(phronomy.WorkflowCancelledError):
             await restarted.result()
-    history = [(e.revision, e.status) for e in store.history("c-1")]  # type: ignore[attr-defined]
+    history = [(e.revision, e.status) for e in store.history("c-1")]
     assert history == [(2, "cancelled"), (1, "cancelled")]
 
 
@@ -113,7 +113,7 @@ async def test_a_cancelled_segment_takes_no_more_events(
 
 
 async def test_cancelling_stored_instances(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     flow = approval_flow()
@@ -134,12 +134,12 @@ async def test_cancelling_stored_instances(
             BeginOp(
                 workflow_instance_id="r", workflow=flow.name, expected_revision=None
             )
-        )  # type: ignore[attr-defined]
+        )
         with pytest.raises(phronomy.InstanceStateError, match="force=True"):
             await rt.workflows.cancel(flow, "r")
         forced = await rt.workflows.cancel(flow, "r", force=True)
         assert (forced.status, forced.revision) == ("cancelled", 0)
-        store.run(  # type: ignore[attr-defined]
+        store.run(
             BeginOp(
                 workflow_instance_id="leased",
                 workflow=flow.name,
@@ -147,12 +147,12 @@ async def test_cancelling_stored_instances(
                 ttl_ms=60_000,
             )
         )
-        leased = store.load("leased")  # type: ignore[attr-defined]
+        leased = store.load("leased")
         for force in (False, True):  # offline, never under another runtime's lease
             with pytest.raises(phronomy.InstanceStateError, match="another runtime"):
                 cancellation(leased, "leased", reason=None, write_id="w", force=force)
         await rt.workflows.invoke(flow, workflow_instance_id="q")
-        store.run(  # type: ignore[attr-defined]
+        store.run(
             MarkOp(
                 workflow_instance_id="q",
                 status="recovery_required",
@@ -164,11 +164,11 @@ async def test_cancelling_stored_instances(
             await rt.workflows.cancel(flow, "q")
         with pytest.raises(phronomy.InvalidInputError, match="reason must be text"):
             await rt.workflows.cancel(flow, "h", reason=3)  # type: ignore[arg-type]
-    assert store.load("h").detail == "cancelled: duplicate order"  # type: ignore[attr-defined]
+    assert store.load("h").detail == "cancelled: duplicate order"
 
 
 async def test_a_cancel_during_loading_applies_once_loaded(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = FaultyStore(make_store())
     wf = phronomy.Workflow(Value, name="two-step").wait_state("w").initial("w")
@@ -203,7 +203,7 @@ async def test_a_cancel_during_loading_applies_once_loaded(
 
 
 async def test_a_cancelled_instance_refuses_every_event_and_nothing_is_written(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: after cancel saved "cancelled" at revision 2, send_event and resume (by
     # id, or with halted=) claimed the row a second time, ran the transition and saved
@@ -213,7 +213,7 @@ async def test_a_cancelled_instance_refuses_every_event_and_nothing_is_written(
     async with runtime_on(store) as rt:
         halted = await rt.workflows.invoke(flow, workflow_instance_id="o-1")
         await rt.workflows.cancel(flow, "o-1", reason="customer left")
-        before = store.load("o-1")  # type: ignore[attr-defined]
+        before = store.load("o-1")
         assert (before.status, before.revision) == ("cancelled", 2)
         calls = [
             lambda: rt.workflows.send_event(
@@ -230,34 +230,34 @@ async def test_a_cancelled_instance_refuses_every_event_and_nothing_is_written(
             assert "'o-1' is cancelled (revision 2)" in message
             assert "if_exists='restart'" in message  # how to start a new one
             assert not isinstance(caught.value, phronomy.InstanceExistsError)
-            assert store.load("o-1") == before  # type: ignore[attr-defined]
+            assert store.load("o-1") == before
         with pytest.raises(phronomy.InstanceStateError, match="'o-1' is cancelled"):
             await rt.workflows.post(flow, "o-1", "approve")  # stored first: refused
-        assert store.load("o-1") == before  # type: ignore[attr-defined]
+        assert store.load("o-1") == before
         assert rt.workflows.segment("o-1") is None
         assert not [
             e for e in await rt.workflows.history("o-1") if isinstance(e, InboxEntry)
         ]  # no event of any call was stored
-    assert [e.revision for e in store.history("o-1")] == [2, 1]  # type: ignore[attr-defined]
+    assert [e.revision for e in store.history("o-1")] == [2, 1]
 
 
 async def test_a_finished_instance_refuses_events_by_id_and_nothing_is_written(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     flow = approval_flow()
     async with runtime_on(store) as rt:
         await rt.workflows.invoke(flow, workflow_instance_id="f-1")
         await rt.workflows.send_event(flow, "approve", workflow_instance_id="f-1")
-        before = store.load("f-1")  # type: ignore[attr-defined]
+        before = store.load("f-1")
         assert (before.status, before.revision) == ("finished", 2)
         with pytest.raises(phronomy.InstanceStateError, match="is finished"):
             await rt.workflows.send_event(flow, "approve", workflow_instance_id="f-1")
-        assert store.load("f-1") == before  # type: ignore[attr-defined]
+        assert store.load("f-1") == before
 
 
 async def test_cancelling_a_stored_instance_reports_its_state(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: the result of cancelling a halted instance had state=None although
     # WorkflowResult.state is not optional.
@@ -273,7 +273,7 @@ async def test_cancelling_a_stored_instance_reports_its_state(
         again = await rt.workflows.cancel(flow, "s-1")  # idempotent, same answer
         assert again.state == halted.state
         # a placeholder that failed before its first save: the state's defaults
-        store.run(  # type: ignore[attr-defined]
+        store.run(
             MarkOp(
                 workflow_instance_id="s-2",
                 status="failed",
@@ -291,19 +291,19 @@ class Required(phronomy.State):
 
 
 async def test_cancelling_an_unsaved_instance_without_defaults_writes_nothing(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     wf = phronomy.Workflow(Required, name="required").wait_state("w")
     wf.transition("w", FINISH, on="go")
     flow = wf.build()
-    store.run(  # type: ignore[attr-defined]
+    store.run(
         MarkOp(
             workflow_instance_id="r-1", status="failed", create=True, workflow=flow.name
         )
     )
-    before = store.load("r-1")  # type: ignore[attr-defined]
+    before = store.load("r-1")
     async with runtime_on(store) as rt:
         with pytest.raises(phronomy.InstanceStateError, match="never saved a state"):
             await rt.workflows.cancel(flow, "r-1")
-    assert store.load("r-1") == before  # type: ignore[attr-defined]
+    assert store.load("r-1") == before

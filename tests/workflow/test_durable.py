@@ -48,7 +48,7 @@ if TYPE_CHECKING:
 
 
 def fields(
-    store: phronomy.storage.WorkflowStore, iid: str
+    store: phronomy.storage.BaseStore[Any], iid: str
 ) -> tuple[StoredRecord, dict[str, Any]]:
     record = store.load(iid)
     assert record is not None
@@ -59,7 +59,7 @@ def fields(
     return record, decoded.fields
 
 
-def status_of(store: phronomy.storage.WorkflowStore, iid: str) -> str | None:
+def status_of(store: phronomy.storage.BaseStore[Any], iid: str) -> str | None:
     record = store.load(iid)
     return None if record is None else record.status
 
@@ -68,7 +68,7 @@ def status_of(store: phronomy.storage.WorkflowStore, iid: str) -> str | None:
 
 
 async def test_durable_invocations_hydrate_and_save_revisions(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 64
     store = make_store()
@@ -97,7 +97,7 @@ async def test_durable_invocations_hydrate_and_save_revisions(
 
 
 async def test_no_explicit_id_means_no_persistence(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 65
     store = make_store()
@@ -108,7 +108,7 @@ async def test_no_explicit_id_means_no_persistence(
 
 
 async def test_durable_halt_then_resume(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenarios 16 and 68 on a store
     store = make_store()
@@ -133,7 +133,7 @@ async def test_durable_halt_then_resume(
 
 
 async def test_resume_by_id_across_runtimes(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     flow = approval_flow()
     async with runtime_on(make_store()) as rt:
@@ -161,7 +161,7 @@ async def test_resume_by_id_across_runtimes(
 
 
 async def test_a_rejected_resume_does_not_touch_the_status(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     wf = (
@@ -182,7 +182,7 @@ async def test_a_rejected_resume_does_not_touch_the_status(
 
 
 async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: the caller hung while the store said "halted" (the segment stayed live).
     store = make_store()
@@ -225,7 +225,7 @@ async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
 
 
 async def test_resume_validation_detects_divergence(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 69
     store = make_store()
@@ -264,7 +264,7 @@ async def test_resume_validation_detects_divergence(
 
 
 async def test_resume_of_an_ephemeral_halt_creates_the_record(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenarios 70, 133
     flow = approval_flow()
@@ -288,7 +288,7 @@ class Rich(phronomy.State):
 
 
 async def test_normalised_comparison_has_no_false_conflicts(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 71
     wf = phronomy.Workflow(Rich, name="rich").wait_state("w").initial("w")
@@ -304,7 +304,7 @@ async def test_normalised_comparison_has_no_false_conflicts(
 
 
 async def test_stream_over_a_durable_instance(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 73
     store = make_store()
@@ -326,7 +326,7 @@ async def test_stream_over_a_durable_instance(
 
 
 async def test_no_halted_step_before_the_save_succeeds(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenarios 62, 74
     store = FaultyStore(make_store())
@@ -357,7 +357,7 @@ async def test_no_halted_step_before_the_save_succeeds(
 
 
 async def test_stray_events_while_persisting_are_discarded(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 54
     store = FaultyStore(make_store())
@@ -375,7 +375,7 @@ async def test_stray_events_while_persisting_are_discarded(
 
 
 async def test_competitors_are_refused_while_loading_and_saving(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenarios 53, 54, 55, 56. One workflow throughout, which declares the signalled
     # event: each False below comes from the admission's state, not from a name check.
@@ -412,7 +412,7 @@ async def test_competitors_are_refused_while_loading_and_saving(
 
 
 async def test_load_errors_fail_the_caller_and_release(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 61
     store = FaultyStore(make_store())
@@ -430,7 +430,7 @@ async def test_load_errors_fail_the_caller_and_release(
 
 
 async def test_conflicting_save_fails_the_caller(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenarios 75, 130
     store = make_store()
@@ -463,7 +463,7 @@ async def test_conflicting_save_fails_the_caller(
 
 
 async def test_saved_snapshot_is_taken_when_the_segment_ends(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 77
     store = FaultyStore(make_store())
@@ -487,7 +487,7 @@ async def test_saved_snapshot_is_taken_when_the_segment_ends(
 
 
 async def test_commit_then_error_is_reconciled_to_success(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 78
     store = FaultyStore(make_store())
@@ -503,7 +503,7 @@ async def test_commit_then_error_is_reconciled_to_success(
 
 
 async def test_proven_non_commit_returns_the_original_error(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 79
     store = FaultyStore(make_store())
@@ -524,7 +524,7 @@ async def test_proven_non_commit_returns_the_original_error(
 
 @pytest.mark.parametrize("readback", ["history-pruned", "raises"])
 async def test_unknown_outcome_requires_recovery(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
     readback: str,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
@@ -590,7 +590,7 @@ async def test_unknown_outcome_requires_recovery(
 
 
 async def test_a_save_whose_revision_another_write_produced_is_a_known_failure(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: "neither pre- nor post-state" -> recovery_required, although the save log
     # proves the save never committed (a revision is produced by one write only).
@@ -659,7 +659,7 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
                 1,
                 "awaiting",
                 ":prepared",
-            )  # type: ignore[index]
+            )
         adopted = await rt.recovery.resolve("rr", action="adopt")
         assert adopted is not None
         assert (adopted.status, adopted.revision) == ("halted", 1)
@@ -684,7 +684,7 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
 
 
 async def test_release_marks_failed_so_it_can_be_retried(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = FaultyStore(make_store())
     flow = counter_flow()
@@ -706,7 +706,7 @@ async def test_release_marks_failed_so_it_can_be_retried(
 
 
 async def test_failed_offloaded_save_is_an_unknown_outcome(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 82: the offloaded batch itself fails (not one save inside it)
     class ExplodingBatches(FaultyStore):
@@ -735,7 +735,7 @@ async def test_failed_offloaded_save_is_an_unknown_outcome(
 
 
 async def test_refused_save_submission_is_a_known_failure(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 85
     store = FaultyStore(make_store())
@@ -755,7 +755,7 @@ async def test_refused_save_submission_is_a_known_failure(
 
 
 async def test_late_save_result_after_cut_off_is_dropped_with_a_warning(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     # scenario 83
@@ -775,7 +775,7 @@ async def test_late_save_result_after_cut_off_is_dropped_with_a_warning(
 
 
 async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 84
     store = make_store()
@@ -795,7 +795,7 @@ async def test_an_old_incarnations_sink_cannot_reach_a_new_one(
 
 
 async def test_observer_error_at_a_durable_halt(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 43 (durable): the record stays saved, the caller gets the observer's error
     store = make_store()
@@ -823,7 +823,7 @@ class Anything(phronomy.State):
 
 
 async def test_values_outside_the_json_domain_fail_without_writing(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 129
     store = make_store()
@@ -850,7 +850,7 @@ async def test_values_outside_the_json_domain_fail_without_writing(
 
 
 async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: a deep list escaped as RecursionError, and bytes under Any were saved and
     # came back as base64 text.
@@ -909,7 +909,7 @@ async def test_values_that_cannot_be_saved_faithfully_leave_the_store_intact(
 
 
 async def test_a_stored_blob_nested_too_deeply_is_a_corrupt_record(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     depth = 100_000
@@ -944,7 +944,7 @@ async def test_a_stored_blob_nested_too_deeply_is_a_corrupt_record(
 
 
 async def test_snapshot_size_limit(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     flow = (
@@ -971,7 +971,7 @@ async def test_snapshot_size_limit(
 
 
 async def test_corrupt_stored_blobs_are_typed_errors_and_others_keep_running(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     flow = counter_flow()
@@ -999,7 +999,7 @@ async def test_corrupt_stored_blobs_are_typed_errors_and_others_keep_running(
 
 
 async def test_an_instance_belongs_to_its_workflow(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     async with runtime_on(store) as rt:
@@ -1014,7 +1014,7 @@ async def test_an_instance_belongs_to_its_workflow(
 
 
 async def test_status_is_running_while_parked_and_failed_after_an_error(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = FaultyStore(make_store())
     flow = live_flow()
@@ -1056,7 +1056,7 @@ async def test_status_is_running_while_parked_and_failed_after_an_error(
 
 
 async def test_shutdown_refuses_new_starts_but_lets_signals_through(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 131
     store = make_store()
@@ -1090,7 +1090,7 @@ def _slow_approval() -> phronomy.WorkflowDefinition[Value]:
 
 
 async def test_a_segment_cut_off_at_shutdown_leaves_an_honest_row(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: the rows of cut-off segments stayed "running" after a clean shutdown.
     store = make_store()
@@ -1146,14 +1146,14 @@ async def test_a_segment_cut_off_at_shutdown_leaves_an_honest_row(
 
 
 async def test_resume_rejects_state_of_another_class(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     flow = approval_flow()
     async with runtime_on(make_store()) as rt:
         halted = await rt.workflows.invoke(flow, workflow_instance_id="typed")
         wrong = msgspec.structs.replace(halted, state=Rich())
         with pytest.raises(phronomy.InvalidInputError, match="runs Value"):
-            await rt.workflows.send_event(flow, "approve", halted=wrong)  # type: ignore[arg-type]
+            await rt.workflows.send_event(flow, "approve", halted=wrong)
 
 
 async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
@@ -1188,7 +1188,7 @@ async def test_every_caller_settles_before_the_runtime_block_exits() -> None:
 
 
 async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fails(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: when the recovery_required mark could not be written either, a second
     # runtime of the same process (on the same database) was admitted and saved
@@ -1228,7 +1228,7 @@ async def test_an_unknown_outcome_stays_refused_in_the_process_when_its_mark_fai
 
 
 async def test_faults_inside_group_commits_are_reconciled_save_by_save(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Every commit lands but its acknowledgement fails: each save of each batch is
     # reconciled on its own (FaultyStore fires inside the store's batched execute).
@@ -1248,7 +1248,7 @@ async def test_faults_inside_group_commits_are_reconciled_save_by_save(
 
 
 async def test_a_failed_segments_caller_hears_it_once_the_row_says_failed(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     """The settlement order of a failure, pinned: the caller of a durable segment whose
     action raised hears the error only once the row says ``failed`` (the status rides

@@ -105,13 +105,13 @@ POLICIES = ("refuse", "return", "restart")
 
 @pytest.mark.parametrize("status", sorted(MATRIX))
 async def test_every_status_under_every_policy(
-    make_store: Callable[[], phronomy.storage.WorkflowStore], status: str
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]], status: str
 ) -> None:
     store = make_store()
     for policy, expected in zip(POLICIES, MATRIX[status], strict=True):
         iid = f"{status}-{policy}"
         _prepare(store, iid, status)
-        before = store.load(iid)  # type: ignore[attr-defined]
+        before = store.load(iid)
         async with runtime_on(store) as rt:
             call = rt.workflows.invoke(
                 FLOW, {"value": "input"}, workflow_instance_id=iid, if_exists=policy
@@ -129,11 +129,11 @@ async def test_every_status_under_every_policy(
                     assert "accepts no events" in str(error)
                 else:
                     assert "send_event" in str(error)
-                assert store.load(iid) == before  # type: ignore[attr-defined]
+                assert store.load(iid) == before
             elif expected == RECOVERY:
                 with pytest.raises(phronomy.RecoveryRequiredError):
                     await call
-                assert store.load(iid) == before  # type: ignore[attr-defined]
+                assert store.load(iid) == before
             elif expected == RETURNED:
                 result = await call
                 assert (result.revision, result.status, result.phase) == (
@@ -142,7 +142,7 @@ async def test_every_status_under_every_policy(
                     before.phase,
                 )
                 assert result.state.value == f"stored-{before.revision}"
-                assert store.load(iid) == before  # type: ignore[attr-defined]  # nothing ran
+                assert store.load(iid) == before  # nothing ran
             else:
                 result = await call
                 assert (result.phase, result.status) == ("awaiting", "halted")
@@ -154,7 +154,7 @@ async def test_every_status_under_every_policy(
 
 
 async def test_a_bad_policy_is_refused_before_anything_runs(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     async with runtime_on(make_store()) as rt:
         with pytest.raises(phronomy.InvalidInputError, match="if_exists must be"):
@@ -163,7 +163,7 @@ async def test_a_bad_policy_is_refused_before_anything_runs(
 
 
 async def test_the_readme_flow_runs_twice(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: a second invoke of a halted id restarted it silently (revision 3).
     store = make_store()

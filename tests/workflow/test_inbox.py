@@ -27,13 +27,13 @@ async def _events(runtime: phronomy.Runtime, iid: str) -> list[InboxEntry]:
     )
 
 
-def _status(store: phronomy.storage.WorkflowStore, iid: str) -> str | None:
-    row = store.load(iid)  # type: ignore[attr-defined]
-    return None if row is None else row.status  # type: ignore[no-any-return]
+def _status(store: phronomy.storage.BaseStore[Any], iid: str) -> str | None:
+    row = store.load(iid)
+    return None if row is None else row.status
 
 
 async def test_a_post_is_stored_then_applied_once_and_a_repeat_gets_the_first_receipt(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     flow = halting_flow()
@@ -54,12 +54,12 @@ async def test_a_post_is_stored_then_applied_once_and_a_repeat_gets_the_first_re
         assert [(e.event_id, e.status, e.revision) for e in events] == [
             ("k", "transitioned", 2)
         ]
-        row = store.load("p-1")  # type: ignore[attr-defined]
+        row = store.load("p-1")
         assert row.revision == 2  # one application
 
 
 async def test_refusals_store_nothing_and_name_what_was_wrong(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     flow = halting_flow()
@@ -70,7 +70,7 @@ async def test_refusals_store_nothing_and_name_what_was_wrong(
         with pytest.raises(phronomy.InvalidInputError, match="was used for another"):
             await rt.workflows.post(flow, "r-1", "approve", "x", event_id="same")
         await until(lambda: _status(store, "r-1") == "finished")
-        before = durable_view(store.load("r-1"))  # type: ignore[attr-defined]
+        before = durable_view(store.load("r-1"))
         with pytest.raises(phronomy.InstanceStateError, match="finished"):
             await rt.workflows.post(flow, "r-1", "approve")
         with pytest.raises(phronomy.NotFoundError, match="'nobody'"):
@@ -86,13 +86,13 @@ async def test_refusals_store_nothing_and_name_what_was_wrong(
                 await rt.workflows.post(flow, "r-1", "approve", event_id=hostile)  # type: ignore[arg-type]
         with pytest.raises(phronomy.InvalidInputError):
             await rt.workflows.post(flow, "r-1", "approve", input={"count": "many"})
-        assert durable_view(store.load("r-1")) == before  # type: ignore[attr-defined]
+        assert durable_view(store.load("r-1")) == before
         assert [e.event_id for e in await _events(rt, "r-1")] == ["same"]
-        assert not store.load("nobody")  # type: ignore[attr-defined]
+        assert not store.load("nobody")
 
 
 async def test_of_concurrent_posts_that_start_one_id_exactly_one_starts_it(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     flow = live_flow()  # stays live: every post finds it open
     receipts: list[Any] = []
@@ -119,7 +119,7 @@ async def test_of_concurrent_posts_that_start_one_id_exactly_one_starts_it(
 
 
 async def test_events_from_concurrent_senders_are_applied_in_the_order_stored(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     wf = phronomy.Workflow(Value, name="log").state("open")
     wf.transition(
@@ -157,7 +157,7 @@ async def test_events_from_concurrent_senders_are_applied_in_the_order_stored(
 
 
 async def test_a_poison_event_is_recorded_failed_and_not_applied_again(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     ran: list[str] = []
 
@@ -194,7 +194,7 @@ async def test_a_poison_event_is_recorded_failed_and_not_applied_again(
 
 
 async def test_signal_and_deliver_go_through_the_inbox_to_a_live_segment(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     flow = live_flow()
     async with runtime_on(make_store()) as rt:
@@ -224,7 +224,7 @@ _NONE = _None()
 
 
 async def test_an_event_whose_save_the_store_refused_stays_pending_not_poisoned(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: a save the disk refused (nothing written) marked the event that led to
     # it "failed", as if the event were poison: its retry by event id was refused.

@@ -62,7 +62,7 @@ def counted_flow(ran: list[str]) -> phronomy.WorkflowDefinition[Value]:
 
 
 async def test_a_second_runtime_is_refused_before_any_action_runs(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     ran: list[str] = []
     flow = counted_flow(ran)
@@ -85,7 +85,7 @@ async def test_a_second_runtime_is_refused_before_any_action_runs(
 
 
 async def test_a_stale_owner_stops_at_its_margin_and_is_fenced(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
     request: pytest.FixtureRequest,
 ) -> None:
     """T2: a runtime that cannot renew (its store fails every renewal) stops its
@@ -127,7 +127,7 @@ async def test_a_stale_owner_stops_at_its_margin_and_is_fenced(
 
 
 async def test_an_instance_live_in_another_runtime_is_cancelled_through_its_row(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     flow = live_flow()
     async with (
@@ -151,7 +151,7 @@ async def test_an_instance_live_in_another_runtime_is_cancelled_through_its_row(
 
 
 async def test_the_sweep_puts_back_a_segment_whose_lease_expired(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     flow = live_flow()
     store = make_store()
@@ -360,7 +360,7 @@ def test_after_sigkill_another_runtime_takes_the_instance_over(tmp_path: Path) -
 
 
 async def test_an_event_for_an_unsaved_instance_live_elsewhere_reaches_it(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: send_event to an instance live in another runtime raised BusyError (or
     # NotFoundError while it had never saved): the event is stored, and the runtime
@@ -420,7 +420,7 @@ def _finished_stays_finished(row: phronomy.storage.StoredRecord | None) -> list[
 
 @pytest.mark.parametrize("readback", ["slow", "fails"])
 async def test_a_stale_owner_never_overwrites_a_finished_instance(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
     request: pytest.FixtureRequest,
     readback: str,
 ) -> None:
@@ -466,12 +466,12 @@ async def test_a_stale_owner_never_overwrites_a_finished_instance(
             await until(lambda: admission_state(z, "order") == "recovery_required")
         await z.engine.shutdown()  # Z's writes (its fenced mark, if any) have run
 
-        row = make_store().load("order")  # type: ignore[attr-defined]
+        row = make_store().load("order")
         assert _finished_stays_finished(row) == [], row
         # the negative control: the checker sees what the old unfenced mark did
         broken = make_store()
-        assert broken.mark("order", "recovery_required", detail="stale, unfenced")  # type: ignore[attr-defined]
-        assert _finished_stays_finished(broken.load("order")) != []  # type: ignore[attr-defined]
+        assert broken.mark("order", "recovery_required", detail="stale, unfenced")
+        assert _finished_stays_finished(broken.load("order")) != []
         print(  # noqa: T201
             f"stale owner ({readback} read-back) after the takeover: row "
             f"{row.status} at revision {row.revision}; Z reconciled "
@@ -490,7 +490,7 @@ def go_flow() -> phronomy.WorkflowDefinition[Value]:
 
 
 async def test_a_quarantine_ends_once_another_runtime_settled_the_instance(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     """The outcome of a terminal save is unknown and its recovery_required mark fails
     too: the process refuses the instance, whose row keeps the lease of the unknown

@@ -11,7 +11,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
@@ -90,8 +90,8 @@ async def test_the_instances_of_a_killed_runtime_come_back_within_one_pass(
         sqlite = request.getfixturevalue("open_sqlite")
         target, schema = str(tmp_path / "sweep.db"), ""
 
-        def opener() -> phronomy.storage.WorkflowStore:
-            store: phronomy.storage.WorkflowStore = sqlite(target)
+        def opener() -> phronomy.storage.BaseStore[Any]:
+            store: phronomy.storage.BaseStore[Any] = sqlite(target)
             return store
 
     def hold_and_kill() -> float:

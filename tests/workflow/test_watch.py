@@ -61,7 +61,7 @@ async def test_a_slow_watcher_sees_every_stable_state_of_a_1000_step_run(
 
 
 async def test_a_watch_starts_with_the_stored_state_and_follows_segments(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
     flow = approval_flow()
@@ -133,7 +133,7 @@ async def test_a_watch_ends_when_the_runtime_closes() -> None:
 
 
 async def test_a_watch_of_an_instance_that_does_not_exist_raises(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: it yielded nothing forever (a GET handler built on it hung).
     flow = approval_flow()
@@ -153,7 +153,7 @@ async def test_a_watch_of_an_instance_that_does_not_exist_raises(
 
 
 async def test_a_watch_with_another_workflows_definition_names_both(
-    make_store: Callable[[], phronomy.storage.WorkflowStore],
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # Before: DefinitionMismatchError naming the definition's workflow as the one that
     # saved the instance.

@@ -69,7 +69,7 @@ def claim_and_post(
     if posting is not None and made:  # the claim made the row: store it now
         posted = apply(conn, PostOp(posting=posting))
     pending: tuple[InboxEntry, ...] = ()
-    if op.pending:
+    if op.pending and (row is not None or posting is not None):  # a new row has none
         inbox = InboxOp(workflow_instance_id=op.workflow_instance_id, limit=op.pending)
         pending = apply(conn, inbox)
     return Claimed(row=row, epoch=epoch, pending=pending, posted=posted)

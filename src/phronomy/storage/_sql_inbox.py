@@ -281,7 +281,7 @@ def consume(
             f"the instance was {closing} at revision {revision} before it was applied"
         )
         refused = conn.execute(sql.refuse_pending, {**base, "detail": detail}).rowcount
-    if consumed or closing is not None:
+    if consumed or refused > 0:  # entries left the pending ones: keep the last few
         conn.execute(sql.prune, {"id": workflow_instance_id})
-    if sql.notify and (consumed or refused > 0):  # for waiters in other runtimes
-        conn.execute(sql.notify, {"kind": "consumed"})
+        if sql.notify:  # for waiters in other runtimes
+            conn.execute(sql.notify, {"kind": "consumed"})
