@@ -74,8 +74,8 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
 
     * Three connections, each used by one thread at a time (the runtime runs the
       synchronous driver in its store worker threads): one for writes, one for reads,
-      and one for lease renewals, so that a renewal never waits behind other writes.
-      A broken connection is replaced at the next call.
+      and one for lease renewals, so that a renewal never waits behind other writes
+      (a runtime adds a fourth: :meth:`listen`). A broken one is replaced when next used.
     * The schema is created (``CREATE SCHEMA IF NOT EXISTS``) and migrated on open,
       under an advisory lock, so that runtimes starting together migrate it once.
     * Runtimes contending for rows never wait for each other: a claim of a row
