@@ -337,9 +337,9 @@ def test_history_cancel_json_filters_and_migrate(
     assert history[0]["detail"] == "cancelled: dup"
     assert main(["instances", "history", "--db", db, "a-2", "--limit", "1"]) == 0
     header, line = _cells(capsys.readouterr().out)
-    assert header[:4] == ["REV", "STATUS", "PHASE", "COMMITTED"]
-    assert line[:3] == ["3", "cancelled", "waiting"]
-    assert _ISO.fullmatch(line[3])
+    assert header[:5] == ["REV", "KIND", "STATUS", "PHASE/EVENT", "AT"]
+    assert line[:4] == ["3", "save", "cancelled", "waiting"]
+    assert _ISO.fullmatch(line[4])
     assert line[-1] == "cancelled: dup"
     assert main(["instances", "list", "--db", db, "--status", "cancelled"]) == 0
     assert _cells(capsys.readouterr().out)[1][:4] == ["a-2", "alpha", "cancelled", "3"]

@@ -11,9 +11,11 @@ import trio
 import phronomy
 from phronomy.storage import InboxEntry
 from phronomy.testing import FaultyStore
+from phronomy.workflow._messages import PostReady
+from phronomy.workflow._poller import poll_once
 from records import durable_view
 
-from .helpers import Value, halting_flow, live_flow, runtime_on, until
+from .helpers import Value, halting_flow, live_flow, runtime_on, start_live, until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -252,3 +254,44 @@ async def test_an_event_whose_save_the_store_refused_stays_pending_not_poisoned(
         assert [(e.event_id, e.status, e.revision) for e in events] == [
             ("a-1", "transitioned", 2)
         ]
+
+
+async def test_a_post_whose_entry_a_poll_gave_the_segment_first_hears_its_outcome(
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
+) -> None:
+    # Before: the poll (woken by the post's own notification on PostgreSQL) could
+    # offer the stored entry to the live segment before the post's completion reached
+    # the dispatcher; the waiter, added with that completion, missed the outcome and
+    # deliver waited until the segment ended (forever for a live one).
+    flow = live_flow()
+    async with runtime_on(make_store(), inbox_poll_interval=0) as rt:
+        await start_live(rt, flow, "race-1")
+        coordinator: Any = rt.workflows._coordinator
+        session = coordinator.sessions["race-1"]
+        forward = coordinator.post_message
+        held: list[tuple[Any, dict[str, Any]]] = []
+
+        def holding(message: Any, **kw: Any) -> bool:
+            if isinstance(message, PostReady) and not held:
+                held.append((message, kw))  # the post's completion, held back
+                return True
+            return bool(forward(message, **kw))
+
+        coordinator.post_message = holding
+        outcomes: list[Any] = []
+
+        async def deliver() -> None:
+            outcomes.append(await rt.workflows.deliver(flow, "race-1", "mark"))
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(deliver)
+            await until(lambda: held)  # stored
+            await poll_once(coordinator)  # the poll finds it first
+            await until(lambda: len(session.feed.judged) == 2)  # applied
+            message, kw = held[0]
+            forward(message, **kw)  # now the post's completion arrives
+            with trio.fail_after(5):
+                await until(lambda: outcomes)
+        assert outcomes[0].status == "transitioned"
+        assert session.machine.state.count == 2  # applied once
+        assert rt.workflows.signal(flow, "race-1", "finish")

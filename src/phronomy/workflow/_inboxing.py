@@ -254,6 +254,7 @@ class Inboxing(Settling):
                 # before it can be applied (the receipt wakes whoever applies it)
                 iid = entry.workflow_instance_id
                 self.waiters.add(iid, entry.event_id, cmd.outcome, "outcome")
+                self._judged_before(entry)
             iid = cmd.posting.workflow_instance_id
             receipt = self._receipt(
                 cmd.definition, iid, posted, started=False, starting=cmd.starting

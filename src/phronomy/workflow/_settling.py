@@ -95,6 +95,16 @@ class Settling:
         phase = None if session is None else session.machine.current
         self._settle(entry, consumption, phase=phase, final=False)
 
+    def _judged_before(self, entry: InboxEntry) -> None:
+        """A waiter added for *entry* hears what the segment here did with it already:
+        a poll can offer a stored entry before its post's completion arrives."""
+        session = self.sessions.get(entry.workflow_instance_id)
+        if session is None or session.feed is None:
+            return
+        for judged, consumption in session.feed.judged:
+            if judged.seq == entry.seq:
+                self._judged(judged, consumption)
+
     def _settle(
         self,
         entry: InboxEntry,
