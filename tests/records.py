@@ -20,3 +20,10 @@ def durable_view(record: StoredRecord) -> tuple[Any, ...]:
         record.detail,
         record.definition_version,
     )
+
+
+def loaded(store: Any, workflow_instance_id: str) -> StoredRecord:
+    """The instance's row (the test fails here if the store has none)."""
+    row: StoredRecord | None = store.load(workflow_instance_id)
+    assert row is not None, f"{workflow_instance_id!r} has no row"
+    return row

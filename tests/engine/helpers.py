@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, cast
 
 from phronomy.engine import (
     Delivery,
@@ -78,7 +78,8 @@ class Recorder(ExecutionReceiver):
                 pass
 
     def shutdown(self, error: BaseException | None) -> None:
-        self.shutdown_calls.append((error, self.engine.is_dispatcher()))
+        on_dispatcher = cast("Engine", self.engine).is_dispatcher()
+        self.shutdown_calls.append((error, on_dispatcher))
 
     def describe_live(self) -> list[str]:
         return [f"recorder busy={self.busy}"] if self.busy else []

@@ -11,7 +11,7 @@ import logging
 import sqlite3
 import sys
 import time
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import pytest
 
@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
-    from phronomy.storage import WorkflowStore
+    from phronomy.storage import BaseStore
 
 STEP_MS = 300_000
 SWEEP = RecoverOp(limit=100, max_takeovers=5)
@@ -61,7 +61,7 @@ def make_store(
     request: pytest.FixtureRequest,
     tmp_path: Path,
     open_sqlite: Callable[..., SQLiteStore],
-) -> Callable[[], WorkflowStore]:
+) -> Callable[[], BaseStore[Any]]:
     """A new store on the one database of the test (MemoryStore: the same store)."""
     if request.param == "memory":
         memory = MemoryStore()
@@ -70,7 +70,7 @@ def make_store(
 
 
 def test_lease_times_are_on_the_lease_clock_and_timestamps_on_the_wall_clock(
-    make_store: Callable[[], WorkflowStore],
+    make_store: Callable[[], BaseStore[Any]],
 ) -> None:
     store = make_store()
     lease_before, wall_before = _clock.monotonic_ms(), _clock.wall_ms()
@@ -88,7 +88,7 @@ def test_lease_times_are_on_the_lease_clock_and_timestamps_on_the_wall_clock(
 
 @pytest.mark.parametrize("step_ms", [STEP_MS, -STEP_MS])
 def test_a_wall_clock_step_moves_no_lease(
-    make_store: Callable[[], WorkflowStore],
+    make_store: Callable[[], BaseStore[Any]],
     monkeypatch: pytest.MonkeyPatch,
     step_ms: int,
 ) -> None:
@@ -294,7 +294,7 @@ def test_a_renewal_feeds_the_watch_with_the_lease_clock(
 
 
 def test_a_step_of_the_postgresql_server_clock_is_reported(
-    open_postgres: Callable[..., WorkflowStore], caplog: pytest.LogCaptureFixture
+    open_postgres: Callable[..., BaseStore[Any]], caplog: pytest.LogCaptureFixture
 ) -> None:
     """The server's clock cannot be stepped here: this process's monotonic clock is
     stepped 300 s back instead, which the watch sees as the server's clock stepping

@@ -14,6 +14,7 @@ import phronomy
 from phronomy.storage import BeginOp, InboxEntry, MarkOp, cancellation
 from phronomy.testing import FaultyStore
 from phronomy.workflow import FINISH
+from records import loaded
 
 from .helpers import Value, admission_state, approval_flow, runtime_on, until
 
@@ -64,7 +65,7 @@ async def test_cancel_settles_only_after_the_effects_thread_returned(
             "c-1",
             "customer left",
         )
-        row = store.load("c-1")
+        row = loaded(store, "c-1")
         assert (row.status, row.revision, row.detail) == (
             "cancelled",
             1,
@@ -164,7 +165,7 @@ async def test_cancelling_stored_instances(
             await rt.workflows.cancel(flow, "q")
         with pytest.raises(phronomy.InvalidInputError, match="reason must be text"):
             await rt.workflows.cancel(flow, "h", reason=3)  # type: ignore[arg-type]
-    assert store.load("h").detail == "cancelled: duplicate order"
+    assert loaded(store, "h").detail == "cancelled: duplicate order"
 
 
 async def test_a_cancel_during_loading_applies_once_loaded(
@@ -213,7 +214,7 @@ async def test_a_cancelled_instance_refuses_every_event_and_nothing_is_written(
     async with runtime_on(store) as rt:
         halted = await rt.workflows.invoke(flow, workflow_instance_id="o-1")
         await rt.workflows.cancel(flow, "o-1", reason="customer left")
-        before = store.load("o-1")
+        before = loaded(store, "o-1")
         assert (before.status, before.revision) == ("cancelled", 2)
         calls = [
             lambda: rt.workflows.send_event(
@@ -249,7 +250,7 @@ async def test_a_finished_instance_refuses_events_by_id_and_nothing_is_written(
     async with runtime_on(store) as rt:
         await rt.workflows.invoke(flow, workflow_instance_id="f-1")
         await rt.workflows.send_event(flow, "approve", workflow_instance_id="f-1")
-        before = store.load("f-1")
+        before = loaded(store, "f-1")
         assert (before.status, before.revision) == ("finished", 2)
         with pytest.raises(phronomy.InstanceStateError, match="is finished"):
             await rt.workflows.send_event(flow, "approve", workflow_instance_id="f-1")

@@ -111,7 +111,7 @@ async def test_every_status_under_every_policy(
     for policy, expected in zip(POLICIES, MATRIX[status], strict=True):
         iid = f"{status}-{policy}"
         _prepare(store, iid, status)
-        before = store.load(iid)
+        before = store.load(iid)  # None: status "none"
         async with runtime_on(store) as rt:
             call = rt.workflows.invoke(
                 FLOW, {"value": "input"}, workflow_instance_id=iid, if_exists=policy

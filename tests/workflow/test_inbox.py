@@ -13,7 +13,7 @@ from phronomy.storage import InboxEntry
 from phronomy.testing import FaultyStore
 from phronomy.workflow._messages import PostReady
 from phronomy.workflow._poller import poll_once
-from records import durable_view
+from records import durable_view, loaded
 
 from .helpers import Value, halting_flow, live_flow, runtime_on, start_live, until
 
@@ -56,7 +56,7 @@ async def test_a_post_is_stored_then_applied_once_and_a_repeat_gets_the_first_re
         assert [(e.event_id, e.status, e.revision) for e in events] == [
             ("k", "transitioned", 2)
         ]
-        row = store.load("p-1")
+        row = loaded(store, "p-1")
         assert row.revision == 2  # one application
 
 
@@ -72,7 +72,7 @@ async def test_refusals_store_nothing_and_name_what_was_wrong(
         with pytest.raises(phronomy.InvalidInputError, match="was used for another"):
             await rt.workflows.post(flow, "r-1", "approve", "x", event_id="same")
         await until(lambda: _status(store, "r-1") == "finished")
-        before = durable_view(store.load("r-1"))
+        before = durable_view(loaded(store, "r-1"))
         with pytest.raises(phronomy.InstanceStateError, match="finished"):
             await rt.workflows.post(flow, "r-1", "approve")
         with pytest.raises(phronomy.NotFoundError, match="'nobody'"):
@@ -88,7 +88,7 @@ async def test_refusals_store_nothing_and_name_what_was_wrong(
                 await rt.workflows.post(flow, "r-1", "approve", event_id=hostile)  # type: ignore[arg-type]
         with pytest.raises(phronomy.InvalidInputError):
             await rt.workflows.post(flow, "r-1", "approve", input={"count": "many"})
-        assert durable_view(store.load("r-1")) == before
+        assert durable_view(loaded(store, "r-1")) == before
         assert [e.event_id for e in await _events(rt, "r-1")] == ["same"]
         assert not store.load("nobody")
 

@@ -21,6 +21,7 @@ import phronomy
 from phronomy.errors import LeaseLostError
 from phronomy.storage import InboxOp
 from phronomy.testing import FaultyStore
+from records import loaded
 
 from .helpers import (
     Value,
@@ -43,7 +44,7 @@ class Order(phronomy.State):
     step: int = 0
 
 
-FAST = {
+FAST: dict[str, Any] = {
     "lease_ttl": 0.6,
     "heartbeat_interval": 0.1,
     "lease_margin": 0.2,
@@ -466,7 +467,7 @@ async def test_a_stale_owner_never_overwrites_a_finished_instance(
             await until(lambda: admission_state(z, "order") == "recovery_required")
         await z.engine.shutdown()  # Z's writes (its fenced mark, if any) have run
 
-        row = make_store().load("order")
+        row = loaded(make_store(), "order")
         assert _finished_stays_finished(row) == [], row
         # the negative control: the checker sees what the old unfenced mark did
         broken = make_store()

@@ -15,6 +15,7 @@ from hypothesis import given, settings, strategies as st
 import phronomy
 from phronomy.engine import ResultHandle
 from phronomy.workflow import _machine as machine
+from phronomy.workflow._callbacks import apply_hook
 from phronomy.workflow._definition import AUTO_EVENT, FINISH
 from phronomy.workflow._intents import Offload
 
@@ -275,17 +276,17 @@ def test_context_hook_consume_adopt_and_handled() -> None:
     for e in ("stale", "bump", "handled", "plain"):
         wf.transition("w", FINISH, on=e)
     d = wf.build()
-    assert machine.apply_hook(d, "w", Hooked(), Ev("stale")).consumed
-    bumped = machine.apply_hook(d, "w", Hooked(value=1), Ev("bump"))
+    assert apply_hook(d, "w", Hooked(), Ev("stale")).consumed
+    bumped = apply_hook(d, "w", Hooked(value=1), Ev("bump"))
     assert (bumped.state.value, bumped.handled, bumped.consumed) == (101, True, False)
-    assert machine.apply_hook(d, "w", Hooked(), Ev("handled")).handled
-    assert not machine.apply_hook(d, "w", Hooked(), Ev("plain")).handled
-    assert not machine.apply_hook(d, "w", Hooked(), Ev(AUTO_EVENT)).handled
+    assert apply_hook(d, "w", Hooked(), Ev("handled")).handled
+    assert not apply_hook(d, "w", Hooked(), Ev("plain")).handled
+    assert not apply_hook(d, "w", Hooked(), Ev(AUTO_EVENT)).handled
     # handled, but no transition for it from the current state: dropped
     d2 = (
         phronomy.Workflow(Hooked).state("w").transition("w", FINISH, on="other").build()
     )
-    assert machine.apply_hook(d2, "w", Hooked(), Ev("handled")).consumed
+    assert apply_hook(d2, "w", Hooked(), Ev("handled")).consumed
 
 
 # --- property: the machine agrees with a tiny reference interpreter ------------------------

@@ -8,6 +8,7 @@ import pytest
 
 import phronomy
 from phronomy.workflow import FINISH
+from records import loaded
 
 from .helpers import runtime_on
 
@@ -82,14 +83,14 @@ async def test_three_versions_of_one_workflow(
             v1(), {"item": "desk"}, workflow_instance_id="o-2"
         )
         assert first.revision == second.revision == 1
-        row = store.load("o-1")
+        row = loaded(store, "o-1")
         assert row.definition_version == v1().version
         # version 2 resumes an instance version 1 saved: it only adds things
         done = await rt.workflows.send_event(
             v2(), "approve", workflow_instance_id="o-1"
         )
         assert (done.state.qty, done.state.note, done.phase) == (2, "reviewed", FINISH)
-        assert store.load("o-1").definition_version == v2().version
+        assert loaded(store, "o-1").definition_version == v2().version
         # version 3 lacks the halted state and a field, and needs a new one
         with pytest.raises(phronomy.errors.DefinitionMismatchError) as caught:
             await rt.workflows.send_event(v3(), "approve", workflow_instance_id="o-2")
@@ -102,7 +103,7 @@ async def test_three_versions_of_one_workflow(
         )
         assert v1().version in str(error)
         assert "2026-12" in str(error)
-        row = store.load("o-2")
+        row = loaded(store, "o-2")
         assert (row.revision, row.status) == (1, "halted")  # nothing changed
         # the version that saved it still runs it
         assert (
