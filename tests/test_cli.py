@@ -9,6 +9,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -521,6 +522,33 @@ def test_instances_send_stores_an_event_a_serving_runtime_applies_once(
         ["1", "save", "halted", "awaiting"],
     ]
     assert 'payload {"by":"ops"}' in " ".join(rows[2])
+
+
+def test_instances_show_says_an_expired_holder_no_longer_applies_events(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "held.db")
+    store = phronomy.SQLiteStore(db)
+    try:
+        store.begin("h-1", "orders", lease_owner="vm:1:dead", ttl_ms=60_000)
+        posting = phronomy.storage.Posting(
+            workflow_instance_id="h-1", event_id="e1", event="approve", payload=b"1"
+        )
+        assert store.run(phronomy.storage.PostOp(posting=posting)).outcome == "stored"
+    finally:
+        store.close()
+    assert main(["instances", "show", "--db", db, "h-1"]) == 0
+    note = json.loads(capsys.readouterr().out)["pending_events_note"]
+    assert note == "the runtime holding the instance (vm:1:dead) applies them"
+    store = phronomy.SQLiteStore(db)
+    try:  # the holder died: its lease runs out
+        store.begin("h-1", "orders", lease_owner="vm:1:dead", ttl_ms=1)
+    finally:
+        store.close()
+    time.sleep(0.01)
+    assert main(["instances", "show", "--db", db, "h-1"]) == 0
+    note = json.loads(capsys.readouterr().out)["pending_events_note"]
+    assert note.startswith("the lease of vm:1:dead expired: a live runtime's recovery")
 
 
 class _Order(phronomy.State):

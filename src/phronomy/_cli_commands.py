@@ -269,14 +269,22 @@ def pending_events(store: SQLiteStore, record: StoredRecord) -> dict[str, Any]:
         ]
     }
     if pending:
-        view["pending_events_note"] = _who_applies(record, pending[0])
+        live = _live(record, store.lease_now_ms())
+        view["pending_events_note"] = _who_applies(record, pending[0], live=live)
     return view
 
 
-def _who_applies(record: StoredRecord, oldest: InboxEntry) -> str:
+def _who_applies(record: StoredRecord, oldest: InboxEntry, *, live: bool) -> str:
     workflow = safe(record.workflow)
+    owner = safe(record.lease_owner or "")
+    if record.lease_owner and live:
+        return f"the runtime holding the instance ({owner}) applies them"
     if record.lease_owner:
-        return f"the runtime holding the instance ({safe(record.lease_owner)}) applies them"
+        return (
+            f"the lease of {owner} expired: a live runtime's recovery sweep puts the "
+            f"instance back, then a runtime that serves workflow {workflow!r} applies "
+            "them"
+        )
     if record.status != "halted":
         return (
             f"the instance is {record.status}: no runtime applies its events until "

@@ -84,7 +84,8 @@ def history(store: SQLiteStore, args: argparse.Namespace) -> int:
             if isinstance(item, InboxEntry):
                 print(_json(_event_view(item)))
             else:
-                print(_json(item, committed_at=item.committed_at_ms))
+                fields = json.loads(_json(item, committed_at=item.committed_at_ms))
+                print(json.dumps({**fields, "kind": "save"}, sort_keys=True))
         return 0
     _table(
         ("REV", "KIND", "STATUS", "PHASE/EVENT", "AT", "ID", "VERSION", "DETAIL"),

@@ -259,6 +259,13 @@ class Feed:
             self.last_seq = entry.seq
             complete = False  # the rest must follow it
 
+    def holds(self, seq: int) -> bool:
+        """Whether the entry numbered *seq* is queued here or being applied."""
+        current = self.current
+        return any(e.seq == seq for e in self._queue) or (
+            current is not None and current.seq == seq
+        )
+
     def take(self) -> InboxEntry | None:
         """The next entry to apply (it becomes :attr:`current`), or ``None``."""
         self.current = self._queue.pop(0) if self._queue else None

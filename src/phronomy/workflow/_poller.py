@@ -71,31 +71,49 @@ async def poll_inbox(coordinator: WorkflowCoordinator, interval: float) -> None:
             await _poll(coordinator)
 
 
+REOPEN_BACKOFF = (1.0, 30.0)
+"""Seconds before a listener that could not connect is opened again: the first wait,
+doubled after each failure up to the second (the poll goes on at its interval)."""
+
+
 async def _poll_when_told(
     coordinator: WorkflowCoordinator, listener: _Listener, interval: float
 ) -> None:
-    listening = failing = False
-    due = trio.current_time()
+    listening = False
+    due = reopen = trio.current_time()
+    backoff = REOPEN_BACKOFF[0]
     while True:
         told = frozenset[str]()
         try:
-            if not listening:  # what was sent before is missed: poll now
+            if not listening and trio.current_time() >= reopen:
+                # what was sent before it listened is missed: poll now
                 await trio.to_thread.run_sync(listener.open)
-                listening, failing, due = True, False, trio.current_time()
-            else:
-                with trio.move_on_after(due - trio.current_time()):
+                listening, due, backoff = True, trio.current_time(), REOPEN_BACKOFF[0]
+            elif listening:
+                with trio.move_on_at(due):
                     await trio.lowlevel.wait_readable(listener.fileno())
                 told = listener.drain()
+            else:
+                await trio.sleep_until(min(due, reopen))
         except Exception as exc:  # noqa: BLE001 - polled at the interval meanwhile
-            if not failing:
+            if backoff == REOPEN_BACKOFF[0]:
                 logger.warning("inbox notifications failed (polling): %r", exc)
-            listening, failing = False, True
-            await trio.sleep_until(due)
-        # a consumed entry matters only to callers here waiting for one
-        wanted = "posted" in told or (told and coordinator.waiters.awaited())
+            listening = False
+            reopen = trio.current_time() + backoff
+            backoff = min(backoff * 2, REOPEN_BACKOFF[1])
+        # a consumed entry matters only to callers here waiting for one that another
+        # runtime applies (as the poll checks them)
+        wanted = "posted" in told or (told and _awaited_elsewhere(coordinator))
         if wanted or trio.current_time() >= due:
             await _poll(coordinator)
             due = trio.current_time() + interval
+
+
+def _awaited_elsewhere(coordinator: WorkflowCoordinator) -> list[tuple[str, str]]:
+    """The entries callers here wait for, of instances no segment here runs."""
+    return [
+        k for k in coordinator.waiters.awaited() if k[0] not in coordinator.sessions
+    ]
 
 
 async def _poll(coordinator: WorkflowCoordinator) -> None:
@@ -118,9 +136,7 @@ async def poll_once(coordinator: WorkflowCoordinator) -> None:
         workflows=tuple(sorted(coordinator.served)),
         limit=POLL_LIMIT,
     )
-    keys = [
-        k for k in coordinator.waiters.awaited() if k[0] not in coordinator.sessions
-    ]
+    keys = _awaited_elsewhere(coordinator)
     checked: list[tuple[tuple[str, str], Any]] = []
 
     async def check(iid: str, event_id: str) -> None:

@@ -16,7 +16,7 @@ from phronomy.errors import (
     TransientError,
     UsageError,
 )
-from phronomy.storage import Consumption, HistoryOp, LoadOp
+from phronomy.storage import SAVE_LOG_DEPTH, Consumption, EntryOp, HistoryOp, LoadOp
 
 from ._claims import UNCHANGED
 from ._definition import FINISH
@@ -96,14 +96,35 @@ class Settling:
         self._settle(entry, consumption, phase=phase, final=False)
 
     def _judged_before(self, entry: InboxEntry) -> None:
-        """A waiter added for *entry* hears what the segment here did with it already:
-        a poll can offer a stored entry before its post's completion arrives."""
+        """A waiter added for *entry* hears what became of it already: a poll can offer
+        a stored entry before its post's completion arrives, to this segment (which
+        judged it) or to an earlier one that consumed it (the store says how)."""
         session = self.sessions.get(entry.workflow_instance_id)
         if session is None or session.feed is None:
-            return
-        for judged, consumption in session.feed.judged:
+            return  # no segment here: whoever applies it, the poll checks it
+        feed = session.feed
+        for judged, consumption in feed.judged:
             if judged.seq == entry.seq:
                 self._judged(judged, consumption)
+                return
+        if feed.last_seq is None or entry.seq > feed.last_seq or feed.holds(entry.seq):
+            return  # this segment applies it later
+        assert self.gateway is not None
+        key = (entry.workflow_instance_id, entry.event_id)
+        self.gateway.submit(
+            EntryOp(workflow_instance_id=key[0], event_id=key[1]),
+            lambda done: self.post_message(
+                Call(functools.partial(self._checked, key=key), done)
+            ),
+        )
+
+    def _checked(self, done: outcome.Outcome[Any], *, key: tuple[str, str]) -> None:
+        try:
+            entry = done.unwrap()
+        except Exception as exc:  # noqa: BLE001 - the waiters' error
+            self.waiters.fail(key[0], key[1], exc)
+            return
+        self._check_applied([(key, entry)])
 
     def _settle(
         self,
@@ -272,7 +293,7 @@ class Settling:
                 self._settle_result(entry, row, decoded.fields, row.status)
             else:  # claimed since it saved: the result has the status that save set
                 gateway.submit(
-                    HistoryOp(workflow_instance_id=iid, limit=1),
+                    HistoryOp(workflow_instance_id=iid, limit=SAVE_LOG_DEPTH),
                     lambda done: self.post_message(
                         Call(
                             functools.partial(saved, row=row, fields=decoded.fields),
