@@ -55,7 +55,8 @@ def lint(session: nox.Session) -> None:
 
 @nox.session(python=PYTHONS[0])
 def typecheck(session: nox.Session) -> None:
-    """mypy --strict over src, against the oldest supported Python."""
+    """mypy --strict over src, tests and benchmarks, against the oldest supported
+    Python."""
     session.install("-e", ".", *_group("typecheck"))
     session.run("mypy")
 

@@ -17,8 +17,7 @@ import trio
 
 import phronomy
 from phronomy.engine import Event, ResultHandle
-
-from .workflow.helpers import approval_flow, live_flow, start_live
+from workflow.helpers import approval_flow, live_flow, start_live
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -67,7 +66,7 @@ async def test_sync_entry_points_refuse_foreign_threads_and_the_runtime_survives
                 "runtime.executions.approve()": execution.approve,
                 "runtime.executions.reject()": execution.reject,
                 "ResultHandle.cancel()": handle.cancel,
-                "ResultHandle.complete()": lambda: handle.complete(None),
+                "ResultHandle.complete()": lambda: handle.complete(None),  # type: ignore[arg-type]  # the call is refused first
                 "ResultHandle.on_complete()": lambda: handle.on_complete(print),
                 "OffloadPool.submit_nowait()": lambda: pool.submit_nowait(print),
                 "TimerQueue.schedule()": lambda: rt.engine.timers.schedule(0, print),

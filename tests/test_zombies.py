@@ -101,15 +101,15 @@ def _holds_no_lock(target: str, schema: str) -> bool:
                 (schema,),
             ).fetchone()
             return row is not None and row[0] == 0
-    conn = sqlite3.connect(target, timeout=0.2, isolation_level=None)
+    lite = sqlite3.connect(target, timeout=0.2, isolation_level=None)
     try:
-        conn.execute("BEGIN IMMEDIATE")
-        conn.execute("ROLLBACK")
+        lite.execute("BEGIN IMMEDIATE")
+        lite.execute("ROLLBACK")
         return True
     except sqlite3.OperationalError:
         return False
     finally:
-        conn.close()
+        lite.close()
 
 
 def _scenario(
@@ -181,6 +181,7 @@ def _scenario(
 def test_a_zombie_runs_nothing_after_it_wakes(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
+    opener: Any = None  # PostgreSQL: opens stores in the test's schema
     if backend == "postgres":
         opener = request.getfixturevalue("open_postgres")
         target, schema = request.getfixturevalue("postgres_dsn"), opener().schema

@@ -258,9 +258,7 @@ async def test_stale_step_results_are_dropped(runtime: phronomy.Runtime) -> None
         "stale", [lambda v: (gate.wait(5), "current")[1], lambda v: f"next:{v}"]
     )
     await until(lambda: execution.owner() is not None)
-    coordinator = runtime.engine.receiver(
-        ExecutionCoordinator, lambda engine: pytest.fail("it exists already")
-    )
+    coordinator = runtime.engine.receiver(ExecutionCoordinator, _exists)
     stale = StepResult(
         execution_id=execution.execution_id,
         step_id="stale-id",
@@ -593,3 +591,8 @@ async def test_timeouts_and_deadlines_are_checked_at_the_call(
     assert not runtime.executions.is_admitted("t")  # nothing started
     done = await runtime.executions.invoke("t", steps, "v", timeout=5)
     assert done.value == "v"
+
+
+def _exists(engine: object) -> ExecutionCoordinator:
+    """A receiver factory for one that exists already (never called)."""
+    pytest.fail("it exists already")

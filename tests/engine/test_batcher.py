@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from typing import Any
 
@@ -29,8 +30,9 @@ async def test_items_arriving_during_a_batch_form_the_next_one(engine: Engine) -
     batcher: Batcher[int, int] = Batcher(engine.pool("b", size=1), run)
     results: dict[int, Any] = {}
     for i in range(5):
-        batcher.submit(i, lambda r, i=i: results.__setitem__(i, r))
-    assert not batcher.idle
+        batcher.submit(i, functools.partial(results.__setitem__, i))
+    busy = batcher.idle  # a local: the later check is not narrowed by this one
+    assert not busy
     gate.set()
     with trio.fail_after(5):
         await batcher.wait_idle()

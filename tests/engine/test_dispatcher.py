@@ -273,8 +273,8 @@ async def test_gate_waits_for_the_policy_and_ignores_events_meanwhile(
     engine.post_nowait(Event(type="ignored-while-awaiting", target_id=session.id))
     await trio.testing.wait_all_tasks_blocked()
     assert policy.started == ["finished"]
-    assert session.lifecycle == "awaiting_terminal"
-    assert not waiter.done
+    waiting = (session.lifecycle, waiter.done)  # a local: not narrowed below
+    assert waiting == ("awaiting_terminal", False)
     assert session.sink.post("persisted", TerminalDecision(action="complete"))
     assert await waiter.result() == ["go"]
     assert session.lifecycle == "completed"

@@ -269,8 +269,9 @@ class PoolModel(RuleBasedStateMachine):
         self._thread = threading.Thread(target=self._host_thread, daemon=True)
         self._thread.start()
         self._ready.wait(10)
-        if self._outcome is not None:
-            self._outcome.unwrap()
+        failed: outcome.Outcome[None] | None = self._outcome  # set by the thread
+        if failed is not None:
+            failed.unwrap()
 
     def _host_thread(self) -> None:
         self._outcome = outcome.capture(trio.run, self._host)

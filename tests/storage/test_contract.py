@@ -815,7 +815,7 @@ def test_posts_take_their_instance_s_place_in_a_batch_s_row_order() -> None:
     # operation of the batch (and two batches could lock rows in opposite orders).
     from phronomy.storage._base import row_order
 
-    ops = [
+    ops: list[storage.StoreOp] = [
         storage.PostOp(posting=_posting("b", "e1")),
         storage.RecoverOp(limit=1, max_takeovers=5),
         storage.PostOp(posting=_posting("a", "e1")),

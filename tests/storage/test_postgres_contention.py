@@ -21,6 +21,7 @@ from phronomy.storage import (
     RenewOp,
     RequestCancelOp,
     SaveOp,
+    StoreOp,
     _base as storage_base,
 )
 
@@ -173,7 +174,7 @@ def test_batches_lock_rows_in_one_order_so_they_never_deadlock(
         for iid, owner in ((f"{tag}a", "X"), (f"{tag}b", "Y")):
             assert setup.begin(iid, "wf", lease_owner=owner, ttl_ms=60_000) == 1
         x, y = (open_postgres(fault_hook=meet) for _ in range(2))
-        batches = {
+        batches: dict[PostgresStore, list[StoreOp]] = {
             x: [
                 RequestCancelOp(workflow_instance_id=f"{tag}b"),
                 SaveOp(request=leased(f"{tag}a", None, Lease(owner="X", epoch=1))),
@@ -217,12 +218,12 @@ def test_every_connection_runs_with_the_session_timeouts(
         lock_timeout=0.5, statement_timeout=1.5, idle_in_transaction_timeout=2
     )
     store.open()
-    assert store.timeouts == (0.5, 1.5, 2)
+    assert store.timeouts == (0.5, 1.5, 2.0)
     names = ("lock_timeout", "statement_timeout", "idle_in_transaction_session_timeout")
     expected = ["500ms", "1500ms", "2s"]
 
     def shown(conn: psycopg.Connection[Any]) -> list[str]:
-        return [conn.execute(f"SHOW {name}").fetchone()[0] for name in names]
+        return [conn.execute(f"SHOW {name}").fetchall()[0][0] for name in names]
 
     with store._writing() as conn:
         assert shown(conn) == expected

@@ -114,6 +114,7 @@ def test_failures_to_connect_never_show_the_password(
 ) -> None:
     caplog.set_level(logging.DEBUG)
     shown: list[str] = []
+    secrets: tuple[str, ...] = ()
     for case in ("refused", "unknown user", "unknown database"):
         target = dict(server)
         user = "nobody_here" if case == "unknown user" else "phronomy"

@@ -30,6 +30,7 @@ from phronomy.storage import (
     _sqlite as sqlite_module,
     classify_uncertain_save,
 )
+from phronomy.storage._sqlite_schema import filesystem_type
 from phronomy.testing import FaultyStore
 
 from .test_contract import request
@@ -83,7 +84,7 @@ def test_network_filesystems_are_refused_or_warned(
 
 
 def test_filesystem_type_is_detected_here(tmp_path: Path) -> None:
-    assert sqlite_module.filesystem_type(str(tmp_path)) is not None
+    assert filesystem_type(str(tmp_path)) is not None
 
 
 def _faulty(
@@ -541,14 +542,14 @@ def _statements(monkeypatch: pytest.MonkeyPatch) -> list[list[str]]:
     opened: list[list[str]] = []
     connect = sqlite3.connect
 
-    def traced(*args: object, **kwargs: object) -> sqlite3.Connection:
-        conn = connect(*args, **kwargs)
+    def traced(*args: Any, **kwargs: Any) -> sqlite3.Connection:
+        conn: sqlite3.Connection = connect(*args, **kwargs)
         log: list[str] = []
         opened.append(log)
         conn.set_trace_callback(log.append)
         return conn
 
-    monkeypatch.setattr(sqlite_module.sqlite3, "connect", traced)
+    monkeypatch.setattr(sqlite3, "connect", traced)  # the module the store uses
     return opened
 
 
@@ -622,7 +623,7 @@ def test_listing_and_history_limits_are_bounded(
     store.save(request("x", None))
     for call in (store.list_instances, lambda limit: store.history("x", limit=limit)):
         with pytest.raises(errors.InvalidInputError, match=re.escape(repr(limit))):
-            call(limit=limit)
+            call(limit=limit)  # type: ignore[arg-type]  # bad on purpose
     assert len(store.list_instances(limit=10_000).records) == 1
     assert len(store.history("x", limit=10_000)) == 1
 
@@ -708,7 +709,9 @@ def test_stores_open_beside_killed_writers(
     retried = sum(
         1
         for r in caplog.records
-        if r.getMessage().startswith("wal.retry") and r.args and r.args[1] == 1
+        if r.getMessage().startswith("wal.retry")
+        and isinstance(r.args, tuple)
+        and r.args[1] == 1
     )
     print(  # noqa: T201 - the figures of the run (pytest -s)
         f"{opens} stores opened beside killed writers ({KILLED_WRITER_ROUNDS // 2} new "

@@ -639,14 +639,14 @@ def test_the_model_finds_a_sweep_that_forgets_the_takeover_count(
 ) -> None:
     recover = MemoryStore._recover
 
-    def forgetful(conn: Any, op: RecoverOp) -> list[tuple[str, str]]:
-        recovered = recover(conn, op)
+    def forgetful(self: MemoryStore, conn: Any, op: RecoverOp) -> list[tuple[str, str]]:
+        recovered = recover(self, conn, op)
         for iid, _ in recovered:
             row = conn.rows[iid]
             conn.rows[iid] = msgspec.structs.replace(row, takeovers=row.takeovers - 1)
         return recovered
 
-    monkeypatch.setattr(MemoryStore, "_recover", staticmethod(forgetful))
+    monkeypatch.setattr(MemoryStore, "_recover", forgetful)
     with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
         with pytest.raises(AssertionError, match="the stores disagree"):
             run_model(

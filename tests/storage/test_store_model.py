@@ -156,7 +156,7 @@ TestStoreModel.settings = settings(
 )
 
 
-class NoRevisionCheck(SQLiteStore):
+class NoRevisionCheck(SQLiteStore):  # type: ignore[misc]  # a deliberate mutant
     """A deliberately broken store: it saves whatever revision the caller expected."""
 
     def apply(self, conn: sqlite3.Connection, op: StoreOp) -> Any:
@@ -176,7 +176,7 @@ class NoRevisionCheck(SQLiteStore):
 
 def test_the_model_catches_a_store_without_revision_checks() -> None:
     class BrokenModel(StoreModel):
-        store_class = NoRevisionCheck
+        store_class = NoRevisionCheck  # type: ignore[mutable-override]
 
     with pytest.raises(AssertionError, match="was accepted"):
         run_state_machine_as_test(

@@ -74,9 +74,7 @@ async def test_workflow_commands_off_the_dispatcher_are_refused(
     runtime: phronomy.Runtime,
 ) -> None:
     # scenario 60
-    coordinator = runtime.engine.receiver(
-        WorkflowCoordinator, lambda engine: pytest.fail("it exists already")
-    )
+    coordinator = runtime.engine.receiver(WorkflowCoordinator, _exists)
     command = object()
     with pytest.raises(
         phronomy.ReentrancyError, match="only be mutated on the runtime's dispatcher"
@@ -116,3 +114,8 @@ async def test_workflow_ids_may_not_use_the_executions_prefix(
             call()
     with pytest.raises(phronomy.InvalidInputError, match="reserved"):
         await runtime.workflows.cancel(flow, "agent:x")
+
+
+def _exists(engine: object) -> WorkflowCoordinator:
+    """A receiver factory for one that exists already (never called)."""
+    pytest.fail("it exists already")

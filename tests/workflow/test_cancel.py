@@ -19,7 +19,7 @@ from records import loaded
 from .helpers import Value, admission_state, approval_flow, runtime_on, until
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Awaitable, Callable
 
 
 def _blocking_flow(started: threading.Event, finished: list[float]) -> Any:
@@ -42,7 +42,7 @@ async def test_cancel_settles_only_after_the_effects_thread_returned(
     make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     store = make_store()
-    started, finished = threading.Event(), []
+    started, finished = threading.Event(), list[float]()
     flow = _blocking_flow(started, finished)
     async with runtime_on(store) as rt:
         caller = rt.workflows.start(flow, workflow_instance_id="c-1")
@@ -216,7 +216,7 @@ async def test_a_cancelled_instance_refuses_every_event_and_nothing_is_written(
         await rt.workflows.cancel(flow, "o-1", reason="customer left")
         before = loaded(store, "o-1")
         assert (before.status, before.revision) == ("cancelled", 2)
-        calls = [
+        calls: list[Callable[[], Awaitable[Any]]] = [
             lambda: rt.workflows.send_event(
                 flow, "approve", workflow_instance_id="o-1"
             ),

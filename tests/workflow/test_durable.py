@@ -192,7 +192,7 @@ async def test_an_event_every_guard_rejects_answers_at_once_and_changes_nothing(
             halted = await rt.workflows.invoke(flow, workflow_instance_id="order-1")
             before = store.load("order-1")
             assert before is not None
-            attempts = [
+            attempts: list[dict[str, Any]] = [
                 {"workflow_instance_id": "order-1"},
                 {"halted": halted},
             ]
@@ -655,6 +655,7 @@ async def test_recovery_is_fail_closed_across_runtimes_and_resolvable(
             ]
             view = await other.recovery.inspect("rr")
             assert view.record is not None
+            assert view.fields is not None
             assert (view.record.revision, view.phase, view.fields["value"]) == (
                 1,
                 "awaiting",
@@ -709,7 +710,7 @@ async def test_failed_offloaded_save_is_an_unknown_outcome(
     make_store: Callable[[], phronomy.storage.BaseStore[Any]],
 ) -> None:
     # scenario 82: the offloaded batch itself fails (not one save inside it)
-    class ExplodingBatches(FaultyStore):
+    class ExplodingBatches(FaultyStore):  # type: ignore[misc]  # a test double
         explode = False
 
         def execute(self, ops: Any) -> Any:

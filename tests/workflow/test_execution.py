@@ -590,7 +590,7 @@ async def test_bad_input_is_refused_at_the_boundary(runtime: phronomy.Runtime) -
         x: int = 0
 
     with pytest.raises(phronomy.InvalidInputError, match="runs Value"):
-        runtime.workflows.start(flow, Other())
+        runtime.workflows.start(flow, Other())  # type: ignore[misc]  # on purpose
 
 
 async def test_a_rejected_resume_of_an_ephemeral_halt_fails_at_once() -> None:

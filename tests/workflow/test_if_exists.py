@@ -7,17 +7,27 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import phronomy
-from phronomy.storage import BeginOp, MarkOp, SaveRequest, encode_snapshot
+from phronomy.storage import (
+    BeginOp,
+    InstanceStatus,
+    MarkOp,
+    SaveRequest,
+    encode_snapshot,
+)
 
 from .helpers import Value, approval_flow, runtime_on
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from phronomy.workflow import IfExists
+
 FLOW = approval_flow()  # prepare -> awaiting (wait) -approve-> confirm -> FINISH
 
 
-def _save(store: Any, iid: str, rev: int | None, phase: str, status: str) -> None:
+def _save(
+    store: Any, iid: str, rev: int | None, phase: str, status: InstanceStatus
+) -> None:
     revision = (rev or 0) + 1
     state = Value(value=f"stored-{revision}", steps=["stored"])
     blob = encode_snapshot(
@@ -100,7 +110,7 @@ MATRIX = {
     "cancelled": (EXISTS, RETURNED, RAN),
     "recovery_required": (RECOVERY, RECOVERY, RECOVERY),
 }
-POLICIES = ("refuse", "return", "restart")
+POLICIES: tuple[IfExists, ...] = ("refuse", "return", "restart")
 
 
 @pytest.mark.parametrize("status", sorted(MATRIX))
@@ -117,6 +127,7 @@ async def test_every_status_under_every_policy(
                 FLOW, {"value": "input"}, workflow_instance_id=iid, if_exists=policy
             )
             if expected == EXISTS:
+                assert before is not None  # only a stored instance exists
                 with pytest.raises(phronomy.InstanceExistsError) as caught:
                     await call
                 error = caught.value
@@ -135,6 +146,7 @@ async def test_every_status_under_every_policy(
                     await call
                 assert store.load(iid) == before
             elif expected == RETURNED:
+                assert before is not None  # only a stored result is returned
                 result = await call
                 assert (result.revision, result.status, result.phase) == (
                     before.revision,

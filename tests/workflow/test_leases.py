@@ -56,7 +56,12 @@ FAST: dict[str, Any] = {
 def counted_flow(ran: list[str]) -> phronomy.WorkflowDefinition[Value]:
     """A live flow whose entry action records each time it runs."""
     wf = phronomy.Workflow(Value, name="counted")
-    wf.state("waiting", entry=lambda s: ran.append("entry") or s)
+
+    def entry(state: Value) -> Value:
+        ran.append("entry")
+        return state
+
+    wf.state("waiting", entry=entry)
     wf.transition("waiting", "waiting", on="mark")
     wf.transition("waiting", phronomy.FINISH, on="finish")
     return wf.build()

@@ -40,7 +40,11 @@ def crash_server() -> Callable[[], None]:
         if os.environ.get("PHRONOMY_REQUIRE_POSTGRES"):
             pytest.fail(reason)
         pytest.skip(reason)
-    return lambda: subprocess.run([ctl, "crash-restart"], check=True, timeout=120)
+
+    def crash() -> None:
+        subprocess.run([ctl, "crash-restart"], check=True, timeout=120)
+
+    return crash
 
 
 @pytest.mark.slow

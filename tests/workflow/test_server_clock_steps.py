@@ -250,7 +250,10 @@ async def test_the_runtime_warns_once_per_step_of_the_server_clock(
     store = open_store()
     flow = live_flow()
     settings = {"lease_ttl": 3.0, "heartbeat_interval": 0.5, "lease_margin": 0.5}
-    steps = lambda: [r for r in caplog.records if "stepped" in r.getMessage()]  # noqa: E731
+
+    def steps() -> list[logging.LogRecord]:
+        return [r for r in caplog.records if "stepped" in r.getMessage()]
+
     async with runtime_on(store, sweep_interval=0, **settings) as rt:
         handle = await start_live(rt, flow, "w")
         claimed = _expiries(store, ["w"])

@@ -11,12 +11,13 @@ import trio
 
 from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
+    BusyError,
     InvalidInputError,
 )
 from phronomy.storage import validate_instance_id
 
 from ._events import RESUME, resolve_event
-from ._inbox_client import InboxClient, make_posting
+from ._inbox_client import BUSY_RETRIES, InboxClient, make_posting
 from ._inputs import input_overlay, policy
 from ._messages import (
     CancelCommand,
@@ -265,22 +266,33 @@ class WorkflowClient(InboxClient, LiveInstances):
             EventRejectedError: every guard rejected the event (nothing changed).
             RecoveryRequiredError: the instance requires recovery (with a store, the
                 event stays stored and is applied once an operator resolved it).
+            BusyError: with a store, another transaction kept writing the instance's
+                row through every retry (nothing was stored: send it again).
 
         Cancellation:
             As :meth:`invoke` (with a store, the event stays stored and is applied).
         """
-        handle = self.start_event(
-            workflow,
-            event,
-            halted=halted,
-            workflow_instance_id=workflow_instance_id,
-            payload=payload,
-            input=input,
-            recursion_limit=recursion_limit,
-            on_step=on_step,
-            event_id=event_id,
-        )
-        return await handle.result()
+        if self.durable and event_id is None:  # one id for every try: a repeat is one
+            event_id = random_uuid()
+        for pause in (*BUSY_RETRIES, None):
+            handle = self.start_event(
+                workflow,
+                event,
+                halted=halted,
+                workflow_instance_id=workflow_instance_id,
+                payload=payload,
+                input=input,
+                recursion_limit=recursion_limit,
+                on_step=on_step,
+                event_id=event_id,
+            )
+            try:
+                return await handle.result()
+            except BusyError:
+                if pause is None or not self.durable:
+                    raise
+                await trio.sleep(pause)  # nothing was stored: send it again
+        raise AssertionError("unreachable")
 
     async def resume(
         self,

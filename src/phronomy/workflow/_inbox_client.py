@@ -40,9 +40,10 @@ __all__ = ["InboxClient", "interleave", "make_posting"]
 
 S = TypeVar("S", bound=State)
 
-START_RETRIES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
-"""Pauses of a post that would start its instance while another runtime creates it
-(the creating transaction commits within a group commit)."""
+BUSY_RETRIES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
+"""Pauses before a post is sent again (with its event id) that found its instance's
+row written by another transaction and stored nothing: a start another runtime is
+committing, or (PostgreSQL) a write of the runtime that holds it (a group commit)."""
 
 
 class InboxClient:
@@ -131,7 +132,7 @@ class InboxClient:
             input_overlay(workflow, input),
             event_id=event_id,
         )
-        for delay in START_RETRIES:
+        for delay in BUSY_RETRIES:
             try:
                 return await self._post_once(workflow, posting, start)
             except BusyError:
