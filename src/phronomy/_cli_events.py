@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy._cli_commands import _json, _table, _workflow_record, iso, safe
+from phronomy._cli_commands import _table, _workflow_record, iso, safe
 from phronomy.engine import random_uuid
 from phronomy.errors import InstanceStateError, InvalidInputError
 from phronomy.storage import InboxEntry, InboxOp, Posting, PostOp, validate_event_id
@@ -81,17 +81,22 @@ def history(store: SQLiteStore, args: argparse.Namespace) -> int:
     items = interleave(saves, events)[: args.limit]
     if args.json:
         for item in items:
-            if isinstance(item, InboxEntry):
-                print(_json(_event_view(item)))
-            else:
-                fields = json.loads(_json(item, committed_at=item.committed_at_ms))
-                print(json.dumps({**fields, "kind": "save"}, sort_keys=True))
+            view = (
+                _event_view(item) if isinstance(item, InboxEntry) else _save_view(item)
+            )
+            print(json.dumps(view, sort_keys=True))
         return 0
     _table(
         ("REV", "KIND", "STATUS", "PHASE/EVENT", "AT", "ID", "VERSION", "DETAIL"),
         [_history_row(item) for item in items],
     )
     return 0
+
+
+def _save_view(save: SaveLogEntry) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(save)
+    view.update(kind="save", committed_at=iso(save.committed_at_ms))
+    return view
 
 
 def _event_view(e: InboxEntry) -> dict[str, Any]:

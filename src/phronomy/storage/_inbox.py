@@ -99,6 +99,19 @@ class Posting(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     input: bytes | None = None
     expected_revision: int | None = None
 
+    def stored(self, *, seq: int, stored_at_ms: int) -> InboxEntry:
+        """The pending entry this posting is once stored as number *seq*."""
+        return InboxEntry(
+            workflow_instance_id=self.workflow_instance_id,
+            seq=seq,
+            event_id=self.event_id,
+            event=self.event,
+            payload=self.payload,
+            input=self.input,
+            expected_revision=self.expected_revision,
+            stored_at_ms=stored_at_ms,
+        )
+
 
 @final
 class InboxEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):

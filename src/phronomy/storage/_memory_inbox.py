@@ -61,16 +61,7 @@ class MemoryInbox:
             self.note(iid)
             seq = self.seqs.get(iid, 0) + 1  # no gaps: a repeat takes no number
             self.seqs[iid] = seq
-            entry = InboxEntry(
-                workflow_instance_id=iid,
-                seq=seq,
-                event_id=posting.event_id,
-                event=posting.event,
-                payload=posting.payload,
-                input=posting.input,
-                expected_revision=posting.expected_revision,
-                stored_at_ms=now,
-            )
+            entry = posting.stored(seq=seq, stored_at_ms=now)
             self.inbox[iid] = {**entries, seq: entry}
             return PostOutcome(outcome="stored", entry=entry, row=row)
         if earlier is not None:

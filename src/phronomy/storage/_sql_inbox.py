@@ -203,16 +203,7 @@ def post(
         }
         stored = conn.execute(sql.insert, params).fetchone()
         if stored is not None:
-            entry = InboxEntry(
-                workflow_instance_id=iid,
-                seq=int(seq[0]),
-                event_id=posting.event_id,
-                event=posting.event,
-                payload=posting.payload,
-                input=posting.input,
-                expected_revision=posting.expected_revision,
-                stored_at_ms=int(stored[0]),  # the store's clock
-            )
+            entry = posting.stored(seq=int(seq[0]), stored_at_ms=int(stored[0]))
             if sql.notify:
                 conn.execute(sql.notify, {"kind": "posted"})
             return PostOutcome(outcome="stored", entry=entry, row=row_from(seq[1:]))

@@ -11,13 +11,12 @@ import trio
 
 from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
-    BusyError,
     InvalidInputError,
 )
 from phronomy.storage import validate_instance_id
 
 from ._events import RESUME, resolve_event
-from ._inbox_client import BUSY_RETRIES, InboxClient, make_posting
+from ._inbox_client import InboxClient, make_posting, sent_again_while_busy
 from ._inputs import input_overlay, policy
 from ._messages import (
     CancelCommand,
@@ -274,7 +273,8 @@ class WorkflowClient(InboxClient, LiveInstances):
         """
         if self.durable and event_id is None:  # one id for every try: a repeat is one
             event_id = random_uuid()
-        for pause in (*BUSY_RETRIES, None):
+
+        async def attempt() -> WorkflowResult[S]:
             handle = self.start_event(
                 workflow,
                 event,
@@ -286,13 +286,11 @@ class WorkflowClient(InboxClient, LiveInstances):
                 on_step=on_step,
                 event_id=event_id,
             )
-            try:
-                return await handle.result()
-            except BusyError:
-                if pause is None or not self.durable:
-                    raise
-                await trio.sleep(pause)  # nothing was stored: send it again
-        raise AssertionError("unreachable")
+            return await handle.result()
+
+        if not self.durable:  # nothing is stored: a busy instance stays busy
+            return await attempt()
+        return await sent_again_while_busy(attempt)
 
     async def resume(
         self,

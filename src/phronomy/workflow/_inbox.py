@@ -194,6 +194,7 @@ class Feed:
 
     __slots__ = (
         "_consumed",
+        "_judgements",
         "_queue",
         "current",
         "gap",
@@ -217,6 +218,7 @@ class Feed:
         store), *truncated* says the store has more entries than *entries*."""
         self._queue: list[InboxEntry] = list(entries)
         self._consumed: list[tuple[InboxEntry, Consumption]] = list(done)
+        self._judgements = {e.seq: (e, c) for e, c in done}
         seqs = [e.seq for e in entries] + [e.seq for e, _ in done]
         if current is not None:
             seqs.append(current.seq)
@@ -278,6 +280,7 @@ class Feed:
             return
         consumption = Consumption(seq=entry.seq, status=status, detail=detail)
         self._consumed.append((entry, consumption))
+        self._judgements[entry.seq] = (entry, consumption)
         self.current = None
         if self.on_record is not None:
             self.on_record(entry, consumption)
@@ -291,6 +294,10 @@ class Feed:
     def judged(self) -> tuple[tuple[InboxEntry, Consumption], ...]:
         """The entries taken, with what became of each."""
         return tuple(self._consumed)
+
+    def judgement(self, seq: int) -> tuple[InboxEntry, Consumption] | None:
+        """The entry numbered *seq* with what became of it, if the feed judged it."""
+        return self._judgements.get(seq)
 
     def failing(self, error: BaseException) -> tuple[Consumption, ...]:
         """What a write that fails the segment with *error* consumes: the entry the

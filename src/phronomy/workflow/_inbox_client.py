@@ -3,6 +3,7 @@ them: ``post``, ``receipt``, ``history``."""
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -28,7 +29,7 @@ from ._messages import PostCommand, StartCommand
 from ._state import State
 
 if TYPE_CHECKING:
-    from collections.abc import Mapping
+    from collections.abc import Awaitable, Callable, Mapping
 
     from phronomy.storage import SaveLogEntry
 
@@ -39,6 +40,7 @@ if TYPE_CHECKING:
 __all__ = ["InboxClient", "interleave", "make_posting"]
 
 S = TypeVar("S", bound=State)
+T = TypeVar("T")
 
 BUSY_RETRIES = (0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5)
 """Pauses before a post is sent again (with its event id) that found its instance's
@@ -132,14 +134,10 @@ class InboxClient:
             input_overlay(workflow, input),
             event_id=event_id,
         )
-        for delay in BUSY_RETRIES:
-            try:
-                return await self._post_once(workflow, posting, start)
-            except BusyError:
-                if start is None:
-                    raise
-                await trio.sleep(delay)  # another runtime starts it: post again
-        return await self._post_once(workflow, posting, start)
+        attempt = functools.partial(self._post_once, workflow, posting, start)
+        if start is None:  # a plain post waits for the row (it never finds it busy)
+            return await attempt()
+        return await sent_again_while_busy(attempt)
 
     async def _post_once(
         self,
@@ -231,6 +229,25 @@ class InboxClient:
             InboxOp(workflow_instance_id=iid, pending_only=False, limit=limit)
         )
         return interleave(saves, inbox)[:limit]
+
+
+async def sent_again_while_busy(attempt: Callable[[], Awaitable[T]]) -> T:
+    """Run *attempt* (a store of one event, by its event id) and run it again after
+    each pause of :data:`BUSY_RETRIES` while it raises :class:`~phronomy.BusyError`
+    (it stored nothing; a repeat of the id is one event).
+
+    Raises:
+        BusyError: the last attempt was busy too.
+
+    Cancellation:
+        Stops between attempts; an attempt in flight may have stored the event.
+    """
+    for pause in BUSY_RETRIES:
+        try:
+            return await attempt()
+        except BusyError:
+            await trio.sleep(pause)
+    return await attempt()
 
 
 def make_posting(

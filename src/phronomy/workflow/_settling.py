@@ -103,10 +103,10 @@ class Settling:
         if session is None or session.feed is None:
             return  # no segment here: whoever applies it, the poll checks it
         feed = session.feed
-        for judged, consumption in feed.judged:
-            if judged.seq == entry.seq:
-                self._judged(judged, consumption)
-                return
+        judged = feed.judgement(entry.seq)
+        if judged is not None:
+            self._judged(*judged)
+            return
         if feed.last_seq is None or entry.seq > feed.last_seq or feed.holds(entry.seq):
             return  # this segment applies it later
         assert self.gateway is not None
