@@ -32,11 +32,11 @@ nitpick_ignore_regex = [
     # other projects' objects (no intersphinx inventories here)
     (
         r"py:.*",
-        r"(trio|msgspec|outcome|functools|collections|typing|typing_extensions|contextlib|types|threading|sqlite3|psycopg|os|enum)\..*",
+        r"(trio|msgspec|outcome|functools|collections|typing|typing_extensions|contextlib|types|threading|sqlite3|psycopg|os|enum|datetime)\..*",
     ),
     (
         r"py:class",
-        r"(Callable|Awaitable|Sequence|Mapping|Iterable|AsyncGenerator|AsyncIterator|Iterator|Self|Any|Literal|ClassVar|PathLike|Path)",
+        r"(Callable|Awaitable|Sequence|Mapping|Iterable|AsyncGenerator|AsyncIterator|Iterator|Self|Any|Literal|ClassVar|PathLike|Path|timedelta|datetime)",
     ),
     # type variables and type aliases
     (r"py:(class|obj)", r"(phronomy\.[\w.]+\.)?(S|T|U|R|I|O|C|T_co)"),

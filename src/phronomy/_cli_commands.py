@@ -35,11 +35,14 @@ from phronomy.storage import (
     InboxEntry,
     InboxOp,
     SaveOp,
+    StoredTimer,
+    TimersOp,
     cancellation,
     decode_snapshot_builtins,
     resolve_stored,
 )
 from phronomy.storage._shortcuts import MAX_LIMIT
+from phronomy.workflow._definition import AFTER_PREFIX, describe_delay
 
 if TYPE_CHECKING:
     import argparse
@@ -274,6 +277,36 @@ def pending_events(store: SQLiteStore, record: StoredRecord) -> dict[str, Any]:
     return view
 
 
+def pending_timers(store: SQLiteStore, workflow_instance_id: str) -> list[Any]:
+    """The instance's armed timers, soonest first."""
+    timers = store.run(TimersOp(workflow_instance_id=workflow_instance_id))
+    return [timer_view(t) for t in timers]
+
+
+def timer_view(timer: StoredTimer) -> dict[str, Any]:
+    """An armed timer as ``instances show`` and ``history --json`` print it."""
+    return {
+        "kind": "timer",
+        "status": "armed",
+        "name": timer.name,
+        "timer_kind": timer.kind,
+        "event": event_name(timer.event, timer.state),
+        "state": timer.state,
+        "due_at": iso(timer.due_at_ms),
+        "armed_revision": timer.armed_revision,
+        "armed_at": iso(timer.armed_at_ms),
+    }
+
+
+def event_name(event: str, state: str | None) -> str:
+    """A timeout's event as people read it: ``after 2d (awaiting)``."""
+    if not event.startswith(AFTER_PREFIX):
+        return event
+    ms = event[len(AFTER_PREFIX) :].removesuffix("ms__")
+    delay = describe_delay(int(ms)) if ms.isdigit() else ms
+    return f"after {delay}" + (f" ({state})" if state else "")
+
+
 def _who_applies(record: StoredRecord, oldest: InboxEntry, *, live: bool) -> str:
     workflow = safe(record.workflow)
     owner = safe(record.lease_owner or "")
@@ -326,6 +359,7 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
         else:
             view["fields"] = decoded.fields
     view.update(pending_events(store, record))
+    view["pending_timers"] = pending_timers(store, record.workflow_instance_id)
     print(json.dumps(view, indent=2, sort_keys=True))
     if error is not None:
         raise error

@@ -1,5 +1,5 @@
-"""The command line's inbox commands: ``instances send`` and ``instances history``,
-and the pending events ``instances show`` lists (with who applies them)."""
+"""The command line's inbox commands: ``instances send`` and ``instances history``
+(saves, events, and timers armed or fired)."""
 
 from __future__ import annotations
 
@@ -8,10 +8,26 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy._cli_commands import _table, _workflow_record, iso, safe
+from phronomy._cli_commands import (
+    _table,
+    _workflow_record,
+    event_name,
+    iso,
+    safe,
+    timer_view,
+)
 from phronomy.engine import random_uuid
 from phronomy.errors import InstanceStateError, InvalidInputError
-from phronomy.storage import InboxEntry, InboxOp, Posting, PostOp, validate_event_id
+from phronomy.storage import (
+    InboxEntry,
+    InboxOp,
+    Posting,
+    PostOp,
+    StoredTimer,
+    TimersOp,
+    fired_timer,
+    validate_event_id,
+)
 from phronomy.workflow._inbox import encode_payload
 from phronomy.workflow._inbox_client import interleave
 
@@ -72,18 +88,23 @@ def send(store: SQLiteStore, args: argparse.Namespace) -> int:
 
 def history(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``instances history``: the instance's last saves and events, newest first (an
-    event just below the save that consumed it, pending ones on top)."""
+    event just below the save that consumed it, pending ones on top, a fired timer as
+    a ``timer`` event), under its armed timers (due soonest last)."""
     _workflow_record(store, args)
     saves = store.history(args.id, limit=args.limit)
     events = store.run(
         InboxOp(workflow_instance_id=args.id, pending_only=False, limit=args.limit)
     )
-    items = interleave(saves, events)[: args.limit]
+    armed = store.run(TimersOp(workflow_instance_id=args.id))[::-1]
+    items = [*armed, *interleave(saves, events)][: args.limit]
     if args.json:
         for item in items:
-            view = (
-                _event_view(item) if isinstance(item, InboxEntry) else _save_view(item)
-            )
+            if isinstance(item, StoredTimer):
+                view = timer_view(item)
+            elif isinstance(item, InboxEntry):
+                view = _event_view(item)
+            else:
+                view = _save_view(item)
             print(json.dumps(view, sort_keys=True))
         return 0
     _table(
@@ -103,8 +124,9 @@ def _event_view(e: InboxEntry) -> dict[str, Any]:
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(e, payload=b"", input=None)
     )
+    fired = fired_timer(e.event_id)
     view.update(
-        kind="event",
+        kind="event" if fired is None else "timer",
         payload=_summary(e.payload),
         input=None if e.input is None else _summary(e.input),
         stored_at=iso(e.stored_at_ms),
@@ -119,17 +141,29 @@ def _summary(encoded: bytes, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
-def _history_row(item: SaveLogEntry | InboxEntry) -> tuple[str, ...]:
+def _history_row(item: SaveLogEntry | InboxEntry | StoredTimer) -> tuple[str, ...]:
+    if isinstance(item, StoredTimer):
+        return (
+            str(item.armed_revision),
+            "timer",
+            "armed",
+            safe(event_name(item.event, item.state)),
+            f"due {iso(item.due_at_ms)}",
+            safe(item.name),
+            "",
+            f"{item.kind}, payload {_summary(item.payload, 40)}",
+        )
     if isinstance(item, InboxEntry):
         at = iso(item.consumed_at_ms or item.stored_at_ms) or ""
         detail = f"payload {_summary(item.payload, 40)}"
         if item.detail:
             detail += f"; {item.detail}"
+        fired = fired_timer(item.event_id)
         return (
             "" if item.revision is None else str(item.revision),
-            f"event {item.seq}",
+            f"event {item.seq}" if fired is None else f"timer {item.seq}",
             item.status,
-            safe(item.event),
+            safe(event_name(item.event, None)),
             at,
             safe(item.event_id),
             "",

@@ -1,4 +1,5 @@
-"""Test helpers: a store wrapper that injects faults at named points.
+"""Test helpers: a store wrapper that injects faults at named points, and a test clock
+that skips time.
 
 Example::
 
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Self, final
 
 from phronomy.storage import BaseStore
@@ -27,10 +29,11 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
     import outcome
+    import trio.testing
 
     from phronomy.storage import StoreOp
 
-__all__ = ["FaultyStore"]
+__all__ = ["FaultyStore", "TestClock"]
 
 
 class _Fault:
@@ -161,3 +164,47 @@ class FaultyStore(BaseStore[Any]):
     def close(self) -> None:
         """Close the wrapped store."""
         self.inner.close()
+
+
+@final
+class TestClock:
+    """One clock for trio and the store, which a test moves forward: a timeout of two
+    days fires in no wall time.
+
+    It reads a :class:`trio.testing.MockClock` (run the test with it: pytest-trio's
+    ``autojump_clock`` fixture, or ``trio.run(..., clock=...)``) as the store's wall
+    clock, counted from *start*. :meth:`skip` jumps both at once: the runtime's next
+    poll finds every timer that fell due and fires it. Pass the clock to the store::
+
+        clock = TestClock(autojump_clock)
+        store = SQLiteStore(path, clock=clock)
+
+    Skip time while instances wait (halted, or in trio sleeps the mock clock runs):
+    a runtime holding a lease sees a skip longer than the lease's margin as a renewal
+    that came too late, and gives the lease up.
+    """
+
+    __test__ = False  # not a test class (pytest collects ``Test*``)
+
+    def __init__(
+        self, clock: trio.testing.MockClock, *, start_ms: int | None = None
+    ) -> None:
+        """Read *clock*, starting at *start_ms* wall-clock milliseconds (default:
+        now)."""
+        self.mock = clock
+        base = time.time_ns() // 1_000_000 if start_ms is None else start_ms
+        self._offset_ms = base - int(clock.current_time() * 1000)
+
+    def __call__(self) -> int:
+        """The store's wall clock in milliseconds (safe from any thread)."""
+        return self._offset_ms + int(self.mock.current_time() * 1000)
+
+    def skip(self, delay: timedelta | float) -> None:
+        """Move trio's clock and the store's forward by *delay* (seconds, or a
+        timedelta).
+
+        Raises:
+            ValueError: a negative delay.
+        """
+        seconds = delay.total_seconds() if isinstance(delay, timedelta) else delay
+        self.mock.jump(float(seconds))

@@ -11,7 +11,17 @@ import msgspec
 import pytest
 
 from phronomy import errors
-from phronomy.storage import SCHEMA_VERSION, Posting, PostOp, SaveRequest, SQLiteStore
+from phronomy.storage import (
+    SCHEMA_VERSION,
+    Consumption,
+    FireOp,
+    InboxOp,
+    Posting,
+    PostOp,
+    SaveRequest,
+    SQLiteStore,
+    TimerSpec,
+)
 from records import durable_view
 
 if TYPE_CHECKING:
@@ -55,7 +65,7 @@ def test_every_row_and_its_history_survive_the_migration(
     ).fetchall()
     before.close()
     store.open()
-    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 5
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 6
     for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
@@ -178,7 +188,7 @@ def test_a_schema_4_file_gains_an_inbox_and_keeps_every_row(
     shutil.copy(fixture, path)
     store = open_sqlite(path)
     store.open()
-    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 5
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 6
     for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
@@ -200,3 +210,51 @@ def test_a_schema_4_file_gains_an_inbox_and_keeps_every_row(
         )
     )
     assert (posted.outcome, posted.entry.seq) == ("stored", 1)
+
+
+def test_a_schema_5_file_gains_timers_and_keeps_its_inbox(
+    open_sqlite: Callable[..., SQLiteStore], tmp_path: Path
+) -> None:
+    fixture = FIXTURE.with_name("schema_v5.db")
+    before = _read_only(fixture)
+    try:
+        assert before.execute("PRAGMA user_version").fetchone()[0] == 5
+        entries = before.execute(
+            "SELECT instance_id, seq, event_id, status FROM phronomy_inbox "
+            "ORDER BY instance_id"
+        ).fetchall()
+    finally:
+        before.close()
+    path = tmp_path / "v5.db"
+    shutil.copy(fixture, path)
+    store = open_sqlite(path, clock=lambda: 1_000)
+    store.open()
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 6
+    inbox = [
+        (iid, e.seq, e.event_id, e.status)
+        for iid in ("finished-1", "halted-1")
+        for e in store.run(InboxOp(workflow_instance_id=iid, pending_only=False))
+    ]
+    assert inbox == entries
+    # a save of a migrated row arms a timer, which fires once into its inbox
+    halted = store.load("halted-1")
+    assert halted is not None
+    assert halted.snapshot is not None
+    spec = TimerSpec(name="t", delay_ms=0, event="approve", payload=b"2")
+    store.save(
+        SaveRequest(
+            workflow_instance_id="halted-1",
+            expected_revision=1,
+            snapshot=halted.snapshot,
+            write_id="w-timer",
+            status="halted",
+            phase="awaiting",
+            consumed=(Consumption(seq=1, status="dropped"),),
+            arm=(spec,),
+        )
+    )
+    fire = FireOp(owner="o", workflows=("fixture-flow",))
+    assert store.run(fire) == 1
+    assert store.run(fire) == 0
+    pending = store.run(InboxOp(workflow_instance_id="halted-1"))
+    assert [(e.seq, e.event_id, e.payload) for e in pending] == [(2, "timer:t@2", b"2")]

@@ -542,4 +542,4 @@ def test_a_schema_3_database_gains_an_inbox_and_keeps_every_row(
     assert (posted.outcome, posted.entry.seq) == ("stored", 1)
     with _admin(postgres_dsn) as conn:
         rows = conn.execute(f"SELECT version FROM {schema}.phronomy_schema")
-        assert [r[0] for r in rows] == [SCHEMA_VERSION] == [4]
+        assert [r[0] for r in rows] == [SCHEMA_VERSION] == [5]

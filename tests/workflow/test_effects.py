@@ -106,7 +106,7 @@ async def test_bad_requests_name_what_is_wrong(runtime: phronomy.Runtime) -> Non
     def negative(s: Log, e: Any, effects: phronomy.Effects) -> None:
         effects.schedule(-1, "done")
 
-    with pytest.raises(phronomy.InvalidInputError, match="delay >= 0"):
+    with pytest.raises(phronomy.InvalidInputError, match="from 0 seconds to 100 years"):
         await runtime.workflows.invoke(_flow(negative))
 
     def not_callable(s: Log, e: Any, effects: phronomy.Effects) -> None:

@@ -4,6 +4,7 @@ polls, the fallback interval, and a listener that cannot connect."""
 from __future__ import annotations
 
 import itertools
+import math
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -51,8 +52,9 @@ async def test_a_listener_that_cannot_connect_is_retried_with_backoff_while_poll
     # (ten connection attempts a second against a server that refuses them).
     polls: list[float] = []
 
-    async def poll_once(coordinator: Any) -> None:
+    async def poll_once(coordinator: Any) -> float:
         polls.append(trio.current_time())
+        return math.inf  # no timer armed
 
     async def run_sync(fn: Any, *args: Any, **kwargs: Any) -> Any:
         return fn(*args)  # on the trio thread: the fake reads the mock clock

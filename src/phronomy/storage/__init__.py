@@ -34,11 +34,13 @@ from ._ops import (
     DeleteOp as DeleteOp,
     EntryOp as EntryOp,
     FindWriteOp as FindWriteOp,
+    FireOp as FireOp,
     HistoryOp as HistoryOp,
     InboxOp as InboxOp,
     ListOp as ListOp,
     LoadOp as LoadOp,
     MarkOp as MarkOp,
+    NextDueOp as NextDueOp,
     PollOp as PollOp,
     PostOp as PostOp,
     RecoverOp as RecoverOp,
@@ -46,6 +48,7 @@ from ._ops import (
     RequestCancelOp as RequestCancelOp,
     SaveOp as SaveOp,
     StoreOp as StoreOp,
+    TimersOp as TimersOp,
     op_name as op_name,
 )
 from ._postgres import PostgresStore as PostgresStore
@@ -87,6 +90,13 @@ from ._store import (
     classify_uncertain_save as classify_uncertain_save,
     run_op as run_op,
 )
+from ._timers import (
+    MAX_DELAY_MS as MAX_DELAY_MS,
+    StoredTimer as StoredTimer,
+    TimerKind as TimerKind,
+    TimerSpec as TimerSpec,
+    fired_timer as fired_timer,
+)
 
 __all__ = [
     "DEFAULT_MAX_SNAPSHOT_BYTES",
@@ -95,6 +105,7 @@ __all__ = [
     "EXECUTION_KIND",
     "FINISH_PHASE",
     "KNOWN_FAILURES",
+    "MAX_DELAY_MS",
     "MAX_INSTANCE_ID_LENGTH",
     "MAX_LIMIT",
     "OPEN_STATUSES",
@@ -112,6 +123,7 @@ __all__ = [
     "DeleteOp",
     "EntryOp",
     "FindWriteOp",
+    "FireOp",
     "HistoryOp",
     "InboxEntry",
     "InboxOp",
@@ -123,6 +135,7 @@ __all__ = [
     "LoadOp",
     "MarkOp",
     "MemoryStore",
+    "NextDueOp",
     "PollOp",
     "PostOp",
     "PostOutcome",
@@ -138,6 +151,10 @@ __all__ = [
     "SaveRequest",
     "StoreOp",
     "StoredRecord",
+    "StoredTimer",
+    "TimerKind",
+    "TimerSpec",
+    "TimersOp",
     "WorkflowStore",
     "cancellation",
     "check_json_domain",
@@ -149,6 +166,7 @@ __all__ = [
     "decode_snapshot",
     "decode_snapshot_builtins",
     "encode_snapshot",
+    "fired_timer",
     "normalize",
     "op_name",
     "quarantine",

@@ -13,23 +13,27 @@ from phronomy.errors import InvalidInputError
 
 from ._base import BaseStore, Lane
 from ._clock import monotonic_ms, wall_ms
-from ._memory_inbox import MemoryInbox
+from ._memory_inbox import refused
+from ._memory_tables import Tables as _Tables, claimable as _claimable
 from ._ops import (
     BeginOp,
     DeleteOp,
     EntryOp,
     FindWriteOp,
+    FireOp,
     HistoryOp,
     InboxOp,
     ListOp,
     LoadOp,
     MarkOp,
+    NextDueOp,
     PollOp,
     PostOp,
     RecoverOp,
     RenewOp,
     RequestCancelOp,
     SaveOp,
+    TimersOp,
 )
 from ._records import InstancePage, SaveLogEntry, SaveRequest, StoredRecord
 from ._store import SAVE_LOG_DEPTH, conflict_error
@@ -37,64 +41,10 @@ from ._store import SAVE_LOG_DEPTH, conflict_error
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
+    from ._inbox import Posting, PostOutcome
     from ._ops import StoreOp
 
 __all__ = ["MemoryStore"]
-
-
-class _Tables(MemoryInbox):
-    """The rows, the save log and the inbox; writes note what they replace, to undo a
-    batch."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.rows: dict[str, StoredRecord] = {}
-        self.log: dict[str, dict[str, SaveLogEntry]] = {}  # id -> write id -> save
-        self.undo: list[tuple[str, Any]] | None = None
-
-    def put(
-        self,
-        iid: str,
-        row: StoredRecord | None,
-        log: dict[str, SaveLogEntry] | None,
-    ) -> None:
-        """Replace (or with ``None``, remove: its inbox goes too) the row and save log
-        of *iid*."""
-        self.note(iid)
-        _set(self.rows, iid, row)
-        _set(self.log, iid, log)
-        if row is None:
-            self.forget(iid)
-
-    def note(self, iid: str) -> None:
-        """Remember the state of *iid*, to undo this batch's writes of it."""
-        if self.undo is not None:
-            kept = (self.rows.get(iid), self.log.get(iid), *self.inbox_state(iid))
-            self.undo.append((iid, kept))
-
-    def rollback(self) -> None:
-        """Undo every write of the batch, newest first."""
-        undo, self.undo = self.undo or [], None
-        for iid, (row, log, *inbox) in reversed(undo):
-            _set(self.rows, iid, row)
-            _set(self.log, iid, log)
-            self.restore_inbox(iid, *inbox)
-
-
-def _claimable(row: StoredRecord, owner: str | None, now: int) -> bool:
-    """No other runtime holds an unexpired lease on *row*."""
-    return (
-        row.lease_owner is None
-        or row.lease_owner == owner
-        or (row.lease_expires_at_ms or 0) <= now
-    )
-
-
-def _set(table: dict[str, Any], key: str, value: Any) -> None:
-    if value is None:
-        table.pop(key, None)
-    else:
-        table[key] = value
 
 
 @final
@@ -110,12 +60,16 @@ class MemoryStore(BaseStore[_Tables]):
         *,
         save_log_depth: int = SAVE_LOG_DEPTH,
         fault_hook: Callable[[str], None] | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         """Create an empty store.
 
         Args:
             save_log_depth: saves kept per instance in its history (at least 2).
             fault_hook: test hook called at each fault point.
+            clock: the store's wall clock in milliseconds (timestamps and the due
+                times of timers; default: the host's), for a test clock
+                (:class:`phronomy.testing.StoreClock`).
 
         Raises:
             InvalidInputError: *save_log_depth* is not an integer >= 2.
@@ -128,7 +82,7 @@ class MemoryStore(BaseStore[_Tables]):
             )
         self._depth = save_log_depth
         self._lock = threading.Lock()
-        self._tables = _Tables()
+        self._tables = _Tables(clock or wall_ms)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[_Tables]:
@@ -183,9 +137,20 @@ class MemoryStore(BaseStore[_Tables]):
             case BeginOp():
                 return self._begin(conn, op)
             case SaveOp(request=request):
-                conn.check_pending(request.workflow_instance_id, request.consumed)
+                iid = request.workflow_instance_id
+                conn.check_pending(iid, request.consumed)
                 revision = self._save(conn, request)
-                self._consume(conn, request.workflow_instance_id, revision, request)
+                self._consume(conn, iid, revision, request)
+                now = conn.wall()
+                conn.arm_and_disarm(
+                    iid,
+                    revision=revision,
+                    arm=request.arm,
+                    disarm=request.disarm,
+                    closing=request.status in ("finished", "cancelled"),
+                    now=now,
+                    refuse=lambda e, why: refused(e, revision, now, why),
+                )
                 return revision
             case MarkOp():
                 conn.check_pending(op.workflow_instance_id, op.consumed)
@@ -194,12 +159,11 @@ class MemoryStore(BaseStore[_Tables]):
                     iid = op.workflow_instance_id
                     revision = conn.rows[iid].revision
                     self._consume(conn, iid, revision, op)
+                    if op.status in ("finished", "cancelled"):
+                        conn.timers.pop(iid, None)
                 return changed
             case PostOp(posting=posting):
-                row = conn.rows.get(posting.workflow_instance_id)
-                if row is not None:
-                    row = msgspec.structs.replace(row, snapshot=None)
-                return conn.post(posting, wall_ms(), row)
+                return self._post_in(conn)(posting)
             case InboxOp(workflow_instance_id=iid):
                 if op.pending_only:
                     return conn.pending(iid, op.after, op.limit)
@@ -208,6 +172,13 @@ class MemoryStore(BaseStore[_Tables]):
                 return conn.entry(iid, event_id)
             case PollOp(owner=owner, workflows=workflows, limit=limit):
                 return conn.poll(owner, workflows, limit)
+            case NextDueOp(owner=owner, workflows=workflows):
+                return conn.next_due(owner, workflows, conn.wall())
+            case FireOp(owner=owner, workflows=workflows, limit=limit):
+                post = self._post_in(conn)
+                return conn.fire_due(owner, workflows, limit, conn.wall(), post)
+            case TimersOp(workflow_instance_id=iid):
+                return conn.timers_of(iid)
             case RenewOp():
                 return self._renew(conn, op)
             case RecoverOp():
@@ -229,6 +200,16 @@ class MemoryStore(BaseStore[_Tables]):
                 conn.put(iid, None, None)
                 return None
         raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
+
+    @staticmethod
+    def _post_in(conn: _Tables) -> Callable[[Posting], PostOutcome]:
+        def post(posting: Posting) -> PostOutcome:
+            row = conn.rows.get(posting.workflow_instance_id)
+            if row is not None:
+                row = msgspec.structs.replace(row, snapshot=None)
+            return conn.post(posting, conn.wall(), row)
+
+        return post
 
     @staticmethod
     def _begin(conn: _Tables, op: BeginOp) -> int | None:
@@ -258,7 +239,7 @@ class MemoryStore(BaseStore[_Tables]):
                 row,
                 status="running",
                 workflow=row.workflow or op.workflow,
-                updated_at_ms=wall_ms(),
+                updated_at_ms=conn.wall(),
                 lease_owner=owner,
                 lease_epoch=epoch,
                 lease_expires_at_ms=None if owner is None else now + op.ttl_ms,
@@ -336,7 +317,7 @@ class MemoryStore(BaseStore[_Tables]):
                     row,
                     status=status,
                     detail=detail,
-                    updated_at_ms=wall_ms(),
+                    updated_at_ms=conn.wall(),
                     lease_owner=None,
                     lease_expires_at_ms=None,
                     lease_epoch=row.lease_epoch + 1,
@@ -352,9 +333,10 @@ class MemoryStore(BaseStore[_Tables]):
                     revision=row.revision,
                     consumed=(),
                     closing=status,
-                    now=wall_ms(),
+                    now=conn.wall(),
                     depth=self._depth,
                 )
+                conn.timers.pop(iid, None)
         return recovered
 
     def _consume(
@@ -366,7 +348,7 @@ class MemoryStore(BaseStore[_Tables]):
             revision=revision,
             consumed=op.consumed,
             closing=closing,
-            now=wall_ms(),
+            now=conn.wall(),
             depth=self._depth,
         )
 
@@ -403,7 +385,7 @@ class MemoryStore(BaseStore[_Tables]):
             for w, e in conn.log.get(iid, {}).items()
             if e.revision > revision - self._depth
         }
-        now = wall_ms()
+        now = conn.wall()
         log[request.write_id] = SaveLogEntry(
             revision=revision,
             status=request.status,
@@ -473,7 +455,7 @@ class MemoryStore(BaseStore[_Tables]):
                 row,
                 status=op.status,
                 detail=op.detail,
-                updated_at_ms=wall_ms(),
+                updated_at_ms=conn.wall(),
                 lease_owner=row.lease_owner if keep else None,
                 lease_expires_at_ms=row.lease_expires_at_ms if keep else None,
                 cancel_requested=row.cancel_requested if keep else None,

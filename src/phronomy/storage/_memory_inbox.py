@@ -12,7 +12,7 @@ if TYPE_CHECKING:
     from ._inbox import Posting
     from ._records import Consumption, StoredRecord
 
-__all__ = ["MemoryInbox"]
+__all__ = ["MemoryInbox", "refused"]
 
 _CLOSED = ("finished", "cancelled")
 
@@ -150,6 +150,11 @@ class MemoryInbox:
         for seq in done[: max(len(done) - depth, 0)]:
             del entries[seq]
         self.inbox[iid] = entries
+
+
+def refused(entry: InboxEntry, revision: int, now: int, detail: str) -> InboxEntry:
+    """*entry*, refused by the write that produced *revision* (*detail*: why)."""
+    return _consumed(entry, "refused", revision, now, detail)
 
 
 def _consumed(

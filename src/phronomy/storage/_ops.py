@@ -288,6 +288,39 @@ class PollOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="poll"):
 
 
 @final
+class NextDueOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="next_due"):
+    """Milliseconds until the first timer a runtime may fire is due (a read, one
+    indexed query; ``<= 0``: one is due now; ``None``: none is armed): timers of
+    instances under *owner*'s lease, and of halted instances of *workflows* that no
+    runtime holds (the instances a :class:`PollOp` returns entries of)."""
+
+    owner: str
+    workflows: tuple[str, ...] = ()
+
+
+@final
+class FireOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="fire"):
+    """Fire up to *limit* due timers of the instances a :class:`NextDueOp` names: each
+    is deleted and its event stored in its instance's inbox in one transaction (the
+    result is how many events were stored)."""
+
+    owner: str
+    workflows: tuple[str, ...] = ()
+    limit: int = 500
+
+    def __post_init__(self) -> None:
+        _check_limit(self.limit)
+
+
+@final
+class TimersOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="timers"):
+    """An instance's pending timers, soonest first (a read): a tuple of
+    :class:`~phronomy.storage.StoredTimer`."""
+
+    workflow_instance_id: str
+
+
+@final
 class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="delete"):
     """Delete a row at *expected_revision* (a conflict otherwise)."""
 
@@ -312,10 +345,23 @@ StoreOp = (
     | InboxOp
     | EntryOp
     | PollOp
+    | NextDueOp
+    | FireOp
+    | TimersOp
 )
 """Every operation a store runs."""
 
-READ_OPS = (LoadOp, ListOp, HistoryOp, FindWriteOp, InboxOp, EntryOp, PollOp)
+READ_OPS = (
+    LoadOp,
+    ListOp,
+    HistoryOp,
+    FindWriteOp,
+    InboxOp,
+    EntryOp,
+    PollOp,
+    NextDueOp,
+    TimersOp,
+)
 """Operations that only read (they run on the read lane, outside write transactions)."""
 
 

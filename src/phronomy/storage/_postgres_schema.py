@@ -1,15 +1,15 @@
 """The PostgreSQL store's schema, its migrations and its SQL statements.
 
-The same tables and the same rules as the SQLite store: every write is one
-conditional statement, and triggers keep the save log in the same transaction. Each
-migration brings the schema from version i to i + 1; later releases append steps.
-"""
+The same tables and rules as the SQLite store: every write is one conditional statement,
+triggers keep the save log in the same transaction. Each migration brings the schema
+from version i to i + 1; later releases append steps."""
 
 from __future__ import annotations
 
 from ._postgres_notify import SQL_NOTIFY
 from ._sql_inbox import INBOX_STATEMENTS, ROW, InboxStatements, pyformat
 from ._sql_ops import Statements
+from ._sql_timers import POSTGRES_MIGRATION, postgres_timers
 
 __all__ = [
     "COLUMNS",
@@ -46,9 +46,8 @@ __all__ = [
     "STATEMENTS",
 ]
 
-SCHEMA_VERSION = 4
-"""The newest schema this release writes (the SQLite store's numbering up to 3; the
-SQLite store's version 4 changed its lease clock only)."""
+SCHEMA_VERSION = 5
+"""The newest schema this release writes (numbered on its own since version 4)."""
 
 SQL_CREATE_VERSION_TABLE = (
     "CREATE TABLE IF NOT EXISTS phronomy_schema (version integer NOT NULL)"
@@ -180,6 +179,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             ON phronomy_workflow_instances
             FOR EACH ROW EXECUTE FUNCTION phronomy_inbox_forget()""",
     ),
+    POSTGRES_MIGRATION,  # version 5: durable timers
 )
 
 COLUMNS = (
@@ -496,4 +496,5 @@ STATEMENTS = Statements(
     inbox=InboxStatements(
         *(pyformat(q, now=_NOW_MS) for q in INBOX_STATEMENTS)
     )._replace(next_seq_nowait=SQL_NEXT_SEQ_NOWAIT, notify=SQL_NOTIFY),
+    timers=postgres_timers(_NOW_MS),
 )

@@ -12,6 +12,7 @@ from phronomy.errors import InvalidInputError
 __all__ = [
     "EXECUTION_KEY_PREFIX",
     "EXECUTION_KIND",
+    "MAX_DELAY_MS",
     "MAX_INSTANCE_ID_LENGTH",
     "OPEN_STATUSES",
     "Consumption",
@@ -23,6 +24,8 @@ __all__ = [
     "SaveOutcome",
     "SaveRequest",
     "StoredRecord",
+    "TimerKind",
+    "TimerSpec",
     "validate_instance_id",
 ]
 
@@ -140,6 +143,47 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     epoch: int
 
 
+TimerKind = Literal["timeout", "timer"]
+"""``timeout``: a state's timeout transition (armed by the save that halts there);
+``timer``: scheduled by an action (``effects.schedule``)."""
+
+MAX_DELAY_MS = 100 * 366 * 86_400_000
+"""The longest delay a timer may have: about 100 years."""
+
+
+@final
+class TimerSpec(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """A timer a save arms.
+
+    Attributes:
+        name: unique per instance: arming it again replaces the earlier one.
+        delay_ms: due this long after the save commits (the store's clock).
+        event: the event it stores once due.
+        payload: the event's payload, encoded (JSON).
+        kind: see :data:`TimerKind`.
+        state: the state whose save armed it.
+    """
+
+    name: str
+    delay_ms: int
+    event: str
+    payload: bytes = b"null"
+    kind: TimerKind = "timer"
+    state: str | None = None
+
+    def __post_init__(self) -> None:
+        given: object = self.delay_ms  # checked at run time: callers are not typed
+        if (
+            isinstance(given, bool)
+            or not isinstance(given, int)
+            or not 0 <= given <= MAX_DELAY_MS
+        ):
+            raise InvalidInputError(
+                f"timer {self.name!r}: delay_ms must be an int from 0 to "
+                f"{MAX_DELAY_MS} (100 years), got {self.delay_ms!r}"
+            )
+
+
 @final
 class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """A revision-checked save.
@@ -161,6 +205,9 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         consumed: the inbox entries the segment applied, with their outcomes: they are
             consumed in the same transaction, only if the save is accepted. A save of
             ``finished`` or ``cancelled`` also refuses every entry still pending.
+        arm: timers this save arms (see :class:`~phronomy.storage.TimerSpec`).
+        disarm: names of timers it disarms. A save of ``finished`` or ``cancelled``
+            drops every timer of the instance.
     """
 
     workflow_instance_id: str
@@ -174,6 +221,8 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     detail: str | None = None
     lease: Lease | None = None
     consumed: tuple[Consumption, ...] = ()
+    arm: tuple[TimerSpec, ...] = ()
+    disarm: tuple[str, ...] = ()
 
 
 @final

@@ -18,20 +18,31 @@ from ._ops import (
     DeleteOp,
     EntryOp,
     FindWriteOp,
+    FireOp,
     HistoryOp,
     InboxOp,
     ListOp,
     LoadOp,
     MarkOp,
+    NextDueOp,
     PollOp,
     PostOp,
     RecoverOp,
     RenewOp,
     RequestCancelOp,
     SaveOp,
+    TimersOp,
 )
 from ._records import InstancePage, SaveLogEntry, StoredRecord
 from ._sql_inbox import InboxStatements, check_pending, consume, entry_from_row, post
+from ._sql_timers import (
+    TIMER_STATEMENTS,
+    TimerStatements,
+    arm_and_disarm,
+    fire_due,
+    next_due,
+    timers_of,
+)
 from ._store import conflict_error
 
 if TYPE_CHECKING:
@@ -78,6 +89,7 @@ class Statements(NamedTuple):
     recover: str
     inbox: InboxStatements
     claim: str | None = None
+    timers: TimerStatements = TIMER_STATEMENTS
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
@@ -184,6 +196,7 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                         sql=sql.inbox,
                         now=clock.wall_ms(),
                     )
+                    conn.execute(sql.timers.clear, {"id": iid})
             return recovered
         case SaveOp(request=request):
             check_pending(
@@ -201,6 +214,17 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                     sql=sql.inbox,
                     now=clock.wall_ms(),
                 )
+            if request.arm or request.disarm or closing:
+                arm_and_disarm(
+                    conn,
+                    request.workflow_instance_id,
+                    revision=revision,
+                    arm=request.arm,
+                    disarm=request.disarm,
+                    closing=closing is not None,
+                    sql=sql.timers,
+                    now=clock.wall_ms(),
+                )
             return revision
         case PostOp(posting=posting, wait=wait):
             return _post(conn, posting, sql, clock, wait=wait)
@@ -216,6 +240,17 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             params = {"id": iid, "event_id": event_id}
             row = conn.execute(sql.inbox.entry, params).fetchone()
             return None if row is None else entry_from_row(row)
+        case NextDueOp(owner=owner, workflows=workflows):
+            return next_due(conn, owner, workflows, sql.timers, clock.wall_ms())
+        case FireOp(owner=owner, workflows=workflows, limit=limit):
+            now = clock.wall_ms()
+
+            def store(posting: Posting) -> PostOutcome:
+                return _post(conn, posting, sql, clock, wait=True)
+
+            return fire_due(conn, owner, workflows, limit, sql.timers, now, store)
+        case TimersOp(workflow_instance_id=iid):
+            return timers_of(conn, iid, sql.timers)
         case PollOp(owner=owner, workflows=workflows, limit=limit):
             params = {
                 "owner": owner,
@@ -261,6 +296,8 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                     sql=sql.inbox,
                     now=clock.wall_ms(),
                 )
+                if closing:
+                    conn.execute(sql.timers.clear, {"id": op.workflow_instance_id})
             return changed
         case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
             if conn.execute(sql.delete, (iid, expected)).rowcount != 1:

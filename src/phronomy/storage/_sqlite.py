@@ -95,6 +95,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         read_only: bool = False,
         save_log_depth: int = SAVE_LOG_DEPTH,
         fault_hook: Callable[[str], None] | None = None,
+        clock: Callable[[], int] | None = None,
     ) -> None:
         """Configure a store; the file is opened by :meth:`open` or on first use.
 
@@ -111,6 +112,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
                 and writes fail with :class:`~phronomy.StoreUnavailableError`.
             fault_hook: test hook called at each fault point (see
                 :class:`~phronomy.storage.BaseStore`); it may raise or delay.
+            clock: the wall clock in ms (timestamps, timers' due times) for tests.
         """
         super().__init__(fault_hook=fault_hook)
         self._path = os.fspath(path)
@@ -128,9 +130,8 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         self._conn: sqlite3.Connection | None = None
         self._read_lock = threading.Lock()
         self._read_conn: sqlite3.Connection | None = None
-        self._clock = StoreClock(
-            _clock.wall_ms, _clock.lease_ms, StepWatch("the SQLite store's lease clock")
-        )
+        watch = StepWatch("the SQLite store's lease clock")
+        self._clock = StoreClock(clock or _clock.wall_ms, _clock.lease_ms, watch)
         self._renew_lock = threading.Lock()
         self._renew_conn: sqlite3.Connection | None = None
 

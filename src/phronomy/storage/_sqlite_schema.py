@@ -10,6 +10,7 @@ import os
 
 from ._sql_inbox import INBOX_STATEMENTS
 from ._sql_ops import Statements
+from ._sql_timers import SQLITE_MIGRATION
 
 __all__ = [
     "COLUMNS",
@@ -43,7 +44,7 @@ __all__ = [
     "filesystem_type",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """``PRAGMA user_version`` of the newest schema this release writes."""
 
 NETWORK_FILESYSTEMS = frozenset({
@@ -205,6 +206,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             DELETE FROM phronomy_inbox WHERE instance_id = OLD.instance_id;
         END""",
     ),
+    SQLITE_MIGRATION,  # version 6: durable timers
 )
 
 COLUMNS = (

@@ -3,14 +3,17 @@
 from __future__ import annotations
 
 import inspect
+import math
 import re
 import warnings
+from datetime import timedelta
 from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar, final
 
 import msgspec
 
 from phronomy.errors import DefinitionError, DefinitionWarning
+from phronomy.storage import MAX_DELAY_MS
 
 from ._definition import (
     AUTO_EVENT,
@@ -19,6 +22,7 @@ from ._definition import (
     Callback,
     Transition,
     WorkflowDefinition,
+    after_event,
     fingerprint,
 )
 from ._state import State, state_spec
@@ -209,6 +213,7 @@ class Workflow(Generic[S]):
         target: str,
         *,
         on: str | None = None,
+        after: timedelta | float | None = None,
         guard: Callable[..., Any] | None = None,
         action: Callable[..., Any] | None = None,
     ) -> Self:
@@ -217,25 +222,50 @@ class Workflow(Generic[S]):
         Args:
             source: the state the transition leaves.
             target: the state it enters, or :data:`~phronomy.FINISH`.
-            on: the external event that fires it; without it the transition is
-                automatic (taken as soon as *source*'s entry actions ran).
+            on: the external event that fires it; without it (and without *after*)
+                the transition is automatic (taken as soon as *source*'s entry actions
+                ran).
+            after: a timeout (a :class:`~datetime.timedelta`, or seconds): the
+                transition is taken when the instance is still in *source* this long
+                after entering it. At a wait state of a durable instance the timer is
+                stored with the save that halts there (it survives restarts and fires
+                in whichever runtime then serves the instance); at other states it
+                runs in the segment. Leaving *source* by any other transition
+                disarms it; it never fires into a later visit of *source*.
             guard: ``(state)`` or ``(state, event)`` → bool; candidates are tried in
-                declaration order and the first passing one wins.
+                declaration order and the first passing one wins (a timeout whose
+                guards all reject leaves the instance where it is).
             action: run after *source*'s exit actions and before *target*'s entry actions.
+
+        Raises:
+            DefinitionError: both *on* and *after*, or a delay that is not positive
+                or longer than 100 years.
         """
-        event = AUTO_EVENT if on is None else _check_name(on)
+        after_ms = None if after is None else _delay_ms(after, source, target)
+        if on is not None and after_ms is not None:
+            raise DefinitionError(
+                f"transition {source!r} -> {target!r}: give on= (an event) or after= "
+                "(a timeout), not both"
+            )
+        if after_ms is not None:
+            event = after_event(after_ms)
+        else:
+            event = AUTO_EVENT if on is None else _check_name(on)
         if on is not None and on == AUTO_EVENT:
             raise DefinitionError(
                 f"{AUTO_EVENT!r} is reserved for automatic transitions"
             )
         target = FINISH if target == FINISH_ALIAS else target
-        where = Transition(source=source, target=target, event=event).describe()
+        where = Transition(
+            source=source, target=target, event=event, after_ms=after_ms
+        ).describe()
         self._transitions.append(
             Transition(
                 source=source,
                 target=target,
                 event=event,
-                automatic=on is None,
+                automatic=on is None and after_ms is None,
+                after_ms=after_ms,
                 guard=None
                 if guard is None
                 else Callback(
@@ -310,13 +340,29 @@ class Workflow(Generic[S]):
                 f"automatic transition(s) from wait state(s) {dead} can never fire; "
                 "give them an event with on=..."
             )
+        auto_states = {t.source for t in self._transitions if t.automatic}
+        timed = sorted(
+            {t.source for t in self._transitions if t.after_ms is not None}
+            & auto_states
+        )
+        if timed:
+            raise DefinitionError(
+                f"state(s) {timed} have an automatic transition and a timeout (after=): "
+                "an automatic transition leaves at once, so the timeout could never fire"
+            )
         self._warn_unreachable(entry_point, known)
         by_event: dict[str, list[Transition]] = {}
         events_from: dict[str, set[str]] = {}
         external: list[str] = []
+        timeouts: dict[str, list[int]] = {}
         for t in self._transitions:
             by_event.setdefault(t.event, []).append(t)
-            if not t.automatic:
+            if t.after_ms is not None:
+                events_from.setdefault(t.source, set()).add(t.event)
+                delays = timeouts.setdefault(t.source, [])
+                if t.after_ms not in delays:
+                    delays.append(t.after_ms)
+            elif not t.automatic:
                 events_from.setdefault(t.source, set()).add(t.event)
                 if t.event not in external:
                     external.append(t.event)
@@ -333,13 +379,16 @@ class Workflow(Generic[S]):
             exit_actions=MappingProxyType({k: tuple(v) for k, v in self._exit.items()}),
             transitions=tuple(self._transitions),
             by_event=MappingProxyType({k: tuple(v) for k, v in by_event.items()}),
-            auto_states=frozenset(t.source for t in self._transitions if t.automatic),
+            auto_states=frozenset(auto_states),
             external_events=tuple(external),
             effect_events=frozenset(external),
             events_from=MappingProxyType(
                 {k: frozenset(v) for k, v in events_from.items()}
             ),
             on_unhandled_event=self._on_unhandled,
+            timeouts=MappingProxyType(
+                {k: tuple(sorted(v)) for k, v in timeouts.items()}
+            ),
         )
         version = self._version or fingerprint(definition)
         versioned: WorkflowDefinition[S] = msgspec.structs.replace(
@@ -369,6 +418,30 @@ class Workflow(Generic[S]):
                 DefinitionWarning,
                 stacklevel=3,  # the caller of build()
             )
+
+
+def _delay_ms(after: object, source: str, target: str) -> int:
+    """*after* (a timedelta, or seconds) in whole milliseconds.
+
+    Raises:
+        DefinitionError: not a duration, not positive, or above 100 years.
+    """
+    if isinstance(after, timedelta):
+        seconds = after.total_seconds()
+    elif isinstance(after, (int, float)) and not isinstance(after, bool):
+        seconds = float(after)
+    else:
+        raise DefinitionError(
+            f"transition {source!r} -> {target!r}: after= must be a timedelta or "
+            f"seconds, got {after!r}"
+        )
+    delay_ms = math.ceil(seconds * 1000) if math.isfinite(seconds) else -1
+    if not 0 < delay_ms <= MAX_DELAY_MS:
+        raise DefinitionError(
+            f"transition {source!r} -> {target!r}: after= must be more than 0 and at "
+            f"most 100 years, got {after!r}"
+        )
+    return delay_ms
 
 
 def _check_name(name: object) -> str:

@@ -17,6 +17,7 @@ import msgspec
 from ._state import State, state_spec
 
 __all__ = [
+    "AFTER_PREFIX",
     "AUTO_EVENT",
     "FINISH",
     "FINISH_ALIAS",
@@ -24,6 +25,8 @@ __all__ = [
     "Callback",
     "Transition",
     "WorkflowDefinition",
+    "after_event",
+    "describe_delay",
     "fingerprint",
 ]
 
@@ -40,6 +43,26 @@ AUTO_EVENT = "state_completed"
 """The event automatic transitions fire on."""
 START_EVENT = "start"
 """The event two-argument entry actions of the initial state receive at a fresh start."""
+AFTER_PREFIX = "__after_"
+"""How the events of timeout transitions begin (``__after_<ms>ms__``): the runtime's
+own, never sent by a caller."""
+
+
+def after_event(delay_ms: int) -> str:
+    """The event a timeout transition of *delay_ms* fires on."""
+    return f"{AFTER_PREFIX}{delay_ms}ms__"
+
+
+def describe_delay(delay_ms: int) -> str:
+    """*delay_ms* as people write it (``2d``, ``1h30m``, ``90s``, ``250ms``)."""
+    if delay_ms % 1000:
+        return f"{delay_ms}ms"
+    seconds, parts = delay_ms // 1000, []
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60), ("s", 1)):
+        if seconds >= size:
+            parts.append(f"{seconds // size}{unit}")
+            seconds %= size
+    return "".join(parts) or "0s"
 
 
 @final
@@ -68,6 +91,8 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
         guard: optional condition; the first passing candidate wins.
         action: optional action run between the exit and entry actions.
         automatic: whether this is an automatic transition.
+        after_ms: a timeout transition's delay: taken when nothing else left
+            *source* within this many milliseconds of entering it.
     """
 
     source: str
@@ -76,11 +101,27 @@ class Transition(msgspec.Struct, frozen=True, kw_only=True):
     guard: Callback | None = None
     action: Callback | None = None
     automatic: bool = False
+    after_ms: int | None = None
+
+    @property
+    def label(self) -> str:
+        """The trigger as diagrams show it.
+
+        The event, ``after 2d`` for a timeout, nothing for an automatic transition;
+        ``[guard]`` follows if it is guarded.
+        """
+        label = "" if self.automatic else self.event
+        if self.after_ms is not None:
+            label = f"after {describe_delay(self.after_ms)}"
+        return f"{label} [guard]".strip() if self.guard is not None else label
 
     def describe(self) -> str:
         """``source --event--> target`` (FINISH shown as ``__end__``, the phase of a
         finished instance everywhere)."""
-        return f"{self.source} --{self.event}--> {self.target}"
+        trigger = self.event
+        if self.after_ms is not None:
+            trigger = f"after {describe_delay(self.after_ms)}"
+        return f"{self.source} --{trigger}--> {self.target}"
 
 
 @final
@@ -102,6 +143,7 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         external_events: external event names, in declaration order.
         events_from: state → the external events declared from it.
         effect_events: the external event names, as a set (what effects may post).
+        timeouts: state → the delays (ms) of its timeout transitions.
         on_unhandled_event: ``"drop"`` or ``"fail"`` an event the current state does
             not declare.
         version: the definition's version (given, or a fingerprint).
@@ -121,17 +163,26 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     external_events: tuple[str, ...]
     events_from: Mapping[str, frozenset[str]]
     effect_events: frozenset[str] = frozenset()
+    timeouts: Mapping[str, tuple[int, ...]] = msgspec.field(default_factory=dict)
     on_unhandled_event: Literal["drop", "fail"] = "drop"
     version: str = ""
 
     def has_event(self, event: str) -> bool:
-        """Whether *event* is a declared external event."""
-        return event in self.by_event and event != AUTO_EVENT
+        """Whether *event* is a declared external event (a timeout's is not)."""
+        return (
+            event in self.by_event
+            and event != AUTO_EVENT
+            and not event.startswith(AFTER_PREFIX)
+        )
 
     def external_events_from(self, state: str) -> tuple[str, ...]:
         """The external events declared from *state*, in declaration order."""
         available = self.events_from.get(state, frozenset())
         return tuple(e for e in self.external_events if e in available)
+
+    def timeout_names(self, state: str) -> tuple[str, ...]:
+        """The durable timer names of *state*'s timeout transitions."""
+        return tuple(f"after:{ms}:{state}" for ms in self.timeouts.get(state, ()))
 
     def to_mermaid(self) -> str:
         """Return the workflow as Mermaid ``stateDiagram-v2`` text.
@@ -149,9 +200,7 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         lines.append(f"    [*] --> {ids[self.entry_point]}")
         for t in self.transitions:
             target = "[*]" if t.target == FINISH else ids[t.target]
-            label = "" if t.automatic else t.event
-            if t.guard is not None:
-                label = f"{label} [guard]".strip()
+            label = t.label
             lines.append(
                 f"    {ids[t.source]} --> {target}" + (f" : {label}" if label else "")
             )
@@ -177,10 +226,9 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         lines.append(f'    "[*]" -> "{self.entry_point}";')
         for t in self.transitions:
             target = "[end]" if t.target == FINISH else t.target
-            label = "" if t.automatic else t.event
-            if t.guard is not None:
-                label = f"{label} [guard]".strip()
-            attrs = f' [label="{label}"]' if label else ""
+            label = t.label
+            style = ", style=dashed" if t.after_ms is not None else ""
+            attrs = f' [label="{label}"{style}]' if label else ""
             lines.append(f'    "{t.source}" -> "{target}"{attrs};')
         lines.append("}")
         return "\n".join(lines) + "\n"

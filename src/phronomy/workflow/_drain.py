@@ -2,9 +2,9 @@
 
 A segment that resumes a halted instance from its inbox takes the oldest pending entry
 whose event can fire from the halted phase. Entries before it that cannot are judged
-on the way — dropped (the phase does not declare the event), or refused (the sender
-resumed from a halted result the instance has moved on from) — and consumed with the
-segment's end.
+on the way — dropped (the phase does not declare the event, or a fired timer is stale),
+or refused (the sender resumed from a halted result the instance has moved on from) —
+and consumed with the segment's end.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from ._definition import FINISH
 from ._events import resolve_event
 from ._hydration import resume_state
 from ._inbox import Feed, decode_input, decode_payload, moved_on
+from ._timeouts import stale_timer, timeout_of
 
 if TYPE_CHECKING:
     from ._definition import WorkflowDefinition
@@ -92,6 +93,15 @@ def _verdict(
     definition: WorkflowDefinition[Any], entry: InboxEntry, phase: str, revision: int
 ) -> str | Consumption:
     """The event the entry fires from *phase*, or what becomes of it instead."""
+    stale = stale_timer(entry, phase=phase, revision=revision, moved=False)
+    if stale is not None:
+        return _judged(entry, "dropped", stale)
+    if timeout_of(entry) is not None:
+        if entry.event in definition.events_from.get(phase, ()):
+            return entry.event
+        return _judged(
+            entry, "dropped", f"state {phase!r} declares no such timeout any more"
+        )
     if entry.expected_revision is not None and entry.expected_revision != revision:
         now = f"to revision {revision} (resume by id to continue from there)"
         return _judged(entry, "refused", moved_on(entry.expected_revision, now))

@@ -5,7 +5,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, final
 
-from ._intents import Offload, Schedule, StartSoon
+import trio
+
+from ._intents import CancelTimer, Offload, Schedule, StartSoon
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -14,7 +16,7 @@ if TYPE_CHECKING:
 
     from ._intents import Intent
 
-__all__ = ["CANCEL_READY", "EFFECT_FAILED", "EffectRunner"]
+__all__ = ["CANCEL_READY", "EFFECT_FAILED", "EffectRunner", "PendingTimer"]
 
 logger = logging.getLogger(__name__)
 
@@ -23,6 +25,10 @@ EFFECT_FAILED = "__phronomy.effect_failed__"
 
 CANCEL_READY = "__phronomy.cancel_ready__"
 """Internal event: a cancelled segment's effects have all physically finished."""
+
+
+PendingTimer = tuple[str | None, Schedule, float]
+"""A timer of the segment still pending: its key, what it posts, seconds left."""
 
 
 @final
@@ -43,6 +49,7 @@ class EffectRunner:
         "_post",
         "_running",
         "_timers",
+        "touched",
     )
 
     def __init__(
@@ -54,7 +61,10 @@ class EffectRunner:
         self._instance = instance
         self._handles: set[ResultHandle[Any]] = set()
         self._running: set[ResultHandle[Any]] = set()  # not physically finished
-        self._timers: set[Timer] = set()
+        self._timers: dict[object, tuple[Timer, Schedule]] = {}  # key (or serial)
+        self.touched: set[str] = set()
+        """Keys of timers scheduled or cancelled in this segment: a timer an
+        earlier save stored under one of them is replaced (or cancelled)."""
         self._closed = False
         self._on_quiescent: Callable[[], object] | None = None
 
@@ -81,6 +91,11 @@ class EffectRunner:
                     self._watch(handle, intent.on_done, intent.on_error)
                 case Schedule():
                     self._schedule(intent)
+                case CancelTimer(key=key):
+                    self.touched.add(key)
+                    cancelled = self._timers.pop(key, None)
+                    if cancelled is not None:
+                        cancelled[0].cancel()
 
     def when_quiescent(self, callback: Callable[[], object]) -> None:
         """Call *callback* once every effect started has physically finished (at once
@@ -97,20 +112,35 @@ class EffectRunner:
         self._closed = True
         for handle in list(self._handles):
             handle.cancel()
-        for timer in self._timers:
+        for timer, _ in self._timers.values():
             timer.cancel()
         self._timers.clear()
 
+    def pending_timers(self) -> list[PendingTimer]:
+        """The segment's timers still pending, soonest first."""
+        now = trio.current_time()
+        return sorted(
+            (
+                (key if isinstance(key, str) else None, intent, max(t.when - now, 0.0))
+                for key, (t, intent) in self._timers.items()
+            ),
+            key=lambda pending: pending[2],
+        )
+
     def _schedule(self, intent: Schedule) -> None:
-        timer: Timer | None = None
+        name: object = intent.key if intent.key is not None else object()
+        if intent.key is not None:
+            self.touched.add(intent.key)
+            replaced = self._timers.pop(intent.key, None)
+            if replaced is not None:
+                replaced[0].cancel()
 
         def fire() -> None:
-            if timer is not None:
-                self._timers.discard(timer)
+            self._timers.pop(name, None)
             self._deliver(intent.event, intent.payload)
 
         timer = self._host.timers.schedule(intent.seconds, fire)
-        self._timers.add(timer)
+        self._timers[name] = (timer, intent)
 
     def _watch(
         self, handle: ResultHandle[Any], on_done: str, on_error: str | None

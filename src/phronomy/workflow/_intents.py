@@ -7,16 +7,18 @@ raises after a request starts nothing.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 
 from phronomy.errors import InstanceStateError, InvalidInputError
+from phronomy.storage import MAX_DELAY_MS
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
-__all__ = ["Effects", "Intent", "Offload", "Schedule", "StartSoon"]
+__all__ = ["CancelTimer", "Effects", "Intent", "Offload", "Schedule", "StartSoon"]
 
 
 @final
@@ -42,14 +44,23 @@ class Offload(msgspec.Struct, frozen=True, kw_only=True):
 
 @final
 class Schedule(msgspec.Struct, frozen=True, kw_only=True):
-    """Post *event* with *payload* to the segment after *seconds*."""
+    """Post *event* with *payload* to the instance after *seconds* (a timer named
+    *key*: scheduling the key again replaces it)."""
 
     seconds: float
     event: str
     payload: Any = None
+    key: str | None = None
 
 
-Intent = StartSoon | Offload | Schedule
+@final
+class CancelTimer(msgspec.Struct, frozen=True, kw_only=True):
+    """Cancel the timer named *key* (live, or stored by an earlier save)."""
+
+    key: str
+
+
+Intent = StartSoon | Offload | Schedule | CancelTimer
 """One effect an action asked for."""
 
 
@@ -143,26 +154,66 @@ class Effects:
             )
         )
 
-    def schedule(self, seconds: float, event: str, payload: Any = None) -> None:
-        """Post *event* to this segment after *seconds* (dropped if the segment ended).
+    def schedule(
+        self,
+        delay: float | timedelta,
+        event: str,
+        payload: Any = None,
+        *,
+        key: str | None = None,
+    ) -> None:
+        """Post *event* (with *payload*) to this instance after *delay*.
+
+        In a segment that is still running, the timer runs in it. When a durable
+        instance halts (a wait state), its timers still pending are stored with the
+        save that halts it: they survive restarts and fire into the instance
+        wherever it is held then (they are dropped when it finishes or is
+        cancelled). An in-memory instance drops them when its segment ends.
+
+        Args:
+            delay: seconds, or a :class:`~datetime.timedelta`.
+            event: an event the workflow declares.
+            payload: the event's payload (stored as JSON once durable).
+            key: names the timer: scheduling the same key again replaces it, and
+                :meth:`cancel_timer` cancels it.
 
         Raises:
             InstanceStateError: called outside the action that received the effects.
-            InvalidInputError: a negative or non-numeric delay, or an event name the
-                workflow does not declare.
+            InvalidInputError: a negative, non-numeric or longer than 100 years
+                delay, an event name the workflow does not declare, or a key that
+                is not a non-empty string.
         """
-        delay: object = seconds  # checked at run time: callers are not type-checked
+        seconds: object = (
+            delay.total_seconds() if isinstance(delay, timedelta) else delay
+        )  # checked at run time: callers are not type-checked
         if (
-            isinstance(delay, bool)
-            or not isinstance(delay, (int, float))
-            or not delay >= 0
+            isinstance(seconds, bool)
+            or not isinstance(seconds, (int, float))
+            or not 0 <= seconds <= MAX_DELAY_MS / 1000
         ):
             raise InvalidInputError(
-                f"effects.schedule() needs a delay >= 0 in seconds, not {seconds!r}"
+                "effects.schedule() needs a delay from 0 seconds to 100 years, not "
+                f"{delay!r}"
             )
         self._record(
-            Schedule(seconds=float(seconds), event=self._event(event), payload=payload)
+            Schedule(
+                seconds=float(seconds),
+                event=self._event(event),
+                payload=payload,
+                key=None if key is None else _key(key),
+            )
         )
+
+    def cancel_timer(self, key: str) -> None:
+        """Cancel the timer scheduled with *key* (:meth:`schedule`), whether it runs
+        in this segment or was stored by an earlier save; a timer that has fired but
+        was not applied yet is not applied. Unknown keys are ignored.
+
+        Raises:
+            InstanceStateError: called outside the action that received the effects.
+            InvalidInputError: *key* is not a non-empty string.
+        """
+        self._record(CancelTimer(key=_key(key)))
 
     # --- the machine's side -------------------------------------------------------------
 
@@ -210,6 +261,15 @@ class Effects:
                 "runs; start the work from an action instead"
             )
         self._requested.append(intent)
+
+
+def _key(key: object) -> str:
+    if not isinstance(key, str) or not key or len(key) > 200:
+        raise InvalidInputError(
+            f"a timer key must be a non-empty string of at most 200 characters, not "
+            f"{key!r}"
+        )
+    return key
 
 
 def _callable(fn: Any) -> Any:

@@ -250,13 +250,17 @@ class WorkflowMachine(Generic[S]):
         definition: the compiled workflow.
         state: the current state value.
         current: the current state's name.
-        transitions: transitions made in this segment.
+        transitions: transitions made since the last external event (the recursion
+            limit bounds them).
+        entered: states entered in this segment (each entry is a new visit: a
+            timeout armed for an earlier one is stale).
     """
 
     __slots__ = (
         "_effects",
         "current",
         "definition",
+        "entered",
         "recursion_limit",
         "state",
         "transitions",
@@ -276,6 +280,7 @@ class WorkflowMachine(Generic[S]):
         self.current = phase if phase is not None else definition.entry_point
         self.recursion_limit = recursion_limit
         self.transitions = 0
+        self.entered = 0
         self._effects = Effects(
             workflow=definition.name, events=definition.effect_events
         )
@@ -294,6 +299,7 @@ class WorkflowMachine(Generic[S]):
             effects.discard()
             raise
         self.state = entered  # type: ignore[assignment]
+        self.entered += 1
         return self._arrived(effects.take())
 
     def handle(self, event: EventLike) -> MachineStep:
@@ -357,6 +363,7 @@ class WorkflowMachine(Generic[S]):
         self.state = fired.state
         self.current = fired.transition.target
         self.transitions += 1
+        self.entered += 1
         return self._arrived(effects.take())
 
     def _arrived(self, intents: tuple[Intent, ...]) -> MachineStep:

@@ -73,15 +73,16 @@ class TerminalPersistence:
     ) -> None:
         """Mark the admission, encode the snapshot and submit one save.
 
-        *value* is the segment's ``(state, phase, detail, consumed)`` at its terminal
-        request (*detail*: a note saved with the row, for example a cancellation's
-        reason; *consumed*: the inbox entries it consumes).
+        *value* is the segment's ``(state, phase, detail, consumed, timers)`` at its
+        terminal request (*detail*: a note saved with the row, for example a
+        cancellation's reason; *consumed*: the inbox entries it consumes; *timers*:
+        what it arms and disarms).
 
         Raises:
             SerializationError: the state holds values outside the JSON domain (the
                 session fails with it; nothing is written).
         """
-        state, phase, detail, consumed = value
+        state, phase, detail, consumed, (arm, disarm) = value
         iid = self._instance_id
         self._on_persisting()
         revision = (self._expected or 0) + 1
@@ -106,6 +107,8 @@ class TerminalPersistence:
             detail=detail,
             lease=self._lease,
             consumed=consumed,
+            arm=arm,
+            disarm=disarm,
         )
 
         def deliver(saved: outcome.Outcome[Any]) -> None:

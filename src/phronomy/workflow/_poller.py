@@ -10,18 +10,22 @@ that another runtime applies.
 A store that sends notifications (PostgreSQL's ``LISTEN``/``NOTIFY``: its
 ``listen()``) wakes the poll as soon as another runtime stores or consumes an entry;
 the poll still runs at its interval, for a notification that was missed.
+
+The same pass fires the durable timers of those instances: one indexed read says when
+the first one is due; once one is, a write moves the due ones into their inboxes, and
+the poll finds them there. The next pass comes at the interval, or sooner when a timer
+is due sooner.
 """
 
 from __future__ import annotations
 
-import contextlib
 import logging
+import math
 from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
-import trio_util
 
-from phronomy.storage import EntryOp, PollOp
+from phronomy.storage import EntryOp, FireOp, NextDueOp, PollOp
 
 from ._messages import Polled
 
@@ -65,10 +69,11 @@ async def poll_inbox(coordinator: WorkflowCoordinator, interval: float) -> None:
         finally:
             listener.close()  # nothing waits on it any more: closes at once
         return
-    ticks = trio_util.periodic(interval)
-    async with contextlib.aclosing(ticks):
-        async for _ in ticks:
-            await _poll(coordinator)
+    due = trio.current_time()
+    while True:
+        await trio.sleep_until(due)
+        timer = await _poll(coordinator)
+        due = min(trio.current_time() + interval, timer)
 
 
 REOPEN_BACKOFF = (1.0, 30.0)
@@ -105,8 +110,8 @@ async def _poll_when_told(
         # runtime applies (as the poll checks them)
         wanted = "posted" in told or (told and _awaited_elsewhere(coordinator))
         if wanted or trio.current_time() >= due:
-            await _poll(coordinator)
-            due = trio.current_time() + interval
+            timer = await _poll(coordinator)
+            due = min(trio.current_time() + interval, timer)
 
 
 def _awaited_elsewhere(coordinator: WorkflowCoordinator) -> list[tuple[str, str]]:
@@ -116,18 +121,23 @@ def _awaited_elsewhere(coordinator: WorkflowCoordinator) -> list[tuple[str, str]
     ]
 
 
-async def _poll(coordinator: WorkflowCoordinator) -> None:
+async def _poll(coordinator: WorkflowCoordinator) -> float:
+    """One poll; returns when (trio time) the next timer is due (``inf``: none)."""
     try:
-        await poll_once(coordinator)
+        return await poll_once(coordinator)
     except Exception as exc:  # noqa: BLE001 - the next poll tries again
         logger.warning("the inbox poll failed: %r", exc)
+        return math.inf
 
 
-async def poll_once(coordinator: WorkflowCoordinator) -> None:
+async def poll_once(coordinator: WorkflowCoordinator) -> float:
     """One poll (see the module docstring); what it found is handled on the dispatcher.
 
+    Returns:
+        When (trio time) the next timer it may fire is due (``inf``: none is armed).
+
     Cancellation:
-        Stops the wait only (the reads change nothing).
+        Stops the wait; a firing write in flight completes (the store decides it).
     """
     gateway = coordinator.gateway
     assert gateway is not None
@@ -144,9 +154,23 @@ async def poll_once(coordinator: WorkflowCoordinator) -> None:
         checked.append(((iid, event_id), entry))
 
     pending: tuple[Any, ...] = ()
+    due_in: list[int | None] = []
+
+    async def next_due() -> None:
+        due_in.append(await gateway.run(NextDueOp(owner=op.owner, workflows=served)))
+
+    served = op.workflows
     async with trio.open_nursery() as nursery:
         for iid, event_id in keys:  # submitted together: one batch of reads
             nursery.start_soon(check, iid, event_id)
+        nursery.start_soon(next_due)
         pending = await gateway.run(op)
+    ms = due_in[0]
+    if ms is not None and ms <= 0:  # due: into the inboxes, then read them
+        fire = FireOp(owner=op.owner, workflows=served, limit=POLL_LIMIT)
+        if await gateway.run(fire):
+            pending = await gateway.run(op)
+        ms = await gateway.run(NextDueOp(owner=op.owner, workflows=served))
     if pending or checked:
         coordinator.post_message(Polled(pending=pending, checked=tuple(checked)))
+    return math.inf if ms is None else trio.current_time() + max(ms, 0) / 1000

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
 
 from phronomy.engine import Event, GatedSession
 from phronomy.errors import EventRejectedError, PhronomyError
 
-from ._definition import AUTO_EVENT, FINISH, START_EVENT
+from ._definition import AFTER_PREFIX, AUTO_EVENT, FINISH, START_EVENT, after_event
 from ._effects import CANCEL_READY, EFFECT_FAILED, EffectRunner
 from ._events import resolve_event
 from ._hydration import resume_state
@@ -22,17 +23,19 @@ from ._messages import (
     Step,
 )
 from ._state import State
+from ._timeouts import halt_timers, stale_timer, timeout_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from phronomy.durability import HeldLease
-    from phronomy.engine import Host, TerminalPolicy, TerminalType
+    from phronomy.engine import Host, TerminalPolicy, TerminalType, Timer
     from phronomy.storage import InboxEntry
 
     from ._definition import WorkflowDefinition
     from ._machine import MachineStep
     from ._messages import EventStatus
+    from ._timeouts import TimerChanges
     from ._watch import Watchers
 
 __all__ = ["WorkflowSession"]
@@ -113,6 +116,8 @@ class WorkflowSession(GatedSession, Generic[S]):
         self._feeding = False
         self._started = False
         self._auto = Event(type=AUTO_EVENT, target_id=self.id)
+        self._live_timeouts: list[Timer] = []  # of the state entered last
+        self._live_visit = -1
 
     def __repr__(self) -> str:
         return (
@@ -209,6 +214,11 @@ class WorkflowSession(GatedSession, Generic[S]):
             return
         if event.type == EFFECT_FAILED:
             raise event.payload
+        if (
+            event.type.startswith(AFTER_PREFIX)
+            and event.payload != self.machine.entered
+        ):
+            return  # the live timeout of a visit the segment has left
         status = self._apply(event)
         if event.caller is not None:
             event.caller.complete(
@@ -275,9 +285,16 @@ class WorkflowSession(GatedSession, Generic[S]):
         self._terminal = terminal_type
         self.phase = FINISH if terminal_type == "finished" else self.machine.current
 
-    def terminal_value(self) -> tuple[S, str | None, str | None, tuple[Any, ...]]:
+    def terminal_value(
+        self,
+    ) -> tuple[S, str | None, str | None, tuple[Any, ...], TimerChanges]:
         """What the terminal policy saves: the state, its phase, a note (the reason of
-        a cancellation), and the inbox entries the segment consumes."""
+        a cancellation), the inbox entries the segment consumes, and the timers it
+        arms and disarms (a durable segment that halts).
+
+        Raises:
+            SerializationError: a pending timer's payload cannot be stored.
+        """
         detail = None
         if self._terminal == "cancelled":
             detail = (
@@ -287,10 +304,21 @@ class WorkflowSession(GatedSession, Generic[S]):
             )
         feed = self.feed
         if feed is None:
-            return self.machine.state, self.phase, detail, ()
+            return self.machine.state, self.phase, detail, (), ((), ())
         if feed.current is not None:  # the entry whose transition ended the segment
             feed.record("transitioned")
-        return self.machine.state, self.phase, detail, feed.consumed
+        timers: TimerChanges = ((), ())
+        if self._terminal == "halted" and self.phase is not None:
+            timers = halt_timers(
+                self.definition,
+                phase=self.phase,
+                resumed_from=None if self.resume is None else self.resume[0],
+                moved=self.machine.entered > 0,
+                pending=self.effects.pending_timers(),
+                touched=self.effects.touched,
+                instance=self.workflow_instance_id,
+            )
+        return self.machine.state, self.phase, detail, feed.consumed, timers
 
     def terminal_result(self, revision: int | None) -> SegmentResult:
         """The state, phase and revision (the saved one, if any) for the caller."""
@@ -307,8 +335,9 @@ class WorkflowSession(GatedSession, Generic[S]):
         self._notify_observer()
 
     def on_done(self) -> None:
-        """Cancel the segment's effects."""
+        """Cancel the segment's effects and live timeouts."""
         self.effects.close()
+        self._arm_live_timeouts(visit=None)
 
     # --- carrying out the machine's steps ------------------------------------------------
 
@@ -322,6 +351,7 @@ class WorkflowSession(GatedSession, Generic[S]):
                     continue
                 case "wait":
                     self._publish()
+                    self._arm_live_timeouts(visit=self.machine.entered)
                     self._apply_feed()
                 case "finish":
                     self.request_terminal("finished", notify_stable=False)
@@ -332,6 +362,24 @@ class WorkflowSession(GatedSession, Generic[S]):
                 case "consumed" | "rejected" | "dropped":
                     pass  # a live event the hook consumed, guards rejected, or undeclared
             return
+
+    def _arm_live_timeouts(self, *, visit: int | None) -> None:
+        """Run the timeouts of the state the segment waits in (entered as *visit*;
+        ``None``: the segment ended): those of the state it left are cancelled."""
+        if visit == self._live_visit:
+            return  # still the same visit: its timeouts run
+        for timer in self._live_timeouts:
+            timer.cancel()
+        self._live_timeouts.clear()
+        if visit is None:
+            return
+        self._live_visit = visit
+        post, timers = self.sink.post, self.host.timers
+        for ms in self.definition.timeouts.get(self.machine.current, ()):
+            event = after_event(ms)
+            self._live_timeouts.append(
+                timers.schedule(ms / 1000, functools.partial(post, event, visit))
+            )
 
     def _apply_feed(self) -> None:
         """Apply the feed's entries in order while the segment waits for events."""
@@ -352,6 +400,21 @@ class WorkflowSession(GatedSession, Generic[S]):
             self._feeding = False
 
     def _apply_entry(self, feed: Feed, entry: InboxEntry) -> None:
+        machine = self.machine
+        stale = stale_timer(
+            entry,
+            phase=machine.current,
+            revision=self.revision,
+            moved=machine.entered > 0,
+            touched=self.effects.touched,
+        )
+        if stale is not None:
+            feed.record("dropped", stale)
+            return
+        if timeout_of(entry) is not None:  # its visit: the timeout fires
+            status = self._apply(Event(type=entry.event, target_id=self.id))
+            feed.record("dropped" if status == "not_live" else status)
+            return
         if entry.expected_revision is not None:
             # sent with a halted result: only a segment resuming from that revision
             # applies it (as its first event), never one that moved on from it

@@ -1,0 +1,80 @@
+"""MemoryStore's tables: the rows, the save log, the inbox and the timers."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from ._memory_inbox import MemoryInbox
+from ._memory_timers import MemoryTimers
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._records import SaveLogEntry, StoredRecord
+
+__all__ = ["Tables", "claimable"]
+
+
+class Tables(MemoryInbox, MemoryTimers):
+    """The rows, the save log, the inbox and the timers; writes note what they
+    replace, to undo a batch."""
+
+    def __init__(self, wall: Callable[[], int]) -> None:
+        MemoryInbox.__init__(self)
+        MemoryTimers.__init__(self)
+        self.wall = wall
+        """The store's wall clock (milliseconds)."""
+        self.rows: dict[str, StoredRecord] = {}
+        self.log: dict[str, dict[str, SaveLogEntry]] = {}  # id -> write id -> save
+        self.undo: list[tuple[str, Any]] | None = None
+
+    def put(
+        self,
+        iid: str,
+        row: StoredRecord | None,
+        log: dict[str, SaveLogEntry] | None,
+    ) -> None:
+        """Replace (or with ``None``, remove: its inbox goes too) the row and save log
+        of *iid*."""
+        self.note(iid)
+        _set(self.rows, iid, row)
+        _set(self.log, iid, log)
+        if row is None:
+            self.forget(iid)
+            self.timers.pop(iid, None)
+
+    def note(self, iid: str) -> None:
+        """Remember the state of *iid*, to undo this batch's writes of it."""
+        if self.undo is not None:
+            kept = (
+                self.rows.get(iid),
+                self.log.get(iid),
+                self.timers.get(iid),
+                *self.inbox_state(iid),
+            )
+            self.undo.append((iid, kept))
+
+    def rollback(self) -> None:
+        """Undo every write of the batch, newest first."""
+        undo, self.undo = self.undo or [], None
+        for iid, (row, log, timers, *inbox) in reversed(undo):
+            _set(self.rows, iid, row)
+            _set(self.log, iid, log)
+            _set(self.timers, iid, timers)
+            self.restore_inbox(iid, *inbox)
+
+
+def claimable(row: StoredRecord, owner: str | None, now: int) -> bool:
+    """No other runtime holds an unexpired lease on *row*."""
+    return (
+        row.lease_owner is None
+        or row.lease_owner == owner
+        or (row.lease_expires_at_ms or 0) <= now
+    )
+
+
+def _set(table: dict[str, Any], key: str, value: Any) -> None:
+    if value is None:
+        table.pop(key, None)
+    else:
+        table[key] = value

@@ -1,0 +1,255 @@
+"""Durable timers as SQL, written once for every SQL backend (SQLite's ``:name``
+style; :func:`~phronomy.storage._sql_inbox.pyformat` makes PostgreSQL's), with each
+backend's migration that adds them."""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+from ._sql_inbox import pyformat
+from ._timers import StoredTimer, disarm_prefix
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from ._dbapi import Connection
+    from ._inbox import Posting, PostOutcome
+    from ._timers import TimerSpec
+
+__all__ = [
+    "POSTGRES_MIGRATION",
+    "SQLITE_MIGRATION",
+    "TIMER_STATEMENTS",
+    "TimerStatements",
+    "arm_and_disarm",
+    "fire_due",
+    "next_due",
+    "postgres_timers",
+    "timers_of",
+]
+
+_COLUMNS = (
+    "t.instance_id, t.name, t.due_at_ms, t.event, t.payload, t.kind, t.state, "
+    "t.armed_revision, t.armed_at_ms"
+)
+
+# the runtime may act on the instance: it holds it, or it is halted, free, and of a
+# workflow the runtime serves (the inbox poll's rule)
+_SERVED = """(r.lease_owner = :owner OR (r.lease_owner IS NULL AND r.status = 'halted'
+    AND r.workflow IN (SELECT value FROM json_each(:workflows))))"""
+
+
+class TimerStatements(NamedTuple):
+    """The timers' statements in one backend's parameter style."""
+
+    arm: str
+    disarm: str
+    refuse_fired: str
+    clear: str
+    list: str
+    next_due: str
+    due: str
+    take: str
+
+
+TIMER_STATEMENTS = TimerStatements(
+    arm="""
+        INSERT INTO phronomy_timers (instance_id, name, due_at_ms, event, payload,
+            kind, state, armed_revision, armed_at_ms)
+        VALUES (:id, :name, :now + :delay, :event, :payload, :kind, :state, :revision,
+            :now)
+        ON CONFLICT (instance_id, name) DO UPDATE SET due_at_ms = excluded.due_at_ms,
+            event = excluded.event, payload = excluded.payload, kind = excluded.kind,
+            state = excluded.state, armed_revision = excluded.armed_revision,
+            armed_at_ms = excluded.armed_at_ms
+    """,
+    disarm="DELETE FROM phronomy_timers WHERE instance_id = :id AND name = :name",
+    # a fired entry of a timer disarmed (or armed anew) never reaches the state
+    refuse_fired="""
+        UPDATE phronomy_inbox SET status = 'refused', revision = :revision,
+            consumed_at_ms = :now, detail = :detail
+        WHERE instance_id = :id AND status = 'pending'
+          AND substr(event_id, 1, :length) = :prefix
+    """,
+    clear="DELETE FROM phronomy_timers WHERE instance_id = :id",
+    list=f"""
+        SELECT {_COLUMNS} FROM phronomy_timers AS t WHERE t.instance_id = :id
+        ORDER BY t.due_at_ms, t.name
+    """,  # noqa: S608 - constant
+    # the due-time index, in order, to the first timer this runtime may fire
+    next_due=f"""
+        SELECT t.due_at_ms - :now FROM phronomy_timers AS t
+        JOIN phronomy_workflow_instances AS r ON r.instance_id = t.instance_id
+        WHERE {_SERVED} ORDER BY t.due_at_ms LIMIT 1
+    """,  # noqa: S608 - constant
+    due=f"""
+        SELECT {_COLUMNS} FROM phronomy_timers AS t
+        JOIN phronomy_workflow_instances AS r ON r.instance_id = t.instance_id
+        WHERE t.due_at_ms <= :now AND {_SERVED}
+        ORDER BY t.due_at_ms LIMIT :limit
+    """,  # noqa: S608 - constant
+    take="""
+        DELETE FROM phronomy_timers
+        WHERE instance_id = :id AND name = :name AND armed_revision = :revision
+    """,
+)
+"""The timers' statements (SQLite's parameter style)."""
+
+
+def postgres_timers(now: str) -> TimerStatements:
+    """The statements in PostgreSQL's style, *now* its clock; the due timers a runtime
+    fires are locked, skipping those another runtime is firing."""
+    timers = TimerStatements(*(pyformat(q, now=now) for q in TIMER_STATEMENTS))
+    return timers._replace(due=f"{timers.due} FOR UPDATE OF t SKIP LOCKED")
+
+
+_TABLE = """CREATE TABLE phronomy_timers (
+    instance_id    {text}   NOT NULL,
+    name           {text}   NOT NULL,
+    due_at_ms      {int}    NOT NULL,
+    event          {text}   NOT NULL,
+    payload        {blob}   NOT NULL,
+    kind           {text}   NOT NULL CHECK (kind IN ('timeout', 'timer')),
+    state          {text},
+    armed_revision {int}    NOT NULL,
+    armed_at_ms    {int}    NOT NULL,
+    PRIMARY KEY (instance_id, name)
+){options}"""
+_INDEX = "CREATE INDEX phronomy_timers_due ON phronomy_timers (due_at_ms)"
+
+SQLITE_MIGRATION = (
+    _TABLE.format(text="TEXT", int="INTEGER", blob="BLOB", options=" STRICT"),
+    _INDEX,
+    """CREATE TRIGGER phronomy_timers_delete AFTER DELETE
+    ON phronomy_workflow_instances BEGIN
+        DELETE FROM phronomy_timers WHERE instance_id = OLD.instance_id;
+    END""",
+)
+"""The SQLite store's version 6: durable timers."""
+
+POSTGRES_MIGRATION = (
+    _TABLE.format(text="text", int="bigint", blob="bytea", options=""),
+    _INDEX,
+    """CREATE FUNCTION phronomy_timers_forget() RETURNS trigger LANGUAGE plpgsql
+    SET search_path FROM CURRENT AS $$
+    BEGIN
+        DELETE FROM phronomy_timers WHERE instance_id = OLD.instance_id;
+        RETURN NULL;
+    END $$""",
+    """CREATE TRIGGER phronomy_timers_delete AFTER DELETE
+        ON phronomy_workflow_instances
+        FOR EACH ROW EXECUTE FUNCTION phronomy_timers_forget()""",
+)
+"""The PostgreSQL store's version 5: durable timers."""
+
+
+def timer_from_row(row: tuple[Any, ...]) -> StoredTimer:
+    """A row of the timers table (its columns, in order) as a timer."""
+    return StoredTimer(
+        workflow_instance_id=row[0],
+        name=row[1],
+        due_at_ms=int(row[2]),
+        event=row[3],
+        payload=bytes(row[4]),
+        kind=row[5],
+        state=row[6],
+        armed_revision=int(row[7]),
+        armed_at_ms=int(row[8]),
+    )
+
+
+def arm_and_disarm(
+    conn: Connection,
+    workflow_instance_id: str,
+    *,
+    revision: int,
+    arm: tuple[TimerSpec, ...],
+    disarm: tuple[str, ...],
+    closing: bool,
+    sql: TimerStatements,
+    now: int,
+) -> None:
+    """The timer changes of the save that produced *revision* (in its transaction): a
+    *closing* save drops every timer; otherwise the *disarm* names go, and *arm* is
+    armed; the fired, unapplied entries of both are refused."""
+    iid = workflow_instance_id
+    if closing:
+        conn.execute(sql.clear, {"id": iid})
+        return
+    for name in (*disarm, *(spec.name for spec in arm)):
+        conn.execute(sql.disarm, {"id": iid, "name": name})
+        prefix = disarm_prefix(name)
+        conn.execute(
+            sql.refuse_fired,
+            {
+                "id": iid,
+                "revision": revision,
+                "now": now,
+                "detail": f"timer {name!r} was disarmed before it was applied",
+                "length": len(prefix),
+                "prefix": prefix,
+            },
+        )
+    for spec in arm:
+        conn.execute(
+            sql.arm,
+            {
+                "id": iid,
+                "name": spec.name,
+                "now": now,
+                "delay": spec.delay_ms,
+                "event": spec.event,
+                "payload": spec.payload,
+                "kind": spec.kind,
+                "state": spec.state,
+                "revision": revision,
+            },
+        )
+
+
+def _served(owner: str, workflows: tuple[str, ...], now: int) -> dict[str, Any]:
+    return {"owner": owner, "workflows": json.dumps(workflows), "now": now}
+
+
+def next_due(
+    conn: Connection,
+    owner: str,
+    workflows: tuple[str, ...],
+    sql: TimerStatements,
+    now: int,
+) -> int | None:
+    """Milliseconds until the first timer the runtime may fire is due (``<= 0``: one
+    is due), or ``None`` when there is none."""
+    row = conn.execute(sql.next_due, _served(owner, workflows, now)).fetchone()
+    return None if row is None else int(row[0])
+
+
+def fire_due(
+    conn: Connection,
+    owner: str,
+    workflows: tuple[str, ...],
+    limit: int,
+    sql: TimerStatements,
+    now: int,
+    post: Callable[[Posting], PostOutcome],
+) -> int:
+    """Fire up to *limit* due timers the runtime may fire: each is deleted and its
+    event stored in its instance's inbox, in this transaction. Returns how many were
+    stored (a timer whose instance closed meanwhile just goes)."""
+    params = {**_served(owner, workflows, now), "limit": limit}
+    fired = 0
+    for row in conn.execute(sql.due, params).fetchall():
+        timer = timer_from_row(row)
+        key = {"id": timer.workflow_instance_id, "name": timer.name}
+        if conn.execute(sql.take, {**key, "revision": timer.armed_revision}).rowcount:
+            fired += post(timer.posting()).outcome == "stored"
+    return fired
+
+
+def timers_of(
+    conn: Connection, workflow_instance_id: str, sql: TimerStatements
+) -> tuple[StoredTimer, ...]:
+    """The instance's pending timers, soonest first."""
+    rows = conn.execute(sql.list, {"id": workflow_instance_id}).fetchall()
+    return tuple(timer_from_row(row) for row in rows)

@@ -1,0 +1,132 @@
+"""Timers of durable segments (pure): what a halting save arms and disarms, and
+whether a fired timer still applies.
+
+A wait state's timeout transitions are armed by the save that halts there, named
+``after:<ms>:<state>``; the save that leaves the state disarms them. An action's
+timers (``effects.schedule``) still pending when the segment halts are stored by the
+same save (``key:<key>``, or a unique name without a key). A fired timer is an inbox
+entry; one armed for an earlier visit of its state, or whose key this segment
+scheduled anew or cancelled, is stale: it is dropped, never applied.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Any
+
+from phronomy.engine import random_hex
+from phronomy.storage import TimerSpec, fired_timer
+
+from ._definition import after_event
+from ._inbox import encode_payload
+
+if TYPE_CHECKING:
+    from phronomy.storage import InboxEntry
+
+    from ._definition import WorkflowDefinition
+    from ._effects import PendingTimer
+
+__all__ = ["TimerChanges", "halt_timers", "stale_timer", "timeout_of"]
+
+TimerChanges = tuple[tuple[TimerSpec, ...], tuple[str, ...]]
+"""What a save arms and what it disarms (timer names)."""
+
+_KEY = "key:"
+_AFTER = "after:"
+
+
+def halt_timers(
+    definition: WorkflowDefinition[Any],
+    *,
+    phase: str,
+    resumed_from: str | None,
+    moved: bool,
+    pending: list[PendingTimer],
+    touched: set[str],
+    instance: str,
+) -> TimerChanges:
+    """The timers of the save that halts a durable segment at *phase*.
+
+    Args:
+        definition: the workflow.
+        phase: the wait state it halts at.
+        resumed_from: the phase the segment resumed from (``None``: a fresh start).
+        moved: whether the segment entered a state (else it is still the visit it
+            resumed: its timers stay as they are).
+        pending: the segment's timers still pending.
+        touched: keys the segment scheduled or cancelled.
+        instance: the instance id (for messages).
+
+    Raises:
+        SerializationError: a pending timer's payload cannot be stored as JSON.
+    """
+    arm: list[TimerSpec] = []
+    if moved:
+        arm.extend(
+            TimerSpec(
+                name=f"{_AFTER}{ms}:{phase}",
+                delay_ms=ms,
+                event=after_event(ms),
+                kind="timeout",
+                state=phase,
+            )
+            for ms in definition.timeouts.get(phase, ())
+        )
+    for key, intent, seconds in pending:
+        arm.append(
+            TimerSpec(
+                name=_KEY + key if key is not None else f"~{random_hex()}",
+                delay_ms=math.ceil(seconds * 1000),
+                event=intent.event,
+                payload=encode_payload(
+                    intent.payload, event=intent.event, instance=instance
+                ),
+                state=phase,
+            )
+        )
+    armed = {spec.name for spec in arm}
+    disarm = [_KEY + key for key in sorted(touched) if _KEY + key not in armed]
+    if moved and resumed_from is not None:
+        disarm.extend(
+            name for name in definition.timeout_names(resumed_from) if name not in armed
+        )
+    return tuple(arm), tuple(disarm)
+
+
+def timeout_of(entry: InboxEntry) -> tuple[int, str] | None:
+    """The delay and state of the timeout transition whose fired timer *entry* is
+    (``None``: it is no timeout)."""
+    fired = fired_timer(entry.event_id)
+    if fired is None or not fired[0].startswith(_AFTER):
+        return None
+    ms, _, state = fired[0][len(_AFTER) :].partition(":")
+    return (int(ms), state) if ms.isdigit() and state else None
+
+
+def stale_timer(
+    entry: InboxEntry,
+    *,
+    phase: str,
+    revision: int | None,
+    moved: bool,
+    touched: set[str] | frozenset[str] = frozenset(),
+) -> str | None:
+    """Why the fired timer *entry* no longer applies to a segment at *phase*, which
+    resumed from *revision* and *moved* on since or not (``None``: it applies, or it
+    is no timer)."""
+    fired = fired_timer(entry.event_id)
+    if fired is None:
+        return None
+    name, armed = fired
+    if name.startswith(_KEY) and name[len(_KEY) :] in touched:
+        return f"timer {name!r} was scheduled again or cancelled before it was applied"
+    timeout = timeout_of(entry)
+    if timeout is None:
+        return None
+    if moved or timeout[1] != phase or armed != revision:
+        return (
+            f"the timeout of state {timeout[1]!r} was armed at revision {armed}; the "
+            f"instance has left that visit (it is at {phase!r}"
+            + (", moved on)" if moved else f", revision {revision})")
+        )
+    return None
