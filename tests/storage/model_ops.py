@@ -23,6 +23,7 @@ from phronomy.storage import (
     DeleteOp,
     EntryOp,
     FindWriteOp,
+    FireOp,
     HistoryOp,
     InboxEntry,
     InboxOp,
@@ -32,6 +33,7 @@ from phronomy.storage import (
     ListOp,
     LoadOp,
     MarkOp,
+    NextDueOp,
     PollOp,
     Posting,
     PostOp,
@@ -42,6 +44,8 @@ from phronomy.storage import (
     SaveRequest,
     StoredRecord,
     StoreOp,
+    TimersOp,
+    TimerSpec,
 )
 
 IDS = ("a", "b", "c")
@@ -52,6 +56,9 @@ EVENT_IDS = ("e1", "e2", "e3", "e4")
 """Few event ids: repeats (and, with another event, mismatches) happen often."""
 EVENTS = (("go", b"1", None, None), ("go", b"2", None, None), ("stop", b"1", b"{}", 1))
 """The events posted: (name, payload, input, expected revision)."""
+TIMER_NAMES = ("t1", "t2")
+LATER_MS = 3_600_000
+"""The delay of a timer not due within an example (the other delay is 0: due at once)."""
 LIVE_MS = 60_000
 """The ttl of a live lease (the other ttl is 0: expired at once)."""
 
@@ -126,6 +133,22 @@ def _consumed(
     m: Model, iid: str, consumed: tuple[Consume, ...]
 ) -> tuple[Consumption, ...]:
     return tuple(c.consumption(m, iid) for c in consumed)
+
+
+@dataclass(frozen=True)
+class Arm:
+    """A timer a save arms: due at once, or not within the example."""
+
+    name: str
+    due: bool
+
+    def spec(self) -> TimerSpec:
+        return TimerSpec(
+            name=self.name,
+            delay_ms=0 if self.due else LATER_MS,
+            event="go",
+            payload=b"1",
+        )
 
 
 @dataclass(frozen=True)
@@ -230,6 +253,8 @@ class Save:
     detail: str | None
     version: str
     consumed: tuple[Consume, ...] = ()
+    arm: tuple[Arm, ...] = ()
+    disarm: tuple[str, ...] = ()
 
     def op(self, m: Model) -> StoreOp:
         write_id = f"w{next(_write_ids)}"
@@ -246,6 +271,8 @@ class Save:
             detail=self.detail,
             lease=m.lease(self.iid, self.lease),
             consumed=_consumed(m, self.iid, self.consumed),
+            arm=tuple({a.name: a.spec() for a in self.arm}.values()),
+            disarm=self.disarm,
         )
         return SaveOp(request=request)
 
@@ -370,6 +397,31 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Timers:
+    iid: str
+
+    def op(self, m: Model) -> StoreOp:
+        return TimersOp(workflow_instance_id=self.iid)
+
+
+@dataclass(frozen=True)
+class NextDue:
+    owner: str
+
+    def op(self, m: Model) -> StoreOp:
+        return NextDueOp(owner=self.owner, workflows=WORKFLOWS[:2])
+
+
+@dataclass(frozen=True)
+class Fire:
+    owner: str
+    limit: int
+
+    def op(self, m: Model) -> StoreOp:
+        return FireOp(owner=self.owner, workflows=WORKFLOWS[:2], limit=self.limit)
+
+
+@dataclass(frozen=True)
 class Poll:
     owner: str
     limit: int
@@ -413,6 +465,9 @@ INBOX_READS = st.one_of(
     st.builds(Entry, ids, st.sampled_from(EVENT_IDS)),
     st.builds(Poll, owners, limits),
 )  # fmt: skip
+arms = st.lists(
+    st.builds(Arm, st.sampled_from(TIMER_NAMES), st.booleans()), max_size=2
+).map(tuple)
 SAVES = st.builds(
     Save,
     ids,
@@ -423,6 +478,13 @@ SAVES = st.builds(
     details,
     st.sampled_from(["", "v2"]),
     consumed,
+    arms,
+    st.lists(st.sampled_from(TIMER_NAMES), max_size=2, unique=True).map(tuple),
+)
+TIMERS = st.one_of(
+    st.builds(Timers, ids),
+    st.builds(NextDue, owners),
+    st.builds(Fire, owners, limits),
 )
 POSTS = st.builds(Post, ids, events)
 BEGINS = st.builds(
@@ -454,8 +516,10 @@ OPERATIONS = st.one_of(  # claims, saves, posts and sweeps the most: deeper hist
     RECOVERS,
     RECOVERS,
     st.builds(Cancel, ids, st.sampled_from([None, "stop"])),
+    TIMERS,
+    TIMERS,
 )  # fmt: skip
 Operation = (
     Load | List | History | FindWrite | Begin | Claim | Save | Segment | Mark | Delete
-    | Renew | Recover | Cancel | Post | Inbox | Entry | Poll
+    | Renew | Recover | Cancel | Post | Inbox | Entry | Poll | Timers | NextDue | Fire
 )  # fmt: skip

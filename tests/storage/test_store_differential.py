@@ -68,6 +68,7 @@ from phronomy.storage import (
     LoadOp,
     MarkOp,
     MemoryStore,
+    NextDueOp,
     PostOp,
     PostOutcome,
     RecoverOp,
@@ -78,13 +79,16 @@ from phronomy.storage import (
     SaveRequest,
     SQLiteStore,
     StoredRecord,
+    StoredTimer,
     StoreOp,
+    TimersOp,
     WorkflowStore,
     op_name,
 )
 from phronomy.storage._base import row_order
 from phronomy.storage._clock import monotonic_ms
 from phronomy.storage._memory_inbox import MemoryInbox
+from phronomy.storage._memory_timers import MemoryTimers
 
 from .model_ops import (
     EVENT_IDS,
@@ -92,10 +96,12 @@ from .model_ops import (
     LIVE_MS,
     OPERATIONS,
     OWNERS,
+    Arm,
     Begin,
     Consume,
     Delete,
     Event,
+    Fire,
     Held,
     Operation,
     Post,
@@ -150,6 +156,10 @@ def normal(value: Any, now: int) -> Any:
         for clock in ("stored_at_ms", "consumed_at_ms"):
             fields[clock] = "unset" if fields[clock] is None else "set"
         return fields
+    if isinstance(value, StoredTimer):  # due at once, or an hour after its arming
+        fields = msgspec.structs.asdict(value)
+        fields["due_at_ms"] = fields["due_at_ms"] - fields.pop("armed_at_ms")
+        return fields
     if isinstance(value, (InstancePage, SaveOutcome, Claimed, PostOutcome)):
         return normal(msgspec.structs.asdict(value), now)
     if isinstance(value, BaseException):
@@ -170,6 +180,10 @@ def _result(op: StoreOp, result: outcome.Outcome[Any], now: int) -> Any:
     value = result.value
     if isinstance(op, RecoverOp):  # the order of leases that expired together is free
         value = sorted(value)
+    if isinstance(op, TimersOp):  # soonest first: ties (one save's) in any order
+        value = sorted(value, key=lambda t: (t.due_at_ms - t.armed_at_ms, t.name))
+    if isinstance(op, NextDueOp) and value is not None:
+        value = "due" if value <= 0 else "later"
     return normal(value, now)
 
 
@@ -204,6 +218,7 @@ class State:
     rows: dict[str, StoredRecord | None]
     logs: dict[str, list[SaveLogEntry]]
     inboxes: dict[str, tuple[InboxEntry, ...]]  # every entry, newest first
+    timers: dict[str, tuple[StoredTimer, ...]]
 
     @classmethod
     def read(cls, store: WorkflowStore) -> State:
@@ -214,17 +229,22 @@ class State:
             InboxOp(workflow_instance_id=iid, pending_only=False, limit=1000)
             for iid in IDS
         ]
+        ops += [TimersOp(workflow_instance_id=iid) for iid in IDS]
         page, *rest = [result.unwrap() for result in store.execute(ops)]
         n = len(IDS)
         return cls(
             page=page,
             rows=dict(zip(IDS, rest[:n], strict=True)),
             logs=dict(zip(IDS, rest[n : 2 * n], strict=True)),
-            inboxes=dict(zip(IDS, rest[2 * n :], strict=True)),
+            inboxes=dict(zip(IDS, rest[2 * n : 3 * n], strict=True)),
+            timers={
+                iid: tuple(sorted(timers, key=lambda t: t.name))
+                for iid, timers in zip(IDS, rest[3 * n :], strict=True)
+            },
         )
 
     def normal(self, now: int) -> Any:
-        return normal([self.page, self.rows, self.logs, self.inboxes], now)
+        return normal([self.page, self.rows, self.logs, self.inboxes, self.timers], now)
 
 
 class DifferentialModel(RuleBasedStateMachine):
@@ -382,6 +402,12 @@ class DifferentialModel(RuleBasedStateMachine):
         for iid in IDS:
             row, log = after.rows[iid], after.logs[iid]
             revisions = [e.revision for e in log]
+            timers = after.timers[iid]
+            fired = {e.event_id for e in after.inboxes[iid]}
+            for timer in timers:  # armed by a save of this row, and not fired yet
+                assert row is not None, f"{where}: {iid} is gone, not its timers"
+                assert timer.armed_revision <= row.revision, f"{where}: {timer}"
+                assert timer.event_id not in fired, f"{where}: {timer} fired twice"
             if row is None or row.revision == 0:  # S2: the gapless chain of saves
                 assert revisions == [], f"{where}: {iid} has a save log {revisions}"
             else:
@@ -743,4 +769,39 @@ def test_the_model_catches_an_inbox_that_keeps_too_many_consumed_entries(
                 else contextlib.nullcontext()
             ):
                 model.one(Segment("a", "halted", applied))
+            model.teardown()
+
+
+@pytest.mark.parametrize("reference", ["sqlite", "none"])
+def test_the_model_catches_a_timer_that_fires_twice(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, reference: str
+) -> None:
+    # A firing that stores the event but keeps the timer: it would fire again.
+    steps = [
+        Save("a", None, "halted", "wf", None, None, "", (), (Arm("t1", due=True),)),
+        Fire("A", 100),
+    ]
+
+    def keeping(self: MemoryTimers, *args: Any) -> int:
+        kept = {iid: dict(timers) for iid, timers in self.timers.items()}
+        fired = fire_due(self, *args)
+        self.timers.update(kept)
+        return fired
+
+    fire_due = MemoryTimers.fire_due
+    expected = (
+        "disagree on the stored state" if reference == "sqlite" else "fired twice"
+    )
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        stores = {"sqlite": sqlite} if reference == "sqlite" else {}
+        for mutated in (False, True):  # the real rule passes
+            if mutated:
+                monkeypatch.setattr(MemoryTimers, "fire_due", keeping)
+            model = DifferentialModel(stores)  # type: ignore[arg-type]
+            model.one(steps[0])
+            if mutated:
+                with pytest.raises(AssertionError, match=expected):
+                    model.one(steps[1])
+            else:
+                model.one(steps[1])
             model.teardown()

@@ -1,0 +1,182 @@
+"""The timers' part of the store contract: every store arms, disarms, fires (once)
+and drops timers alike (memory, SQLite, PostgreSQL, and the faulty wrappers)."""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import pytest
+
+from phronomy import errors
+from phronomy.storage import (
+    FireOp,
+    InboxOp,
+    MarkOp,
+    NextDueOp,
+    SaveOp,
+    TimersOp,
+    TimerSpec,
+)
+
+from .test_contract import request, store
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from phronomy.storage import BaseStore, SaveRequest
+
+__all__ = ["store"]  # the fixture, shared with the contract
+
+Store = Any
+LATER = 3_600_000  # an hour: never due within a test
+
+
+def _armed(req: SaveRequest, *specs: TimerSpec, disarm: tuple[str, ...] = ()) -> Any:
+    return msgspec.structs.replace(req, arm=specs, disarm=disarm)
+
+
+def _spec(name: str, delay_ms: int = 0, event: str = "tick") -> TimerSpec:
+    return TimerSpec(name=name, delay_ms=delay_ms, event=event, payload=b'{"n":1}')
+
+
+def _names(store: Store, iid: str) -> list[tuple[str, int]]:
+    timers = store.run(TimersOp(workflow_instance_id=iid))
+    return [(t.name, t.armed_revision) for t in timers]
+
+
+def _inbox(store: Store, iid: str) -> list[tuple[str, str]]:
+    entries = store.run(InboxOp(workflow_instance_id=iid, pending_only=False))
+    return sorted((e.event_id, e.status) for e in entries)
+
+
+def test_a_save_arms_timers_due_on_the_store_s_clock(store: Store) -> None:
+    store.save(_armed(request("a", None), _spec("soon"), _spec("late", LATER)))
+    timers = {t.name: t for t in store.run(TimersOp(workflow_instance_id="a"))}
+    assert sorted(timers) == ["late", "soon"]
+    late = timers["late"]
+    assert late.due_at_ms - late.armed_at_ms == LATER
+    assert (late.armed_revision, late.event, late.payload, late.kind) == (
+        1,
+        "tick",
+        b'{"n":1}',
+        "timer",
+    )
+    # soonest first
+    assert [t.name for t in store.run(TimersOp(workflow_instance_id="a"))] == [
+        "soon",
+        "late",
+    ]
+
+
+def test_arming_a_name_again_replaces_it_and_disarm_removes_it(store: Store) -> None:
+    store.save(_armed(request("b", None), _spec("x", LATER), _spec("y", LATER)))
+    store.save(_armed(request("b", 1), _spec("x", LATER), disarm=("y", "never")))
+    assert _names(store, "b") == [("x", 2)]
+
+
+def test_due_timers_fire_once_into_the_inbox_of_instances_the_runtime_serves(
+    store: Store,
+) -> None:
+    for iid in ("free", "mine", "theirs", "unserved", "later"):
+        req = request(iid, None)
+        if iid == "unserved":
+            req = msgspec.structs.replace(req, workflow="other")
+        store.save(_armed(req, _spec("t", LATER if iid == "later" else 0)))
+    assert store.begin(
+        "mine", "wf", expected_revision=1, lease_owner="A", ttl_ms=60_000
+    )
+    assert store.begin(
+        "theirs", "wf", expected_revision=1, lease_owner="B", ttl_ms=60_000
+    )
+    due = store.run(NextDueOp(owner="A", workflows=("wf",)))
+    assert due is not None
+    assert due <= 0
+    assert store.run(FireOp(owner="A", workflows=("wf",))) == 2
+    assert store.run(FireOp(owner="A", workflows=("wf",))) == 0  # once
+    for iid in ("free", "mine"):
+        assert _names(store, iid) == []
+        assert _inbox(store, iid) == [("timer:t@1", "pending")]
+    for iid in ("theirs", "unserved", "later"):
+        assert _inbox(store, iid) == []
+        assert _names(store, iid) == [("t", 1)]
+    left = store.run(NextDueOp(owner="A", workflows=("wf",)))
+    assert left is not None and LATER - 60_000 < left <= LATER  # "later" only
+    assert store.run(NextDueOp(owner="C")) is None  # nothing it may fire
+    assert store.run(FireOp(owner="B", workflows=("other",))) == 2
+
+
+def test_disarming_a_fired_timer_refuses_its_pending_entry(store: Store) -> None:
+    store.save(_armed(request("c", None), _spec("t")))
+    assert store.run(FireOp(owner="A", workflows=("wf",))) == 1
+    store.save(_armed(request("c", 1), disarm=("t",)))
+    (entry,) = store.run(InboxOp(workflow_instance_id="c", pending_only=False))
+    assert (entry.status, entry.revision) == ("refused", 2)
+    assert "timer 't' was disarmed" in (entry.detail or "")
+
+
+@pytest.mark.parametrize("how", ["finished", "cancelled-mark", "deleted"])
+def test_a_closed_or_deleted_instance_drops_its_timers(store: Store, how: str) -> None:
+    store.save(_armed(request("d", None), _spec("t", LATER), _spec("u", LATER)))
+    if how == "finished":
+        store.save(request("d", 1, status="finished"))
+    elif how == "cancelled-mark":
+        assert store.run(
+            MarkOp(workflow_instance_id="d", status="cancelled", expected_revision=1)
+        )
+    else:
+        store.delete("d", 1)
+    assert _names(store, "d") == []
+    assert store.run(NextDueOp(owner="A", workflows=("wf",))) is None
+
+
+def test_a_refused_save_arms_and_disarms_nothing(store: Store) -> None:
+    store.save(_armed(request("e", None), _spec("keep", LATER)))
+    with pytest.raises(errors.ConflictError):
+        store.save(_armed(request("e", 5), _spec("new"), disarm=("keep",)))
+    # in a batch beside a good save: the good one commits alone
+    results = store.execute(
+        [
+            SaveOp(request=_armed(request("e", 1), _spec("ok", LATER))),
+            SaveOp(request=_armed(request("e", 9), _spec("bad"))),
+        ]
+    )
+    assert [r.unwrap().outcome for r in results] == ["success", "known_failure"]
+    assert _names(store, "e") == [("keep", 1), ("ok", 2)]
+
+
+def test_bad_timer_specs_are_refused_naming_the_timer() -> None:
+    for delay in (-1, 10**15, 1.5, True):
+        with pytest.raises(errors.InvalidInputError, match="timer 'x': delay_ms"):
+            TimerSpec(name="x", delay_ms=delay, event="e")  # type: ignore[arg-type]
+
+
+def test_two_runtimes_firing_at_once_fire_each_timer_once(
+    open_postgres: Callable[..., BaseStore[Any]],
+) -> None:
+    first, second = open_postgres(), open_postgres()
+    count = 60
+    for n in range(count):
+        first.save(_armed(request(f"r{n}", None), _spec("t")))
+    fired: list[int] = []
+    start = threading.Barrier(2)
+
+    def fire(store: BaseStore[Any], owner: str) -> None:
+        start.wait()
+        while (done := store.run(FireOp(owner=owner, workflows=("wf",), limit=7))) or (
+            store.run(NextDueOp(owner=owner, workflows=("wf",))) is not None
+        ):
+            fired.append(done)
+
+    threads = [
+        threading.Thread(target=fire, args=(s, o))
+        for s, o in ((first, "A"), (second, "B"))
+    ]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(30)
+    assert sum(fired) == count
+    for n in range(count):
+        assert _inbox(first, f"r{n}") == [("timer:t@1", "pending")]
