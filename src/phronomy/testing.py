@@ -66,7 +66,7 @@ class FaultyStore(BaseStore[Any]):
 
     def __init__(self, inner: BaseStore[Any]) -> None:
         """Wrap *inner* (its ``fault_hook`` is taken over); no faults are armed yet."""
-        super().__init__()
+        super().__init__(clock=inner.wall_now_ms)
         self.inner = inner
         self.max_concurrency = inner.max_concurrency
         self.calls: list[str] = []

@@ -4,7 +4,7 @@ cancellation, live timeouts, diagrams and bad input."""
 
 from __future__ import annotations
 
-from datetime import timedelta
+from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
@@ -424,3 +424,95 @@ async def test_bad_timer_requests_fail_the_segment_and_write_nothing(
     assert _timers(store, "b-1") == []
     row = store.load("b-1")
     assert row is None or row.revision == 0
+
+
+async def test_a_delayed_start_starts_once_when_due_in_a_runtime_serving_it(
+    timed_store: phronomy.storage.BaseStore[Any], test_clock: TestClock
+) -> None:
+    flow = expense_flow()
+    async with runtime_on(timed_store, workflows=[flow]) as rt:
+        row = await rt.workflows.start_later(
+            flow, {"amount": 7}, workflow_instance_id="s-1", after=timedelta(hours=3)
+        )
+        assert (row.status, row.phase, row.revision) == ("halted", "__scheduled__", 1)
+        (timer,) = await rt.workflows.timers("s-1")
+        assert (timer.name, timer.kind) == ("start", "start")
+        assert timer.due_at_ms - timer.armed_at_ms == 3 * 3_600_000
+        with pytest.raises(phronomy.InstanceExistsError, match="'s-1' exists"):
+            await rt.workflows.start_later(flow, workflow_instance_id="s-1", after=1)
+        early = await rt.workflows.post(flow, "s-1", "approve", event_id="early")
+        await until(
+            lambda: any(
+                e.event_id == "early" and e.status == "refused"
+                for e in timed_store.run(
+                    phronomy.storage.InboxOp(
+                        workflow_instance_id="s-1", pending_only=False
+                    )
+                )
+            )
+        )
+        assert early.status == "pending"
+        test_clock.skip(timedelta(hours=3))
+        started = await _settle(timed_store, "s-1", phase="awaiting")
+        assert (started.status, started.revision) == ("halted", 2)
+        state = phronomy.storage.decode_snapshot(
+            started.snapshot, workflow_instance_id="s-1", revision=2, state_type=Expense
+        ).fields
+        assert (state.amount, state.visits) == (7, 1)  # entry actions ran once
+        # the start armed the entry point's own timeout
+        assert [t.name for t in await rt.workflows.timers("s-1")] == [
+            "after:172800000:awaiting"
+        ]
+        refused = await rt.workflows.receipt("s-1", "early")
+        assert refused is not None
+        assert "had not started yet" in (refused.detail or "")
+
+
+async def test_a_delayed_start_at_a_time_and_a_cancelled_one(
+    timed_store: phronomy.storage.BaseStore[Any], test_clock: TestClock
+) -> None:
+    flow = expense_flow()
+    when = datetime.fromtimestamp(test_clock() / 1000 + 86_400, tz=UTC)
+    async with runtime_on(timed_store, workflows=[flow]) as rt:
+        await rt.workflows.start_later(flow, workflow_instance_id="s-2", at=when)
+        await rt.workflows.start_later(flow, workflow_instance_id="s-3", at=when)
+        (timer,) = await rt.workflows.timers("s-2")
+        assert abs(timer.due_at_ms - when.timestamp() * 1000) < 1000
+        await rt.workflows.cancel(flow, "s-3", reason="not needed")
+        assert await rt.workflows.timers("s-3") == ()
+        test_clock.skip(DAY)
+        await _settle(timed_store, "s-2", phase="awaiting")
+        await trio.sleep(0.3)
+        assert loaded(timed_store, "s-3").status == "cancelled"
+
+
+@pytest.mark.parametrize(
+    ("when", "message"),
+    [
+        ({}, "at= .* or after="),
+        ({"at": datetime(2030, 1, 1), "after": 1}, "not both"),  # noqa: DTZ001
+        ({"at": datetime(2030, 1, 1)}, "timezone-aware"),  # noqa: DTZ001
+        ({"at": "tomorrow"}, "timezone-aware"),
+        ({"after": -1}, "from now to 100 years"),
+        ({"after": timedelta(days=366 * 101)}, "from now to 100 years"),
+        ({"after": "1h"}, "timedelta or seconds"),
+    ],
+    ids=["neither", "both", "naive", "text", "negative", "huge", "text-delay"],
+)
+async def test_bad_delayed_starts_are_refused_and_write_nothing(
+    tmp_path: Any,
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    when: dict[str, Any],
+    message: str,
+) -> None:
+    store = open_sqlite(tmp_path / "bad.db")
+    async with runtime_on(store) as rt:
+        with pytest.raises(phronomy.InvalidInputError, match=message):
+            await rt.workflows.start_later(
+                expense_flow(), workflow_instance_id="b-2", **when
+            )
+        with pytest.raises(phronomy.InvalidInputError, match="reserved"):
+            await rt.workflows.post(
+                expense_flow(), "x", "approve", event_id="timer:x@1"
+            )
+    assert store.load("b-2") is None

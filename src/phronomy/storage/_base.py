@@ -14,6 +14,7 @@ import outcome
 from phronomy.errors import ConflictError
 
 from ._claiming import claim_and_post, inbox_of, load_and_claim
+from ._clock import wall_ms
 from ._inbox import Claimed, InboxEntry
 from ._ops import (
     READ_OPS,
@@ -101,9 +102,17 @@ class BaseStore(OneAtATime, Generic[C]):
     readback_delays: tuple[float, ...] = (0.05, 0.2, 1.0)
     """Seconds before each further attempt of a reconciliation read."""
 
-    def __init__(self, *, fault_hook: Callable[[str], None] | None = None) -> None:
-        """Set the test hook called at each fault point (see the class docstring)."""
+    def __init__(
+        self,
+        *,
+        fault_hook: Callable[[str], None] | None = None,
+        clock: Callable[[], int] | None = None,
+    ) -> None:
+        """Set the test hook called at each fault point (see the class docstring) and
+        the store's wall clock in milliseconds (default: the host's)."""
         self.fault_hook = fault_hook
+        self.wall_now_ms: Callable[[], int] = clock or wall_ms
+        """The store's wall clock in ms (a server's statements read its own)."""
         # unique for the life of the process (an id() is reused once its object is gone)
         self._object_identity = f"{type(self).__name__}:{next(_stores)}"
 

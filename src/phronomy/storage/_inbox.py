@@ -46,8 +46,8 @@ def validate_event_id(value: object) -> str:
     """Return *value* if it is a usable event id (an idempotency key).
 
     Raises:
-        InvalidInputError: not a string, empty, longer than 255 characters, or
-            containing control characters.
+        InvalidInputError: not a string, empty, longer than 255 characters,
+            containing control characters, or starting with ``timer:`` (reserved).
     """
     if not isinstance(value, str):
         raise InvalidInputError(
@@ -62,6 +62,11 @@ def validate_event_id(value: object) -> str:
         )
     if _CONTROL.search(value):
         raise InvalidInputError(f"event_id {value!r} contains control characters")
+    if value.startswith("timer:"):
+        raise InvalidInputError(
+            f"event_id {value!r} starts with 'timer:', which is reserved for the "
+            "events of timers; choose another id"
+        )
     return value
 
 

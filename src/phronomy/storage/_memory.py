@@ -12,7 +12,7 @@ import msgspec
 from phronomy.errors import InvalidInputError
 
 from ._base import BaseStore, Lane
-from ._clock import monotonic_ms, wall_ms
+from ._clock import monotonic_ms
 from ._memory_inbox import refused
 from ._memory_tables import Tables as _Tables, claimable as _claimable
 from ._ops import (
@@ -74,7 +74,7 @@ class MemoryStore(BaseStore[_Tables]):
         Raises:
             InvalidInputError: *save_log_depth* is not an integer >= 2.
         """
-        super().__init__(fault_hook=fault_hook)
+        super().__init__(fault_hook=fault_hook, clock=clock)
         depth: object = save_log_depth  # checked at run time: callers are not typed
         if not isinstance(depth, int) or isinstance(depth, bool) or depth < 2:
             raise InvalidInputError(
@@ -82,7 +82,7 @@ class MemoryStore(BaseStore[_Tables]):
             )
         self._depth = save_log_depth
         self._lock = threading.Lock()
-        self._tables = _Tables(clock or wall_ms)
+        self._tables = _Tables(self.wall_now_ms)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[_Tables]:

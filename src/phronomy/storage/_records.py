@@ -143,9 +143,10 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     epoch: int
 
 
-TimerKind = Literal["timeout", "timer"]
+TimerKind = Literal["timeout", "timer", "start"]
 """``timeout``: a state's timeout transition (armed by the save that halts there);
-``timer``: scheduled by an action (``effects.schedule``)."""
+``timer``: scheduled by an action (``effects.schedule``); ``start``: a delayed start
+(``runtime.workflows.start_later``)."""
 
 MAX_DELAY_MS = 100 * 366 * 86_400_000
 """The longest delay a timer may have: about 100 years."""

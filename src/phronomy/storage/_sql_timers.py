@@ -110,7 +110,7 @@ _TABLE = """CREATE TABLE phronomy_timers (
     due_at_ms      {int}    NOT NULL,
     event          {text}   NOT NULL,
     payload        {blob}   NOT NULL,
-    kind           {text}   NOT NULL CHECK (kind IN ('timeout', 'timer')),
+    kind           {text}   NOT NULL CHECK (kind IN ('timeout', 'timer', 'start')),
     state          {text},
     armed_revision {int}    NOT NULL,
     armed_at_ms    {int}    NOT NULL,

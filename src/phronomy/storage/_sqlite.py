@@ -114,7 +114,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
                 :class:`~phronomy.storage.BaseStore`); it may raise or delay.
             clock: the wall clock in ms (timestamps, timers' due times) for tests.
         """
-        super().__init__(fault_hook=fault_hook)
+        super().__init__(fault_hook=fault_hook, clock=clock)
         self._path = os.fspath(path)
         self._read_only = read_only
         self._identity: str | None = None
@@ -131,7 +131,7 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         self._read_lock = threading.Lock()
         self._read_conn: sqlite3.Connection | None = None
         watch = StepWatch("the SQLite store's lease clock")
-        self._clock = StoreClock(clock or _clock.wall_ms, _clock.lease_ms, watch)
+        self._clock = StoreClock(self.wall_now_ms, _clock.lease_ms, watch)
         self._renew_lock = threading.Lock()
         self._renew_conn: sqlite3.Connection | None = None
 

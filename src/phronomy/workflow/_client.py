@@ -28,6 +28,7 @@ from ._messages import (
 from ._signals import LiveInstances
 from ._state import State
 from ._stream import WorkflowStream
+from ._timer_client import TimerClient
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Mapping
@@ -42,7 +43,7 @@ S = TypeVar("S", bound=State)
 
 
 @final
-class WorkflowClient(InboxClient, LiveInstances):
+class WorkflowClient(InboxClient, LiveInstances, TimerClient):
     """Runs workflow definitions on one runtime (the workflow part of :class:`~phronomy.Runtime`)."""
 
     def __init__(

@@ -21,6 +21,8 @@ __all__ = [
     "AUTO_EVENT",
     "FINISH",
     "FINISH_ALIAS",
+    "SCHEDULED",
+    "START_DUE",
     "START_EVENT",
     "Callback",
     "Transition",
@@ -43,6 +45,11 @@ AUTO_EVENT = "state_completed"
 """The event automatic transitions fire on."""
 START_EVENT = "start"
 """The event two-argument entry actions of the initial state receive at a fresh start."""
+SCHEDULED = "__scheduled__"
+"""The phase of an instance stored to start later (``start_later``): halted before
+its entry point, until its start timer fires (:data:`START_DUE`)."""
+START_DUE = "__phronomy.start_due__"
+"""The event of a delayed start's timer: the instance starts at its entry point."""
 AFTER_PREFIX = "__after_"
 """How the events of timeout transitions begin (``__after_<ms>ms__``): the runtime's
 own, never sent by a caller."""

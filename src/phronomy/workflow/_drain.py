@@ -19,9 +19,9 @@ from phronomy.errors import (
     InvalidInputError,
     TransitionError,
 )
-from phronomy.storage import Consumption, InboxEntry
+from phronomy.storage import Consumption, InboxEntry, fired_timer
 
-from ._definition import FINISH
+from ._definition import FINISH, SCHEDULED, START_DUE
 from ._events import resolve_event
 from ._hydration import resume_state
 from ._inbox import Feed, decode_input, decode_payload, moved_on
@@ -93,6 +93,15 @@ def _verdict(
     definition: WorkflowDefinition[Any], entry: InboxEntry, phase: str, revision: int
 ) -> str | Consumption:
     """The event the entry fires from *phase*, or what becomes of it instead."""
+    if phase == SCHEDULED:  # a delayed start: only its start timer starts it
+        if entry.event == START_DUE and fired_timer(entry.event_id) is not None:
+            return START_DUE
+        return _judged(
+            entry,
+            "refused",
+            "the instance had not started yet (start_later): send events once it "
+            "has started",
+        )
     stale = stale_timer(entry, phase=phase, revision=revision, moved=False)
     if stale is not None:
         return _judged(entry, "dropped", stale)

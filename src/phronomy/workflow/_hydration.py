@@ -21,7 +21,7 @@ from phronomy.storage import (
     normalize,
 )
 
-from ._definition import FINISH
+from ._definition import FINISH, SCHEDULED
 from ._state import build_state, state_spec
 
 if TYPE_CHECKING:
@@ -154,7 +154,11 @@ def _check_compatible(
     spec = state_spec(definition.state_type)
     missing: list[str] = []
     phase = stored.phase
-    if resuming and phase not in (None, FINISH) and phase not in definition.declared:
+    if (
+        resuming
+        and phase not in (None, FINISH, SCHEDULED)
+        and phase not in definition.declared
+    ):
         missing.append(f"state {phase!r}")
     fields: dict[str, Any] = stored.fields
     missing.extend(f"field {name!r}" for name in sorted(set(fields) - spec.field_set))

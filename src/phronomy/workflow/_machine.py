@@ -30,7 +30,14 @@ import msgspec
 from phronomy.errors import InvalidActionResultError, TransitionError
 
 from ._callbacks import CONSUME, adopt, apply_hook, invoke, is_async_result
-from ._definition import AUTO_EVENT, FINISH, Transition
+from ._definition import (
+    AUTO_EVENT,
+    FINISH,
+    SCHEDULED,
+    START_DUE,
+    START_EVENT,
+    Transition,
+)
 from ._intents import Effects, Intent
 from ._state import State
 
@@ -217,6 +224,14 @@ def fire(
 
 
 @final
+class _Started(msgspec.Struct, frozen=True, gc=False):
+    """The event the entry actions of a delayed start see (as at any start)."""
+
+    type: str = START_EVENT
+    payload: Any = None
+
+
+@final
 class MachineStep(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """What one call of the machine decided.
 
@@ -325,13 +340,18 @@ class WorkflowMachine(Generic[S]):
         return self._fire(event)
 
     def resume(self, event: EventLike) -> MachineStep:
-        """Fire the resume event from the halted phase (the state's hook does not run).
+        """Fire the resume event from the halted phase (the state's hook does not run);
+        an instance stored to start later starts at its entry point (the entry
+        actions see the ``start`` event).
 
         Raises:
             TransitionError: the event is not declared from the halted phase.
             Exception: what a callback raised.
         """
         self.transitions = 0
+        if self.current == SCHEDULED and event.type == START_DUE:
+            self.current = self.definition.entry_point
+            return self.start(_Started())
         return self._fire(event)
 
     def advance(self, event: EventLike) -> MachineStep:
