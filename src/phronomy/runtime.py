@@ -27,6 +27,7 @@ from phronomy.storage import (
 )
 from phronomy.workflow import (
     RecoveryClient,
+    ScheduleClient,
     WorkflowClient,
     WorkflowCoordinator,
     WorkflowDefinition,
@@ -77,6 +78,7 @@ class Runtime:
         self._engine = engine
         self._store = store
         self._recovery = RecoveryClient(workflows)
+        self._schedules = ScheduleClient(workflows)
         self._executions = Executions(coordinator)
         self._portal = ThreadPortal(self._workflows, engine.trio_token)
 
@@ -94,6 +96,11 @@ class Runtime:
     def workflows(self) -> WorkflowClient:
         """Run workflows here (start, invoke, stream, send events, signal live instances)."""
         return self._workflows
+
+    @property
+    def schedules(self) -> ScheduleClient:
+        """Stored schedules: each tick starts one instance of a workflow."""
+        return self._schedules
 
     @property
     def durable(self) -> bool:

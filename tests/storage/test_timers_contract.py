@@ -1,5 +1,6 @@
-"""The timers' part of the store contract: every store arms, disarms, fires (once)
-and drops timers alike (memory, SQLite, PostgreSQL, and the faulty wrappers)."""
+"""The timers' and schedules' part of the store contract: every store arms, disarms,
+fires (once) and drops timers, and stores and ticks schedules, alike (memory, SQLite,
+PostgreSQL, and the faulty wrappers)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,17 @@ import pytest
 
 from phronomy import errors
 from phronomy.storage import (
+    DeleteScheduleOp,
     FireOp,
     InboxOp,
     MarkOp,
     NextDueOp,
+    PutScheduleOp,
     SaveOp,
+    ScheduleOp,
+    ScheduleRecord,
+    SchedulesOp,
+    TickOp,
     TimersOp,
     TimerSpec,
 )
@@ -181,3 +188,66 @@ def test_two_runtimes_firing_at_once_fire_each_timer_once(
     assert sum(fired) == count
     for n in range(count):
         assert _inbox(first, f"r{n}") == [("timer:t@1", "pending")]
+
+
+def _schedule(sid: str, **fields: Any) -> ScheduleRecord:
+    base: dict[str, Any] = {
+        "schedule_id": sid,
+        "workflow": "wf",
+        "next_tick_ms": 0,
+        "every_ms": 60_000,
+    }
+    return ScheduleRecord(**{**base, **fields})
+
+
+def test_schedules_are_stored_once_and_changed_by_version(store: Store) -> None:
+    first = _schedule("s")
+    assert store.run(PutScheduleOp(record=first)) is True
+    assert store.run(PutScheduleOp(record=first)) is False  # the id is taken
+    stored = store.run(ScheduleOp(schedule_id="s"))
+    assert (stored.version, stored.every_ms) == (1, 60_000)
+    assert stored.created_at_ms > 0
+    changed = msgspec.structs.replace(stored, paused=True, version=2, note="why")
+    assert store.run(PutScheduleOp(record=changed, expected_version=1)) is True
+    assert store.run(PutScheduleOp(record=changed, expected_version=1)) is False
+    again = store.run(ScheduleOp(schedule_id="s"))
+    assert (again.paused, again.note, again.version) == (True, "why", 2)
+    assert store.run(ScheduleOp(schedule_id="none")) is None
+    assert store.run(DeleteScheduleOp(schedule_id="s")) is True
+    assert store.run(DeleteScheduleOp(schedule_id="s")) is False
+
+
+def test_due_schedules_are_the_unpaused_ones_of_served_workflows(store: Store) -> None:
+    store.run(PutScheduleOp(record=_schedule("a", next_tick_ms=LATER * 10**6)))
+    store.run(PutScheduleOp(record=_schedule("b", next_tick_ms=5)))
+    store.run(PutScheduleOp(record=_schedule("c", next_tick_ms=1, paused=True)))
+    store.run(PutScheduleOp(record=_schedule("d", next_tick_ms=2, workflow="x")))
+    store.run(
+        PutScheduleOp(
+            record=_schedule("e", next_tick_ms=LATER * 10**6, buffered_tick_ms=3)
+        )
+    )
+    now, due = store.run(SchedulesOp(workflows=("wf",), due=True))
+    assert now > 0
+    assert [r.schedule_id for r in due] == ["e", "b"]  # by the tick due first
+    _, every = store.run(SchedulesOp())
+    assert [r.schedule_id for r in every] == ["a", "b", "c", "d", "e"]
+    _, later = store.run(SchedulesOp(workflows=("x",), after="a"))
+    assert [r.schedule_id for r in later] == ["d"]
+
+
+def test_a_tick_writes_once_per_version_and_each_instance_once(store: Store) -> None:
+    store.run(PutScheduleOp(record=_schedule("t")))
+    stored = store.run(ScheduleOp(schedule_id="t"))
+    starts = (request("t@1", None), request("t@2", None))
+    store.save(request("t@2", None))  # this tick started before
+    nxt = msgspec.structs.replace(stored, next_tick_ms=180_000, version=2, started=2)
+    ticked = store.run(TickOp(record=nxt, expected_version=1, starts=starts))
+    assert (ticked.written, ticked.started) == (True, ("t@1",))
+    # another runtime's tick of the same version: nothing written
+    late = store.run(
+        TickOp(record=nxt, expected_version=1, starts=(request("t@3", None),))
+    )
+    assert (late.written, late.started) == (False, ())
+    assert store.load("t@3") is None
+    assert store.run(ScheduleOp(schedule_id="t")).version == 2

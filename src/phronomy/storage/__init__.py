@@ -78,6 +78,16 @@ from ._recovery import (
     resolution as resolution,
     resolve_stored as resolve_stored,
 )
+from ._schedules import (
+    DeleteScheduleOp as DeleteScheduleOp,
+    Overlap as Overlap,
+    PutScheduleOp as PutScheduleOp,
+    ScheduleOp as ScheduleOp,
+    ScheduleRecord as ScheduleRecord,
+    SchedulesOp as SchedulesOp,
+    Ticked as Ticked,
+    TickOp as TickOp,
+)
 from ._shortcuts import MAX_LIMIT as MAX_LIMIT, check_limit as check_limit
 from ._sqlite import SCHEMA_VERSION as SCHEMA_VERSION, SQLiteStore as SQLiteStore
 from ._store import (
@@ -121,6 +131,7 @@ __all__ = [
     "Consumption",
     "DecodedSnapshot",
     "DeleteOp",
+    "DeleteScheduleOp",
     "EntryOp",
     "FindWriteOp",
     "FireOp",
@@ -136,11 +147,13 @@ __all__ = [
     "MarkOp",
     "MemoryStore",
     "NextDueOp",
+    "Overlap",
     "PollOp",
     "PostOp",
     "PostOutcome",
     "PostgresStore",
     "Posting",
+    "PutScheduleOp",
     "RecoverOp",
     "RenewOp",
     "RequestCancelOp",
@@ -149,9 +162,14 @@ __all__ = [
     "SaveOp",
     "SaveOutcome",
     "SaveRequest",
+    "ScheduleOp",
+    "ScheduleRecord",
+    "SchedulesOp",
     "StoreOp",
     "StoredRecord",
     "StoredTimer",
+    "TickOp",
+    "Ticked",
     "TimerKind",
     "TimerSpec",
     "TimersOp",

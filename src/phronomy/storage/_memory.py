@@ -14,6 +14,7 @@ from phronomy.errors import InvalidInputError
 from ._base import BaseStore, Lane
 from ._clock import monotonic_ms
 from ._memory_inbox import refused
+from ._memory_schedules import SCHEDULE_OPS, apply_schedule_op
 from ._memory_tables import Tables as _Tables, claimable as _claimable
 from ._ops import (
     BeginOp,
@@ -104,6 +105,10 @@ class MemoryStore(BaseStore[_Tables]):
 
     def apply(self, conn: _Tables, op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
+        if isinstance(op, SCHEDULE_OPS):
+            return apply_schedule_op(
+                conn, op, lambda request: self.apply(conn, SaveOp(request=request))
+            )
         match op:
             case LoadOp(workflow_instance_id=iid):
                 return conn.rows.get(iid)

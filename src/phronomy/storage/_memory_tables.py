@@ -11,13 +11,14 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._records import SaveLogEntry, StoredRecord
+    from ._schedules import ScheduleRecord
 
 __all__ = ["Tables", "claimable"]
 
 
 class Tables(MemoryInbox, MemoryTimers):
-    """The rows, the save log, the inbox and the timers; writes note what they
-    replace, to undo a batch."""
+    """The rows, the save log, the inbox, the timers and the schedules; writes note
+    what they replace, to undo a batch."""
 
     def __init__(self, wall: Callable[[], int]) -> None:
         MemoryInbox.__init__(self)
@@ -26,7 +27,8 @@ class Tables(MemoryInbox, MemoryTimers):
         """The store's wall clock (milliseconds)."""
         self.rows: dict[str, StoredRecord] = {}
         self.log: dict[str, dict[str, SaveLogEntry]] = {}  # id -> write id -> save
-        self.undo: list[tuple[str, Any]] | None = None
+        self.schedules: dict[str, ScheduleRecord] = {}
+        self.undo: list[tuple[str, str, Any]] | None = None  # (table, key, kept)
 
     def put(
         self,
@@ -52,16 +54,26 @@ class Tables(MemoryInbox, MemoryTimers):
                 self.timers.get(iid),
                 *self.inbox_state(iid),
             )
-            self.undo.append((iid, kept))
+            self.undo.append(("instance", iid, kept))
+
+    def put_schedule(self, schedule_id: str, record: ScheduleRecord | None) -> None:
+        """Replace (or with ``None``, remove) a schedule."""
+        if self.undo is not None:
+            self.undo.append(("schedule", schedule_id, self.schedules.get(schedule_id)))
+        _set(self.schedules, schedule_id, record)
 
     def rollback(self) -> None:
         """Undo every write of the batch, newest first."""
         undo, self.undo = self.undo or [], None
-        for iid, (row, log, timers, *inbox) in reversed(undo):
-            _set(self.rows, iid, row)
-            _set(self.log, iid, log)
-            _set(self.timers, iid, timers)
-            self.restore_inbox(iid, *inbox)
+        for table, key, kept in reversed(undo):
+            if table == "schedule":
+                _set(self.schedules, key, kept)
+                continue
+            row, log, timers, *inbox = kept
+            _set(self.rows, key, row)
+            _set(self.log, key, log)
+            _set(self.timers, key, timers)
+            self.restore_inbox(key, *inbox)
 
 
 def claimable(row: StoredRecord, owner: str | None, now: int) -> bool:

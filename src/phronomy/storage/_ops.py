@@ -17,6 +17,13 @@ from phronomy.errors import InvalidInputError
 
 from ._inbox import Posting
 from ._records import Consumption, InstanceStatus, Lease, SaveRequest
+from ._schedules import (
+    DeleteScheduleOp,
+    PutScheduleOp,
+    ScheduleOp,
+    SchedulesOp,
+    TickOp,
+)
 
 __all__ = [
     "READ_OPS",
@@ -348,6 +355,11 @@ StoreOp = (
     | NextDueOp
     | FireOp
     | TimersOp
+    | PutScheduleOp
+    | DeleteScheduleOp
+    | ScheduleOp
+    | SchedulesOp
+    | TickOp
 )
 """Every operation a store runs."""
 
@@ -361,6 +373,8 @@ READ_OPS = (
     PollOp,
     NextDueOp,
     TimersOp,
+    ScheduleOp,
+    SchedulesOp,
 )
 """Operations that only read (they run on the read lane, outside write transactions)."""
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from ._postgres_notify import SQL_NOTIFY
 from ._sql_inbox import INBOX_STATEMENTS, ROW, InboxStatements, pyformat
 from ._sql_ops import Statements
-from ._sql_timers import POSTGRES_MIGRATION, postgres_timers
+from ._sql_schedules import POSTGRES_TIME, postgres_time
 
 __all__ = [
     "COLUMNS",
@@ -179,7 +179,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             ON phronomy_workflow_instances
             FOR EACH ROW EXECUTE FUNCTION phronomy_inbox_forget()""",
     ),
-    POSTGRES_MIGRATION,  # version 5: durable timers
+    POSTGRES_TIME,  # version 5: durable timers and schedules
 )
 
 COLUMNS = (
@@ -496,5 +496,5 @@ STATEMENTS = Statements(
     inbox=InboxStatements(
         *(pyformat(q, now=_NOW_MS) for q in INBOX_STATEMENTS)
     )._replace(next_seq_nowait=SQL_NEXT_SEQ_NOWAIT, notify=SQL_NOTIFY),
-    timers=postgres_timers(_NOW_MS),
+    **postgres_time(_NOW_MS),
 )

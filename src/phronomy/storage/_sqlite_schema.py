@@ -10,6 +10,7 @@ import os
 
 from ._sql_inbox import INBOX_STATEMENTS
 from ._sql_ops import Statements
+from ._sql_schedules import SQLITE_SCHEDULES
 from ._sql_timers import SQLITE_MIGRATION
 
 __all__ = [
@@ -206,7 +207,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             DELETE FROM phronomy_inbox WHERE instance_id = OLD.instance_id;
         END""",
     ),
-    SQLITE_MIGRATION,  # version 6: durable timers
+    SQLITE_MIGRATION + SQLITE_SCHEDULES,  # version 6: durable timers, schedules
 )
 
 COLUMNS = (

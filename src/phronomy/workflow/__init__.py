@@ -27,6 +27,7 @@ from ._messages import (
 )
 from ._poller import poll_inbox as poll_inbox
 from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
+from ._schedule_client import ScheduleClient as ScheduleClient
 from ._state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
 from ._stream import WorkflowStream as WorkflowStream
 from ._watch import InstanceWatch as InstanceWatch
@@ -50,6 +51,7 @@ __all__ = [
     "LiveSegment",
     "RecoveryClient",
     "RecoveryEntry",
+    "ScheduleClient",
     "SegmentStatus",
     "State",
     "Step",

@@ -14,7 +14,9 @@ the poll still runs at its interval, for a notification that was missed.
 The same pass fires the durable timers of those instances: one indexed read says when
 the first one is due; once one is, a write moves the due ones into their inboxes, and
 the poll finds them there. The next pass comes at the interval, or sooner when a timer
-is due sooner.
+is due sooner. It also ticks the due schedules of the workflows it serves (one more
+indexed read; a tick stores the instances it starts, whose start timers fire at the
+next pass).
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from phronomy.storage import EntryOp, FireOp, NextDueOp, PollOp
+from phronomy.storage import EntryOp, FireOp, NextDueOp, PollOp, SchedulesOp
 
 from ._messages import Polled
+from ._schedule_client import tick_schedules
 
 if TYPE_CHECKING:
     from ._coordinator import WorkflowCoordinator
@@ -155,16 +158,24 @@ async def poll_once(coordinator: WorkflowCoordinator) -> float:
 
     pending: tuple[Any, ...] = ()
     due_in: list[int | None] = []
+    schedules: list[tuple[int, tuple[Any, ...]]] = []
 
     async def next_due() -> None:
         due_in.append(await gateway.run(NextDueOp(owner=op.owner, workflows=served)))
+
+    async def due_schedules() -> None:
+        schedules.append(await gateway.run(SchedulesOp(workflows=served, due=True)))
 
     served = op.workflows
     async with trio.open_nursery() as nursery:
         for iid, event_id in keys:  # submitted together: one batch of reads
             nursery.start_soon(check, iid, event_id)
         nursery.start_soon(next_due)
+        if served:
+            nursery.start_soon(due_schedules)
         pending = await gateway.run(op)
+    if schedules and schedules[0][1]:  # ticks: instances stored to start at once
+        await tick_schedules(coordinator, schedules[0])
     ms = due_in[0]
     if ms is not None and ms <= 0:  # due: into the inboxes, then read them
         fire = FireOp(owner=op.owner, workflows=served, limit=POLL_LIMIT)

@@ -37,8 +37,9 @@ if TYPE_CHECKING:
 
     from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
+    from ._messages import InputOverlay
 
-__all__ = ["TimerClient"]
+__all__ = ["TimerClient", "start_request"]
 
 S = TypeVar("S", bound=State)
 
@@ -100,34 +101,14 @@ class TimerClient:
         iid = validate_instance_id(workflow_instance_id)
         clock: Callable[[], int] = getattr(gateway.store, "wall_now_ms", wall_ms)
         delay_ms = _delay_ms(at, after, clock)
-        state = start_state(workflow, input_overlay(workflow, input), None)
-        write_id = random_hex()
-        request = SaveRequest(
-            workflow_instance_id=iid,
-            expected_revision=None,
-            snapshot=encode_snapshot(
-                state,
-                workflow_instance_id=iid,
-                revision=1,
-                phase=SCHEDULED,
-                workflow=workflow.name,
-                max_bytes=coordinator.max_snapshot_bytes,
-            ),
-            write_id=write_id,
-            status="halted",
-            phase=SCHEDULED,
-            workflow=workflow.name,
-            definition_version=workflow.version,
-            arm=(
-                TimerSpec(
-                    name=START_TIMER,
-                    delay_ms=delay_ms,
-                    event=START_DUE,
-                    kind="start",
-                    state=SCHEDULED,
-                ),
-            ),
+        request = start_request(
+            workflow,
+            iid,
+            input_overlay(workflow, input),
+            delay_ms=delay_ms,
+            max_bytes=coordinator.max_snapshot_bytes,
         )
+        write_id = request.write_id
         saved: SaveOutcome = await gateway.run(SaveOp(request=request))
         if saved.outcome == "outcome_unknown":
             found = await gateway.run(
@@ -171,6 +152,49 @@ class TimerClient:
             TimersOp(workflow_instance_id=iid)
         )
         return timers
+
+
+def start_request(
+    workflow: WorkflowDefinition[Any],
+    workflow_instance_id: str,
+    overlay: InputOverlay,
+    *,
+    delay_ms: int,
+    max_bytes: int,
+) -> SaveRequest:
+    """The save that stores *workflow_instance_id* to start after *delay_ms*: halted
+    at ``__scheduled__`` (revision 1) with its input, and its ``start`` timer.
+
+    Raises:
+        SerializationError: the input cannot be stored.
+    """
+    state = start_state(workflow, overlay, None)
+    return SaveRequest(
+        workflow_instance_id=workflow_instance_id,
+        expected_revision=None,
+        snapshot=encode_snapshot(
+            state,
+            workflow_instance_id=workflow_instance_id,
+            revision=1,
+            phase=SCHEDULED,
+            workflow=workflow.name,
+            max_bytes=max_bytes,
+        ),
+        write_id=random_hex(),
+        status="halted",
+        phase=SCHEDULED,
+        workflow=workflow.name,
+        definition_version=workflow.version,
+        arm=(
+            TimerSpec(
+                name=START_TIMER,
+                delay_ms=delay_ms,
+                event=START_DUE,
+                kind="start",
+                state=SCHEDULED,
+            ),
+        ),
+    )
 
 
 def _delay_ms(

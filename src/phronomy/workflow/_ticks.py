@@ -1,0 +1,184 @@
+"""When schedules tick, and what a runtime does with due ticks (pure: no trio, no
+store).
+
+Cron expressions are read by cronsim in the schedule's IANA time zone (five fields,
+or six with seconds first; ``L``, ``W`` and ``#`` as cronsim reads them). Daylight
+saving time: a tick whose wall-clock time does not exist (the hour skipped in spring)
+runs once, at the end of the gap (as Debian's cron); a tick whose time occurs twice
+(the hour repeated in autumn) runs once, at the first occurrence. Interval schedules
+tick every ``every_ms`` from their anchor, whatever the zone.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from typing import final
+from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
+
+import msgspec
+from cronsim import CronSim, CronSimError
+
+from phronomy.errors import InvalidInputError
+from phronomy.storage import ScheduleRecord
+
+__all__ = [
+    "MAX_TICKS",
+    "TickPlan",
+    "check_cron",
+    "check_zone",
+    "next_tick",
+    "plan_ticks",
+    "tick_instance_id",
+    "ticks_between",
+]
+
+MAX_TICKS = 100
+"""Ticks one pass handles per schedule at most (the next pass goes on)."""
+
+
+def check_zone(name: object) -> ZoneInfo:
+    """The IANA time zone *name*.
+
+    Raises:
+        InvalidInputError: not a string, or no such zone.
+    """
+    if not isinstance(name, str) or not name:
+        raise InvalidInputError(f"timezone must be an IANA zone name, got {name!r}")
+    try:
+        return ZoneInfo(name)
+    except (ZoneInfoNotFoundError, ValueError):
+        raise InvalidInputError(
+            f"unknown time zone {name!r} (use an IANA name such as 'Europe/Berlin')"
+        ) from None
+
+
+def check_cron(expression: object, zone: ZoneInfo) -> str:
+    """*expression* if cronsim reads it and it fires at some time.
+
+    Raises:
+        InvalidInputError: naming the expression and what is wrong with it.
+    """
+    if not isinstance(expression, str) or not expression.strip():
+        raise InvalidInputError(f"cron must be a cron expression, got {expression!r}")
+    try:
+        sim = CronSim(expression, datetime.now(zone))
+        next(sim)
+    except CronSimError as exc:
+        raise InvalidInputError(
+            f"invalid cron expression {expression!r}: {exc}"
+        ) from None
+    except StopIteration:
+        raise InvalidInputError(
+            f"cron expression {expression!r} never fires (not within 50 years)"
+        ) from None
+    return expression
+
+
+def next_tick(record: ScheduleRecord, after_ms: int) -> int | None:
+    """The first tick of *record* strictly after *after_ms* (``None``: none)."""
+    if record.every_ms is not None:
+        anchor = record.anchor_ms or 0
+        if after_ms < anchor:
+            return anchor
+        return anchor + ((after_ms - anchor) // record.every_ms + 1) * record.every_ms
+    assert record.cron is not None
+    after = datetime.fromtimestamp(after_ms / 1000, tz=UTC)
+    zone = ZoneInfo(record.timezone)
+    try:
+        for candidate in CronSim(record.cron, after.astimezone(zone)):
+            tick = candidate.astimezone(UTC)
+            # cronsim may yield a time at or before *after* inside the hour repeated
+            # at the end of daylight saving time: those ticks ran already
+            if tick > after:
+                return int(tick.timestamp() * 1000)
+    except (CronSimError, StopIteration):
+        return None
+    return None
+
+
+def ticks_between(record: ScheduleRecord, first_ms: int, end_ms: int) -> list[int]:
+    """The ticks from *first_ms* (inclusive, if it is one) to *end_ms* (exclusive),
+    at most ten times :data:`MAX_TICKS`."""
+    ticks: list[int] = []
+    tick = next_tick(record, first_ms - 1)
+    while tick is not None and tick < end_ms and len(ticks) < MAX_TICKS * 10:
+        ticks.append(tick)
+        tick = next_tick(record, tick)
+    return ticks
+
+
+def tick_instance_id(schedule_id: str, tick_ms: int) -> str:
+    """The id of the instance the tick at *tick_ms* starts (the same in every
+    runtime: one instance per tick)."""
+    at = datetime.fromtimestamp(tick_ms / 1000, tz=UTC)
+    return f"{schedule_id}@{at.strftime('%Y-%m-%dT%H:%M:%S')}{_millis(tick_ms)}Z"
+
+
+def _millis(tick_ms: int) -> str:
+    return f".{tick_ms % 1000:03d}" if tick_ms % 1000 else ""
+
+
+@final
+class TickPlan(msgspec.Struct, frozen=True, kw_only=True):
+    """What one pass does with a schedule's due ticks.
+
+    Attributes:
+        start: the ticks to start instances for, oldest first.
+        skipped: how many due ticks it skips (overlap, or older than the catch-up
+            window).
+        record: the schedule's next state (not written yet: the tick writes it).
+    """
+
+    start: tuple[int, ...]
+    skipped: int
+    record: ScheduleRecord
+
+
+def plan_ticks(record: ScheduleRecord, now_ms: int, *, previous_open: bool) -> TickPlan:
+    """Decide what the due ticks of *record* start at *now_ms*.
+
+    Args:
+        record: the schedule as stored.
+        now_ms: the store's clock.
+        previous_open: whether the instance of the last started tick is still open
+            (running, halted, requiring recovery).
+    """
+    due: list[int] = []
+    tick: int | None = record.next_tick_ms
+    while tick is not None and tick <= now_ms and len(due) < MAX_TICKS:
+        due.append(tick)
+        tick = next_tick(record, tick)
+    following = tick if tick is not None else 2**62  # none: never again
+    oldest = now_ms - record.catchup_window_ms
+    recent = [t for t in due if t >= oldest]
+    skipped = len(due) - len(recent)
+    buffered: int | None = None
+    start: list[int] = []
+    match record.overlap:
+        case "allow_all":
+            start = recent
+        case "skip":
+            if previous_open:
+                skipped += len(recent)
+            else:  # the oldest starts; the others would overlap it
+                start, skipped = recent[:1], skipped + len(recent[1:])
+        case "buffer_one":  # one tick waits for the open instance; later ones skip
+            kept = record.buffered_tick_ms
+            waiting = ([kept] if kept is not None else []) + recent
+            if not previous_open:
+                start, waiting = waiting[:1], waiting[1:]
+            buffered = waiting[0] if waiting else None
+            skipped += len(waiting[1:])
+    last = record.last_instance_id
+    if start:
+        last = tick_instance_id(record.schedule_id, start[-1])
+    nxt = msgspec.structs.replace(
+        record,
+        next_tick_ms=following,
+        buffered_tick_ms=buffered,
+        last_instance_id=last,
+        started=record.started + len(start),
+        skipped=record.skipped + skipped,
+        version=record.version + 1,
+    )
+    return TickPlan(start=tuple(start), skipped=skipped, record=nxt)
