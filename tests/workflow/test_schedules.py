@@ -243,19 +243,29 @@ async def test_pause_resume_trigger_backfill_and_delete(
         assert len(_instances(store, "hourly@")) == 1  # nothing while paused
         resumed = await rt.schedules.resume("hourly")
         assert resumed.next_tick_ms == _ms(first + timedelta(hours=4))
-        triggered = await rt.schedules.trigger("hourly")
+        triggered = await rt.schedules.trigger("hourly")  # a request: the poll
         assert triggered.startswith("hourly@2026-03-01T04:00:")
-        backfilled = await rt.schedules.backfill(
-            "hourly", first, first + timedelta(hours=3)
+        await until(lambda: store.load(triggered) is not None)
+        window = (first, first + timedelta(hours=3))
+        planned = await rt.schedules.backfill("hourly", *window)
+        assert planned == tuple(
+            tick_instance_id("hourly", _ms(first + timedelta(hours=h)))
+            for h in range(3)
         )
-        # the tick at *first* started before: not again
-        assert backfilled == tuple(
-            tick_instance_id("hourly", _ms(first + timedelta(hours=h))) for h in (1, 2)
+        await until(lambda: len(_instances(store, "hourly@")) == 4)  # 2 new
+        assert await rt.schedules.backfill("hourly", *window) == planned
+        await until(
+            lambda: (
+                store.run(
+                    phronomy.storage.ScheduleOp(schedule_id="hourly")
+                ).backfill_from_ms
+                is None
+            )
         )
-        assert (
-            await rt.schedules.backfill("hourly", first, first + timedelta(hours=3))
-            == ()
-        )
+        await trio.sleep(0.3)
+        assert len(_instances(store, "hourly@")) == 4  # none started twice
+        with pytest.raises(phronomy.InvalidInputError, match="end is before start"):
+            await rt.schedules.backfill("hourly", window[1], window[0])
         assert [r.schedule_id for r in await rt.schedules.list()] == ["hourly"]
         assert await rt.schedules.delete("hourly") is True
         assert await rt.schedules.delete("hourly") is False
@@ -333,3 +343,58 @@ async def test_bad_schedules_are_refused_naming_the_value_and_write_nothing(
         with pytest.raises(phronomy.InvalidInputError, match="'ok' exists"):
             await rt.schedules.create("ok", job_flow(), every=120)
         assert (await rt.schedules.get("ok")).every_ms == 60_000
+
+
+def test_operator_requests_start_their_ticks_whatever_the_overlap() -> None:
+    record = _every(
+        "skip",
+        next_tick_ms=600_000,
+        trigger_ms=250_500,
+        backfill_from_ms=0,
+        backfill_to_ms=180_000,
+    )
+    plan = plan_ticks(record, 300_000, previous_open=True)
+    assert plan.start == (0, 60_000, 120_000, 250_500)  # the open instance: no matter
+    assert (plan.record.trigger_ms, plan.record.backfill_from_ms) == (None, None)
+    assert plan.record.started == 4
+    assert plan.record.last_instance_id is None  # requests are not regular ticks
+
+
+@pytest.mark.parametrize(
+    ("zone", "day", "expected"),
+    [
+        ("Europe/Berlin", datetime(2026, 3, 28, tzinfo=UTC),
+         ["2026-03-28T01:30:00Z", "2026-03-29T01:00:00Z", "2026-03-30T00:30:00Z"]),
+        ("America/New_York", datetime(2026, 3, 7, 12, tzinfo=UTC),
+         ["2026-03-08T07:00:00Z", "2026-03-09T06:30:00Z", "2026-03-10T06:30:00Z"]),
+    ],
+    ids=["berlin", "new-york"],
+)  # fmt: skip
+async def test_a_spring_forward_day_starts_its_skipped_tick_once(
+    clock: trio.testing.MockClock,
+    tmp_path: Path,
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    zone: str,
+    day: datetime,
+    expected: list[str],
+) -> None:
+    test_clock = TestClock(clock, start_ms=_ms(day))
+    store = open_sqlite(tmp_path / "dst.db", clock=test_clock)
+    flow = job_flow()
+    async with runtime_on(store, workflows=[flow]) as rt:
+        await rt.schedules.create(
+            "d", flow, cron="30 2 * * *", timezone=zone, catchup_window=2 * 86400
+        )
+        for count in range(1, 4):
+            test_clock.skip(timedelta(days=1))
+            await until(
+                functools.partial(
+                    lambda n: (
+                        len(_instances(store, "d@")) == n
+                        and all(r.status == "finished" for r in _instances(store, "d@"))
+                    ),
+                    count,
+                )
+            )
+    ids = sorted(r.workflow_instance_id for r in _instances(store, "d@"))
+    assert ids == [f"d@{at}" for at in expected]

@@ -72,10 +72,13 @@ def apply_schedule_op(
 
 
 def _least(record: Any) -> int:
-    buffered = record.buffered_tick_ms
-    return int(
-        record.next_tick_ms if buffered is None else min(buffered, record.next_tick_ms)
+    """The tick due first: the next one, a buffered one, or an operator's request."""
+    requested = (
+        record.buffered_tick_ms,
+        record.trigger_ms,
+        record.backfill_from_ms,
     )
+    return int(min([record.next_tick_ms, *(t for t in requested if t is not None)]))
 
 
 def _put(conn: Tables, record: Any, expected: int | None, now: int) -> bool:

@@ -55,6 +55,12 @@ class ScheduleRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         next_tick_ms: the first tick not handled yet (wall-clock ms, the store's).
         buffered_tick_ms: a tick kept to start once the previous instance closed.
         last_instance_id: the instance the last started tick started.
+        trigger_ms: an operator's request to start one instance for this time
+            now, whatever the overlap policy (the next tick of a runtime does it).
+        backfill_from_ms: an operator's request to start the instances of the
+            ticks from here ...
+        backfill_to_ms: ... to here (exclusive), whatever the overlap policy;
+            ticks that started an instance before are not started again.
         started: how many ticks started an instance.
         skipped: how many ticks were skipped (overlap, or too old to catch up).
         version: raised by every change (the compare-and-set of ticks and edits).
@@ -76,6 +82,9 @@ class ScheduleRecord(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     note: str | None = None
     buffered_tick_ms: int | None = None
     last_instance_id: str | None = None
+    trigger_ms: int | None = None
+    backfill_from_ms: int | None = None
+    backfill_to_ms: int | None = None
     started: int = 0
     skipped: int = 0
     version: int = 1

@@ -100,14 +100,18 @@ _TABLE = """CREATE TABLE phronomy_schedules (
     note              {text},
     buffered_tick_ms  {int},
     last_instance_id  {text},
+    trigger_ms        {int},
+    backfill_from_ms  {int},
+    backfill_to_ms    {int},
     started           {int}   NOT NULL,
     skipped           {int}   NOT NULL,
     version           {int}   NOT NULL,
     created_at_ms     {int}   NOT NULL,
     updated_at_ms     {int}   NOT NULL,
-    least_tick        {int}   GENERATED ALWAYS AS
-                          (min(next_tick_ms, coalesce(buffered_tick_ms, next_tick_ms)))
-                          {stored}
+    least_tick        {int}   GENERATED ALWAYS AS (min(next_tick_ms,
+                          coalesce(buffered_tick_ms, next_tick_ms),
+                          coalesce(trigger_ms, next_tick_ms),
+                          coalesce(backfill_from_ms, next_tick_ms))) {stored}
 ){options}"""
 _INDEX = """CREATE INDEX phronomy_schedules_due ON phronomy_schedules (least_tick)
     WHERE NOT paused"""

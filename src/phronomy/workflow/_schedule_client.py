@@ -220,46 +220,50 @@ class ScheduleClient:
         return deleted
 
     async def trigger(self, schedule_id: str) -> str:
-        """Start one instance now, whatever its overlap policy; returns its id
+        """Ask for one instance now, whatever the overlap policy: the next poll of a
+        runtime serving its workflow starts it (once). Returns the id it gets
         (``<schedule_id>@<now>``).
 
         Raises:
             NotFoundError: no such schedule.
-            InvalidInputError: this runtime does not serve its workflow.
         """
-        gateway = self._gateway()
-        record = await self.get(schedule_id)
-        now = _store_now(gateway)
-        started = await self._start(record, (now,), {"last_instance_id": None})
-        return started[0] if started else tick_instance_id(record.schedule_id, now)
+        now = _store_now(self._gateway())
+        await self._edit(schedule_id, lambda r, _: {"trigger_ms": now})
+        return tick_instance_id(_schedule_id(schedule_id), now)
 
     async def backfill(
         self, schedule_id: str, start: datetime, end: datetime
     ) -> tuple[str, ...]:
-        """Start the instances of its ticks from *start* to *end* (exclusive; at most
-        1,000), whatever its overlap policy; ticks that started an instance before
-        are not started again. Returns the ids started now.
+        """Ask for the instances of its ticks from *start* to *end* (exclusive; at
+        most 1,000, up to now), whatever the overlap policy: runtimes serving its
+        workflow start them at their next polls, 100 a pass; ticks that started an
+        instance before are not started again. Returns the ids the ticks have.
 
         Raises:
+            NotFoundError: no such schedule.
             InvalidInputError: naive or reversed datetimes, more than 1,000 ticks, or
-                this runtime does not serve its workflow.
+                a backfill of it still in progress.
         """
-        record = await self.get(schedule_id)
         first, last = _instant(start, "start"), _instant(end, "end")
         if last < first:
             raise InvalidInputError(f"backfill of {schedule_id!r}: end is before start")
+        record = await self.get(schedule_id)
         ticks = ticks_between(record, first, last)
         if len(ticks) >= MAX_TICKS * 10:
             raise InvalidInputError(
                 f"backfill of {schedule_id!r} spans more than {MAX_TICKS * 10} ticks: "
                 "split it"
             )
-        started: list[str] = []
-        for offset in range(0, len(ticks), MAX_TICKS):
-            chunk = tuple(ticks[offset : offset + MAX_TICKS])
-            started.extend(await self._start(record, chunk, {}))
-            record = await self.get(schedule_id)
-        return tuple(started)
+
+        def requested(record: ScheduleRecord, _: int) -> dict[str, Any]:
+            if record.backfill_from_ms is not None:
+                raise InvalidInputError(
+                    f"a backfill of {schedule_id!r} is in progress; wait for it"
+                )
+            return {"backfill_from_ms": first, "backfill_to_ms": last}
+
+        await self._edit(schedule_id, requested)
+        return tuple(tick_instance_id(record.schedule_id, t) for t in ticks)
 
     # --- internals ----------------------------------------------------------------
 
@@ -268,26 +272,6 @@ class ScheduleClient:
         if gateway is None:
             raise InvalidInputError("schedules need a store (open_runtime(store=...))")
         return gateway
-
-    async def _start(
-        self, record: ScheduleRecord, ticks: tuple[int, ...], change: dict[str, Any]
-    ) -> tuple[str, ...]:
-        """Store the instances of *ticks* with a change of the schedule (counted as
-        started), tried again while ticks change the schedule meanwhile."""
-        for _ in range(EDIT_ATTEMPTS):
-            starts = _starts(self._coordinator, record, ticks)
-            changed = msgspec.structs.replace(
-                record,
-                **change,
-                started=record.started + len(starts),
-                version=record.version + 1,
-            )
-            op = TickOp(record=changed, expected_version=record.version, starts=starts)
-            ticked = await self._gateway().run(op)
-            if ticked.written:
-                return tuple(ticked.started)
-            record = await self.get(record.schedule_id)
-        raise InvalidInputError(f"schedule {record.schedule_id!r} keeps changing")
 
     async def _edit(self, schedule_id: str, change: Any) -> ScheduleRecord:
         gateway = self._gateway()

@@ -172,13 +172,36 @@ def plan_ticks(record: ScheduleRecord, now_ms: int, *, previous_open: bool) -> T
     last = record.last_instance_id
     if start:
         last = tick_instance_id(record.schedule_id, start[-1])
+    requested, requests = _requested(record, now_ms)
     nxt = msgspec.structs.replace(
         record,
         next_tick_ms=following,
         buffered_tick_ms=buffered,
         last_instance_id=last,
-        started=record.started + len(start),
+        started=record.started + len(start) + len(requested),
         skipped=record.skipped + skipped,
         version=record.version + 1,
+        **requests,
     )
-    return TickPlan(start=tuple(start), skipped=skipped, record=nxt)
+    ticks = tuple(sorted({*start, *requested}))
+    return TickPlan(start=ticks, skipped=skipped, record=nxt)
+
+
+def _requested(
+    record: ScheduleRecord, now_ms: int
+) -> tuple[list[int], dict[str, int | None]]:
+    """The ticks an operator asked for (a trigger, a backfill) that are due, and the
+    requests left (a long backfill goes on at the next pass)."""
+    ticks: list[int] = []
+    left: dict[str, int | None] = {}
+    if record.trigger_ms is not None and record.trigger_ms <= now_ms:
+        ticks.append(record.trigger_ms)
+        left["trigger_ms"] = None
+    first, end = record.backfill_from_ms, record.backfill_to_ms
+    if first is not None and end is not None and first <= now_ms:
+        found = ticks_between(record, first, min(end, now_ms + 1))[:MAX_TICKS]
+        ticks.extend(found)
+        more = len(found) == MAX_TICKS
+        left["backfill_from_ms"] = found[-1] + 1 if more else None
+        left["backfill_to_ms"] = end if more else None
+    return ticks, left
