@@ -553,3 +553,67 @@ def test_instances_show_says_an_expired_holder_no_longer_applies_events(
 
 class _Order(phronomy.State):
     by: str = ""
+
+
+class _Job(phronomy.State):
+    n: int = 0
+
+
+def _job_flow() -> phronomy.WorkflowDefinition[_Job]:
+    wf = phronomy.Workflow(_Job, name="job")
+    wf.state("run", entry=lambda s: s.merge(n=s.n + 1))
+    wf.transition("run", phronomy.FINISH)
+    return wf.build()
+
+
+async def test_schedules_commands_edit_what_a_serving_runtime_carries_out(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "schedules.db")
+    flow = _job_flow()
+    async with phronomy.open_runtime(store=phronomy.SQLiteStore(db)) as rt:
+        await rt.schedules.create(
+            "nightly", flow, cron="0 3 * * *", timezone="Europe/Berlin", input={"n": 2}
+        )
+        await rt.schedules.create("hourly", flow, every=3600)
+    capsys.readouterr()
+    assert main(["schedules", "list", "--db", db]) == 0
+    rows = _cells(capsys.readouterr().out)
+    assert rows[0][:3] == ["ID", "WORKFLOW", "WHEN"]
+    assert [r[0] for r in rows[1:]] == ["hourly", "nightly"]
+    assert rows[2][2] == "cron 0 3 * * *"
+    assert main(["schedules", "pause", "nightly", "--note", "db move", "--db", db]) == 0
+    assert capsys.readouterr().out == "nightly: paused\n"
+    assert main(["schedules", "show", "nightly", "--db", db]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert (shown["paused"], shown["note"], shown["input"]) == (
+        True,
+        "db move",
+        {"n": 2},
+    )
+    assert len(shown["upcoming"]) == 5
+    assert shown["upcoming"][0].endswith(("T02:00:00Z", "T01:00:00Z"))  # 03:00 Berlin
+    assert main(["schedules", "trigger", "hourly", "--db", db]) == 0
+    triggered = capsys.readouterr().out.split()[-1]
+    assert triggered.startswith("hourly@")
+    start = "2026-11-30T00:00Z"
+    argv = ["schedules", "backfill", "hourly", "--start", start, "--end"]
+    assert main([*argv, "2026-11-30T03:00Z", "--db", db]) == 0
+    assert "3 ticks" in capsys.readouterr().out
+    assert main([*argv, "2026-11-30T03:00", "--db", db]) == 1  # no offset
+    assert "has no UTC offset" in capsys.readouterr().err
+    assert main(["schedules", "delete", "nope", "--db", db]) == 1
+    assert "no schedule 'nope'" in capsys.readouterr().err
+    with phronomy.SQLiteStore(db, read_only=True) as store:
+        assert store.load(triggered) is None  # no runtime served it yet
+    store = phronomy.SQLiteStore(db)
+    async with phronomy.open_runtime(store=store, workflows=[flow]):
+        expected = [triggered] + [f"hourly@2026-11-30T0{h}:00:00Z" for h in range(3)]
+        await until(
+            lambda: all(
+                (row := store.load(iid)) is not None and row.status == "finished"
+                for iid in expected
+            )
+        )
+    assert main(["schedules", "delete", "hourly", "--db", db]) == 0
+    assert "deleted" in capsys.readouterr().out

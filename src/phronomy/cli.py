@@ -31,7 +31,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from typing import TYPE_CHECKING, get_args
+from typing import TYPE_CHECKING, Any, get_args
 
 import trio
 
@@ -39,6 +39,7 @@ from phronomy import (
     __version__,
     _cli_commands as commands_module,
     _cli_events as events_module,
+    _cli_schedules as schedules_module,
 )
 from phronomy._cli_commands import safe
 from phronomy._demo import run_demo
@@ -221,6 +222,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="adopt: the stored state is the truth; release: mark it failed to retry",
     )
 
+    _schedules(commands, command)
     executions = commands.add_parser(
         "executions", help="inspect and resolve supervised executions' records"
     )
@@ -253,6 +255,47 @@ def build_parser() -> argparse.ArgumentParser:
         help="adopt: keep a recorded outcome; release: close the record as abandoned",
     )
     return parser
+
+
+def _schedules(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser], command: Any
+) -> None:
+    """The ``schedules`` commands."""
+    group = commands.add_parser(
+        "schedules", help="list, pause, resume, trigger, backfill and delete schedules"
+    )
+    actions = group.add_subparsers(dest="action", required=True, metavar="ACTION")
+    listing = command(
+        actions,
+        "list",
+        "list schedules, ordered by id",
+        schedules_module.schedules_list,
+        json_output=True,
+    )
+    _paging(listing, "schedules")
+    listing.add_argument("--after", metavar="ID", help="start after this schedule id")
+    helps = {
+        "show": "show one schedule: its fields, next ticks and instances (JSON)",
+        "pause": "stop handling its ticks (ticks due meanwhile are skipped)",
+        "resume": "handle its ticks again, from the next one",
+        "trigger": "start one instance now (a runtime serving its workflow does it)",
+        "backfill": "start the instances of its ticks in a past range (once each)",
+        "delete": "delete it (the instances it started stay)",
+    }
+    for action, help_text in helps.items():
+        run = {
+            "show": schedules_module.schedules_show,
+            "delete": schedules_module.schedules_delete,
+        }.get(action, schedules_module.schedules_edit)
+        sub = command(actions, action, help_text, run, write=action != "show")
+        sub.add_argument("id", help="the schedule id")
+        if action == "pause":
+            sub.add_argument("--note", help="why (kept with the schedule)")
+        if action == "backfill":
+            sub.add_argument(
+                "--start", required=True, help="ISO 8601 time, with offset"
+            )
+            sub.add_argument("--end", required=True, help="ISO 8601 time (exclusive)")
 
 
 def _paging(parser: argparse.ArgumentParser, what: str) -> None:

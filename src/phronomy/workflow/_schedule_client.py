@@ -36,7 +36,7 @@ from phronomy.storage._clock import wall_ms
 from ._inbox import decode_input, encode_input
 from ._inputs import input_overlay
 from ._ticks import (
-    MAX_TICKS,
+    EDITS,
     check_cron,
     check_zone,
     next_tick,
@@ -199,19 +199,20 @@ class ScheduleClient:
     async def pause(
         self, schedule_id: str, *, note: str | None = None
     ) -> ScheduleRecord:
-        """Stop handling its ticks (those due meanwhile are skipped at resume)."""
-        return await self._edit(
-            schedule_id, lambda r, now: {"paused": True, "note": note}
-        )
+        """Stop handling its ticks (those due meanwhile are skipped at resume).
+
+        Raises:
+            NotFoundError: no such schedule.
+        """
+        return await self._edit(schedule_id, "pause", note)
 
     async def resume(self, schedule_id: str) -> ScheduleRecord:
-        """Handle its ticks again, from the first one after now."""
+        """Handle its ticks again, from the first one after now.
 
-        def resumed(record: ScheduleRecord, now: int) -> dict[str, Any]:
-            following = next_tick(record, now)
-            return {"paused": False, "next_tick_ms": following or 2**62}
-
-        return await self._edit(schedule_id, resumed)
+        Raises:
+            NotFoundError: no such schedule.
+        """
+        return await self._edit(schedule_id, "resume")
 
     async def delete(self, schedule_id: str) -> bool:
         """Delete it (the instances it started stay); whether it was there."""
@@ -227,9 +228,9 @@ class ScheduleClient:
         Raises:
             NotFoundError: no such schedule.
         """
-        now = _store_now(self._gateway())
-        await self._edit(schedule_id, lambda r, _: {"trigger_ms": now})
-        return tick_instance_id(_schedule_id(schedule_id), now)
+        record = await self._edit(schedule_id, "trigger")
+        assert record.trigger_ms is not None
+        return tick_instance_id(record.schedule_id, record.trigger_ms)
 
     async def backfill(
         self, schedule_id: str, start: datetime, end: datetime
@@ -245,24 +246,8 @@ class ScheduleClient:
                 a backfill of it still in progress.
         """
         first, last = _instant(start, "start"), _instant(end, "end")
-        if last < first:
-            raise InvalidInputError(f"backfill of {schedule_id!r}: end is before start")
-        record = await self.get(schedule_id)
+        record = await self._edit(schedule_id, "backfill", first, last)
         ticks = ticks_between(record, first, last)
-        if len(ticks) >= MAX_TICKS * 10:
-            raise InvalidInputError(
-                f"backfill of {schedule_id!r} spans more than {MAX_TICKS * 10} ticks: "
-                "split it"
-            )
-
-        def requested(record: ScheduleRecord, _: int) -> dict[str, Any]:
-            if record.backfill_from_ms is not None:
-                raise InvalidInputError(
-                    f"a backfill of {schedule_id!r} is in progress; wait for it"
-                )
-            return {"backfill_from_ms": first, "backfill_to_ms": last}
-
-        await self._edit(schedule_id, requested)
         return tuple(tick_instance_id(record.schedule_id, t) for t in ticks)
 
     # --- internals ----------------------------------------------------------------
@@ -273,11 +258,11 @@ class ScheduleClient:
             raise InvalidInputError("schedules need a store (open_runtime(store=...))")
         return gateway
 
-    async def _edit(self, schedule_id: str, change: Any) -> ScheduleRecord:
+    async def _edit(self, schedule_id: str, edit: str, *args: Any) -> ScheduleRecord:
         gateway = self._gateway()
-        for _ in range(EDIT_ATTEMPTS):
+        for _ in range(EDIT_ATTEMPTS):  # a tick may change it meanwhile
             record = await self.get(schedule_id)
-            fields = change(record, _store_now(gateway))
+            fields = EDITS[edit](record, _store_now(gateway), *args)
             changed = msgspec.structs.replace(
                 record, **fields, version=record.version + 1
             )

@@ -12,7 +12,7 @@ tick every ``every_ms`` from their anchor, whatever the zone.
 from __future__ import annotations
 
 from datetime import UTC, datetime
-from typing import final
+from typing import TYPE_CHECKING, Any, final
 from zoneinfo import ZoneInfo, ZoneInfoNotFoundError
 
 import msgspec
@@ -21,7 +21,11 @@ from cronsim import CronSim, CronSimError
 from phronomy.errors import InvalidInputError
 from phronomy.storage import ScheduleRecord
 
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
 __all__ = [
+    "EDITS",
     "MAX_TICKS",
     "TickPlan",
     "check_cron",
@@ -205,3 +209,52 @@ def _requested(
         left["backfill_from_ms"] = found[-1] + 1 if more else None
         left["backfill_to_ms"] = end if more else None
     return ticks, left
+
+
+def _pause(
+    record: ScheduleRecord, now_ms: int, note: str | None = None
+) -> dict[str, Any]:
+    return {"paused": True, "note": note}
+
+
+def _resume(record: ScheduleRecord, now_ms: int) -> dict[str, Any]:
+    following = next_tick(record, now_ms)  # ticks due while paused are not caught up
+    return {"paused": False, "next_tick_ms": 2**62 if following is None else following}
+
+
+def _trigger(record: ScheduleRecord, now_ms: int) -> dict[str, Any]:
+    return {"trigger_ms": now_ms}
+
+
+def _backfill(
+    record: ScheduleRecord, now_ms: int, first: int, end: int
+) -> dict[str, Any]:
+    if end < first:
+        raise InvalidInputError(
+            f"backfill of {record.schedule_id!r}: end is before start"
+        )
+    if len(ticks_between(record, first, end)) >= MAX_TICKS * 10:
+        raise InvalidInputError(
+            f"backfill of {record.schedule_id!r} spans more than {MAX_TICKS * 10} "
+            "ticks: split it"
+        )
+    if record.backfill_from_ms is not None:
+        raise InvalidInputError(
+            f"a backfill of {record.schedule_id!r} is in progress; wait for it"
+        )
+    return {"backfill_from_ms": first, "backfill_to_ms": end}
+
+
+EDITS: dict[str, Callable[..., dict[str, Any]]] = {
+    "pause": _pause,
+    "resume": _resume,
+    "trigger": _trigger,
+    "backfill": _backfill,
+}
+"""What an operator's edit changes in a schedule: ``(record, now_ms, *args)`` → the
+fields to change (the API and the command line make the same edits).
+
+Raises:
+    InvalidInputError: a backfill that is reversed, too long, or while another one
+        is in progress.
+"""
