@@ -39,6 +39,8 @@ does about them.
     └── PhronomyInternalError               A BUG in phronomy: please report it
 
     DefinitionWarning (UserWarning)         a definition builds but is probably wrong
+    NonRetryableError                       raised by an effect (the application's, no
+                                            PhronomyError): it is not tried again
 
 Errors caused by bad input also derive from :class:`ValueError` (or
 :class:`TypeError`, :class:`LookupError`), so callers that only know the standard
@@ -67,6 +69,7 @@ __all__ = [
     "InvalidActionResultError",
     "InvalidInputError",
     "LeaseLostError",
+    "NonRetryableError",
     "NotFoundError",
     "OperatorActionError",
     "PhronomyError",
@@ -81,6 +84,15 @@ __all__ = [
     "UsageError",
     "WorkflowCancelledError",
 ]
+
+
+class NonRetryableError(Exception):
+    """Raise it (or a subclass) from an effect to end its retries at once: its
+    ``on_error`` event fires with it (see :class:`~phronomy.RetryPolicy`).
+
+    It is the application's error, not one phronomy raises: it is no
+    :class:`PhronomyError`.
+    """
 
 
 class PhronomyError(Exception):

@@ -27,6 +27,7 @@ from phronomy.storage import (
 )
 from phronomy.workflow import (
     RecoveryClient,
+    RetryPolicy,
     ScheduleClient,
     WorkflowClient,
     WorkflowCoordinator,
@@ -99,7 +100,7 @@ class Runtime:
 
     @property
     def schedules(self) -> ScheduleClient:
-        """Stored schedules: each tick starts one instance of a workflow."""
+        """Schedules stored in the store (each tick starts one instance)."""
         return self._schedules
 
     @property
@@ -252,6 +253,7 @@ async def open_runtime(
     max_takeovers: int = 5,
     workflows: Iterable[WorkflowDefinition[Any]] = (),
     inbox_poll_interval: float = 0.1,
+    retry: RetryPolicy | None = None,
 ) -> AsyncGenerator[Runtime]:
     """Run a phronomy runtime for the duration of the ``async with`` block.
 
@@ -303,7 +305,8 @@ async def open_runtime(
         inbox_poll_interval: seconds between two reads of the store for events other
             processes stored (for instances this runtime holds, and the halted ones it
             serves); ``0``: none (events stored through this runtime still apply at
-            once).
+            once). The same pass fires due timers and ticks due schedules.
+        retry: the retry policy of effects that name none (default: they run once).
 
     Yields:
         The :class:`Runtime`.
@@ -354,6 +357,9 @@ async def open_runtime(
                 engine.start_task(gateway.leases.sweep, name="recovery sweep")
             poll = check_interval(inbox_poll_interval, "inbox_poll_interval")
             served = check_served(workflows)
+            given: object = retry  # checked at run time: callers are not typed
+            if given is not None and not isinstance(given, RetryPolicy):
+                raise InvalidInputError(f"retry must be a RetryPolicy, got {retry!r}")
             coordinator_of_workflows = engine.receiver(
                 WorkflowCoordinator,
                 functools.partial(
@@ -362,6 +368,7 @@ async def open_runtime(
                     max_snapshot_bytes=max_snapshot_bytes,
                     recursion_limit=recursion_limit,
                     serves=served,
+                    retry=retry,
                 ),
             )
             if gateway is not None:

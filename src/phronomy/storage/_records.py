@@ -143,10 +143,10 @@ class Lease(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     epoch: int
 
 
-TimerKind = Literal["timeout", "timer", "start"]
+TimerKind = Literal["timeout", "timer", "start", "retry"]
 """``timeout``: a state's timeout transition (armed by the save that halts there);
 ``timer``: scheduled by an action (``effects.schedule``); ``start``: a delayed start
-(``runtime.workflows.start_later``)."""
+(``runtime.workflows.start_later``); ``retry``: the next attempt of a failed effect."""
 
 MAX_DELAY_MS = 100 * 366 * 86_400_000
 """The longest delay a timer may have: about 100 years."""

@@ -27,6 +27,7 @@ from ._messages import (
 )
 from ._poller import poll_inbox as poll_inbox
 from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
+from ._retries import RetryPolicy as RetryPolicy
 from ._schedule_client import ScheduleClient as ScheduleClient
 from ._state import APPEND as APPEND, MERGE as MERGE, REPLACE as REPLACE, State as State
 from ._stream import WorkflowStream as WorkflowStream
@@ -51,6 +52,7 @@ __all__ = [
     "LiveSegment",
     "RecoveryClient",
     "RecoveryEntry",
+    "RetryPolicy",
     "ScheduleClient",
     "SegmentStatus",
     "State",

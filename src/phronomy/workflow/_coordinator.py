@@ -56,6 +56,7 @@ if TYPE_CHECKING:
 
     from ._definition import WorkflowDefinition
     from ._messages import SegmentStatus
+    from ._retries import RetryPolicy
     from ._session import WorkflowSession
 
 __all__ = ["WorkflowCoordinator"]
@@ -98,15 +99,17 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         max_snapshot_bytes: int,
         recursion_limit: int = 25,
         serves: Iterable[WorkflowDefinition[Any]] = (),
+        retry: RetryPolicy | None = None,
     ) -> None:
         """Create the coordinator (register it with ``engine.receiver``); *serves*
         are the workflows it runs instances of from the inbox (besides those it is
-        asked to run)."""
+        asked to run); *retry* is the retry policy of effects that name none."""
         super().__init__(engine)
         self.gateway = gateway
         self.max_snapshot_bytes = max_snapshot_bytes
         self.recursion_limit = recursion_limit
         self.served: dict[str, WorkflowDefinition[Any]] = {d.name: d for d in serves}
+        self.retry = retry
         self.waiters = Waiters()
         self.early: dict[str, tuple[object, list[InboxEntry]]] = {}
         """Entries stored while a segment of their instance was loading here (its

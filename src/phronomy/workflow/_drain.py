@@ -25,7 +25,8 @@ from ._definition import FINISH, SCHEDULED, START_DUE
 from ._events import resolve_event
 from ._hydration import resume_state
 from ._inbox import Feed, decode_input, decode_payload, moved_on
-from ._timeouts import stale_timer, timeout_of
+from ._retries import RETRY_EVENT
+from ._timeouts import retry_of, stale_timer, timeout_of
 
 if TYPE_CHECKING:
     from ._definition import WorkflowDefinition
@@ -105,6 +106,8 @@ def _verdict(
     stale = stale_timer(entry, phase=phase, revision=revision, moved=False)
     if stale is not None:
         return _judged(entry, "dropped", stale)
+    if retry_of(entry) is not None:  # its effect's next attempt, at its state
+        return RETRY_EVENT
     if timeout_of(entry) is not None:
         if entry.event in definition.events_from.get(phase, ()):
             return entry.event

@@ -2,12 +2,26 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, final
 
+import msgspec
 import trio
 
+from phronomy.errors import InvalidInputError
+
 from ._intents import CancelTimer, Offload, Schedule, StartSoon
+from ._retries import (
+    MAX_ERRORS,
+    RetryPolicy,
+    StoredEffect,
+    describe_error,
+    effect_ref,
+    load_ref,
+    retry_delay,
+    retryable,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
@@ -16,7 +30,14 @@ if TYPE_CHECKING:
 
     from ._intents import Intent
 
-__all__ = ["CANCEL_READY", "EFFECT_FAILED", "EffectRunner", "PendingTimer"]
+__all__ = [
+    "CANCEL_READY",
+    "EFFECT_FAILED",
+    "RETRY_WAIT",
+    "EffectRunner",
+    "PendingTimer",
+    "RetryWait",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -26,6 +47,20 @@ EFFECT_FAILED = "__phronomy.effect_failed__"
 CANCEL_READY = "__phronomy.cancel_ready__"
 """Internal event: a cancelled segment's effects have all physically finished."""
 
+RETRY_WAIT = "__phronomy.retry_wait__"
+"""Internal event: a durable segment's only running effect failed and is tried again
+later (its payload, a :class:`RetryWait`): the segment halts until then."""
+
+
+@final
+class RetryWait(msgspec.Struct, frozen=True, kw_only=True):
+    """The next attempt of a retried effect, and how long before it runs."""
+
+    effect: StoredEffect
+    delay: float
+
+
+Effect = StartSoon | Offload
 
 PendingTimer = tuple[str | None, Schedule, float]
 """A timer of the segment still pending: its key, what it posts, seconds left."""
@@ -42,23 +77,41 @@ class EffectRunner:
 
     __slots__ = (
         "_closed",
+        "_default_retry",
+        "_durable",
         "_handles",
         "_host",
         "_instance",
         "_on_quiescent",
         "_post",
+        "_retrying",
         "_running",
+        "_timeout_visit",
+        "_timeouts",
         "_timers",
         "touched",
     )
 
     def __init__(
-        self, host: Host, post: Callable[[str, Any], bool], *, instance: str
+        self,
+        host: Host,
+        post: Callable[[str, Any], bool],
+        *,
+        instance: str,
+        durable: bool = False,
+        default_retry: RetryPolicy | None = None,
     ) -> None:
-        """Bind the runner to the segment's *post* (its event sink)."""
+        """Bind the runner to the segment's *post* (its event sink); a *durable*
+        segment's retried effects wait between attempts halted (see
+        :data:`RETRY_WAIT`)."""
         self._host = host
         self._post = post
         self._instance = instance
+        self._durable = durable
+        self._default_retry = default_retry
+        self._retrying: dict[object, Timer] = {}  # waits between attempts, here
+        self._timeouts: dict[int, Timer] = {}  # ms -> of the visit it waits in
+        self._timeout_visit: int | None = -1
         self._handles: set[ResultHandle[Any]] = set()
         self._running: set[ResultHandle[Any]] = set()  # not physically finished
         self._timers: dict[object, tuple[Timer, Schedule]] = {}  # key (or serial)
@@ -71,7 +124,7 @@ class EffectRunner:
     @property
     def pending(self) -> int:
         """Effects started and not delivered yet."""
-        return len(self._handles) + len(self._timers)
+        return len(self._handles) + len(self._timers) + len(self._retrying)
 
     def launch(self, intents: Iterable[Intent]) -> None:
         """Start *intents* in order.
@@ -82,13 +135,11 @@ class EffectRunner:
         """
         for intent in intents:
             match intent:
-                case StartSoon():
-                    handle = self._host.start_task(intent.fn, *intent.args)
-                    self._watch(handle, intent.on_done, intent.on_error)
-                case Offload():
-                    pool = intent.pool or self._host.default_pool
-                    handle = pool.submit_nowait(intent.fn, *intent.args)
-                    self._watch(handle, intent.on_done, intent.on_error)
+                case StartSoon() | Offload():
+                    policy = intent.retry or self._default_retry
+                    if policy is not None and policy.max_attempts > 1 and self._durable:
+                        _check_storable(intent)
+                    self._attempt(intent, policy, 1, ())
                 case Schedule():
                     self._schedule(intent)
                 case CancelTimer(key=key):
@@ -96,6 +147,56 @@ class EffectRunner:
                     cancelled = self._timers.pop(key, None)
                     if cancelled is not None:
                         cancelled[0].cancel()
+
+    def run_timeouts(
+        self,
+        visit: int | None,
+        delays: tuple[int, ...] = (),
+        event: Callable[[int], str] = str,
+    ) -> None:
+        """Run the timeouts (*delays*, ms; each posts ``event(ms)`` with *visit* as
+        its payload) of the state the segment waits in, entered as *visit*: those of
+        the visit it left are cancelled (``None``: the segment ended). The same
+        visit again keeps them running."""
+        if visit == self._timeout_visit:
+            return
+        for timer in self._timeouts.values():
+            timer.cancel()
+        self._timeouts.clear()
+        self._timeout_visit = visit
+        if visit is None:
+            return
+        for ms in delays:
+            self._timeouts[ms] = self._host.timers.schedule(
+                ms / 1000, functools.partial(self._post, event(ms), visit)
+            )
+
+    def timeouts_left(self, visit: int) -> dict[int, float] | None:
+        """The seconds the timeouts of *visit* have left (``None``: none run)."""
+        if not self._timeouts or visit != self._timeout_visit:
+            return None
+        now = trio.current_time()
+        return {ms: max(t.when - now, 0.0) for ms, t in self._timeouts.items()}
+
+    def relaunch(self, stored: StoredEffect) -> None:
+        """Run the next attempt of an effect an earlier segment stored with its retry
+        timer (in this process or another).
+
+        Raises:
+            InvalidInputError: its function or an error type cannot be imported.
+        """
+        policy = stored.restore_policy()
+        fields = {
+            "fn": load_ref(stored.fn),
+            "args": tuple(stored.args),
+            "on_done": stored.on_done,
+            "on_error": stored.on_error,
+            "retry": policy,
+        }
+        intent: Effect = (
+            StartSoon(**fields) if stored.kind == "start_soon" else Offload(**fields)
+        )
+        self._attempt(intent, policy, stored.attempt, tuple(stored.errors))
 
     def when_quiescent(self, callback: Callable[[], object]) -> None:
         """Call *callback* once every effect started has physically finished (at once
@@ -115,6 +216,9 @@ class EffectRunner:
         for timer, _ in self._timers.values():
             timer.cancel()
         self._timers.clear()
+        for timer in self._retrying.values():
+            timer.cancel()
+        self._retrying.clear()
 
     def pending_timers(self) -> list[PendingTimer]:
         """The segment's timers still pending, soonest first."""
@@ -142,9 +246,22 @@ class EffectRunner:
         timer = self._host.timers.schedule(intent.seconds, fire)
         self._timers[name] = (timer, intent)
 
-    def _watch(
-        self, handle: ResultHandle[Any], on_done: str, on_error: str | None
+    def _attempt(
+        self,
+        intent: Effect,
+        policy: RetryPolicy | None,
+        attempt: int,
+        errors: tuple[str, ...],
     ) -> None:
+        """Start attempt *attempt* of *intent* (*errors*: of the earlier ones)."""
+        if isinstance(intent, StartSoon):
+            fn = intent.fn
+            if policy is not None and policy.timeout_per_attempt is not None:
+                fn = functools.partial(_bounded, intent.fn, policy.timeout_per_attempt)
+            handle = self._host.start_task(fn, *intent.args)
+        else:
+            pool = intent.pool or self._host.default_pool
+            handle = pool.submit_nowait(intent.fn, *intent.args)
         self._handles.add(handle)
         self._running.add(handle)
         handle.on_physical_complete(self._physically_finished)
@@ -154,11 +271,55 @@ class EffectRunner:
             if done.status == "cancelled" and self._closed:
                 return
             if done.status == "completed":
-                self._deliver(on_done, done.result_nowait())
-            else:
-                self._deliver(on_error or EFFECT_FAILED, done.error)
+                self._deliver(intent.on_done, done.result_nowait())
+                return
+            error = done.error
+            if policy is not None and error is not None:
+                if retryable(policy, error, attempt):
+                    kept = (*errors, describe_error(error))[-MAX_ERRORS:]
+                    delay = retry_delay(policy, attempt)
+                    self._retry(intent, policy, attempt + 1, kept, delay)
+                    return
+                logger.info(
+                    "effect %s of workflow instance %r failed at attempt %d of %d: %r",
+                    getattr(intent.fn, "__qualname__", intent.fn),
+                    self._instance,
+                    attempt,
+                    policy.max_attempts,
+                    error,
+                )
+            self._deliver(intent.on_error or EFFECT_FAILED, error)
 
         handle.on_complete(settled)
+
+    def _retry(
+        self,
+        intent: Effect,
+        policy: RetryPolicy,
+        attempt: int,
+        errors: tuple[str, ...],
+        delay: float,
+    ) -> None:
+        """Run attempt *attempt* after *delay*: halted, when the segment is durable
+        and this is its only running work; else here, on a timer."""
+        if self._closed:
+            return
+        if self._durable and not self._handles and not self._retrying:
+            stored = _stored(intent, policy, attempt, errors)
+            self._deliver(RETRY_WAIT, RetryWait(effect=stored, delay=delay))
+            return
+        key = object()
+
+        def again() -> None:
+            self._retrying.pop(key, None)
+            if self._closed:
+                return
+            try:
+                self._attempt(intent, policy, attempt, errors)
+            except Exception as exc:  # noqa: BLE001 - the pool refused: the effect failed
+                self._deliver(intent.on_error or EFFECT_FAILED, exc)
+
+        self._retrying[key] = self._host.timers.schedule(delay, again)
 
     def _physically_finished(self, handle: ResultHandle[Any]) -> None:
         self._running.discard(handle)
@@ -175,3 +336,53 @@ class EffectRunner:
                 event,
                 self._instance,
             )
+
+
+async def _bounded(fn: Callable[..., Any], seconds: float, *args: Any) -> Any:
+    """``await fn(*args)``, cancelled after *seconds* (then it raises TooSlowError)."""
+    with trio.fail_after(seconds):
+        return await fn(*args)
+
+
+def _check_storable(intent: Effect) -> None:
+    """A durable instance's retried effect must be runnable by another process.
+
+    Raises:
+        InvalidInputError: not a module-level function, arguments that are not JSON,
+            or a pool of its own.
+    """
+    effect_ref(intent.fn)
+    if isinstance(intent, Offload) and intent.pool is not None:
+        raise InvalidInputError(
+            "a retried effect of a durable instance runs in the default pool (its next "
+            "attempt may run in another process): drop pool="
+        )
+    args = list(intent.args)
+    try:
+        same = msgspec.json.decode(msgspec.json.encode(args)) == args
+    except (TypeError, msgspec.EncodeError):
+        same = False
+    if not same:
+        raise InvalidInputError(
+            "a retried effect of a durable instance needs JSON arguments (text, "
+            "numbers, booleans, None, lists, dicts with text keys: its next attempt "
+            f"may run in another process), got {intent.args!r}"
+        )
+
+
+def _stored(
+    intent: Effect, policy: RetryPolicy, attempt: int, errors: tuple[str, ...]
+) -> StoredEffect:
+    numbers = msgspec.structs.asdict(policy)
+    numbers.pop("non_retryable")
+    return StoredEffect(
+        kind="start_soon" if isinstance(intent, StartSoon) else "offload",
+        fn=effect_ref(intent.fn),
+        args=list(intent.args),
+        on_done=intent.on_done,
+        on_error=intent.on_error,
+        attempt=attempt,
+        errors=list(errors),
+        policy=numbers,
+        non_retryable=[effect_ref(kind) for kind in policy.non_retryable],
+    )

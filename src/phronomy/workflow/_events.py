@@ -6,6 +6,7 @@ from typing import Any
 
 from phronomy.errors import (
     AmbiguousEventError,
+    EventRejectedError,
     InstanceStateError,
     InvalidInputError,
     TransitionError,
@@ -13,7 +14,7 @@ from phronomy.errors import (
 
 from ._definition import FINISH, WorkflowDefinition
 
-__all__ = ["RESUME", "resolve_event"]
+__all__ = ["RESUME", "rejected", "resolve_event"]
 
 RESUME = "resume"
 """Fires the one external event declared from the halted phase (unless the workflow
@@ -65,3 +66,19 @@ def resolve_event(
             f"The event is not declared for the current state (it accepts {sorted(available)})."
         )
     return event
+
+
+def rejected(
+    workflow: str, instance: str, phase: str, event: str, revision: int | None
+) -> EventRejectedError:
+    """The error of a resume event that every guard rejected at *phase*."""
+    where = f"revision {revision}" if revision is not None else "not durable"
+    return EventRejectedError(
+        f"event {event!r} was rejected by every guard at {phase!r} (workflow "
+        f"{workflow!r}, instance {instance!r}, {where}); nothing changed and the "
+        "instance can take another event",
+        instance_id=instance,
+        event=event,
+        phase=phase,
+        revision=revision,
+    )

@@ -15,6 +15,8 @@ import msgspec
 from phronomy.errors import InstanceStateError, InvalidInputError
 from phronomy.storage import MAX_DELAY_MS
 
+from ._retries import RetryPolicy
+
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable
 
@@ -29,6 +31,7 @@ class StartSoon(msgspec.Struct, frozen=True, kw_only=True):
     args: tuple[Any, ...]
     on_done: str
     on_error: str | None
+    retry: RetryPolicy | None = None
 
 
 @final
@@ -40,6 +43,7 @@ class Offload(msgspec.Struct, frozen=True, kw_only=True):
     on_done: str
     on_error: str | None
     pool: Any = None
+    retry: RetryPolicy | None = None
 
 
 @final
@@ -103,6 +107,7 @@ class Effects:
         *args: Any,
         on_done: str,
         on_error: str | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """Run ``await fn(*args)`` as a supervised trio task.
 
@@ -110,13 +115,17 @@ class Effects:
             fn: an async function (keyword arguments through ``functools.partial``).
             *args: its positional arguments.
             on_done: the event posted with the return value as payload.
-            on_error: the event posted with the exception as payload; without it, a
-                failure fails the segment.
+            on_error: the event posted with the exception as payload (after the
+                last attempt); without it, a failure fails the segment.
+            retry: try it again when it fails (default: the runtime's
+                ``open_runtime(retry=...)``, else once). A durable instance's retried
+                effect must be a module-level function with JSON arguments: its next
+                attempt may run in another process.
 
         Raises:
             InstanceStateError: called outside the action that received the effects.
-            InvalidInputError: *fn* is not callable, or an event name is not one the
-                workflow declares.
+            InvalidInputError: *fn* is not callable, an event name is not one the
+                workflow declares, or *retry* is not a RetryPolicy.
         """
         self._record(
             StartSoon(
@@ -124,6 +133,7 @@ class Effects:
                 args=args,
                 on_done=self._event(on_done),
                 on_error=self._optional_event(on_error),
+                retry=_policy(retry, threads=False),
             )
         )
 
@@ -134,15 +144,19 @@ class Effects:
         on_done: str,
         on_error: str | None = None,
         pool: Any = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """Run blocking ``fn(*args)`` in a worker thread (the default pool unless *pool*).
 
         A full pool fails the segment with :class:`~phronomy.BackpressureError`.
+        *retry* tries it again when it fails (as for :meth:`start_soon`; a policy
+        with ``timeout_per_attempt`` is refused: a thread cannot be stopped).
 
         Raises:
             InstanceStateError: called outside the action that received the effects.
-            InvalidInputError: *fn* is not callable, or an event name is not one the
-                workflow declares.
+            InvalidInputError: *fn* is not callable, an event name is not one the
+                workflow declares, or *retry* is not a RetryPolicy (or has a
+                timeout per attempt).
         """
         self._record(
             Offload(
@@ -151,6 +165,7 @@ class Effects:
                 on_done=self._event(on_done),
                 on_error=self._optional_event(on_error),
                 pool=pool,
+                retry=_policy(retry, threads=True),
             )
         )
 
@@ -261,6 +276,19 @@ class Effects:
                 "runs; start the work from an action instead"
             )
         self._requested.append(intent)
+
+
+def _policy(retry: object, *, threads: bool) -> RetryPolicy | None:
+    if retry is None:
+        return None
+    if not isinstance(retry, RetryPolicy):
+        raise InvalidInputError(f"retry must be a RetryPolicy, got {retry!r}")
+    if threads and retry.timeout_per_attempt is not None:
+        raise InvalidInputError(
+            "offload() cannot bound an attempt's time (a thread cannot be stopped): "
+            "drop timeout_per_attempt, or run the work with start_soon()"
+        )
+    return retry
 
 
 def _key(key: object) -> str:

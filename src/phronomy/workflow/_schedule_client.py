@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import logging
 from datetime import UTC, datetime, timedelta
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, final, get_args
 
 import msgspec
 
@@ -63,6 +63,7 @@ EDIT_ATTEMPTS = 20
 """Times an edit is tried again when a tick changed the schedule meanwhile."""
 
 
+@final
 class ScheduleClient:
     """Stored schedules: each tick starts one instance of a workflow
     (``runtime.schedules``; every runtime serving the workflow ticks them).
@@ -96,7 +97,7 @@ class ScheduleClient:
             schedule_id: its id (at most 200 characters); instance ids are
                 ``<schedule_id>@<tick time, UTC>``.
             workflow: the workflow its ticks start (runtimes serving it tick it).
-            cron: a cron expression read in *timezone* (see :mod:`cronsim`; a tick at
+            cron: a cron expression read in *timezone* (see the cronsim library; a tick at
                 a time skipped by daylight saving runs at the end of the gap, one at
                 a time that occurs twice runs once), or
             every: a fixed interval (a timedelta, or seconds) counted from

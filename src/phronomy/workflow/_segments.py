@@ -68,6 +68,7 @@ if TYPE_CHECKING:
 
     from ._definition import WorkflowDefinition
     from ._messages import CancelCommand, EventCounters
+    from ._retries import RetryPolicy
     from ._state import State
     from ._watch import Watchers
 
@@ -95,6 +96,7 @@ class SegmentLifecycle(Inboxing):
     watchers: Watchers
     cancels: dict[str, list[CancelCommand]]
     served: dict[str, WorkflowDefinition[Any]]
+    retry: RetryPolicy | None
     early: dict[str, tuple[object, list[InboxEntry]]]
 
     if TYPE_CHECKING:
@@ -363,6 +365,7 @@ class SegmentLifecycle(Inboxing):
             watchers=self.watchers,
             lease=held,
             feed=feed,
+            retry=self.retry,
         )
         if feed is not None:
             feed.on_record = self._judged

@@ -2,19 +2,20 @@
 
 from __future__ import annotations
 
-import functools
 import logging
 from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
+
+import msgspec
 
 from phronomy.engine import Event, GatedSession
 from phronomy.errors import EventRejectedError, PhronomyError
 
 from ._definition import AFTER_PREFIX, AUTO_EVENT, FINISH, START_EVENT, after_event
-from ._effects import CANCEL_READY, EFFECT_FAILED, EffectRunner
-from ._events import resolve_event
+from ._effects import CANCEL_READY, EFFECT_FAILED, RETRY_WAIT, EffectRunner
+from ._events import rejected, resolve_event
 from ._hydration import resume_state
 from ._inbox import Feed, decode_input, decode_payload, moved_on
-from ._machine import WorkflowMachine
+from ._machine import MachineStep, WorkflowMachine, decide
 from ._messages import (
     EventCounters,
     EventOutcome,
@@ -22,18 +23,19 @@ from ._messages import (
     SegmentResult,
     Step,
 )
+from ._retries import RETRY_EVENT, RetryPolicy, StoredEffect
 from ._state import State
-from ._timeouts import halt_timers, stale_timer, timeout_of
+from ._timeouts import halt_timers, retry_of, stale_timer, timeout_of
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from phronomy.durability import HeldLease
-    from phronomy.engine import Host, TerminalPolicy, TerminalType, Timer
+    from phronomy.engine import Host, TerminalPolicy, TerminalType
     from phronomy.storage import InboxEntry
 
     from ._definition import WorkflowDefinition
-    from ._machine import MachineStep
+    from ._effects import RetryWait
     from ._messages import EventStatus
     from ._timeouts import TimerChanges
     from ._watch import Watchers
@@ -70,6 +72,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         watchers: Watchers | None = None,
         lease: HeldLease | None = None,
         feed: Feed | None = None,
+        retry: RetryPolicy | None = None,
     ) -> None:
         """Create a session (runtime internal).
 
@@ -89,6 +92,7 @@ class WorkflowSession(GatedSession, Generic[S]):
                 segment runs any more.
             feed: a durable segment's inbox entries: its resume event (the feed's
                 current entry) and the events it applies while it waits.
+            retry: the runtime's retry policy of effects that name none.
         """
         super().__init__(engine, terminal_policy=policy)
         self.machine = WorkflowMachine(
@@ -104,7 +108,11 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.resume = resume
         self.phase: str | None = resume[0] if resume is not None else None
         self.effects = EffectRunner(
-            engine, self.sink.post, instance=workflow_instance_id
+            engine,
+            self.sink.post,
+            instance=workflow_instance_id,
+            durable=feed is not None,
+            default_retry=retry,
         )
         self.cancel_reason: str | None = None
         self._terminal: TerminalType = "finished"
@@ -116,8 +124,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         self._feeding = False
         self._started = False
         self._auto = Event(type=AUTO_EVENT, target_id=self.id)
-        self._live_timeouts: list[Timer] = []  # of the state entered last
-        self._live_visit = -1
+        self._retry_wait: RetryWait | None = None  # halted until an effect's next try
 
     def __repr__(self) -> str:
         return (
@@ -149,13 +156,26 @@ class WorkflowSession(GatedSession, Generic[S]):
                 self._carry_out(self.machine.start(start))
                 return
             phase, event, payload = self.resume
+            if event == RETRY_EVENT:  # an effect's next attempt, at its state
+                if self.feed is not None:
+                    self.feed.record("transitioned")
+                self._relaunch(payload)
+                return
             step = self.machine.resume(
                 Event(type=event, target_id=self.id, payload=payload)
             )
             if step.next == "rejected":
                 if self.feed is not None:
                     self.feed.record("rejected", "every guard rejected it")
-                self.finish_with_error(self._rejected(phase, event))
+                self.finish_with_error(
+                    rejected(
+                        self.definition.name,
+                        self.workflow_instance_id,
+                        phase,
+                        event,
+                        self.revision,
+                    )
+                )
             else:
                 if self.feed is not None:
                     self.feed.record("transitioned")
@@ -214,6 +234,10 @@ class WorkflowSession(GatedSession, Generic[S]):
             return
         if event.type == EFFECT_FAILED:
             raise event.payload
+        if event.type == RETRY_WAIT:  # the only running effect waits for its next try
+            self._retry_wait = event.payload
+            self.request_terminal("halted", notify_stable=True)
+            return
         if (
             event.type.startswith(AFTER_PREFIX)
             and event.payload != self.machine.entered
@@ -295,13 +319,10 @@ class WorkflowSession(GatedSession, Generic[S]):
         Raises:
             SerializationError: a pending timer's payload cannot be stored.
         """
+        reason = self.cancel_reason
         detail = None
         if self._terminal == "cancelled":
-            detail = (
-                f"cancelled: {self.cancel_reason}"
-                if self.cancel_reason
-                else ("cancelled")
-            )
+            detail = f"cancelled: {reason}" if reason else "cancelled"
         feed = self.feed
         if feed is None:
             return self.machine.state, self.phase, detail, (), ((), ())
@@ -309,6 +330,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             feed.record("transitioned")
         timers: TimerChanges = ((), ())
         if self._terminal == "halted" and self.phase is not None:
+            wait = self._retry_wait
             timers = halt_timers(
                 self.definition,
                 phase=self.phase,
@@ -317,6 +339,10 @@ class WorkflowSession(GatedSession, Generic[S]):
                 pending=self.effects.pending_timers(),
                 touched=self.effects.touched,
                 instance=self.workflow_instance_id,
+                timeouts_left=self.effects.timeouts_left(self.machine.entered),
+                retry=None
+                if wait is None
+                else (msgspec.json.encode(wait.effect), wait.delay),
             )
         return self.machine.state, self.phase, detail, feed.consumed, timers
 
@@ -337,7 +363,7 @@ class WorkflowSession(GatedSession, Generic[S]):
     def on_done(self) -> None:
         """Cancel the segment's effects and live timeouts."""
         self.effects.close()
-        self._arm_live_timeouts(visit=None)
+        self.effects.run_timeouts(None)
 
     # --- carrying out the machine's steps ------------------------------------------------
 
@@ -351,7 +377,7 @@ class WorkflowSession(GatedSession, Generic[S]):
                     continue
                 case "wait":
                     self._publish()
-                    self._arm_live_timeouts(visit=self.machine.entered)
+                    self._run_timeouts()
                     self._apply_feed()
                 case "finish":
                     self.request_terminal("finished", notify_stable=False)
@@ -363,23 +389,20 @@ class WorkflowSession(GatedSession, Generic[S]):
                     pass  # a live event the hook consumed, guards rejected, or undeclared
             return
 
-    def _arm_live_timeouts(self, *, visit: int | None) -> None:
-        """Run the timeouts of the state the segment waits in (entered as *visit*;
-        ``None``: the segment ended): those of the state it left are cancelled."""
-        if visit == self._live_visit:
-            return  # still the same visit: its timeouts run
-        for timer in self._live_timeouts:
-            timer.cancel()
-        self._live_timeouts.clear()
-        if visit is None:
-            return
-        self._live_visit = visit
-        post, timers = self.sink.post, self.host.timers
-        for ms in self.definition.timeouts.get(self.machine.current, ()):
-            event = after_event(ms)
-            self._live_timeouts.append(
-                timers.schedule(ms / 1000, functools.partial(post, event, visit))
-            )
+    def _run_timeouts(self) -> None:
+        """Run the timeouts of the state the segment waits in (a new visit's)."""
+        delays = self.definition.timeouts.get(self.machine.current, ())
+        self.effects.run_timeouts(self.machine.entered, delays, after_event)
+
+    def _relaunch(self, payload: Any) -> None:
+        """Run the next attempt of an effect a retry timer stored, and wait at its
+        state as the segment that started it did (its stored timeouts run)."""
+        self.effects.run_timeouts(self.machine.entered, ())  # its stored ones run
+        self.effects.relaunch(msgspec.convert(payload, StoredEffect))
+        current = self.machine.current
+        self._carry_out(
+            MachineStep(next=decide(self.definition, current), current=current)
+        )
 
     def _apply_feed(self) -> None:
         """Apply the feed's entries in order while the segment waits for events."""
@@ -415,6 +438,10 @@ class WorkflowSession(GatedSession, Generic[S]):
             status = self._apply(Event(type=entry.event, target_id=self.id))
             feed.record("dropped" if status == "not_live" else status)
             return
+        if retry_of(entry) is not None:  # its visit: the effect's next attempt
+            feed.record("transitioned")
+            self._relaunch(decode_payload(entry.payload))
+            return
         if entry.expected_revision is not None:
             # sent with a halted result: only a segment resuming from that revision
             # applies it (as its first event), never one that moved on from it
@@ -439,21 +466,6 @@ class WorkflowSession(GatedSession, Generic[S]):
         )
         status = self._apply(event)
         feed.record("dropped" if status == "not_live" else status)
-
-    def _rejected(self, phase: str, event: str) -> EventRejectedError:
-        where = (
-            f"revision {self.revision}" if self.revision is not None else "not durable"
-        )
-        return EventRejectedError(
-            f"event {event!r} was rejected by every guard at {phase!r} "
-            f"(workflow {self.definition.name!r}, instance "
-            f"{self.workflow_instance_id!r}, {where}); nothing changed and the instance "
-            "can take another event",
-            instance_id=self.workflow_instance_id,
-            event=event,
-            phase=phase,
-            revision=self.revision,
-        )
 
     def _publish(self) -> None:
         """A stable state on the way (automatic, or waiting for an event)."""

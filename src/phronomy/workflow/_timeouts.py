@@ -4,9 +4,11 @@ whether a fired timer still applies.
 A wait state's timeout transitions are armed by the save that halts there, named
 ``after:<ms>:<state>``; the save that leaves the state disarms them. An action's
 timers (``effects.schedule``) still pending when the segment halts are stored by the
-same save (``key:<key>``, or a unique name without a key). A fired timer is an inbox
-entry; one armed for an earlier visit of its state, or whose key this segment
-scheduled anew or cancelled, is stale: it is dropped, never applied.
+same save (``key:<key>``, or a unique name without a key). A segment that halts at a
+state that is no wait state (waiting for an effect's next attempt: ``retry:<state>``)
+stores the time its timeouts have left. A fired timer is an inbox entry; one armed for
+an earlier visit of its state, or whose key this segment scheduled anew or cancelled,
+is stale: it is dropped, never applied.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from phronomy.storage import TimerSpec, fired_timer
 
 from ._definition import after_event
 from ._inbox import encode_payload
+from ._retries import RETRY_EVENT
 
 if TYPE_CHECKING:
     from phronomy.storage import InboxEntry
@@ -26,13 +29,14 @@ if TYPE_CHECKING:
     from ._definition import WorkflowDefinition
     from ._effects import PendingTimer
 
-__all__ = ["TimerChanges", "halt_timers", "stale_timer", "timeout_of"]
+__all__ = ["TimerChanges", "halt_timers", "retry_of", "stale_timer", "timeout_of"]
 
 TimerChanges = tuple[tuple[TimerSpec, ...], tuple[str, ...]]
 """What a save arms and what it disarms (timer names)."""
 
 _KEY = "key:"
 _AFTER = "after:"
+_RETRY = "retry:"
 
 
 def halt_timers(
@@ -44,6 +48,8 @@ def halt_timers(
     pending: list[PendingTimer],
     touched: set[str],
     instance: str,
+    timeouts_left: dict[int, float] | None = None,
+    retry: tuple[bytes, float] | None = None,
 ) -> TimerChanges:
     """The timers of the save that halts a durable segment at *phase*.
 
@@ -56,21 +62,37 @@ def halt_timers(
         pending: the segment's timers still pending.
         touched: keys the segment scheduled or cancelled.
         instance: the instance id (for messages).
+        timeouts_left: the seconds the timeouts of *phase* have left (a state that
+            is no wait state: they ran in the segment).
+        retry: an effect's next attempt (its stored form) and the seconds before it.
 
     Raises:
         SerializationError: a pending timer's payload cannot be stored as JSON.
     """
     arm: list[TimerSpec] = []
-    if moved:
+    if timeouts_left is not None or moved:
+        left = timeouts_left or {}
         arm.extend(
             TimerSpec(
                 name=f"{_AFTER}{ms}:{phase}",
-                delay_ms=ms,
+                delay_ms=math.ceil(left[ms] * 1000) if ms in left else ms,
                 event=after_event(ms),
                 kind="timeout",
                 state=phase,
             )
             for ms in definition.timeouts.get(phase, ())
+            if timeouts_left is None or ms in left
+        )
+    if retry is not None:
+        arm.append(
+            TimerSpec(
+                name=f"{_RETRY}{phase}",
+                delay_ms=math.ceil(retry[1] * 1000),
+                event=RETRY_EVENT,
+                payload=retry[0],
+                kind="retry",
+                state=phase,
+            )
         )
     for key, intent, seconds in pending:
         arm.append(
@@ -87,10 +109,18 @@ def halt_timers(
     armed = {spec.name for spec in arm}
     disarm = [_KEY + key for key in sorted(touched) if _KEY + key not in armed]
     if moved and resumed_from is not None:
-        disarm.extend(
-            name for name in definition.timeout_names(resumed_from) if name not in armed
-        )
+        gone = (*definition.timeout_names(resumed_from), f"{_RETRY}{resumed_from}")
+        disarm.extend(name for name in gone if name not in armed)
     return tuple(arm), tuple(disarm)
+
+
+def retry_of(entry: InboxEntry) -> str | None:
+    """The state whose effect the fired retry timer *entry* runs again (``None``: it
+    is no retry timer)."""
+    fired = fired_timer(entry.event_id)
+    if fired is None or not fired[0].startswith(_RETRY):
+        return None
+    return fired[0][len(_RETRY) :] or None
 
 
 def timeout_of(entry: InboxEntry) -> tuple[int, str] | None:
@@ -121,11 +151,13 @@ def stale_timer(
     if name.startswith(_KEY) and name[len(_KEY) :] in touched:
         return f"timer {name!r} was scheduled again or cancelled before it was applied"
     timeout = timeout_of(entry)
-    if timeout is None:
+    state = retry_of(entry) if timeout is None else timeout[1]
+    if state is None:
         return None
-    if moved or timeout[1] != phase or armed != revision:
+    what = "timeout" if timeout is not None else "retry"
+    if moved or state != phase or armed != revision:
         return (
-            f"the timeout of state {timeout[1]!r} was armed at revision {armed}; the "
+            f"the {what} of state {state!r} was armed at revision {armed}; the "
             f"instance has left that visit (it is at {phase!r}"
             + (", moved on)" if moved else f", revision {revision})")
         )
