@@ -108,11 +108,17 @@ def test_due_timers_fire_once_into_the_inbox_of_instances_the_runtime_serves(
     for iid in ("theirs", "unserved", "later"):
         assert _inbox(store, iid) == []
         assert _names(store, iid) == [("t", 1)]
+    # "theirs" is due, but B holds it: the next due time says so, A fires nothing
     left = store.run(NextDueOp(owner="A", workflows=("wf",)))
     assert left is not None
-    assert LATER - 60_000 < left <= LATER
-    assert store.run(NextDueOp(owner="C")) is None  # nothing it may fire
-    assert store.run(FireOp(owner="B", workflows=("other",))) == 2
+    assert left <= 0
+    assert store.run(FireOp(owner="A", workflows=("wf",))) == 0
+    assert store.run(NextDueOp(owner="A")) is None  # no workflow served
+    assert store.run(FireOp(owner="B", workflows=("other",))) == 1  # "unserved"
+    assert store.run(FireOp(owner="B", workflows=("wf",))) == 1  # "theirs"
+    later = store.run(NextDueOp(owner="A", workflows=("wf", "other")))
+    assert later is not None
+    assert LATER - 60_000 < later <= LATER  # "later" only
 
 
 def test_disarming_a_fired_timer_refuses_its_pending_entry(store: Store) -> None:

@@ -177,8 +177,8 @@ class MemoryStore(BaseStore[_Tables]):
                 return conn.entry(iid, event_id)
             case PollOp(owner=owner, workflows=workflows, limit=limit):
                 return conn.poll(owner, workflows, limit)
-            case NextDueOp(owner=owner, workflows=workflows):
-                return conn.next_due(owner, workflows, conn.wall())
+            case NextDueOp(workflows=workflows):
+                return conn.next_due(workflows, conn.wall())
             case FireOp(owner=owner, workflows=workflows, limit=limit):
                 post = self._post_in(conn)
                 return conn.fire_due(owner, workflows, limit, conn.wall(), post)

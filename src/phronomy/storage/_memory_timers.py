@@ -74,20 +74,29 @@ class MemoryTimers:
         else:
             self.timers.pop(iid, None)
 
-    def _served(self, owner: str, workflows: tuple[str, ...]) -> list[StoredTimer]:
+    def _served(
+        self, owner: str | None, workflows: tuple[str, ...]
+    ) -> list[StoredTimer]:
+        """The timers of *workflows* (those *owner* may fire, unless ``None``), by
+        due time (see :mod:`phronomy.storage._sql_timers`)."""
         found: list[StoredTimer] = []
         for iid, timers in self.timers.items():
             row = self.rows.get(iid)
-            if row is None:
+            if row is None or row.workflow not in workflows:
                 continue
-            free = row.lease_owner is None and row.status == "halted"
-            if row.lease_owner == owner or (free and row.workflow in workflows):
+            fireable = (
+                row.lease_owner == owner
+                or (row.lease_owner is None and row.status in ("halted", "failed"))
+                or row.status == "recovery_required"
+            )
+            if owner is None or fireable:
                 found.extend(timers.values())
         return sorted(found, key=lambda t: (t.due_at_ms, t.workflow_instance_id))
 
-    def next_due(self, owner: str, workflows: tuple[str, ...], now: int) -> int | None:
-        """See :class:`~phronomy.storage.NextDueOp`."""
-        served = self._served(owner, workflows)
+    def next_due(self, workflows: tuple[str, ...], now: int) -> int | None:
+        """See :class:`~phronomy.storage.NextDueOp` (the first timer of the workflows
+        served, whoever may fire it)."""
+        served = self._served(None, workflows)
         return served[0].due_at_ms - now if served else None
 
     def fire_due(

@@ -296,10 +296,9 @@ class PollOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="poll"):
 
 @final
 class NextDueOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="next_due"):
-    """Milliseconds until the first timer a runtime may fire is due (a read, one
-    indexed query; ``<= 0``: one is due now; ``None``: none is armed): timers of
-    instances under *owner*'s lease, and of halted instances of *workflows* that no
-    runtime holds (the instances a :class:`PollOp` returns entries of)."""
+    """Milliseconds until the first timer of *workflows* is due (a read: one indexed
+    lookup per workflow; ``<= 0``: one is due now; ``None``: none is armed), whoever
+    may fire it (a :class:`FireOp` says; *owner* is the runtime's)."""
 
     owner: str
     workflows: tuple[str, ...] = ()
@@ -307,8 +306,9 @@ class NextDueOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="next_d
 
 @final
 class FireOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="fire"):
-    """Fire up to *limit* due timers of the instances a :class:`NextDueOp` names: each
-    is deleted and its event stored in its instance's inbox in one transaction (the
+    """Fire up to *limit* due timers of *workflows* into instances *owner* holds, or
+    that no runtime holds (halted or failed), or that require recovery: each is
+    deleted and its event stored in its instance's inbox, in one transaction (the
     result is how many events were stored)."""
 
     owner: str

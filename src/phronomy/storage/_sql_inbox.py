@@ -183,10 +183,12 @@ def post(
     row_from: Callable[[tuple[Any, ...]], StoredRecord],
     *,
     wait: bool = True,
+    notify: bool = True,
 ) -> PostOutcome:
     """Store *posting* (see :class:`~phronomy.storage.PostOp`); *load* reads the
     instance's row for a posting that stores nothing; *row_from* makes the row the
-    numbering returned (:data:`ROW`) a record."""
+    numbering returned (:data:`ROW`) a record; without *notify* the caller sends
+    the notification (once for many posts)."""
     iid = posting.workflow_instance_id
     key = {"id": iid, "event_id": posting.event_id}
     numbering = sql.next_seq if wait else sql.next_seq_nowait
@@ -204,7 +206,7 @@ def post(
         stored = conn.execute(sql.insert, params).fetchone()
         if stored is not None:
             entry = posting.stored(seq=int(seq[0]), stored_at_ms=int(stored[0]))
-            if sql.notify:
+            if sql.notify and notify:
                 conn.execute(sql.notify, {"kind": "posted"})
             return PostOutcome(outcome="stored", entry=entry, row=row_from(seq[1:]))
         conn.execute(sql.give_back_seq, {"id": iid})

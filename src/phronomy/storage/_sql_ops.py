@@ -264,9 +264,12 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             now = clock.wall_ms()
 
             def store(posting: Posting) -> PostOutcome:
-                return _post(conn, posting, sql, clock, wait=True)
+                return _post(conn, posting, sql, clock, wait=True, notify=False)
 
-            return fire_due(conn, owner, workflows, limit, sql.timers, now, store)
+            fired = fire_due(conn, owner, workflows, limit, sql.timers, now, store)
+            if fired and sql.inbox.notify:  # one notification for them all
+                conn.execute(sql.inbox.notify, {"kind": "posted"})
+            return fired
         case TimersOp(workflow_instance_id=iid):
             return timers_of(conn, iid, sql.timers)
         case PollOp(owner=owner, workflows=workflows, limit=limit):
@@ -431,6 +434,7 @@ def _post(
     clock: StoreClock,
     *,
     wait: bool,
+    notify: bool = True,
 ) -> PostOutcome:
     iid = posting.workflow_instance_id
 
@@ -439,7 +443,14 @@ def _post(
         return None if row is None else replace(record_from_row(row), snapshot=None)
 
     return post(
-        conn, posting, sql.inbox, clock.wall_ms(), load, record_from_row, wait=wait
+        conn,
+        posting,
+        sql.inbox,
+        clock.wall_ms(),
+        load,
+        record_from_row,
+        wait=wait,
+        notify=notify,
     )
 
 

@@ -34,10 +34,12 @@ _COLUMNS = (
     "t.armed_revision, t.armed_at_ms"
 )
 
-# the runtime may act on the instance: it holds it, or it is halted, free, and of a
-# workflow the runtime serves (the inbox poll's rule)
-_SERVED = """(r.lease_owner = :owner OR (r.lease_owner IS NULL AND r.status = 'halted'
-    AND r.workflow IN (SELECT value FROM json_each(:workflows))))"""
+# A runtime fires the timers of the workflows it serves, into instances it holds or
+# that no runtime holds (halted, or failed: the event waits in the inbox until the
+# instance is resumed), or that require recovery (it waits for the operator).
+_FIREABLE = """(r.lease_owner = :owner
+    OR (r.lease_owner IS NULL AND r.status IN ('halted', 'failed'))
+    OR r.status = 'recovery_required')"""
 
 
 class TimerStatements(NamedTuple):
@@ -54,11 +56,13 @@ class TimerStatements(NamedTuple):
 
 
 TIMER_STATEMENTS = TimerStatements(
+    # (the instance's workflow: a runtime reads the timers of those it serves)
     arm="""
         INSERT INTO phronomy_timers (instance_id, name, due_at_ms, event, payload,
-            kind, state, armed_revision, armed_at_ms)
+            kind, state, armed_revision, armed_at_ms, workflow)
         VALUES (:id, :name, :now + :delay, :event, :payload, :kind, :state, :revision,
-            :now)
+            :now, (SELECT workflow FROM phronomy_workflow_instances
+                   WHERE instance_id = :id))
         ON CONFLICT (instance_id, name) DO UPDATE SET due_at_ms = excluded.due_at_ms,
             event = excluded.event, payload = excluded.payload, kind = excluded.kind,
             state = excluded.state, armed_revision = excluded.armed_revision,
@@ -77,16 +81,18 @@ TIMER_STATEMENTS = TimerStatements(
         SELECT {_COLUMNS} FROM phronomy_timers AS t WHERE t.instance_id = :id
         ORDER BY t.due_at_ms, t.name
     """,  # noqa: S608 - constant
-    # the due-time index, in order, to the first timer this runtime may fire
-    next_due=f"""
-        SELECT t.due_at_ms - :now FROM phronomy_timers AS t
-        JOIN phronomy_workflow_instances AS r ON r.instance_id = t.instance_id
-        WHERE {_SERVED} ORDER BY t.due_at_ms LIMIT 1
-    """,  # noqa: S608 - constant
+    # the first timer of each workflow served, on the (workflow, due_at_ms) index
+    next_due="""
+        SELECT min(first) - :now FROM (
+            SELECT (SELECT t.due_at_ms FROM phronomy_timers AS t
+                    WHERE t.workflow = w.value ORDER BY t.due_at_ms LIMIT 1) AS first
+            FROM (SELECT value FROM json_each(:workflows)) AS w) AS firsts
+    """,
     due=f"""
         SELECT {_COLUMNS} FROM phronomy_timers AS t
         JOIN phronomy_workflow_instances AS r ON r.instance_id = t.instance_id
-        WHERE t.due_at_ms <= :now AND {_SERVED}
+        WHERE t.workflow IN (SELECT value FROM json_each(:workflows))
+          AND t.due_at_ms <= :now AND {_FIREABLE}
         ORDER BY t.due_at_ms LIMIT :limit
     """,  # noqa: S608 - constant
     take="""
@@ -99,9 +105,13 @@ TIMER_STATEMENTS = TimerStatements(
 
 def postgres_timers(now: str) -> TimerStatements:
     """The statements in PostgreSQL's style, *now* its clock; the due timers a runtime
-    fires are locked, skipping those another runtime is firing."""
+    fires are locked, skipping those another runtime is firing, and compared with the
+    statement's time (a stable value: the index bounds the scan)."""
     timers = TimerStatements(*(pyformat(q, now=now) for q in TIMER_STATEMENTS))
-    return timers._replace(due=f"{timers.due} FOR UPDATE OF t SKIP LOCKED")
+    stable = now.replace("clock_timestamp()", "statement_timestamp()")
+    due = pyformat(TIMER_STATEMENTS.due, now=stable)
+    next_due = timers.next_due.replace(") AS w)", ") AS w(value))")
+    return timers._replace(due=f"{due} FOR UPDATE OF t SKIP LOCKED", next_due=next_due)
 
 
 _TABLE = """CREATE TABLE phronomy_timers (
@@ -115,9 +125,10 @@ _TABLE = """CREATE TABLE phronomy_timers (
     state          {text},
     armed_revision {int}    NOT NULL,
     armed_at_ms    {int}    NOT NULL,
+    workflow       {text}   NOT NULL,
     PRIMARY KEY (instance_id, name)
 ){options}"""
-_INDEX = "CREATE INDEX phronomy_timers_due ON phronomy_timers (due_at_ms)"
+_INDEX = "CREATE INDEX phronomy_timers_due ON phronomy_timers (workflow, due_at_ms)"
 
 SQLITE_MIGRATION = (
     _TABLE.format(text="TEXT", int="INTEGER", blob="BLOB", options=" STRICT"),
@@ -173,13 +184,15 @@ def arm_and_disarm(
 ) -> None:
     """The timer changes of the save that produced *revision* (in its transaction): a
     *closing* save drops every timer; otherwise the *disarm* names go, and *arm* is
-    armed; the fired, unapplied entries of both are refused."""
+    armed (an armed name replaces its timer); the fired, unapplied entries of both
+    are refused (an instance's first save has none)."""
     iid = workflow_instance_id
     if closing:
         conn.execute(sql.clear, {"id": iid})
         return
-    for name in (*disarm, *(spec.name for spec in arm)):
+    for name in disarm:
         conn.execute(sql.disarm, {"id": iid, "name": name})
+    for name in (*disarm, *(spec.name for spec in arm)) if revision > 1 else ():
         prefix = disarm_prefix(name)
         conn.execute(
             sql.refuse_fired,
@@ -223,7 +236,7 @@ def next_due(
     """Milliseconds until the first timer the runtime may fire is due (``<= 0``: one
     is due), or ``None`` when there is none."""
     row = conn.execute(sql.next_due, _served(owner, workflows, now)).fetchone()
-    return None if row is None else int(row[0])
+    return None if row is None or row[0] is None else int(row[0])
 
 
 def fire_due(

@@ -179,9 +179,12 @@ async def poll_once(coordinator: WorkflowCoordinator) -> float:
     ms = due_in[0]
     if ms is not None and ms <= 0:  # due: into the inboxes, then read them
         fire = FireOp(owner=op.owner, workflows=served, limit=POLL_LIMIT)
-        if await gateway.run(fire):
+        fired = await gateway.run(fire)
+        if fired:
             pending = await gateway.run(op)
         ms = await gateway.run(NextDueOp(owner=op.owner, workflows=served))
+        if not fired and ms is not None and ms <= 0:
+            ms = None  # due, of instances another runtime holds: it fires them
     if pending or checked:
         coordinator.post_message(Polled(pending=pending, checked=tuple(checked)))
     return math.inf if ms is None else trio.current_time() + max(ms, 0) / 1000
