@@ -22,6 +22,11 @@
                application p50/p99 in this process, from another process on SQLite (the
                default poll interval) and on PostgreSQL (notifications); durable runs/s
                that receive no events, with the inbox poll on and off
+* timers       100,000 pending timers: an idle runtime's CPU per second and per poll, its
+               memory, vs none (and 1,000); the size they take and the plans of the
+               timer queries; 10,000 timers due at one instant (5,000 on PostgreSQL):
+               applied/s vs as many events posted at once, lateness p50/p99 (SQLite,
+               and PostgreSQL when configured)
 * lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
                one); thread-portal calls vs raw trio.from_thread.run_sync
 """
@@ -42,6 +47,7 @@ from typing import Any
 
 import _inbox
 import _processes
+import _timers
 import trio
 import trio.lowlevel
 
@@ -709,6 +715,13 @@ def bench_inbox(directory: Path) -> None:
     )
 
 
+# --- timers ------------------------------------------------------------------------------------
+
+
+def bench_timers(directory: Path) -> None:
+    _timers.bench(directory, _n, _report, _postgres_dsn())
+
+
 # --- executions --------------------------------------------------------------------------------
 
 
@@ -865,6 +878,7 @@ def main(argv: list[str] | None = None) -> int:
             "processes": lambda: bench_processes(directory),
             "executions": bench_executions,
             "inbox": lambda: bench_inbox(directory),
+            "timers": lambda: bench_timers(directory),
             "lifecycle": bench_lifecycle,
         }
         for name, bench in benches.items():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from datetime import timedelta
 from typing import Annotated, Any
 
 import trio
@@ -30,14 +31,22 @@ def build() -> phronomy.WorkflowDefinition[Expense]:
     wf = phronomy.Workflow(Expense, name="expenses")
     wf.state("submitted", entry=check_policy)
     wf.wait_state("awaiting_manager")
+    wf.wait_state("escalated")
     wf.state("paid", entry=lambda e: e.merge(history=["paid"]))
     wf.transition("submitted", "awaiting_manager")
-    wf.transition(
+    for waiting in ("awaiting_manager", "escalated"):
+        wf.transition(
+            waiting,
+            "paid",
+            on="approve",
+            guard=lambda e, event: event.payload != e.employee,  # no self-approval
+            action=record_approval,
+        )
+    wf.transition(  # nobody approved within two days: finance decides
         "awaiting_manager",
-        "paid",
-        on="approve",
-        guard=lambda e, event: event.payload != e.employee,  # no self-approval
-        action=record_approval,
+        "escalated",
+        after=timedelta(days=2),
+        action=lambda e: e.merge(history=["escalated to finance"]),
     )
     wf.transition("paid", phronomy.FINISH)
     return wf.build()

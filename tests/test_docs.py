@@ -6,6 +6,8 @@ The convention, for a page that shows a program (``docs/tutorial/index.rst``,
 * the program is every ``.. code-block:: python`` block with the option
   ``:class: program``, in page order, joined by two blank lines (so each block is one
   or more whole top-level statements; prose goes between blocks);
+* each ``.. code-block:: python`` block with the option ``:class: test`` is a pytest
+  module that imports the program (saved under its file name) and must pass;
 * each ``.. code-block:: console`` block with the option ``:class: program-output`` is
   one run, in page order, in the same directory: a line starting with ``$ `` is a
   command (``python`` is this interpreter; its first argument names the file the
@@ -143,6 +145,24 @@ def test_the_program_runs_as_the_page_shows_it(page: Path, tmp_path: Path) -> No
             assert done.stdout.splitlines() == list(command.output), shlex.join(
                 command.argv
             )
+
+
+def test_the_tutorial_s_tests_pass_against_its_program(tmp_path: Path) -> None:
+    blocks = code_blocks(TUTORIAL.read_text(encoding="utf-8"))
+    tests = [b.body for b in blocks if b.language == "python" and "test" in b.classes]
+    assert tests, "the tutorial shows a test"
+    (tmp_path / file_name(TUTORIAL)).write_text(
+        program(program_pieces(TUTORIAL)), encoding="utf-8"
+    )
+    for index, body in enumerate(tests):
+        (tmp_path / f"test_page_{index}.py").write_text(body, encoding="utf-8")
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider",
+         "-o", "trio_mode=true", "-W", "error", "."],
+        capture_output=True, text=True, timeout=120, cwd=tmp_path, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert f"{len(tests)} passed" in done.stdout
 
 
 def test_the_tutorial_needs_every_piece_it_shows(tmp_path: Path) -> None:

@@ -414,11 +414,13 @@ class NextDue:
 
 @dataclass(frozen=True)
 class Fire:
+    """Fire every due timer an owner may (which of several due in the same
+    millisecond come first is the clocks' business: the stores' clocks differ)."""
+
     owner: str
-    limit: int
 
     def op(self, m: Model) -> StoreOp:
-        return FireOp(owner=self.owner, workflows=WORKFLOWS[:2], limit=self.limit)
+        return FireOp(owner=self.owner, workflows=WORKFLOWS[:2], limit=100)
 
 
 @dataclass(frozen=True)
@@ -484,7 +486,7 @@ SAVES = st.builds(
 TIMERS = st.one_of(
     st.builds(Timers, ids),
     st.builds(NextDue, owners),
-    st.builds(Fire, owners, limits),
+    st.builds(Fire, owners),
 )
 POSTS = st.builds(Post, ids, events)
 BEGINS = st.builds(

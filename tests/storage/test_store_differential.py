@@ -779,7 +779,7 @@ def test_the_model_catches_a_timer_that_fires_twice(
     # A firing that stores the event but keeps the timer: it would fire again.
     steps = [
         Save("a", None, "halted", "wf", None, None, "", (), (Arm("t1", due=True),)),
-        Fire("A", 100),
+        Fire("A"),
     ]
 
     def keeping(self: MemoryTimers, *args: Any) -> int:

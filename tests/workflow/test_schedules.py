@@ -17,13 +17,20 @@ from phronomy.storage import ListOp, ScheduleRecord
 from phronomy.testing import TestClock
 from phronomy.workflow._ticks import next_tick, plan_ticks, tick_instance_id
 
-from .helpers import runtime_on, until
+from .helpers import runtime_on as _runtime_on, until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
 
 START = datetime(2026, 3, 1, tzinfo=UTC)
+
+
+def runtime_on(store: phronomy.storage.BaseStore[Any], **kw: Any) -> Any:
+    """A runtime that polls every 20 ms (a timer fires within that of its due time)."""
+    return _runtime_on(
+        store, inbox_poll_interval=kw.pop("inbox_poll_interval", 0.02), **kw
+    )
 
 
 def _ms(at: datetime) -> int:
@@ -201,7 +208,7 @@ async def test_three_runtimes_start_exactly_one_instance_per_tick(
             await until(functools.partial(finished, 1 + 10 * batch), limit=10)
             test_clock.skip(600)
         await until(lambda: finished(201), limit=10)
-        await trio.sleep(0.3)  # a late double would show now
+        await trio.sleep(0.1)  # a late double would show now
         rows = _instances(stores[0], "minutely@")
         assert len(rows) == 201
         assert len({r.workflow_instance_id for r in rows}) == 201
@@ -239,7 +246,7 @@ async def test_pause_resume_trigger_backfill_and_delete(
         paused = await rt.schedules.pause("hourly", note="maintenance")
         assert (paused.paused, paused.note) == (True, "maintenance")
         test_clock.skip(timedelta(hours=3))
-        await trio.sleep(0.3)
+        await trio.sleep(0.1)
         assert len(_instances(store, "hourly@")) == 1  # nothing while paused
         resumed = await rt.schedules.resume("hourly")
         assert resumed.next_tick_ms == _ms(first + timedelta(hours=4))
@@ -262,7 +269,7 @@ async def test_pause_resume_trigger_backfill_and_delete(
                 is None
             )
         )
-        await trio.sleep(0.3)
+        await trio.sleep(0.1)
         assert len(_instances(store, "hourly@")) == 4  # none started twice
         with pytest.raises(phronomy.InvalidInputError, match="end is before start"):
             await rt.schedules.backfill("hourly", window[1], window[0])
@@ -293,7 +300,7 @@ async def test_skip_overlap_waits_for_the_open_instance(
         test_clock.skip((created.next_tick_ms - test_clock()) / 1000)
         await until(lambda: len(_instances(store, "o@")) == 1)
         test_clock.skip(180)  # three ticks while the first waits
-        await trio.sleep(0.3)
+        await trio.sleep(0.1)
         assert len(_instances(store, "o@")) == 1
         first = _instances(store, "o@")[0].workflow_instance_id
         await until(lambda: store.load(first).phase == "waiting")  # type: ignore[union-attr]

@@ -16,12 +16,19 @@ from phronomy.storage import InboxEntry, Posting, PostOp, StoredTimer, TimersOp
 from phronomy.testing import TestClock
 from records import loaded
 
-from .helpers import runtime_on, until
+from .helpers import runtime_on as _runtime_on, until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
 DAY = timedelta(days=1)
+
+
+def runtime_on(store: phronomy.storage.BaseStore[Any], **kw: Any) -> Any:
+    """A runtime that polls every 20 ms (a timer fires within that of its due time)."""
+    return _runtime_on(
+        store, inbox_poll_interval=kw.pop("inbox_poll_interval", 0.02), **kw
+    )
 
 
 @pytest.fixture
@@ -129,7 +136,7 @@ async def test_a_wait_state_timeout_escalates_after_two_days_of_test_clock(
         )
         assert timer.due_at_ms - timer.armed_at_ms == 2 * 86_400_000
         test_clock.skip(DAY + timedelta(hours=23))
-        await trio.sleep(0.3)  # polls run: nothing is due yet
+        await trio.sleep(0.1)  # polls run: nothing is due yet
         assert loaded(timed_store, "x-1").revision == 1
         test_clock.skip(timedelta(hours=1))
         row = await _settle(timed_store, "x-1", phase="escalated")
@@ -157,7 +164,7 @@ async def test_an_event_before_the_timeout_disarms_it_and_it_never_fires(
         )  # leaves awaiting
         assert _timers(timed_store, "x-2") == []
         test_clock.skip(3 * DAY)
-        await trio.sleep(0.3)
+        await trio.sleep(0.1)
         row = loaded(timed_store, "x-2")
         assert (row.phase, row.revision) == ("review", 2)
         assert [e.event for e in await _events(rt, "x-2")] == ["bounce"]
@@ -177,7 +184,7 @@ async def test_a_timeout_never_fires_into_a_later_visit_of_its_state(
         (timer,) = _timers(timed_store, "x-3")
         assert timer.armed_revision == 3
         test_clock.skip(timedelta(hours=13))  # visit 1's timeout would be due now
-        await trio.sleep(0.3)
+        await trio.sleep(0.1)
         assert loaded(timed_store, "x-3").phase == "awaiting"
         test_clock.skip(timedelta(hours=36))  # visit 2's is
         row = await _settle(timed_store, "x-3", phase="escalated")
@@ -264,7 +271,7 @@ async def test_cancel_timer_disarms_a_stored_timer_by_key(
         assert [t.name for t in _timers(timed_store, "r-3")] == ["key:reminder"]
         test_clock.skip(timedelta(hours=12))
         await _settle(timed_store, "r-3", phase="awaiting", revision=3)
-        await trio.sleep(0.3)
+        await trio.sleep(0.1)
         assert loaded(timed_store, "r-2").phase == "quiet"
 
 
@@ -280,7 +287,7 @@ async def test_a_closed_instance_drops_its_timers_and_none_fires(
         await rt.workflows.send_event(flow, "approve", workflow_instance_id="c-2")
         assert _timers(timed_store, "c-1") == _timers(timed_store, "c-2") == []
         test_clock.skip(3 * DAY)
-        await trio.sleep(0.3)
+        await trio.sleep(0.1)
         assert (
             loaded(timed_store, "c-1").status,
             loaded(timed_store, "c-1").revision,
@@ -482,7 +489,7 @@ async def test_a_delayed_start_at_a_time_and_a_cancelled_one(
         assert await rt.workflows.timers("s-3") == ()
         test_clock.skip(DAY)
         await _settle(timed_store, "s-2", phase="awaiting")
-        await trio.sleep(0.3)
+        await trio.sleep(0.1)
         assert loaded(timed_store, "s-3").status == "cancelled"
 
 

@@ -67,6 +67,7 @@ class MemoryTimers:
                 state=spec.state,
                 armed_revision=revision,
                 armed_at_ms=now,
+                workflow=self.rows[iid].workflow,
             )
         self.inbox[iid] = entries
         if timers:
@@ -82,7 +83,7 @@ class MemoryTimers:
         found: list[StoredTimer] = []
         for iid, timers in self.timers.items():
             row = self.rows.get(iid)
-            if row is None or row.workflow not in workflows:
+            if row is None:
                 continue
             fireable = (
                 row.lease_owner == owner
@@ -90,8 +91,10 @@ class MemoryTimers:
                 or row.status == "recovery_required"
             )
             if owner is None or fireable:
-                found.extend(timers.values())
-        return sorted(found, key=lambda t: (t.due_at_ms, t.workflow_instance_id))
+                found.extend(t for t in timers.values() if t.workflow in workflows)
+        return sorted(
+            found, key=lambda t: (t.due_at_ms, t.workflow_instance_id, t.name)
+        )
 
     def next_due(self, workflows: tuple[str, ...], now: int) -> int | None:
         """See :class:`~phronomy.storage.NextDueOp` (the first timer of the workflows

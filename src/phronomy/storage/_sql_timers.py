@@ -31,7 +31,7 @@ __all__ = [
 
 _COLUMNS = (
     "t.instance_id, t.name, t.due_at_ms, t.event, t.payload, t.kind, t.state, "
-    "t.armed_revision, t.armed_at_ms"
+    "t.armed_revision, t.armed_at_ms, t.workflow"
 )
 
 # A runtime fires the timers of the workflows it serves, into instances it holds or
@@ -93,7 +93,7 @@ TIMER_STATEMENTS = TimerStatements(
         JOIN phronomy_workflow_instances AS r ON r.instance_id = t.instance_id
         WHERE t.workflow IN (SELECT value FROM json_each(:workflows))
           AND t.due_at_ms <= :now AND {_FIREABLE}
-        ORDER BY t.due_at_ms LIMIT :limit
+        ORDER BY t.due_at_ms, t.instance_id, t.name LIMIT :limit
     """,  # noqa: S608 - constant
     take="""
         DELETE FROM phronomy_timers
@@ -104,12 +104,15 @@ TIMER_STATEMENTS = TimerStatements(
 
 
 def postgres_timers(now: str) -> TimerStatements:
-    """The statements in PostgreSQL's style, *now* its clock; the due timers a runtime
-    fires are locked, skipping those another runtime is firing, and compared with the
-    statement's time (a stable value: the index bounds the scan)."""
+    """The statements in PostgreSQL's style, *now* its clock; a save arms its timers
+    at one time (its transaction's, as SQLite's and a MemoryStore's saves do); the
+    due timers a runtime fires are locked, skipping those another runtime is firing,
+    and compared with the statement's time (stable: the index bounds the scan)."""
     timers = TimerStatements(*(pyformat(q, now=now) for q in TIMER_STATEMENTS))
     stable = now.replace("clock_timestamp()", "statement_timestamp()")
+    at_once = now.replace("clock_timestamp()", "transaction_timestamp()")
     due = pyformat(TIMER_STATEMENTS.due, now=stable)
+    timers = timers._replace(arm=pyformat(TIMER_STATEMENTS.arm, now=at_once))
     next_due = timers.next_due.replace(") AS w)", ") AS w(value))")
     return timers._replace(due=f"{due} FOR UPDATE OF t SKIP LOCKED", next_due=next_due)
 
@@ -168,6 +171,7 @@ def timer_from_row(row: tuple[Any, ...]) -> StoredTimer:
         state=row[6],
         armed_revision=int(row[7]),
         armed_at_ms=int(row[8]),
+        workflow=row[9],
     )
 
 

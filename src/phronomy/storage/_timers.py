@@ -48,6 +48,8 @@ class StoredTimer(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         state: the state whose save armed it.
         armed_revision: the revision of the save that armed it.
         armed_at_ms: when that save committed.
+        workflow: its instance's workflow when it was armed (runtimes serving it
+            fire it).
     """
 
     workflow_instance_id: str
@@ -59,6 +61,7 @@ class StoredTimer(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     state: str | None
     armed_revision: int
     armed_at_ms: int
+    workflow: str = ""
 
     @property
     def event_id(self) -> str:
