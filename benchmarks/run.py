@@ -27,6 +27,8 @@
                timer queries; 10,000 timers due at one instant (5,000 on PostgreSQL):
                applied/s vs as many events posted at once, lateness p50/p99 (SQLite,
                and PostgreSQL when configured)
+* retries      a retry policy on an effect that succeeds at once: what it adds to a
+               durable run, as a share of what the effect costs (target <= 5%)
 * lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
                one); thread-portal calls vs raw trio.from_thread.run_sync
 """
@@ -722,6 +724,68 @@ def bench_timers(directory: Path) -> None:
     _timers.bench(directory, _n, _report, _postgres_dsn())
 
 
+# --- retries -------------------------------------------------------------------------------------
+
+
+def succeed(value: int) -> int:
+    """An effect that succeeds at once (its first attempt)."""
+    return value
+
+
+def _effect_flow(effect: bool, policy: phronomy.RetryPolicy | None) -> Any:
+    name = f"retry-bench-{effect}-{policy is not None}"
+    wf = phronomy.Workflow(Counter, name=name)
+    if effect:
+        wf.state(
+            "run",
+            entry=lambda s, e, fx: fx.offload(succeed, 1, on_done="done", retry=policy),
+        )
+        wf.transition("run", phronomy.FINISH, on="done")
+    else:
+        wf.state("run", entry=lambda s: s.merge(n=1))
+        wf.transition("run", phronomy.FINISH)
+    return wf.build()
+
+
+async def _effect_runs(path: Path, flow: Any, total: int) -> float:
+    async with phronomy.open_runtime(store=phronomy.SQLiteStore(path)) as runtime:
+        return await _runs(runtime, flow, total, 64, path.stem)
+
+
+def bench_retries(directory: Path) -> None:
+    """A retry policy on an effect that succeeds at once, against the same effect
+    without one and against no effect (durable runs on SQLite, 64 callers, three
+    interleaved passes): what the policy adds, as a share of the effect's cost."""
+    total = _n(4_000, 400)
+    policy = phronomy.RetryPolicy(max_attempts=5, initial_interval=1.0)
+    variants = {
+        "none": _effect_flow(False, None),
+        "effect": _effect_flow(True, None),
+        "policy": _effect_flow(True, policy),
+    }
+    rates: dict[str, list[float]] = {name: [] for name in variants}
+    for attempt in range(3):
+        for name, flow in variants.items():
+            path = directory / f"retries-{name}-{attempt}.db"
+            rates[name].append(trio.run(_effect_runs, path, flow, total))
+    per_run = {name: 1e6 / statistics.median(r) for name, r in rates.items()}
+    effect_cost = per_run["effect"] - per_run["none"]
+    policy_cost = per_run["policy"] - per_run["effect"]
+    _report(
+        "durable runs/s, effect with a policy",
+        statistics.median(rates["policy"]),
+        "runs/s",
+        statistics.median(rates["effect"]),
+        "the same effect without one",
+    )
+    print(
+        f"  a policy on an effect that succeeds adds {policy_cost:+.1f} us per run; "
+        f"the effect costs {effect_cost:.1f} us: {policy_cost / effect_cost:+.1%} "
+        "of it   [target <= 5%]",
+        flush=True,
+    )
+
+
 # --- executions --------------------------------------------------------------------------------
 
 
@@ -879,6 +943,7 @@ def main(argv: list[str] | None = None) -> int:
             "executions": bench_executions,
             "inbox": lambda: bench_inbox(directory),
             "timers": lambda: bench_timers(directory),
+            "retries": lambda: bench_retries(directory),
             "lifecycle": bench_lifecycle,
         }
         for name, bench in benches.items():

@@ -14,7 +14,7 @@ from phronomy.errors import InvalidInputError
 from ._base import BaseStore, Lane
 from ._clock import monotonic_ms
 from ._memory_inbox import refused
-from ._memory_schedules import SCHEDULE_OPS, apply_schedule_op
+from ._memory_schedules import apply_schedule_op
 from ._memory_tables import Tables as _Tables, claimable as _claimable
 from ._ops import (
     BeginOp,
@@ -37,6 +37,7 @@ from ._ops import (
     TimersOp,
 )
 from ._records import InstancePage, SaveLogEntry, SaveRequest, StoredRecord
+from ._sql_schedules import SCHEDULE_OPS
 from ._store import SAVE_LOG_DEPTH, conflict_error
 
 if TYPE_CHECKING:

@@ -23,9 +23,7 @@ if TYPE_CHECKING:
     from ._memory_tables import Tables
     from ._records import SaveRequest
 
-__all__ = ["SCHEDULE_OPS", "apply_schedule_op"]
-
-SCHEDULE_OPS = (PutScheduleOp, DeleteScheduleOp, ScheduleOp, SchedulesOp, TickOp)
+__all__ = ["apply_schedule_op"]
 
 
 def apply_schedule_op(

@@ -34,21 +34,12 @@ from ._ops import (
     TimersOp,
 )
 from ._records import InstancePage, SaveLogEntry, StoredRecord
-from ._schedules import (
-    DeleteScheduleOp,
-    PutScheduleOp,
-    ScheduleOp,
-    SchedulesOp,
-    TickOp,
-)
 from ._sql_inbox import InboxStatements, check_pending, consume, entry_from_row, post
 from ._sql_schedules import (
+    SCHEDULE_OPS,
     SCHEDULE_STATEMENTS,
     ScheduleStatements,
-    delete_schedule,
-    put_schedule,
-    read_schedules,
-    tick,
+    schedule_op,
 )
 from ._sql_timers import (
     TIMER_STATEMENTS,
@@ -136,8 +127,12 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
     Raises:
         ConflictError: a revision precondition of a save or a delete failed.
     """
-    if isinstance(op, _SCHEDULE_OPS):
-        return _schedule_op(conn, op, sql, clock)
+    if isinstance(op, SCHEDULE_OPS):
+
+        def save(request: SaveRequest) -> object:
+            return apply_op(conn, SaveOp(request=request), sql, clock)
+
+        return schedule_op(conn, op, sql.schedules, clock.wall_ms(), save)
     match op:
         case LoadOp(workflow_instance_id=iid):
             row = conn.execute(sql.load, (iid,)).fetchone()
@@ -325,50 +320,6 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                 raise _conflict(conn, sql, iid, expected, "delete")
             return None
     raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
-
-
-_SCHEDULE_OPS = (PutScheduleOp, DeleteScheduleOp, ScheduleOp, SchedulesOp, TickOp)
-
-
-def _schedule_op(
-    conn: Connection,
-    op: PutScheduleOp | DeleteScheduleOp | ScheduleOp | SchedulesOp | TickOp,
-    sql: Statements,
-    clock: StoreClock,
-) -> Any:
-    now, statements = clock.wall_ms(), sql.schedules
-    match op:
-        case PutScheduleOp(record=record, expected_version=expected):
-            return put_schedule(conn, record, expected, statements, now)
-        case DeleteScheduleOp(schedule_id=schedule_id):
-            return delete_schedule(conn, schedule_id, statements)
-        case TickOp(record=record, expected_version=expected, starts=starts):
-
-            def save(request: SaveRequest) -> object:
-                return apply_op(conn, SaveOp(request=request), sql, clock)
-
-            return tick(conn, record, expected, starts, statements, now, save)
-        case ScheduleOp(schedule_id=schedule_id):
-            return read_schedules(
-                conn,
-                schedule_id=schedule_id,
-                workflows=None,
-                due=False,
-                after=None,
-                limit=1,
-                sql=statements,
-                now=now,
-            )
-    return read_schedules(
-        conn,
-        schedule_id=None,
-        workflows=op.workflows,
-        due=op.due,
-        after=op.after,
-        limit=op.limit,
-        sql=statements,
-        now=now,
-    )
 
 
 def _renew(

@@ -10,7 +10,15 @@ import msgspec
 
 from phronomy.errors import ConflictError
 
-from ._schedules import ScheduleRecord, Ticked
+from ._schedules import (
+    DeleteScheduleOp,
+    PutScheduleOp,
+    ScheduleOp,
+    ScheduleRecord,
+    SchedulesOp,
+    Ticked,
+    TickOp,
+)
 from ._sql_inbox import pyformat
 from ._sql_timers import POSTGRES_MIGRATION, postgres_timers
 
@@ -23,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = [
     "POSTGRES_SCHEDULES",
     "POSTGRES_TIME",
+    "SCHEDULE_OPS",
     "SCHEDULE_STATEMENTS",
     "SQLITE_SCHEDULES",
     "ScheduleStatements",
@@ -30,8 +39,12 @@ __all__ = [
     "postgres_time",
     "put_schedule",
     "read_schedules",
+    "schedule_op",
     "tick",
 ]
+
+SCHEDULE_OPS = (PutScheduleOp, DeleteScheduleOp, ScheduleOp, SchedulesOp, TickOp)
+"""The schedules' operations (:func:`schedule_op` runs them)."""
 
 _FIELDS = tuple(ScheduleRecord.__struct_fields__)
 _COLUMNS = ", ".join(_FIELDS)
@@ -234,3 +247,41 @@ def tick(
             continue
         started.append(request.workflow_instance_id)
     return Ticked(written=True, started=tuple(started))
+
+
+def schedule_op(
+    conn: Connection,
+    op: PutScheduleOp | DeleteScheduleOp | ScheduleOp | SchedulesOp | TickOp,
+    sql: ScheduleStatements,
+    now: int,
+    save: Callable[[SaveRequest], object],
+) -> Any:
+    """Run one of :data:`SCHEDULE_OPS` (*save* saves one new instance, for a tick)."""
+    match op:
+        case PutScheduleOp(record=record, expected_version=expected):
+            return put_schedule(conn, record, expected, sql, now)
+        case DeleteScheduleOp(schedule_id=schedule_id):
+            return delete_schedule(conn, schedule_id, sql)
+        case TickOp(record=record, expected_version=expected, starts=starts):
+            return tick(conn, record, expected, starts, sql, now, save)
+        case ScheduleOp(schedule_id=schedule_id):
+            return read_schedules(
+                conn,
+                schedule_id=schedule_id,
+                workflows=None,
+                due=False,
+                after=None,
+                limit=1,
+                sql=sql,
+                now=now,
+            )
+    return read_schedules(
+        conn,
+        schedule_id=None,
+        workflows=op.workflows,
+        due=op.due,
+        after=op.after,
+        limit=op.limit,
+        sql=sql,
+        now=now,
+    )
