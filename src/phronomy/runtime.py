@@ -305,7 +305,8 @@ async def open_runtime(
         inbox_poll_interval: seconds between two reads of the store for events other
             processes stored (for instances this runtime holds, and the halted ones it
             serves); ``0``: none (events stored through this runtime still apply at
-            once). The same pass fires due timers and ticks due schedules.
+            once). The same pass fires due timers and ticks due schedules: with
+            ``0`` no timer fires and no schedule ticks in this runtime.
         retry: the retry policy of effects that name none (default: they run once).
 
     Yields:

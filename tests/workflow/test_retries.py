@@ -5,6 +5,7 @@ retries, the last error's on_error, timeouts per attempt, cancellation, bad inpu
 from __future__ import annotations
 
 import collections
+import functools
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -371,3 +372,77 @@ async def test_offload_refuses_a_timeout_per_attempt() -> None:
             phronomy.InvalidInputError, match="thread cannot be stopped"
         ):
             await rt.workflows.invoke(charge_flow(policy), {"name": "t"})
+
+
+def always_fails(name: str) -> str:
+    ATTEMPTS[name] += 1
+    raise ConnectionError(f"{name}: down")
+
+
+def _attempted(name: str, count: int) -> bool:
+    return ATTEMPTS[name] == count
+
+
+def _at_revision(store: Any, iid: str, revision: int) -> bool:
+    return bool(loaded(store, iid).revision == revision)
+
+
+async def test_a_state_s_timeout_still_fires_while_its_effect_is_retried(
+    clock: trio.testing.MockClock,
+    tmp_path: Path,
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+) -> None:
+    # Before: the timeout armed by the first wait was judged stale once the segment
+    # halted at the same state again (a later revision): it never fired.
+    policy = RetryPolicy(
+        max_attempts=10,
+        initial_interval=1800,
+        backoff=2,
+        max_interval=86400,
+        jitter="none",
+    )
+
+    def start(s: Charge, _event: Any, effects: Any) -> None:
+        effects.offload(always_fails, s.name, on_done="charged", retry=policy)
+
+    wf = phronomy.Workflow(Charge, name="charge-timeout")
+    wf.state("charging", entry=start)
+    wf.wait_state("timed_out")
+    wf.transition("charging", phronomy.FINISH, on="charged")
+    wf.transition("charging", "timed_out", after=timedelta(hours=2))
+    flow = wf.build()
+    test_clock = TestClock(clock)
+    store = open_sqlite(tmp_path / "timeout.db", clock=test_clock)
+    async with runtime_on(store, workflows=[flow]) as rt:
+        await rt.workflows.invoke(flow, {"name": "t-out"}, workflow_instance_id="to-1")
+        for attempts, wait in ((2, 30), (3, 60)):  # minutes before each attempt
+            test_clock.skip(timedelta(minutes=wait))
+            await until(functools.partial(_attempted, "t-out", attempts))
+            await until(functools.partial(_at_revision, store, "to-1", attempts))
+        timeouts = list(store.run(TimersOp(workflow_instance_id="to-1")))
+        assert {t.kind for t in timeouts} == {"timeout", "retry"}
+        test_clock.skip(timedelta(minutes=31))  # 2 h 1 min since charging began
+        await until(lambda: loaded(store, "to-1").phase == "timed_out")
+    assert ATTEMPTS["t-out"] == 3
+    assert store.run(TimersOp(workflow_instance_id="to-1")) == ()
+
+
+async def test_a_runtime_wide_policy_retries_a_closure_in_the_segment(
+    tmp_path: Path, open_sqlite: Callable[..., phronomy.SQLiteStore]
+) -> None:
+    # Before: the runtime's policy made every durable effect that another process
+    # could not import fail at once, even one that would have succeeded.
+    calls: list[int] = []
+
+    def local(name: str) -> str:
+        calls.append(1)
+        if len(calls) < 2:
+            raise ConnectionError("once")
+        return name
+
+    store = open_sqlite(tmp_path / "closure.db")
+    async with runtime_on(store, retry=QUICK) as rt:
+        result = await rt.workflows.invoke(
+            charge_flow(None, fn=local), {"name": "c"}, workflow_instance_id="cl-1"
+        )
+    assert (result.phase, result.state.outcome, len(calls)) == (phronomy.FINISH, "c", 2)

@@ -405,3 +405,40 @@ async def test_a_spring_forward_day_starts_its_skipped_tick_once(
             )
     ids = sorted(r.workflow_instance_id for r in _instances(store, "d@"))
     assert ids == [f"d@{at}" for at in expected]
+
+
+def test_a_long_outage_is_caught_up_in_one_pass_counting_what_it_skipped() -> None:
+    # Before: a pass walked 100 missed ticks at a time (864 passes after a day of an
+    # every-second schedule) before it started anything.
+    record = _every("allow_all", every_ms=1000, next_tick_ms=0, window=10_000)
+    day = 86_400_000
+    plan = plan_ticks(record, day, previous_open=False)
+    assert plan.start[0] >= day - 15_000  # the window (and a poll's lateness)
+    assert plan.start[-1] == day
+    assert plan.skipped == len(range(0, day - 15_000, 1000))
+    assert plan.record.next_tick_ms == day + 1000
+
+
+def test_a_tick_seen_a_poll_late_starts_even_without_a_catch_up_window() -> None:
+    # Before: with catchup_window=0 every tick (seen at the next poll) was skipped.
+    record = _every("allow_all", next_tick_ms=60_000, window=0)
+    plan = plan_ticks(record, 60_150, previous_open=False)
+    assert (plan.start, plan.skipped) == ((60_000,), 0)
+
+
+async def test_triggers_and_backfills_need_an_active_schedule_and_queue_one(
+    tmp_path: Path, open_sqlite: Callable[..., phronomy.SQLiteStore]
+) -> None:
+    store = open_sqlite(tmp_path / "t.db")
+    async with runtime_on(store) as rt:  # serves nothing: requests stay pending
+        await rt.schedules.create("s", job_flow(), every=3600)
+        await rt.schedules.trigger("s")
+        with pytest.raises(
+            phronomy.InvalidInputError, match="trigger of 's' is pending"
+        ):
+            await rt.schedules.trigger("s")
+        await rt.schedules.pause("s")
+        with pytest.raises(phronomy.InvalidInputError, match="paused: resume it"):
+            await rt.schedules.backfill("s", START, START + timedelta(hours=2))
+        with pytest.raises(phronomy.InvalidInputError, match="'agent:x' must"):
+            await rt.schedules.create("agent:x", job_flow(), every=60)

@@ -101,6 +101,7 @@ from ._store import (
     run_op as run_op,
 )
 from ._timers import (
+    ALL_TIMERS as ALL_TIMERS,
     MAX_DELAY_MS as MAX_DELAY_MS,
     StoredTimer as StoredTimer,
     TimerKind as TimerKind,
@@ -109,6 +110,7 @@ from ._timers import (
 )
 
 __all__ = [
+    "ALL_TIMERS",
     "DEFAULT_MAX_SNAPSHOT_BYTES",
     "EVENT_OUTCOMES",
     "EXECUTION_KEY_PREFIX",

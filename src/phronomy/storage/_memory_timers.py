@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from ._timers import StoredTimer, disarm_prefix
+from ._timers import ALL_TIMERS, StoredTimer, disarm_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -49,6 +49,8 @@ class MemoryTimers:
             return
         timers = dict(self.timers.get(iid, {}))
         entries = dict(self.inbox.get(iid, {}))
+        if ALL_TIMERS in disarm:
+            timers.clear()
         for name in (*disarm, *(spec.name for spec in arm)):
             timers.pop(name, None)
             prefix = disarm_prefix(name)

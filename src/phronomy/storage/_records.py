@@ -207,8 +207,9 @@ class SaveRequest(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             consumed in the same transaction, only if the save is accepted. A save of
             ``finished`` or ``cancelled`` also refuses every entry still pending.
         arm: timers this save arms (see :class:`~phronomy.storage.TimerSpec`).
-        disarm: names of timers it disarms. A save of ``finished`` or ``cancelled``
-            drops every timer of the instance.
+        disarm: names of timers it disarms (``*``: every timer of the instance, as
+            a restart does). A save of ``finished`` or ``cancelled`` drops every
+            timer of the instance.
     """
 
     workflow_instance_id: str

@@ -16,6 +16,8 @@ from typing import Literal, final
 
 import msgspec
 
+from phronomy.errors import InvalidInputError
+
 from ._records import SaveRequest
 
 __all__ = [
@@ -132,6 +134,11 @@ class SchedulesOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="sche
     due: bool = False
     after: str | None = None
     limit: int = 100
+
+    def __post_init__(self) -> None:
+        given: object = self.limit  # checked at run time: callers are not typed
+        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+            raise InvalidInputError(f"limit must be an int >= 1, got {self.limit!r}")
 
 
 @final

@@ -8,7 +8,7 @@ import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._sql_inbox import pyformat
-from ._timers import StoredTimer, disarm_prefix
+from ._timers import ALL_TIMERS, StoredTimer, disarm_prefix
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -52,6 +52,7 @@ class TimerStatements(NamedTuple):
     list: str
     next_due: str
     due: str
+    lock: str
     take: str
 
 
@@ -95,6 +96,8 @@ TIMER_STATEMENTS = TimerStatements(
           AND t.due_at_ms <= :now AND {_FIREABLE}
         ORDER BY t.due_at_ms, t.instance_id, t.name LIMIT :limit
     """,  # noqa: S608 - constant
+    # the instance's row first, then its timer (the order of a save: no deadlock)
+    lock="SELECT 1 FROM phronomy_workflow_instances WHERE instance_id = :id",
     take="""
         DELETE FROM phronomy_timers
         WHERE instance_id = :id AND name = :name AND armed_revision = :revision
@@ -105,16 +108,17 @@ TIMER_STATEMENTS = TimerStatements(
 
 def postgres_timers(now: str) -> TimerStatements:
     """The statements in PostgreSQL's style, *now* its clock; a save arms its timers
-    at one time (its transaction's, as SQLite's and a MemoryStore's saves do); the
-    due timers a runtime fires are locked, skipping those another runtime is firing,
-    and compared with the statement's time (stable: the index bounds the scan)."""
+    at one time (its transaction's, as SQLite's and a MemoryStore's saves do); due
+    times are compared with the statement's time (stable: the index bounds the
+    scan); a firing locks each instance's row before its timer, as a save does (two
+    runtimes firing at once wait for each other in the same order: no deadlock)."""
     timers = TimerStatements(*(pyformat(q, now=now) for q in TIMER_STATEMENTS))
     stable = now.replace("clock_timestamp()", "statement_timestamp()")
     at_once = now.replace("clock_timestamp()", "transaction_timestamp()")
     due = pyformat(TIMER_STATEMENTS.due, now=stable)
     timers = timers._replace(arm=pyformat(TIMER_STATEMENTS.arm, now=at_once))
     next_due = timers.next_due.replace(") AS w)", ") AS w(value))")
-    return timers._replace(due=f"{due} FOR UPDATE OF t SKIP LOCKED", next_due=next_due)
+    return timers._replace(due=due, next_due=next_due, lock=f"{timers.lock} FOR UPDATE")
 
 
 _TABLE = """CREATE TABLE phronomy_timers (
@@ -195,7 +199,8 @@ def arm_and_disarm(
         conn.execute(sql.clear, {"id": iid})
         return
     for name in disarm:
-        conn.execute(sql.disarm, {"id": iid, "name": name})
+        statement = sql.clear if name == ALL_TIMERS else sql.disarm
+        conn.execute(statement, {"id": iid, "name": name})
     for name in (*disarm, *(spec.name for spec in arm)) if revision > 1 else ():
         prefix = disarm_prefix(name)
         conn.execute(
@@ -260,6 +265,8 @@ def fire_due(
     for row in conn.execute(sql.due, params).fetchall():
         timer = timer_from_row(row)
         key = {"id": timer.workflow_instance_id, "name": timer.name}
+        conn.execute(sql.lock, key).fetchall()
+        # gone meanwhile: disarmed by a save, or fired by another runtime
         if conn.execute(sql.take, {**key, "revision": timer.armed_revision}).rowcount:
             fired += post(timer.posting()).outcome == "stored"
     return fired

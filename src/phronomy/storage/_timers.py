@@ -21,6 +21,7 @@ from ._inbox import Posting
 from ._records import MAX_DELAY_MS, TimerKind, TimerSpec
 
 __all__ = [
+    "ALL_TIMERS",
     "MAX_DELAY_MS",
     "TIMER_EVENT_PREFIX",
     "StoredTimer",
@@ -87,6 +88,13 @@ def fired_timer(event_id: str) -> tuple[str, int] | None:
     return (name, int(revision)) if name and revision.isdigit() else None
 
 
+ALL_TIMERS = "*"
+"""The name a save disarms to disarm every timer of its instance (a restart)."""
+
+
 def disarm_prefix(name: str) -> str:
-    """How the event ids of the fired entries of timer *name* begin."""
+    """How the event ids of the fired entries of timer *name* begin (of every timer,
+    for :data:`ALL_TIMERS`)."""
+    if name == ALL_TIMERS:
+        return TIMER_EVENT_PREFIX
     return f"{TIMER_EVENT_PREFIX}{name}@"

@@ -59,6 +59,10 @@ class RetryWait(msgspec.Struct, frozen=True, kw_only=True):
     effect: StoredEffect
     delay: float
 
+    def stored(self) -> tuple[bytes, float]:
+        """The retry timer's payload (JSON) and its delay."""
+        return msgspec.json.encode(self.effect), self.delay
+
 
 Effect = StartSoon | Offload
 
@@ -137,9 +141,15 @@ class EffectRunner:
             match intent:
                 case StartSoon() | Offload():
                     policy = intent.retry or self._default_retry
+                    storable = False  # its next attempt may run in another process
                     if policy is not None and policy.max_attempts > 1 and self._durable:
-                        _check_storable(intent)
-                    self._attempt(intent, policy, 1, ())
+                        try:
+                            _check_storable(intent)
+                            storable = True
+                        except InvalidInputError:
+                            if intent.retry is not None:  # asked for by the effect
+                                raise
+                    self._attempt(intent, policy, 1, (), storable=storable)
                 case Schedule():
                     self._schedule(intent)
                 case CancelTimer(key=key):
@@ -196,7 +206,9 @@ class EffectRunner:
         intent: Effect = (
             StartSoon(**fields) if stored.kind == "start_soon" else Offload(**fields)
         )
-        self._attempt(intent, policy, stored.attempt, tuple(stored.errors))
+        self._attempt(
+            intent, policy, stored.attempt, tuple(stored.errors), storable=True
+        )
 
     def when_quiescent(self, callback: Callable[[], object]) -> None:
         """Call *callback* once every effect started has physically finished (at once
@@ -252,8 +264,11 @@ class EffectRunner:
         policy: RetryPolicy | None,
         attempt: int,
         errors: tuple[str, ...],
+        *,
+        storable: bool,
     ) -> None:
-        """Start attempt *attempt* of *intent* (*errors*: of the earlier ones)."""
+        """Start attempt *attempt* of *intent* (*errors*: of the earlier ones); a
+        *storable* one waits between attempts halted, when it can."""
         if isinstance(intent, StartSoon):
             fn = intent.fn
             if policy is not None and policy.timeout_per_attempt is not None:
@@ -278,7 +293,7 @@ class EffectRunner:
                 if retryable(policy, error, attempt):
                     kept = (*errors, describe_error(error))[-MAX_ERRORS:]
                     delay = retry_delay(policy, attempt)
-                    self._retry(intent, policy, attempt + 1, kept, delay)
+                    self._retry(intent, policy, attempt + 1, kept, delay, storable)
                     return
                 logger.info(
                     "effect %s of workflow instance %r failed at attempt %d of %d: %r",
@@ -299,12 +314,14 @@ class EffectRunner:
         attempt: int,
         errors: tuple[str, ...],
         delay: float,
+        storable: bool,
     ) -> None:
-        """Run attempt *attempt* after *delay*: halted, when the segment is durable
-        and this is its only running work; else here, on a timer."""
+        """Run attempt *attempt* after *delay*: halted, when the segment is durable,
+        this is its only running work and it can be stored (a runtime-wide policy's
+        effect that cannot waits here); else here, on a timer."""
         if self._closed:
             return
-        if self._durable and not self._handles and not self._retrying:
+        if storable and self._durable and not self._handles and not self._retrying:
             stored = _stored(intent, policy, attempt, errors)
             self._deliver(RETRY_WAIT, RetryWait(effect=stored, delay=delay))
             return
@@ -315,7 +332,7 @@ class EffectRunner:
             if self._closed:
                 return
             try:
-                self._attempt(intent, policy, attempt, errors)
+                self._attempt(intent, policy, attempt, errors, storable=storable)
             except Exception as exc:  # noqa: BLE001 - the pool refused: the effect failed
                 self._deliver(intent.on_error or EFFECT_FAILED, exc)
 

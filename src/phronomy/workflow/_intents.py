@@ -292,10 +292,10 @@ def _policy(retry: object, *, threads: bool) -> RetryPolicy | None:
 
 
 def _key(key: object) -> str:
-    if not isinstance(key, str) or not key or len(key) > 200:
+    if not isinstance(key, str) or not key or len(key) > 200 or "@" in key:
         raise InvalidInputError(
-            f"a timer key must be a non-empty string of at most 200 characters, not "
-            f"{key!r}"
+            "a timer key must be a non-empty string of at most 200 characters, "
+            f"without '@', not {key!r}"
         )
     return key
 

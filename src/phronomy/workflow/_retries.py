@@ -159,7 +159,7 @@ def effect_ref(fn: object) -> str:
     raise InvalidInputError(
         f"a retried effect of a durable instance must be a module-level function "
         f"(its next attempt may run in another process, which imports it by name); "
-        f"{fn!r} is not (use functools.partial of one, or pass its arguments)"
+        f"{fn!r} is not (pass what it needs as the effect's arguments)"
     )
 
 

@@ -19,6 +19,7 @@ import msgspec
 
 from phronomy.errors import InvalidInputError, NotFoundError
 from phronomy.storage import (
+    EXECUTION_KEY_PREFIX,
     MAX_DELAY_MS,
     OPEN_STATUSES,
     DeleteScheduleOp,
@@ -91,7 +92,8 @@ class ScheduleClient:
         paused: bool = False,
         note: str | None = None,
     ) -> ScheduleRecord:
-        """Store a schedule that starts an instance of *workflow* at each tick.
+        """Store a schedule that starts an instance of *workflow* at each tick (every
+        runtime serving the workflow ticks it; this one serves it from now on).
 
         Args:
             schedule_id: its id (at most 200 characters); instance ids are
@@ -134,6 +136,7 @@ class ScheduleClient:
                 f"overlap must be one of {list(get_args(Overlap))}, got {overlap!r}"
             )
         gateway = self._gateway()
+        self._coordinator.served.setdefault(workflow.name, workflow)  # it ticks here
         now = _store_now(gateway)
         start_ms = now if start_at is None else _instant(start_at, "start_at")
         record = ScheduleRecord(
@@ -293,6 +296,9 @@ async def tick_schedules(
                 row = await gateway.run(LoadOp(workflow_instance_id=previous))
             open_ = row is not None and row.status in OPEN_STATUSES
             plan = plan_ticks(record, now, previous_open=open_)
+            unchanged = msgspec.structs.replace(plan.record, version=record.version)
+            if not plan.start and unchanged == record:
+                continue  # a tick waits for the open instance: nothing to write
             starts = _starts(coordinator, record, plan.start)
             op = TickOp(
                 record=plan.record, expected_version=record.version, starts=starts
@@ -336,9 +342,10 @@ def _store_now(gateway: DurabilityService) -> int:
 
 def _schedule_id(value: object) -> str:
     sid = validate_instance_id(value, what="schedule_id")
-    if len(sid) > 200 or "@" in sid:
+    if len(sid) > 200 or "@" in sid or sid.startswith(EXECUTION_KEY_PREFIX):
         raise InvalidInputError(
-            f"schedule_id {sid!r} must be at most 200 characters, without '@'"
+            f"schedule_id {sid!r} must be at most 200 characters, without '@', and "
+            f"not start with {EXECUTION_KEY_PREFIX!r} (its instances' ids begin with it)"
         )
     return sid
 

@@ -340,9 +340,8 @@ class WorkflowSession(GatedSession, Generic[S]):
                 touched=self.effects.touched,
                 instance=self.workflow_instance_id,
                 timeouts_left=self.effects.timeouts_left(self.machine.entered),
-                retry=None
-                if wait is None
-                else (msgspec.json.encode(wait.effect), wait.delay),
+                retry=None if wait is None else wait.stored(),
+                restart=self.resume is None and bool(self.revision),
             )
         return self.machine.state, self.phase, detail, feed.consumed, timers
 

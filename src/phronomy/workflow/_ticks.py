@@ -4,9 +4,11 @@ store).
 Cron expressions are read by cronsim in the schedule's IANA time zone (five fields,
 or six with seconds first; ``L``, ``W`` and ``#`` as cronsim reads them). Daylight
 saving time: a tick whose wall-clock time does not exist (the hour skipped in spring)
-runs once, at the end of the gap (as Debian's cron); a tick whose time occurs twice
-(the hour repeated in autumn) runs once, at the first occurrence. Interval schedules
-tick every ``every_ms`` from their anchor, whatever the zone.
+runs once, at the end of the gap (as Debian's cron); a tick at a fixed time that
+occurs twice (in the hour repeated in autumn) runs once, at the first occurrence,
+while hourly and finer ticks follow real time (they run in both passes of that
+hour). Interval schedules tick every ``every_ms`` from their anchor, whatever the
+zone.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ __all__ = [
 
 MAX_TICKS = 100
 """Ticks one pass handles per schedule at most (the next pass goes on)."""
+
+LATENESS_MS = 5_000
+"""How late a runtime may see a tick (its poll): a tick is missed, and skipped, only
+once it is older than the catch-up window and this."""
 
 
 def check_zone(name: object) -> ZoneInfo:
@@ -102,13 +108,28 @@ def next_tick(record: ScheduleRecord, after_ms: int) -> int | None:
 
 def ticks_between(record: ScheduleRecord, first_ms: int, end_ms: int) -> list[int]:
     """The ticks from *first_ms* (inclusive, if it is one) to *end_ms* (exclusive),
-    at most ten times :data:`MAX_TICKS`."""
+    at most ten times :data:`MAX_TICKS` and one."""
     ticks: list[int] = []
     tick = next_tick(record, first_ms - 1)
-    while tick is not None and tick < end_ms and len(ticks) < MAX_TICKS * 10:
+    while tick is not None and tick < end_ms and len(ticks) <= MAX_TICKS * 10:
         ticks.append(tick)
         tick = next_tick(record, tick)
     return ticks
+
+
+def _count(record: ScheduleRecord, first_ms: int, end_ms: int) -> int:
+    """How many ticks there are from *first_ms* (one) to *end_ms* (exclusive); for
+    a cron expression at most 100,000 are counted."""
+    if record.every_ms is not None:
+        return max(0, -(-(end_ms - first_ms) // record.every_ms))
+    count, tick = 0, first_ms
+    while tick < end_ms and count < MAX_TICKS * 1000:
+        count += 1
+        following = next_tick(record, tick)
+        if following is None:
+            break
+        tick = following
+    return count
 
 
 def tick_instance_id(schedule_id: str, tick_ms: int) -> str:
@@ -147,15 +168,18 @@ def plan_ticks(record: ScheduleRecord, now_ms: int, *, previous_open: bool) -> T
         previous_open: whether the instance of the last started tick is still open
             (running, halted, requiring recovery).
     """
-    due: list[int] = []
+    oldest = now_ms - record.catchup_window_ms - LATENESS_MS
     tick: int | None = record.next_tick_ms
+    skipped = 0
+    if record.next_tick_ms < oldest:  # missed (downtime): on to the window at once
+        skipped = _count(record, record.next_tick_ms, oldest)
+        tick = next_tick(record, oldest - 1)
+    due: list[int] = []
     while tick is not None and tick <= now_ms and len(due) < MAX_TICKS:
         due.append(tick)
         tick = next_tick(record, tick)
     following = tick if tick is not None else 2**62  # none: never again
-    oldest = now_ms - record.catchup_window_ms
-    recent = [t for t in due if t >= oldest]
-    skipped = len(due) - len(recent)
+    recent = due
     buffered: int | None = None
     start: list[int] = []
     match record.overlap:
@@ -222,18 +246,32 @@ def _resume(record: ScheduleRecord, now_ms: int) -> dict[str, Any]:
     return {"paused": False, "next_tick_ms": 2**62 if following is None else following}
 
 
+def _active(record: ScheduleRecord, what: str) -> None:
+    if record.paused:
+        raise InvalidInputError(
+            f"schedule {record.schedule_id!r} is paused: resume it to {what}"
+        )
+
+
 def _trigger(record: ScheduleRecord, now_ms: int) -> dict[str, Any]:
+    _active(record, "trigger it")
+    if record.trigger_ms is not None:
+        raise InvalidInputError(
+            f"a trigger of {record.schedule_id!r} is pending (for "
+            f"{tick_instance_id(record.schedule_id, record.trigger_ms)}); wait for it"
+        )
     return {"trigger_ms": now_ms}
 
 
 def _backfill(
     record: ScheduleRecord, now_ms: int, first: int, end: int
 ) -> dict[str, Any]:
+    _active(record, "backfill it")
     if end < first:
         raise InvalidInputError(
             f"backfill of {record.schedule_id!r}: end is before start"
         )
-    if len(ticks_between(record, first, end)) >= MAX_TICKS * 10:
+    if len(ticks_between(record, first, end)) > MAX_TICKS * 10:
         raise InvalidInputError(
             f"backfill of {record.schedule_id!r} spans more than {MAX_TICKS * 10} "
             "ticks: split it"

@@ -17,7 +17,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from phronomy.engine import random_hex
-from phronomy.storage import TimerSpec, fired_timer
+from phronomy.storage import ALL_TIMERS, TimerSpec, fired_timer
 
 from ._definition import after_event
 from ._inbox import encode_payload
@@ -50,6 +50,7 @@ def halt_timers(
     instance: str,
     timeouts_left: dict[int, float] | None = None,
     retry: tuple[bytes, float] | None = None,
+    restart: bool = False,
 ) -> TimerChanges:
     """The timers of the save that halts a durable segment at *phase*.
 
@@ -65,6 +66,8 @@ def halt_timers(
         timeouts_left: the seconds the timeouts of *phase* have left (a state that
             is no wait state: they ran in the segment).
         retry: an effect's next attempt (its stored form) and the seconds before it.
+        restart: the segment restarted a stored instance (``if_exists="restart"``):
+            every timer of its earlier run is disarmed.
 
     Raises:
         SerializationError: a pending timer's payload cannot be stored as JSON.
@@ -107,6 +110,8 @@ def halt_timers(
             )
         )
     armed = {spec.name for spec in arm}
+    if restart:  # a new run of a stored instance: the old run's timers go
+        return tuple(arm), (ALL_TIMERS,)
     disarm = [_KEY + key for key in sorted(touched) if _KEY + key not in armed]
     if moved and resumed_from is not None:
         gone = (*definition.timeout_names(resumed_from), f"{_RETRY}{resumed_from}")
@@ -155,7 +160,10 @@ def stale_timer(
     if state is None:
         return None
     what = "timeout" if timeout is not None else "retry"
-    if moved or state != phase or armed != revision:
+    # a save that leaves the state disarms its timers and refuses their fired
+    # entries; one armed at an earlier revision of the same visit (a segment halted
+    # at the state again, waiting for an effect's next attempt) still applies
+    if moved or state != phase or revision is None or armed > revision:
         return (
             f"the {what} of state {state!r} was armed at revision {armed}; the "
             f"instance has left that visit (it is at {phase!r}"

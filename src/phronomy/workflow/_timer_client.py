@@ -63,7 +63,8 @@ class TimerClient:
         after: timedelta | float | None = None,
     ) -> StoredRecord:
         """Store an instance that starts at its entry point later, in whichever
-        runtime serving *workflow* fires its start timer first (exactly once).
+        runtime serving *workflow* fires its start timer first (exactly once; this
+        runtime serves it from now on).
 
         Until then it is halted at the phase ``__scheduled__`` with its input saved
         (revision 1) and a ``start`` timer; it can be cancelled like any halted
@@ -99,6 +100,8 @@ class TimerClient:
                 "start_later needs a store (open_runtime(store=...))"
             )
         iid = validate_instance_id(workflow_instance_id)
+        # this runtime serves it from now on, as one that starts an instance does
+        coordinator.served.setdefault(workflow.name, workflow)
         clock: Callable[[], int] = getattr(gateway.store, "wall_now_ms", wall_ms)
         delay_ms = _delay_ms(at, after, clock)
         request = start_request(
@@ -226,6 +229,6 @@ def _delay_ms(
         raise InvalidInputError(f"after= must be a timedelta or seconds, got {after!r}")
     if not (math.isfinite(seconds) and 0 <= seconds * 1000 <= MAX_DELAY_MS):
         raise InvalidInputError(
-            f"the start must be from now to 100 years ahead, got {after!r}"
+            f"the start must be from now to 100 years ahead, got {at if after is None else after!r}"
         )
     return math.ceil(seconds * 1000)
