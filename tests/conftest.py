@@ -9,6 +9,7 @@ import pytest
 import trio.testing
 
 import phronomy
+from children import children, spec, store  # noqa: F401 - the cross-process tests' fixtures
 from phronomy.engine import Engine, open_engine
 
 if TYPE_CHECKING:
@@ -46,13 +47,13 @@ def open_sqlite() -> Iterator[Callable[..., phronomy.SQLiteStore]]:
     def open_store(
         path: str | os.PathLike[str], **options: Any
     ) -> phronomy.SQLiteStore:
-        store = phronomy.SQLiteStore(path, **options)
-        opened.append(store)
-        return store
+        made = phronomy.SQLiteStore(path, **options)
+        opened.append(made)
+        return made
 
     yield open_store
-    for store in opened:
-        store.close()
+    for each in opened:
+        each.close()
 
 
 @pytest.fixture(scope="session")
@@ -86,12 +87,12 @@ def open_postgres(
 
     def open_store(**options: Any) -> phronomy.PostgresStore:
         options.setdefault("schema", schema)
-        store = phronomy.PostgresStore(postgres_dsn, **options)
-        opened.append(store)
-        return store
+        made = phronomy.PostgresStore(postgres_dsn, **options)
+        opened.append(made)
+        return made
 
     yield open_store
-    for store in opened:
-        store.close()
+    for each in opened:
+        each.close()
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")

@@ -7,81 +7,17 @@ from __future__ import annotations
 import json
 import os
 import random
-import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pytest
 
-from inbox_child import open_store
+from children import Child
 from phronomy.storage import InboxEntry, InboxOp, decode_snapshot_builtins
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-CHILD = str(Path(__file__).with_name("inbox_child.py"))
+SCRIPT = "inbox_child.py"
 KILLS = int(os.environ.get("PHRONOMY_INBOX_KILLS", "16"))
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store for the children (``inbox_child.open_store``'s spec)."""
-    if request.param == "sqlite":
-        return f"sqlite:{tmp_path / 'inbox.db'}"
-    opener = request.getfixturevalue("open_postgres")
-    schema = opener().schema  # dropped at the end
-    return f"postgres:{schema}:{request.getfixturevalue('postgres_dsn')}"
-
-
-@pytest.fixture
-def store(spec: str) -> Iterator[Any]:
-    """The children's store, opened here to check what they did."""
-    opened = open_store(spec)
-    yield opened
-    opened.close()
-
-
-class Child:
-    """A child process of ``inbox_child.py``, once it said ``ready``."""
-
-    def __init__(self, spec: str, role: str, *args: object, poll: float = 0.1) -> None:
-        env = {**os.environ, "PHRONOMY_CHILD_POLL": str(poll)}
-        self.process = subprocess.Popen(
-            [sys.executable, CHILD, role, spec, *map(str, args)],
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        assert self.process.stdout is not None
-        self.stdout = self.process.stdout
-        assert self.stdout.readline().strip() == "ready"
-
-    def lines(self) -> list[str]:
-        """What it printed after ``ready`` until it ended (waits for the end)."""
-        with self.stdout:
-            out = self.stdout.read().splitlines()
-        assert self.process.wait(timeout=60) == 0
-        return out
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-        self.stdout.close()
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    """Children to kill at the end, whatever happened."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        if child.process.poll() is None:
-            child.process.send_signal(signal.SIGKILL)
-        child.process.wait(timeout=30)
-        child.stdout.close()
 
 
 def _wait_for(check: Any, timeout: float = 30) -> None:
@@ -109,10 +45,12 @@ def _state(store: Any, iid: str) -> dict[str, Any]:
 def test_one_event_id_from_four_processes_is_applied_once_with_one_outcome(
     spec: str, store: Any, children: list[Child]
 ) -> None:
-    children.append(Child(spec, "hold", "wait", "t-0"))  # halted, nobody holds it
+    children.append(
+        Child(SCRIPT, spec, "hold", "wait", "t-0")
+    )  # halted, nobody holds it
     _wait_for(lambda: store.load("t-0") is not None)
     gate = Path(os.environ.get("TMPDIR", "/tmp")) / f"gate-{os.getpid()}-{time.time()}"
-    senders = [Child(spec, "same", "t-0", "once", gate) for _ in range(4)]
+    senders = [Child(SCRIPT, spec, "same", "t-0", "once", gate) for _ in range(4)]
     children.extend(senders)
     gate.touch()
     try:
@@ -133,9 +71,9 @@ def test_a_live_segment_receives_the_events_another_process_posts_in_order(
 ) -> None:
     # on PostgreSQL, a poll too slow to matter: notifications must bring the events
     poll = 5.0 if spec.startswith("postgres") else 0.1
-    children.append(Child(spec, "hold", "live", "t-0", poll=poll))
+    children.append(Child(SCRIPT, spec, "hold", "live", "t-0", poll=poll))
     _wait_for(lambda: store.load("t-0") is not None)
-    sender = Child(spec, "signal", "t-0", 20)
+    sender = Child(SCRIPT, spec, "signal", "t-0", 20)
     started = time.monotonic()  # its runtime is open: from its first post
     children.append(sender)
     [line] = sender.lines()
@@ -202,7 +140,9 @@ def test_kill_9_of_senders_and_holders_loses_no_acknowledged_event(
 ) -> None:
     instances = 12
     ids = [f"t-{k}" for k in range(instances)]
-    holders = [Child(spec, "hold", "wait", ",".join(ids[h::2])) for h in range(2)]
+    holders = [
+        Child(SCRIPT, spec, "hold", "wait", ",".join(ids[h::2])) for h in range(2)
+    ]
     children.extend(holders)
     _wait_for(lambda: all(store.load(i) is not None for i in ids))
     acks = tmp_path / "acks.txt"
@@ -210,7 +150,7 @@ def test_kill_9_of_senders_and_holders_loses_no_acknowledged_event(
     sender, first, kills = None, 0, [0, 0]
     for _ in range(KILLS):
         if sender is None:
-            sender = Child(spec, "send", acks, first, 100_000, instances)
+            sender = Child(SCRIPT, spec, "send", acks, first, 100_000, instances)
             children.append(sender)
         time.sleep(rng.uniform(0.05, 0.4))
         victim = rng.randrange(3)
@@ -220,7 +160,9 @@ def test_kill_9_of_senders_and_holders_loses_no_acknowledged_event(
             first = 1 + max((int(x.split()[0]) for x in _acked_lines(acks)), default=-1)
         else:  # a holder, maybe between applying an event and saving it
             holders[victim].kill()
-            holders[victim] = Child(spec, "hold", "wait", ",".join(ids[victim::2]))
+            holders[victim] = Child(
+                SCRIPT, spec, "hold", "wait", ",".join(ids[victim::2])
+            )
             children.append(holders[victim])
         kills[victim == 2] += 1
     if sender is not None:

@@ -8,17 +8,13 @@ from __future__ import annotations
 
 import os
 import random
-import signal
 import statistics
-import subprocess
-import sys
 import time
-from pathlib import Path
-from typing import TYPE_CHECKING, Any, NamedTuple
+from typing import Any, NamedTuple
 
 import pytest
 
-from inbox_child import open_store
+from children import Child
 from phronomy.storage import (
     HistoryOp,
     InboxEntry,
@@ -31,10 +27,7 @@ from phronomy.storage import (
 )
 from timer_child import LEASES, POLL, SLOTS, WORK, delay_ms, instance
 
-if TYPE_CHECKING:
-    from collections.abc import Iterator
-
-CHILD = str(Path(__file__).with_name("timer_child.py"))
+SCRIPT = "timer_child.py"
 INSTANCES = int(os.environ.get("PHRONOMY_TIMER_INSTANCES", "80"))
 PACE = 0.1
 """Seconds between two starts: the timers fall due over ``INSTANCES * PACE`` s plus
@@ -55,62 +48,6 @@ an instance may be taken over more than once."""
 EARLY_MS = 20
 """Clock skew allowed between the save that armed a timer and its due time (the
 same store's clock, read twice in one transaction)."""
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def spec(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A store for the children (``inbox_child.open_store``'s spec)."""
-    if request.param == "sqlite":
-        return f"sqlite:{tmp_path / 'timers.db'}"
-    opener = request.getfixturevalue("open_postgres")
-    schema = opener().schema  # dropped at the end
-    return f"postgres:{schema}:{request.getfixturevalue('postgres_dsn')}"
-
-
-@pytest.fixture
-def store(spec: str) -> Iterator[Any]:
-    """The children's store, opened here to check what they did."""
-    opened = open_store(spec)
-    yield opened
-    opened.close()
-
-
-class Child:
-    """A child process of ``timer_child.py``, once it said ``ready``."""
-
-    def __init__(self, spec: str, role: str, *args: object) -> None:
-        self.process = subprocess.Popen(
-            [sys.executable, CHILD, role, spec, *map(str, args)],
-            stdout=subprocess.PIPE,
-            text=True,
-        )
-        assert self.process.stdout is not None
-        self.stdout = self.process.stdout
-        assert self.stdout.readline().strip() == "ready"
-
-    def lines(self) -> list[str]:
-        """What it printed after ``ready`` until it ended (waits for the end)."""
-        with self.stdout:
-            out = self.stdout.read().splitlines()
-        assert self.process.wait(timeout=60) == 0
-        return out
-
-    def kill(self) -> None:
-        self.process.send_signal(signal.SIGKILL)
-        self.process.wait(timeout=30)
-        self.stdout.close()
-
-
-@pytest.fixture
-def children() -> Iterator[list[Child]]:
-    """Children to kill at the end, whatever happened."""
-    started: list[Child] = []
-    yield started
-    for child in started:
-        if child.process.poll() is None:
-            child.process.send_signal(signal.SIGKILL)
-        child.process.wait(timeout=30)
-        child.stdout.close()
 
 
 class History(NamedTuple):
@@ -289,9 +226,9 @@ def test_the_history_check_catches_missed_doubled_late_and_early_timers() -> Non
 def test_kill_9_of_serving_runtimes_fires_every_timer_once_and_in_time(
     spec: str, store: Any, children: list[Child]
 ) -> None:
-    servers = [Child(spec, "serve") for _ in range(SERVERS)]
+    servers = [Child(SCRIPT, spec, "serve") for _ in range(SERVERS)]
     children.extend(servers)
-    starter = Child(spec, "start", INSTANCES, PACE)  # it fires nothing itself
+    starter = Child(SCRIPT, spec, "start", INSTANCES, PACE)  # it fires nothing itself
     children.append(starter)
     began = time.monotonic()
     # the last timer falls due about then; kill until a little after
@@ -310,7 +247,7 @@ def test_kill_9_of_serving_runtimes_fires_every_timer_once_and_in_time(
             time.sleep(max(0.0, due + rng.uniform(0.02, 0.1) - time.monotonic()))
         victim = rng.randrange(SERVERS)
         servers[victim].kill()
-        servers[victim] = Child(spec, "serve")  # the others serve meanwhile
+        servers[victim] = Child(SCRIPT, spec, "serve")  # the others serve meanwhile
         children.append(servers[victim])
         kills += 1
     started = starter.lines()

@@ -6,8 +6,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy.errors import ConflictError
-
 from ._schedules import (
     DeleteScheduleOp,
     PutScheduleOp,
@@ -15,6 +13,7 @@ from ._schedules import (
     SchedulesOp,
     Ticked,
     TickOp,
+    save_starts,
 )
 
 if TYPE_CHECKING:
@@ -46,14 +45,7 @@ def apply_schedule_op(
         case TickOp(record=record, expected_version=expected, starts=starts):
             if not _put(conn, record, expected, now):
                 return Ticked(written=False)
-            started: list[str] = []
-            for request in starts:
-                try:
-                    save(request)
-                except ConflictError:  # its id is taken: that tick started it before
-                    continue
-                started.append(request.workflow_instance_id)
-            return Ticked(written=True, started=tuple(started))
+            return save_starts(starts, save)
         case SchedulesOp():
             found = sorted(conn.schedules.values(), key=lambda r: r.schedule_id)
             if op.workflows is not None:

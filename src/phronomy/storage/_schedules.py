@@ -12,13 +12,16 @@ runtime's tick of the same version changes nothing, so each tick starts one inst
 
 from __future__ import annotations
 
-from typing import Literal, final
+from typing import TYPE_CHECKING, Literal, final
 
 import msgspec
 
-from phronomy.errors import InvalidInputError
+from phronomy.errors import ConflictError, InvalidInputError
 
 from ._records import SaveRequest
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 __all__ = [
     "DeleteScheduleOp",
@@ -29,6 +32,7 @@ __all__ = [
     "SchedulesOp",
     "TickOp",
     "Ticked",
+    "save_starts",
 ]
 
 Overlap = Literal["skip", "buffer_one", "allow_all"]
@@ -165,3 +169,18 @@ class TickOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="tick"):
     record: ScheduleRecord
     expected_version: int
     starts: tuple[SaveRequest, ...] = ()
+
+
+def save_starts(
+    starts: tuple[SaveRequest, ...], save: Callable[[SaveRequest], object]
+) -> Ticked:
+    """What a written :class:`TickOp` did: each of *starts* saved, unless its id is
+    taken (that tick started it before)."""
+    started: list[str] = []
+    for request in starts:
+        try:
+            save(request)
+        except ConflictError:
+            continue
+        started.append(request.workflow_instance_id)
+    return Ticked(written=True, started=tuple(started))

@@ -8,8 +8,6 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import msgspec
 
-from phronomy.errors import ConflictError
-
 from ._schedules import (
     DeleteScheduleOp,
     PutScheduleOp,
@@ -18,6 +16,7 @@ from ._schedules import (
     SchedulesOp,
     Ticked,
     TickOp,
+    save_starts,
 )
 from ._sql_inbox import pyformat
 from ._sql_timers import POSTGRES_MIGRATION, postgres_timers
@@ -239,14 +238,7 @@ def tick(
     """See :class:`~phronomy.storage.TickOp` (*save* saves one new instance)."""
     if not put_schedule(conn, record, expected_version, sql, now):
         return Ticked(written=False)
-    started: list[str] = []
-    for request in starts:
-        try:
-            save(request)
-        except ConflictError:  # its id is taken: that tick started it before
-            continue
-        started.append(request.workflow_instance_id)
-    return Ticked(written=True, started=tuple(started))
+    return save_starts(starts, save)
 
 
 def schedule_op(
