@@ -144,6 +144,7 @@ OWNER = {"lease_ttl": 10.0, "heartbeat_interval": 4.0, "lease_margin": 1.0}
 """A live owner that renews every 4 s (and never sweeps)."""
 
 
+@pytest.mark.slow
 async def test_a_forward_step_of_the_server_clock_takes_live_leases_fenced(
     server: SteppedServer, open_store: Callable[[], phronomy.PostgresStore]
 ) -> None:
@@ -200,6 +201,7 @@ def _request(iid: str, lease: Lease) -> SaveRequest:
     )
 
 
+@pytest.mark.slow
 async def test_a_backward_step_of_the_server_clock_delays_recovery_by_the_step(
     server: SteppedServer, open_store: Callable[[], phronomy.PostgresStore]
 ) -> None:
@@ -238,6 +240,7 @@ async def test_a_backward_step_of_the_server_clock_delays_recovery_by_the_step(
     )
 
 
+@pytest.mark.slow
 async def test_the_runtime_warns_once_per_step_of_the_server_clock(
     server: SteppedServer,
     open_store: Callable[[], phronomy.PostgresStore],
