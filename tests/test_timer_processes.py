@@ -28,7 +28,7 @@ from phronomy.storage import (
 from timer_child import LEASES, POLL, SLOTS, WORK, delay_ms, instance
 
 SCRIPT = "timer_child.py"
-INSTANCES = int(os.environ.get("PHRONOMY_TIMER_INSTANCES", "80"))
+INSTANCES = int(os.environ.get("PHRONOMY_TIMER_INSTANCES", "60"))
 PACE = 0.1
 """Seconds between two starts: the timers fall due over ``INSTANCES * PACE`` s plus
 the longest timeout (3 s)."""
