@@ -16,7 +16,7 @@ import msgspec
 from phronomy.errors import InvalidInputError
 
 from ._inbox import Posting
-from ._records import Consumption, InstanceStatus, Lease, SaveRequest
+from ._records import Consumption, InstanceStatus, Lease, SaveRequest, check_op_limit
 from ._schedules import (
     DeleteScheduleOp,
     PutScheduleOp,
@@ -268,7 +268,7 @@ class InboxOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="inbox"):
     limit: int = 100
 
     def __post_init__(self) -> None:
-        _check_limit(self.limit)
+        check_op_limit(self.limit)
 
 
 @final
@@ -291,7 +291,7 @@ class PollOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="poll"):
     limit: int = 500
 
     def __post_init__(self) -> None:
-        _check_limit(self.limit)
+        check_op_limit(self.limit)
 
 
 @final
@@ -316,7 +316,7 @@ class FireOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="fire"):
     limit: int = 500
 
     def __post_init__(self) -> None:
-        _check_limit(self.limit)
+        check_op_limit(self.limit)
 
 
 @final
@@ -382,9 +382,3 @@ READ_OPS = (
 def op_name(op: StoreOp) -> str:
     """The operation's name (``"load"``, ``"save"``, ...), used by fault points."""
     return type(op).__struct_config__.tag  # type: ignore[return-value]
-
-
-def _check_limit(limit: int) -> None:
-    given: object = limit  # checked at run time: callers are not typed
-    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-        raise InvalidInputError(f"limit must be an int >= 1, got {limit!r}")

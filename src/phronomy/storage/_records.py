@@ -310,3 +310,14 @@ class SaveLogEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     committed_at_ms: int
     definition_version: str = ""
     detail: str | None = None
+
+
+def check_op_limit(limit: int) -> None:
+    """Refuse an operation's *limit* that is not an int >= 1.
+
+    Raises:
+        InvalidInputError: naming the limit.
+    """
+    given: object = limit  # checked at run time: callers are not typed
+    if isinstance(given, bool) or not isinstance(given, int) or given < 1:
+        raise InvalidInputError(f"limit must be an int >= 1, got {limit!r}")

@@ -16,9 +16,9 @@ from typing import TYPE_CHECKING, Literal, final
 
 import msgspec
 
-from phronomy.errors import ConflictError, InvalidInputError
+from phronomy.errors import ConflictError
 
-from ._records import SaveRequest
+from ._records import SaveRequest, check_op_limit
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -140,9 +140,7 @@ class SchedulesOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="sche
     limit: int = 100
 
     def __post_init__(self) -> None:
-        given: object = self.limit  # checked at run time: callers are not typed
-        if isinstance(given, bool) or not isinstance(given, int) or given < 1:
-            raise InvalidInputError(f"limit must be an int >= 1, got {self.limit!r}")
+        check_op_limit(self.limit)
 
 
 @final

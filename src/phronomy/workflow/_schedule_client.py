@@ -32,7 +32,6 @@ from phronomy.storage import (
     TickOp,
     validate_instance_id,
 )
-from phronomy.storage._clock import wall_ms
 
 from ._inbox import decode_input, encode_input
 from ._inputs import input_overlay
@@ -45,10 +44,10 @@ from ._ticks import (
     tick_instance_id,
     ticks_between,
 )
-from ._timer_client import start_request
+from ._timer_client import start_request, store_now
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Mapping
+    from collections.abc import Mapping
 
     from phronomy.durability import DurabilityService
     from phronomy.storage import SaveRequest
@@ -137,7 +136,7 @@ class ScheduleClient:
             )
         gateway = self._gateway()
         self._coordinator.served.setdefault(workflow.name, workflow)  # it ticks here
-        now = _store_now(gateway)
+        now = store_now(gateway)
         start_ms = now if start_at is None else _instant(start_at, "start_at")
         record = ScheduleRecord(
             schedule_id=sid,
@@ -266,7 +265,7 @@ class ScheduleClient:
         gateway = self._gateway()
         for _ in range(EDIT_ATTEMPTS):  # a tick may change it meanwhile
             record = await self.get(schedule_id)
-            fields = EDITS[edit](record, _store_now(gateway), *args)
+            fields = EDITS[edit](record, store_now(gateway), *args)
             changed = msgspec.structs.replace(
                 record, **fields, version=record.version + 1
             )
@@ -332,12 +331,6 @@ def _starts(
         )
         for tick in ticks
     )
-
-
-def _store_now(gateway: DurabilityService) -> int:
-    """The store's wall clock (a test clock's, if it has one; else this host's)."""
-    clock: Callable[[], int] = getattr(gateway.store, "wall_now_ms", wall_ms)
-    return clock()
 
 
 def _schedule_id(value: object) -> str:

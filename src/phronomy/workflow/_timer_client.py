@@ -33,13 +33,14 @@ from ._state import State
 if TYPE_CHECKING:
     from collections.abc import Callable, Mapping
 
+    from phronomy.durability import DurabilityService
     from phronomy.storage import SaveOutcome, StoredRecord
 
     from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
     from ._messages import InputOverlay
 
-__all__ = ["TimerClient", "start_request"]
+__all__ = ["TimerClient", "start_request", "store_now"]
 
 S = TypeVar("S", bound=State)
 
@@ -102,8 +103,7 @@ class TimerClient:
         iid = validate_instance_id(workflow_instance_id)
         # this runtime serves it from now on, as one that starts an instance does
         coordinator.served.setdefault(workflow.name, workflow)
-        clock: Callable[[], int] = getattr(gateway.store, "wall_now_ms", wall_ms)
-        delay_ms = _delay_ms(at, after, clock)
+        delay_ms = _delay_ms(at, after, lambda: store_now(gateway))
         request = start_request(
             workflow,
             iid,
@@ -155,6 +155,12 @@ class TimerClient:
             TimersOp(workflow_instance_id=iid)
         )
         return timers
+
+
+def store_now(gateway: DurabilityService) -> int:
+    """The store's wall clock (a test clock's, if it has one; else this host's)."""
+    clock: Callable[[], int] = getattr(gateway.store, "wall_now_ms", wall_ms)
+    return clock()
 
 
 def start_request(
