@@ -46,11 +46,11 @@ nitpick_ignore_regex = [
     (r"py:(class|obj)", r"(phronomy\.[\w.]+\.)?_\w+"),
     (
         r"py:(class|obj)",
-        r"(phronomy\.[\w.]+\.)?(HandleStatus|InstanceStatus|LifecycleState|DispatcherStatus|TerminalType|SessionLifecycle|SegmentStatus|SessionOutcome|ExecutionStatus|StoreOp|OnFull|Step|Decision|Next|Intent|Action|Command|RecordKind)",
+        r"(phronomy\.[\w.]+\.)?(HandleStatus|InstanceStatus|LifecycleState|DispatcherStatus|TerminalType|SessionLifecycle|SegmentStatus|SessionOutcome|ExecutionStatus|RecordStatus|Plan|StoreOp|OnFull|Step|Decision|Next|Intent|Action|Command|RecordKind)",
     ),
     # runtime-internal classes that appear in signatures
     (
         r"py:class",
-        r"(phronomy\.[\w.]+\.)?(WorkflowSession|WorkflowCoordinator|DurabilityService|ExecutionCoordinator|LiveExecutions|ExecutionEntry|MachineStep|Session|TerminalPolicy|EventSink|_Controls)",
+        r"(phronomy\.[\w.]+\.)?(WorkflowSession|WorkflowCoordinator|DurabilityService|ExecutionTable|Driver|MachineStep|Session|TerminalPolicy|EventSink|_Controls)",
     ),
 ]

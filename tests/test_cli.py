@@ -17,10 +17,9 @@ import pytest
 import trio
 
 import phronomy
+from legacy_records import ExecutionRecord, record_request
 from phronomy import _cli_commands as commands_module
 from phronomy._cli_commands import iso
-from phronomy.agent._messages import ExecutionRecord
-from phronomy.agent._records import record_request
 from phronomy.cli import EXIT_BROKEN_PIPE, main
 from phronomy.storage import SaveOp, SaveRequest, encode_snapshot
 from polling import until
@@ -207,10 +206,12 @@ def test_json_keeps_milliseconds_and_adds_iso_times(
     assert main(["instances", "history", "--db", mixed_db, "a-0", "--json"]) == 0
     (entry,) = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
     assert entry["committed_at"] == iso(entry["committed_at_ms"])
-    assert main(["executions", "list", "--db", mixed_db, "--json"]) == 0
-    stale = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
-    assert [s["agent_id"] for s in stale] == ["crashed", "stuck"]
-    assert all(s["updated_at"] == iso(s["updated_at_ms"]) for s in stale)
+    for status, agents in (("active", ["crashed"]), ("recovery_required", ["stuck"])):
+        argv = ["executions", "list", "--db", mixed_db, "--status", status, "--json"]
+        assert main(argv) == 0
+        listed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+        assert [s["agent_id"] for s in listed] == agents
+        assert all(s["updated_at"] == iso(s["updated_at_ms"]) for s in listed)
     assert main(["instances", "show", "--db", mixed_db, "a-0"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["updated_at"] == iso(shown["updated_at_ms"])
@@ -387,7 +388,7 @@ def test_writing_commands_keep_the_database_s_settings(
         (["instances", "resolve", "a-0", "adopt"], "does not require recovery"),
         (["instances", "cancel", "a-0", "--force"], "already cancelled"),
         (["executions", "show", "nope"], "agent 'nope' has no execution record"),
-        (["executions", "resolve", "000", "adopt"], "no stale execution record"),
+        (["executions", "resolve", "000", "adopt"], "does not require recovery"),
     ],
 )
 def test_every_error_is_one_line(

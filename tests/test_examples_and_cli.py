@@ -14,8 +14,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import phronomy
-from phronomy.agent._messages import ExecutionRecord
-from phronomy.agent._records import record_request
+from legacy_records import ExecutionRecord, record_request
 from phronomy.cli import build_parser, main
 from phronomy.storage import SCHEMA_VERSION, SaveRequest, encode_snapshot
 
@@ -272,19 +271,23 @@ def test_executions_commands(
         )
     )
     store.close()
+    # rows a release before schema 7 wrote read as executions too
     assert main(["executions", "list", "--db", db]) == 0
-    header, crashed = _cells(capsys.readouterr().out)
-    assert header == ["AGENT", "EXECUTION", "STATUS", "STEPS", "UPDATED", "DETAIL"]
-    assert crashed[:4] + crashed[5:] == ["crashed", "e-1", "active", "0", "-"]
-    assert _ISO.fullmatch(crashed[4])
+    header, crashed, done = _cells(capsys.readouterr().out)
+    assert header == ["AGENT", "STATUS", "STEP", "DONE", "PLAN", "UPDATED", "EXECUTION"]
+    assert crashed[:5] + crashed[6:] == ["crashed", "active", "0", "0", "-", "e-1"]
+    assert _ISO.fullmatch(crashed[5])
+    assert done[:2] == ["done", "completed"]
+    assert main(["executions", "list", "--db", db, "--limit", "1"]) == 0
+    out, err = capsys.readouterr()
+    assert [r[0] for r in _cells(out)] == ["AGENT", "crashed"]
+    assert "--after agent:crashed" in err
     assert main(["executions", "show", "--db", db, "done"]) == 0
     assert '"status": "completed"' in capsys.readouterr().out
     assert main(["executions", "resolve", "--db", db, "done", "release"]) == 1
-    assert "no stale execution record" in capsys.readouterr().err
-    assert main(["executions", "resolve", "--db", db, "crashed", "release"]) == 0
-    assert capsys.readouterr().out == "crashed: execution record -> abandoned\n"
-    assert main(["executions", "list", "--db", db]) == 0
-    assert _cells(capsys.readouterr().out) == [header]  # nothing stale: the header
+    assert "does not require recovery" in capsys.readouterr().err
+    assert main(["executions", "approve", "--db", db, "done"]) == 1
+    assert "not waiting for an approval" in capsys.readouterr().err
 
 
 def test_history_cancel_json_filters_and_migrate(

@@ -76,6 +76,7 @@ async def test_sync_entry_points_refuse_foreign_threads_and_the_runtime_survives
                 "Engine.pool()": lambda: rt.pool("new-pool"),
                 "Engine.start_task()": lambda: rt.engine.start_task(trio.sleep, 0),
             }
+            submitted = rt.engine.statistics().pools[0].submitted_total
             for what, call in calls.items():
                 with pytest.raises(phronomy.ReentrancyError) as caught:
                     await in_thread(call)
@@ -84,6 +85,7 @@ async def test_sync_entry_points_refuse_foreign_threads_and_the_runtime_survives
                 assert "runtime.from_thread" in message
                 assert "trio_token" in message
             # nothing was half done: the live segment and the execution still work
+            assert rt.engine.statistics().pools[0].submitted_total == submitted
             assert not handle.done
             assert rt.workflows.signal(flow, "x", "mark")
             assert rt.workflows.signal(flow, "x", "finish")
@@ -91,7 +93,6 @@ async def test_sync_entry_points_refuse_foreign_threads_and_the_runtime_survives
             assert result.state.count == 2  # start_live's probe and the mark above
             execution.approve("yes")
             assert (await execution.result()).status == "completed"
-            assert rt.engine.statistics().pools[0].submitted_total == 0
         assert rt.shutdown_result is not None
         assert rt.shutdown_result.clean
 

@@ -15,12 +15,6 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy.agent._records import (
-    agent_key,
-    decode_record,
-    resolve_record,
-    stale_records,
-)
 from phronomy.durability import kind_of
 from phronomy.engine import random_hex
 from phronomy.errors import (
@@ -30,7 +24,6 @@ from phronomy.errors import (
 )
 from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
-    EXECUTION_KIND,
     SCHEMA_VERSION,
     InboxEntry,
     InboxOp,
@@ -39,6 +32,7 @@ from phronomy.storage import (
     TimersOp,
     cancellation,
     decode_snapshot_builtins,
+    is_execution_plan,
     resolve_stored,
 )
 from phronomy.storage._shortcuts import MAX_LIMIT
@@ -56,9 +50,6 @@ show`` says that no live runtime has taken it."""
 
 __all__ = [
     "cancel",
-    "executions_list",
-    "executions_resolve",
-    "executions_show",
     "iso",
     "lease_state",
     "listing",
@@ -170,7 +161,7 @@ def _workflow_record(store: SQLiteStore, args: argparse.Namespace) -> StoredReco
         look = _command("executions", "show", "--db", args.db, agent)
         raise InvalidInputError(
             f"{iid!r} is the record of a supervised execution (agent {agent!r}), not "
-            f"a workflow instance; see {look} (`executions resolve` closes a stale one)"
+            f"a workflow instance; see {look}"
         )
     return record
 
@@ -203,9 +194,9 @@ def _workflow_page(
 
 def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``instances list``: a table (or JSON objects) of instances, then the next page."""
-    if args.workflow == EXECUTION_KIND:
+    if args.workflow is not None and is_execution_plan(args.workflow):
         raise InvalidInputError(
-            f"{EXECUTION_KIND!r} rows are supervised executions' records, not workflow "
+            f"{args.workflow!r} rows are supervised executions, not workflow "
             f"instances; use {_command('executions', 'list', '--db', args.db)}"
         )
     records, next_after = _workflow_page(store, args)
@@ -399,73 +390,4 @@ def resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
     _workflow_record(store, args)
     record = resolve_stored(store, args.id, args.resolution, by="an operator (cli)")
     print(f"{safe(args.id)}: recovery_required -> {record.status}")
-    return 0
-
-
-# --- executions ------------------------------------------------------------------------
-
-
-def _execution_row(store: SQLiteStore, args: argparse.Namespace) -> StoredRecord | None:
-    """The row of agent ``args.agent_id``'s record; a workflow instance is refused.
-
-    Raises:
-        InvalidInputError: the key holds a workflow instance.
-    """
-    row = store.load(agent_key(args.agent_id))
-    if row is not None and row.workflow and kind_of(row) != "execution":
-        raise InvalidInputError(
-            f"{row.workflow_instance_id!r} is a workflow instance of "
-            f"{row.workflow!r}, not an execution record; use "
-            + _command("instances", "show", "--db", args.db, row.workflow_instance_id)
-        )
-    return row
-
-
-def executions_list(store: SQLiteStore, args: argparse.Namespace) -> int:
-    """``executions list``: stale execution records."""
-    stale = stale_records(store)
-    if args.json:
-        for s in stale:
-            print(_json(s, updated_at=s.updated_at_ms))
-        return 0
-    _table(
-        ("AGENT", "EXECUTION", "STATUS", "STEPS", "UPDATED", "DETAIL"),
-        [
-            (
-                safe(s.agent_id),
-                safe(s.execution_id or ""),
-                s.status,
-                str(s.steps_completed),
-                iso(s.updated_at_ms) or "",
-                safe(s.detail or ""),
-            )
-            for s in stale
-        ],
-    )
-    return 0
-
-
-def executions_show(store: SQLiteStore, args: argparse.Namespace) -> int:
-    """``executions show``: one agent's record, as JSON."""
-    row, record = decode_record(_execution_row(store, args))
-    if row is None:
-        raise NotFoundError(
-            f"agent {args.agent_id!r} has no execution record in {args.db!r}"
-        )
-    view: dict[str, Any] = msgspec.to_builtins(
-        msgspec.structs.replace(row, snapshot=None)
-    )
-    view["updated_at"] = iso(row.updated_at_ms)
-    view["record"] = msgspec.to_builtins(record)
-    print(json.dumps(view, indent=2, sort_keys=True))
-    return 0
-
-
-def executions_resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
-    """``executions resolve``: close a stale record."""
-    _execution_row(store, args)
-    record = resolve_record(
-        store, args.agent_id, args.resolution, by="an operator (cli)"
-    )
-    print(f"{safe(args.agent_id)}: execution record -> {record.status}")
     return 0

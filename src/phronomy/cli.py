@@ -10,14 +10,18 @@
     python -m phronomy instances history --db PATH ID [--limit N] [--json]
     python -m phronomy instances cancel --db PATH ID [--reason TEXT] [--force]
     python -m phronomy instances resolve --db PATH ID {adopt,release}
-    python -m phronomy executions list --db PATH [--json]
+    python -m phronomy executions list --db PATH [--status S] [--limit N] [--after ID]
+                                       [--json]
     python -m phronomy executions show --db PATH AGENT_ID
+    python -m phronomy executions approve|reject --db PATH AGENT_ID [--response JSON]
+    python -m phronomy executions cancel --db PATH AGENT_ID [--reason TEXT]
+                                         [--wait SECONDS | --no-wait]
     python -m phronomy executions resolve --db PATH AGENT_ID {adopt,release}
 
 Inspecting commands open the database read-only; no command ever creates one, and only
 ``migrate`` migrates one (the others refuse a database of an earlier release and leave
 it unchanged). ``--db`` must name a regular file. ``instances`` commands never show or
-change supervised executions' records (``executions`` commands do). Tables have a header
+change supervised executions (``executions`` commands do). Tables have a header
 row and times in ISO 8601 UTC; ``--json`` prints one object per line, with the stored
 milliseconds and their ISO 8601 forms. ``--limit`` is at most 10000.
 
@@ -39,10 +43,12 @@ from phronomy import (
     __version__,
     _cli_commands as commands_module,
     _cli_events as events_module,
+    _cli_executions as executions_module,
     _cli_schedules as schedules_module,
 )
 from phronomy._cli_commands import safe
 from phronomy._demo import run_demo
+from phronomy.agent._records import RECORD_STATUSES
 from phronomy.errors import PhronomyError, StoreUnavailableError
 from phronomy.storage import MAX_LIMIT, InstanceStatus, SQLiteStore
 
@@ -224,35 +230,73 @@ def build_parser() -> argparse.ArgumentParser:
 
     _schedules(commands, command)
     executions = commands.add_parser(
-        "executions", help="inspect and resolve supervised executions' records"
+        "executions", help="list, inspect, answer and cancel supervised executions"
     )
     actions = executions.add_subparsers(dest="action", required=True, metavar="ACTION")
-    command(
+    listed = command(
         actions,
         "list",
-        "list stale execution records (active or recovery_required)",
-        commands_module.executions_list,
+        "list executions by agent id (their status, step and plan)",
+        executions_module.listing_command,
         json_output=True,
     )
+    listed.add_argument(
+        "--status", choices=sorted(RECORD_STATUSES), help="only executions so"
+    )
+    _paging(listed, "executions")
+    listed.add_argument("--after", metavar="AGENT:ID", help="start after this key")
     show = command(
         actions,
         "show",
-        "show one agent's execution record",
-        commands_module.executions_show,
+        "show one agent's execution: steps completed, pending approval, lease",
+        executions_module.show,
     )
     show.add_argument("agent_id", help="the agent id (the execution's key)")
+    for verb, meaning in (("approve", "approve"), ("reject", "reject")):
+        answer = command(
+            actions,
+            verb,
+            f"{meaning} the approval an execution waits for (through its inbox)",
+            executions_module.approve,
+            write=True,
+        )
+        answer.add_argument("agent_id", help="the agent id (the execution's key)")
+        answer.add_argument(
+            "--response",
+            metavar="JSON",
+            help="what the next step receives as Approval.response (or the reason)",
+        )
+    cancel = command(
+        actions,
+        "cancel",
+        "cancel an execution (one running elsewhere cancels at its next heartbeat)",
+        executions_module.cancel,
+        write=True,
+    )
+    cancel.add_argument("agent_id", help="the agent id (the execution's key)")
+    cancel.add_argument("--reason", help="saved with the execution")
+    cancel.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for a running one (default: %(default)s)",
+    )
+    cancel.add_argument(
+        "--no-wait", action="store_true", help="return once its runtime was asked"
+    )
     resolve = command(
         actions,
         "resolve",
-        "close a stale execution record so its key can start",
-        commands_module.executions_resolve,
+        "settle a recovery_required execution",
+        executions_module.resolve,
         write=True,
     )
     resolve.add_argument("agent_id", help="the agent id (the execution's key)")
     resolve.add_argument(
         "resolution",
         choices=["adopt", "release"],
-        help="adopt: keep a recorded outcome; release: close the record as abandoned",
+        help="adopt: the stored state is the truth; release: mark it failed",
     )
     return parser
 

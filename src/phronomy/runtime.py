@@ -15,7 +15,8 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 
 from phronomy._portal import ThreadPortal
-from phronomy.agent import ExecutionCoordinator, Executions
+from phronomy.agent import Executions
+from phronomy.agent._table import ExecutionTable
 from phronomy.durability import DurabilityService, LeaseSettings
 from phronomy.engine import open_engine
 from phronomy.errors import InvalidInputError
@@ -70,7 +71,6 @@ class Runtime:
         engine: Engine,
         store: WorkflowStore | None,
         workflows: WorkflowCoordinator,
-        coordinator: ExecutionCoordinator,
         *,
         recursion_limit: int,
     ) -> None:
@@ -80,7 +80,17 @@ class Runtime:
         self._store = store
         self._recovery = RecoveryClient(workflows)
         self._schedules = ScheduleClient(workflows)
-        self._executions = Executions(coordinator)
+        config = engine.config
+        table = engine.receiver(
+            ExecutionTable,
+            functools.partial(
+                ExecutionTable,
+                workflows=self._workflows,
+                coordinator=workflows,
+                capacity=config.pool_size + config.queue_size,
+            ),
+        )
+        self._executions = Executions(table)
         self._portal = ThreadPortal(self._workflows, engine.trio_token)
 
     @property
@@ -377,22 +387,8 @@ async def open_runtime(
                     functools.partial(poll_inbox, coordinator_of_workflows, poll),
                     name="inbox poll",
                 )
-            coordinator = engine.receiver(
-                ExecutionCoordinator,
-                functools.partial(
-                    ExecutionCoordinator,
-                    pool=engine.pool(
-                        "phronomy.executions", size=pool_size, queue_size=queue_size
-                    ),
-                    gateway=gateway,
-                ),
-            )
             yield Runtime(
-                engine,
-                store,
-                coordinator_of_workflows,
-                coordinator,
-                recursion_limit=recursion_limit,
+                engine, store, coordinator_of_workflows, recursion_limit=recursion_limit
             )
     finally:
         result = engines[0].shutdown_result if engines else None

@@ -12,10 +12,7 @@ import trio
 import trio.testing
 
 import phronomy
-from phronomy.agent import ExecutionCoordinator
-from phronomy.agent._messages import ExecutionRecord, StepResult
-from phronomy.agent._records import agent_key, record_request
-from phronomy.engine import ResultHandle
+from phronomy.agent._steps import StepOutput
 from phronomy.testing import FaultyStore
 from polling import until
 
@@ -252,25 +249,27 @@ async def test_cancel_of_a_suspended_execution_is_immediate(
 
 
 async def test_stale_step_results_are_dropped(runtime: phronomy.Runtime) -> None:
-    # scenario 128: a result whose semantic id is not current never changes state
+    # scenario 128: a result whose step run id is not current never changes state
     gate = threading.Event()
     execution = runtime.executions.start(
         "stale", [lambda v: (gate.wait(5), "current")[1], lambda v: f"next:{v}"]
     )
-    await until(lambda: execution.owner() is not None)
-    coordinator = runtime.engine.receiver(ExecutionCoordinator, _exists)
-    stale = StepResult(
-        execution_id=execution.execution_id,
-        step_id="stale-id",
-        done=ResultHandle.completed("stale"),
+    await until(lambda: _executing(execution))
+    stale = StepOutput(step_id="stale-id", value="stale")
+    outcome = await runtime.workflows.deliver(
+        execution.plan, "agent:stale", "step_done", stale
     )
-    assert coordinator.post_message(stale)
-    await trio.testing.wait_all_tasks_blocked()  # the stale result was dispatched
+    assert outcome.status == "rejected"  # no guard takes another run's result
     owner = execution.owner()
     assert owner is not None
     assert owner.step_index == 0
     gate.set()
     assert (await execution.result()).value == "next:current"
+
+
+def _executing(execution: phronomy.agent.ExecutionHandle) -> bool:
+    owner = execution.owner()
+    return owner is not None and owner.status == "executing"
 
 
 async def test_purge_and_admission_reads(runtime: phronomy.Runtime) -> None:
@@ -341,14 +340,16 @@ async def test_durable_records_and_admission_before_storage(
     # scenarios 121, 122
     store = FaultyStore(open_sqlite(tmp_path / "agents.db"))
     async with phronomy.open_runtime(store=store) as rt:
-        gate = store.block("load.before")
+        gate = store.block("claim.before")
         first = rt.executions.start("a", [lambda v: "done"])
-        # admitted, and its load is blocked in the store
-        await until(lambda: rt.executions.is_admitted("a") and store.count("load") == 1)
-        loads = store.count("load")
+        # admitted, and its claim is blocked in the store
+        await until(
+            lambda: rt.executions.is_admitted("a") and store.count("claim") == 1
+        )
+        claims = store.count("claim")
         with pytest.raises(phronomy.BusyError):
             await rt.executions.invoke("a", [lambda v: v])
-        assert store.count("load") == loads  # the competitor never touched storage
+        assert store.count("claim") == claims  # the competitor never touched storage
         gate.set()
         assert (await first.result()).value == "done"
         record = await rt.executions.record("a")
@@ -358,7 +359,7 @@ async def test_durable_records_and_admission_before_storage(
             "completed",
             1,
         )
-        store.fail("load.before", OSError("disk"))
+        store.fail("claim.before", OSError("disk"))
         with pytest.raises(OSError, match="disk"):
             await rt.executions.invoke("a", [lambda v: v])
         assert (
@@ -368,38 +369,45 @@ async def test_durable_records_and_admission_before_storage(
         assert await rt.executions.record("a") is None
 
 
-async def test_a_stale_record_refuses_starts_until_it_is_resolved(
+async def test_an_execution_of_a_dead_process_frees_its_key_after_the_sweep(
     open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
 ) -> None:
-    # scenario 123, adapted (deviation): the refusal names the record and the API that
-    # resolves it, and does not lock the key in-process (before: the key stayed locked
-    # for the rest of the runtime, purge was refused and nothing listed it).
+    # scenario 123, adapted (deviation): an execution is leased. Before: a crashed
+    # process left its record "active" until an operator released it, and from another
+    # process a live execution looked as stale as a dead one.
     path = tmp_path / "agents.db"
-    # a crashed process left the record "active" (a clean shutdown closes it)
-    open_sqlite(path).save(
-        record_request("x", ExecutionRecord(execution_id="e-1", status="active"), None)
+    # a process claimed agent x's execution, then died before its first save
+    open_sqlite(path).begin(
+        "agent:x", "phronomy.execution:gone", lease_owner="dead-runtime", ttl_ms=1500
     )
     store = FaultyStore(open_sqlite(path))
-    async with phronomy.open_runtime(store=store) as rt:
-        with pytest.raises(phronomy.BusyError, match="active in the store") as caught:
+    async with phronomy.open_runtime(
+        store=store,
+        lease_ttl=1.5,
+        heartbeat_interval=0.3,
+        lease_margin=0.3,
+        sweep_interval=0.2,
+    ) as rt:
+        with pytest.raises(phronomy.BusyError, match="nonterminal top-level") as caught:
             await rt.executions.invoke("x", [lambda v: v])
-        assert "runtime.executions.resolve('x', action='release')" in str(caught.value)
-        assert "python -m phronomy executions resolve" in str(caught.value)
+        assert "runtime.executions.cancel_agent('x')" in str(caught.value)
         assert not rt.executions.is_admitted("x")  # not locked in-process
-        loads = store.count("load")
-        with pytest.raises(phronomy.BusyError):
-            await rt.executions.invoke("x", [lambda v: v])
-        assert store.count("load") > loads  # the store is asked again each time
-        stale = await rt.executions.stale()
-        assert [(s.agent_id, s.execution_id, s.status) for s in stale] == [
-            ("x", "e-1", "active")
-        ]
-        with pytest.raises(phronomy.NotFoundError):
-            await rt.executions.resolve("nobody", action="release")
-        record = await rt.executions.resolve("x", action="release")
+        record = await rt.executions.record("x")
         assert record is not None
-        assert record.status == "abandoned"
-        assert await rt.executions.stale() == []
+        assert record.status == "active"
+        assert record.lease is not None
+        assert record.lease.owner == "dead-runtime"  # who runs it: a live lease
+        # within lease_ttl + sweep_interval, the sweep closes it honestly: it never
+        # saved a step, so it failed (and a new start of the key runs)
+        started = trio.current_time()
+
+        async def closed() -> bool:
+            found = await rt.executions.record("x")
+            return found is not None and found.status == "failed"
+
+        while not await closed():
+            assert trio.current_time() - started < 1.5 + 0.2 + 1.0
+            await trio.sleep(0.05)
         assert (await rt.executions.invoke("x", [lambda v: "again"])).value == "again"
         assert await rt.executions.purge("x")
 
@@ -429,7 +437,9 @@ async def test_uncertain_terminal_durability_keeps_the_caller_pending(
         owner = execution.owner()
         assert owner is not None
         assert owner.status == "recovery_required"
-    with pytest.raises(phronomy.RuntimeShutdownError):
+    # adapted: the caller learns at shutdown that the key requires recovery (before:
+    # a RuntimeShutdownError that did not say so)
+    with pytest.raises(phronomy.RecoveryRequiredError, match="requires recovery"):
         await execution.result()
 
 
@@ -452,7 +462,7 @@ async def test_cancelled_durable_execution_records_cancelled(
         record = await rt.executions.record("c")
         assert record is not None
         assert record.status == "cancelled"
-        assert store.load(agent_key("c")).status == "finished"  # type: ignore[union-attr]
+        assert store.load("agent:c").status == "cancelled"  # type: ignore[union-attr]
 
 
 async def test_a_burst_of_durable_starts_is_bounded_and_leaves_nothing_behind(
@@ -497,7 +507,8 @@ async def test_a_burst_of_durable_starts_is_bounded_and_leaves_nothing_behind(
             assert len(completed) == capacity
             assert len(refused) == burst - capacity
             assert ran == completed  # no refused start ran a step
-            assert await rt.executions.stale() == []  # nothing left "active"
+            active = await rt.executions.list(status="active")
+            assert active.records == ()  # nothing left "active"
             for key in refused:  # the same keys in both waves (starts run in order)
                 assert await rt.executions.record(key) is None
             for key in completed:
@@ -511,8 +522,11 @@ async def test_a_burst_of_durable_starts_is_bounded_and_leaves_nothing_behind(
 async def test_a_clean_shutdown_closes_cut_off_records_honestly(
     open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
 ) -> None:
-    # Before: an execution waiting for approval at shutdown left its record "active",
-    # and every later start of its key failed with BusyError.
+    # An execution whose steps only this process has (lambdas) cannot be resumed by
+    # another one: at shutdown its suspended approval is closed (cancelled), and one
+    # cut off while its thread ran is written back to its last save (none: failed).
+    # Both keys can start again. (Module-level steps stay suspended: see
+    # test_suspended_approvals_survive_shutdown_and_are_answered_elsewhere.)
     path = tmp_path / "agents.db"
     gate = threading.Event()
     entered = threading.Event()
@@ -530,22 +544,22 @@ async def test_a_clean_shutdown_closes_cut_off_records_honestly(
         busy = rt.executions.start("busy", [tool])
         await until(lambda: _suspended(rt, suspended) and entered.is_set())
     gate.set()
-    with pytest.raises(phronomy.RuntimeShutdownError, match="closed as abandoned"):
+    with pytest.raises(phronomy.RuntimeShutdownError, match="closed as cancelled"):
         await suspended.result()
-    with pytest.raises(
-        phronomy.RuntimeShutdownError,
-        match=r"stays active .*runtime\.executions\.resolve\('busy'",
-    ):
+    with pytest.raises(phronomy.RuntimeShutdownError, match="cut off"):
         await busy.result()
     async with phronomy.open_runtime(store=open_sqlite(path)) as rt:
         record = await rt.executions.record("waiting")
         assert record is not None
-        assert record.status == "abandoned"
+        assert record.status == "cancelled"
         assert (
             await rt.executions.invoke("waiting", [lambda v: "anew"])
         ).value == "anew"
-        # the execution whose thread still ran was not closed: it is listed as stale
-        assert [s.agent_id for s in await rt.executions.stale()] == ["busy"]
+        busy_record = await rt.executions.record("busy")
+        assert busy_record is not None
+        assert busy_record.status in ("failed", "active")
+        if busy_record.status == "active":  # its lease expires first
+            assert busy_record.lease is not None
 
 
 async def test_purge_never_deletes_a_workflow_instance(tmp_path: Path) -> None:
@@ -591,8 +605,3 @@ async def test_timeouts_and_deadlines_are_checked_at_the_call(
     assert not runtime.executions.is_admitted("t")  # nothing started
     done = await runtime.executions.invoke("t", steps, "v", timeout=5)
     assert done.value == "v"
-
-
-def _exists(engine: object) -> ExecutionCoordinator:
-    """A receiver factory for one that exists already (never called)."""
-    pytest.fail("it exists already")

@@ -2,99 +2,48 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Literal, cast, final
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, Literal, final
 
 import msgspec
 import trio
 
-from phronomy.durability import kind_of
 from phronomy.engine import ResultHandle, random_uuid
 from phronomy.errors import (
+    BackpressureError,
     BusyError,
-    CancellationError,
-    DefinitionError,
     InstanceStateError,
     InvalidInputError,
     NotFoundError,
 )
 from phronomy.storage import (
+    EXECUTION_PLAN_PREFIX,
     DeleteOp,
     LoadOp,
-    quarantined,
-    release_quarantine,
-    validate_instance_id,
+    PostOp,
 )
+from phronomy.workflow import RecoveryClient
 
+from ._arguments import agent_id_of, deadline_of
+from ._driver import Driver
 from ._handle import ExecutionHandle
-from ._messages import (
-    ApprovalDecision,
-    CancelExecution,
-    ExecutionOwner,
-    ExecutionRecord,
-    ExecutionResult,
-    ResolveExecution,
-    StartExecution,
-)
+from ._messages import ExecutionPage, ExecutionRecord, RecordStatus
+from ._plan import Plan, PlanCache, Step, execution_plan, plan_of
 from ._records import (
-    StaleExecution,
     agent_key,
-    decode_record,
-    record_resolution,
-    stale_entry,
-    written,
+    answer_posting,
+    check_execution_row,
+    execution_record,
+    listing,
 )
-from ._steps import arity
 
 if TYPE_CHECKING:
-    from ._coordinator import ExecutionCoordinator
+    from phronomy.durability import DurabilityService
 
-__all__ = ["Executions", "Step"]
+    from ._messages import ExecutionOwner, ExecutionResult
+    from ._table import ExecutionTable
 
-Step = Callable[..., Any]
-"""A step: ``(value)`` or ``(value, ctx)``; ``def`` runs in a worker thread, ``async def``
-runs as a supervised trio task."""
-
-
-def _deadline(timeout: object, deadline: object) -> float | None:
-    """The trio-time deadline of an execution given *timeout* or *deadline*.
-
-    Raises:
-        InvalidInputError: a bad value, both given, or a deadline that has passed.
-    """
-    if timeout is not None and deadline is not None:
-        raise InvalidInputError(
-            "give timeout= (seconds from now) or deadline= (a trio time), not both"
-        )
-    if timeout is not None:
-        if (
-            isinstance(timeout, bool)
-            or not isinstance(timeout, (int, float))
-            or not 0 < timeout < math.inf
-        ):
-            raise InvalidInputError(
-                f"timeout must be a positive number of seconds, got {timeout!r}"
-            )
-        return trio.current_time() + timeout
-    if deadline is None:
-        return None
-    if isinstance(deadline, bool) or not isinstance(deadline, (int, float)):
-        raise InvalidInputError(
-            f"deadline must be a trio time (a float, as trio.current_time()), got "
-            f"{deadline!r}"
-        )
-    now = trio.current_time()
-    if deadline <= now:
-        raise InvalidInputError(
-            f"deadline {deadline!r} has passed (trio.current_time() is {now:.3f}): "
-            "deadline= is an absolute trio time; for seconds from now, pass timeout="
-        )
-    return float(deadline)
-
-
-def _validate_agent_id(agent_id: object) -> str:
-    return validate_instance_id(agent_id, what="agent_id")
+__all__ = ["Executions"]
 
 
 @final
@@ -117,20 +66,33 @@ class Executions:
         execution.approve("go")              # later, from any trio task
         result = await execution.result()
 
+    An execution runs as an instance of its plan's generated workflow (see
+    :func:`~phronomy.agent.execution_plan`): with a store it holds a lease, each step's
+    result is saved, a suspended approval survives shutdown and crashes and can be
+    answered from any process (:meth:`decide`, or the command line), and a runtime
+    that serves the plan takes over the executions of a process that died.
+
     Cancelling (or a deadline) revokes the execution's result authority at once, but
-    its caller, its admission and its key stay busy until every thread and task it
-    started has physically finished; then the caller settles as cancelled. Threads are
-    never killed or abandoned.
+    its caller and its key stay busy until every thread and task it started has
+    physically finished; then the caller settles as cancelled. Threads are never
+    killed or abandoned.
     """
 
-    def __init__(self, coordinator: ExecutionCoordinator) -> None:
+    def __init__(self, table: ExecutionTable) -> None:
         """Internal: reached as ``runtime.executions``."""
-        self._coordinator = coordinator
+        self._table = table
+        self._plans = PlanCache()
+
+    @property
+    def _gateway(self) -> DurabilityService | None:
+        return self._table.coordinator.gateway
+
+    # --- starting ------------------------------------------------------------------
 
     def start(
         self,
         agent_id: str,
-        steps: Sequence[Step],
+        steps: Sequence[Step] | Plan,
         input: Any = None,  # noqa: A002 - the first step's input
         *,
         timeout: float | None = None,
@@ -139,13 +101,15 @@ class Executions:
         """Start an execution of *steps* for *agent_id* without waiting.
 
         Each step receives the previous step's return value (the first receives
-        *input*). A step that returns an :class:`~phronomy.ApprovalRequest` suspends the execution
-        until :meth:`approve` (the next step receives an :class:`~phronomy.Approval`) or
-        :meth:`reject` (the execution ends ``rejected``).
+        *input*). A step that returns an :class:`~phronomy.ApprovalRequest` suspends
+        the execution until :meth:`approve` (the next step receives an
+        :class:`~phronomy.Approval`) or :meth:`reject` (the execution ends
+        ``rejected``). With a store, values between steps are saved as JSON.
 
         Args:
             agent_id: the key; one nonterminal top-level execution per key.
-            steps: callables taking ``(value)`` or ``(value, ctx)``.
+            steps: callables taking ``(value)`` or ``(value, ctx)``, or a plan made by
+                :func:`~phronomy.agent.execution_plan`.
             input: the first step's input.
             timeout: seconds from now after which the execution is cancelled with
                 :class:`~phronomy.DeadlineExceededError` (as :func:`trio.move_on_after`).
@@ -154,7 +118,8 @@ class Executions:
 
         Returns:
             An :class:`ExecutionHandle`. A busy key fails it with
-            :class:`~phronomy.BusyError` before any storage is touched.
+            :class:`~phronomy.BusyError`: at once when the key runs here, after the
+            store's answer when it runs (or waits) elsewhere.
 
         Raises:
             InvalidInputError: an empty or invalid *agent_id*; a *timeout* that is not
@@ -163,38 +128,48 @@ class Executions:
             DefinitionError: no steps, or a step of the wrong shape.
             ReentrancyError: called from a thread that does not run the runtime.
         """
-        self._coordinator.engine.check_thread("runtime.executions.start()")
-        key = _validate_agent_id(agent_id)
-        step_list = list(steps)
-        if not step_list:
-            raise DefinitionError("an execution needs at least one step")
-        arities = tuple(arity(step, i) for i, step in enumerate(step_list))
-        deadline = _deadline(timeout, deadline)
+        table = self._table
+        table.engine.check_thread("runtime.executions.start()")
+        key = agent_id_of(agent_id)
+        plan = self._plan(steps)
+        when = deadline_of(timeout, deadline)
         execution_id = random_uuid()
         caller: ResultHandle[ExecutionResult] = ResultHandle(
             f"execution:{key}:{execution_id}"
         )
-        command = StartExecution(
+        driver = Driver(
+            table,
+            plan,
             agent_id=key,
+            key=agent_key(key),
             execution_id=execution_id,
-            steps=step_list,
-            arities=arities,
-            input=input,
-            owner=object(),
             caller=caller,
-            deadline=deadline,
         )
-        if not self._coordinator.post_message(
-            command, admission=True, completion=caller
-        ):
-            caller.fail(self._coordinator.engine.refusal("the execution start"))
-        caller.on_complete(lambda _: self._coordinator.live.notify(execution_id))
-        return ExecutionHandle(self, self._coordinator.live, execution_id, key, caller)
+        handle = ExecutionHandle(self, driver)
+        busy = table.by_key(key)
+        if busy is not None:
+            caller.fail(
+                BusyError(
+                    f"Agent {key!r} already has a nonterminal top-level execution "
+                    f"({busy.status})"
+                )
+            )
+        elif table.running >= table.capacity:
+            caller.fail(
+                BackpressureError(
+                    f"{table.capacity} executions run in this runtime already (its "
+                    "pool_size + queue_size): start it again later"
+                )
+            )
+        else:
+            table.add(driver)
+            driver.begin(input, when)
+        return handle
 
     async def invoke(
         self,
         agent_id: str,
-        steps: Sequence[Step],
+        steps: Sequence[Step] | Plan,
         input: Any = None,  # noqa: A002 - the first step's input
         *,
         timeout: float | None = None,  # noqa: ASYNC109 - the execution's, not the wait's
@@ -209,34 +184,39 @@ class Executions:
         handle = self.start(agent_id, steps, input, timeout=timeout, deadline=deadline)
         return await handle.result()
 
+    # --- this runtime's executions -------------------------------------------------
+
     def owner(self, execution_id: str) -> ExecutionOwner | None:
-        """A read-only view of a live execution, or ``None``."""
-        return self._coordinator.live.owner(execution_id)
+        """A read-only view of an execution live in this runtime, or ``None``."""
+        driver = self._table.by_id(execution_id)
+        return None if driver is None else driver.owner()
 
     def is_admitted(self, agent_id: str | None) -> bool:
         """Whether the key has a nonterminal execution in this runtime."""
-        return bool(agent_id) and agent_id in self._coordinator.admissions
+        return bool(agent_id) and agent_id in self._table
 
     def approve(self, execution_id: str, response: Any = None) -> None:
-        """Approve a suspended execution; the next step receives an :class:`~phronomy.Approval`.
+        """Approve a suspended execution of this runtime; the next step receives an
+        :class:`~phronomy.Approval` (from another process: :meth:`decide`).
 
         Raises:
             NotFoundError: no live execution has that id.
             InstanceStateError: the execution is not waiting for an approval.
         """
-        self._decide(execution_id, approved=True, response=response)
+        self._decide_here(execution_id, approved=True, response=response)
 
     def reject(self, execution_id: str, reason: Any = None) -> None:
-        """Reject a suspended execution; it ends with status ``rejected``.
+        """Reject a suspended execution of this runtime; it ends ``rejected``.
 
         Raises:
             NotFoundError: no live execution has that id.
             InstanceStateError: the execution is not waiting for an approval.
         """
-        self._decide(execution_id, approved=False, response=reason)
+        self._decide_here(execution_id, approved=False, response=reason)
 
     def cancel(self, execution_id: str, reason: str | None = None) -> bool:
-        """Cancel an execution: result authority is revoked when the request is dispatched.
+        """Cancel an execution of this runtime: its result authority is revoked at
+        once; its caller settles once nothing it started runs any more.
 
         Returns:
             ``True`` if a live execution was asked to cancel.
@@ -244,68 +224,202 @@ class Executions:
         Raises:
             ReentrancyError: called from a thread that does not run the runtime.
         """
-        self._coordinator.engine.check_thread("runtime.executions.cancel()")
-        entry = self._coordinator.live.owner(execution_id)
-        if entry is None or entry.status not in ("executing", "suspended"):
-            return False
-        message = f"execution {execution_id!r} cancelled" + (
-            f": {reason}" if reason else ""
-        )
-        return self._coordinator.post_message(
-            CancelExecution(execution_id=execution_id, error=CancellationError(message))
-        )
+        self._table.engine.check_thread("runtime.executions.cancel()")
+        driver = self._table.by_id(execution_id)
+        return driver is not None and driver.cancel(reason)
 
-    async def record(self, agent_id: str) -> ExecutionRecord | None:
-        """The agent's durable execution record (``None`` without a store or a record).
+    # --- any execution in the store ------------------------------------------------
+
+    async def decide(
+        self,
+        agent_id: str,
+        *,
+        approve: bool,
+        response: Any = None,
+        execution_id: str | None = None,
+    ) -> ExecutionRecord:
+        """Answer the approval the key's execution waits for, from any process.
+
+        The answer is stored in the execution's inbox; whichever runtime serves the
+        execution's plan applies it (this one, if the execution is live here).
+
+        Args:
+            agent_id: the key.
+            approve: approve (the next step runs) or reject (it ends ``rejected``).
+            response: what the next step receives as ``Approval.response`` (or the
+                rejection's reason); JSON.
+            execution_id: answer only this execution (default: whichever waits).
+
+        Returns:
+            The key's record when the answer was stored.
 
         Raises:
+            NotFoundError: the key has no execution.
+            InstanceStateError: its execution is not waiting for an approval (or is
+                another one than *execution_id*).
+
+        Cancellation:
+            Cancelling the caller stops the wait only; a stored answer is applied.
+        """
+        key = agent_id_of(agent_id)
+        driver = self._table.by_key(key)
+        if driver is not None and execution_id in (None, driver.execution_id):
+            self._decide_here(driver.execution_id, approved=approve, response=response)
+            await trio.lowlevel.checkpoint()
+            return await self._record_or_fail(key)
+        record = await self._record_or_fail(key)
+        if record.status != "suspended" or execution_id not in (
+            None,
+            record.execution_id,
+        ):
+            raise InstanceStateError(
+                f"agent {key!r}'s execution {record.execution_id!r} is {record.status}, "
+                "not waiting for an approval"
+                + (f" (and not {execution_id!r})" if execution_id else ""),
+                instance_id=agent_key(key),
+            )
+        posting = answer_posting(
+            key, record.execution_id, approve=approve, response=response
+        )
+        plan = self._served(record.plan)
+        if plan is not None:  # applied here at once, by the plan this runtime runs
+            await self._table.workflows.post(
+                plan,
+                posting.workflow_instance_id,
+                posting.event,
+                msgspec.json.decode(posting.payload),
+                event_id=posting.event_id,
+            )
+        else:  # stored for a runtime that serves the plan
+            gateway = self._gateway
+            assert gateway is not None  # the record was read from the store
+            posted = await gateway.run(PostOp(posting=posting))
+            if posted.outcome != "stored":
+                raise InstanceStateError(
+                    f"agent {key!r}'s execution took no answer ({posted.outcome})",
+                    instance_id=posting.workflow_instance_id,
+                )
+        return record
+
+    async def cancel_agent(
+        self, agent_id: str, *, reason: str | None = None
+    ) -> ExecutionRecord:
+        """Cancel the key's execution wherever it runs or waits.
+
+        An execution live in another runtime is asked through its row (it cancels at
+        its next heartbeat, once its threads returned); a suspended one is saved
+        ``cancelled`` directly.
+
+        Returns:
+            The key's record once it says ``cancelled``.
+
+        Raises:
+            NotFoundError: the key has no execution.
+            InstanceStateError: its execution has ended already.
+
+        Cancellation:
+            Cancelling the caller stops the wait only: the cancellation goes on.
+        """
+        key = agent_id_of(agent_id)
+        driver = self._table.by_key(key)
+        if driver is not None:
+            driver.cancel(reason)
+            await driver.caller.wait()
+            return await self._record_or_fail(key)
+        record = await self._record_or_fail(key)
+        plan = self._served(record.plan) or execution_plan(
+            [_unknown_step], name=record.plan
+        )  # a cancel reads and writes the row only: any plan of that name does
+        await self._table.workflows.cancel(plan, agent_key(key), reason=reason)
+        return await self._record_or_fail(key)
+
+    async def record(self, agent_id: str) -> ExecutionRecord | None:
+        """The key's latest execution as the store says (``None`` without a store or
+        an execution).
+
+        Raises:
+            InstanceStateError: the row under the key is not a supervised execution's.
             CorruptRecordError: the stored record does not decode.
 
         Cancellation:
             Safe: nothing is changed.
         """
-        key = _validate_agent_id(agent_id)
-        gateway = self._coordinator.gateway
+        key = agent_id_of(agent_id)
+        gateway = self._gateway
         if gateway is None:
             await trio.lowlevel.checkpoint()
             return None
-        _, record = await gateway.run(
-            LoadOp(workflow_instance_id=agent_key(key)), finish=decode_record
-        )
-        return cast("ExecutionRecord | None", record)
+        row = await gateway.run(LoadOp(workflow_instance_id=agent_key(key)))
+        if row is None:
+            return None
+        return await trio.to_thread.run_sync(execution_record, row)
+
+    async def list(
+        self,
+        *,
+        status: RecordStatus | None = None,
+        after: str | None = None,
+        limit: int = 100,
+    ) -> ExecutionPage:
+        """The executions in the store, by agent id (one page).
+
+        Args:
+            status: only those the store says are so (see
+                :data:`~phronomy.agent.RecordStatus`).
+            after: the ``next_after`` of the previous page.
+            limit: executions per page (1 to 10000).
+
+        Returns:
+            The page (empty without a store).
+
+        Raises:
+            InvalidInputError: an unknown status or a bad limit.
+
+        Cancellation:
+            Safe: nothing is changed.
+        """
+        steps = listing(status=status, after=after, limit=limit)
+        gateway = self._gateway
+        if gateway is None:
+            await trio.lowlevel.checkpoint()
+            return ExecutionPage(records=())
+        try:
+            op = next(steps)
+            while True:
+                op = steps.send(await gateway.run(op))
+        except StopIteration as done:
+            return done.value  # type: ignore[no-any-return]
 
     async def purge(self, agent_id: str) -> bool:
-        """Delete the agent's durable record.
+        """Delete the key's execution record (one that ended).
 
         Returns:
             Whether a record was deleted.
 
         Raises:
-            BusyError: an execution of the key is in progress in this runtime.
-            InstanceStateError: the row under the key is not an execution record
-                (nothing is deleted).
+            BusyError: an execution of the key is in progress (here, or in the store).
+            InstanceStateError: the row under the key is not an execution's.
 
         Cancellation:
             Cancelling the caller stops the wait only; a delete already submitted runs.
         """
-        key = _validate_agent_id(agent_id)
+        key = agent_id_of(agent_id)
         if self.is_admitted(key):
             raise BusyError(
                 f"Agent {key!r} has an execution in progress; it cannot be purged"
             )
-        gateway = self._coordinator.gateway
+        gateway = self._gateway
         if gateway is None:
             await trio.lowlevel.checkpoint()
             return False
         row = await gateway.run(LoadOp(workflow_instance_id=agent_key(key)))
         if row is None:
             return False
-        if kind_of(row) != "execution":
-            raise InstanceStateError(
-                f"{agent_key(key)!r} is a workflow instance of {row.workflow!r} (saved "
-                "by a release that did not reserve the prefix), not an execution "
-                "record: purge refuses it; delete it as a workflow instance",
-                instance_id=agent_key(key),
+        check_execution_row(row)
+        if row.status in ("running", "halted", "recovery_required"):
+            raise BusyError(
+                f"Agent {key!r}'s execution is {row.status} in the store; cancel it "
+                "(runtime.executions.cancel_agent) before purging it"
             )
         await gateway.run(
             DeleteOp(
@@ -314,145 +428,71 @@ class Executions:
         )
         return True
 
-    async def stale(self) -> list[StaleExecution]:
-        """Execution records that may have no live owner any more.
-
-        A record is listed when the store says its execution is ``active`` although it
-        does not run in this runtime (its runtime stopped while the execution waited
-        for an approval, or its process crashed), or when the outcome of its last write
-        is unknown (``recovery_required``, here or in the store). Such a record refuses
-        new starts of its key until it is resolved with :meth:`resolve`.
-
-        Without leases, an ``active`` record may still belong to an execution running in
-        *another* process that shares the store: resolve only what you know is dead.
-
-        Returns:
-            The stale records, by agent id.
-
-        Raises:
-            CorruptRecordError: a stored record does not decode.
-
-        Cancellation:
-            Safe: nothing is changed.
-        """
-        local = {
-            a.key for a in self._coordinator.admissions.in_state("recovery_required")
-        }
-        service = self._coordinator.gateway
-        found: dict[str, StaleExecution] = {}
-        if service is not None:
-            identity = service.store.identity
-            for status in ("running", "recovery_required"):
-                for listed in await service.list_all("execution", status):
-                    key = listed.workflow_instance_id
-                    row, record = await service.run(
-                        LoadOp(workflow_instance_id=key), finish=decode_record
-                    )
-                    entry = stale_entry(
-                        row, record, quarantined=quarantined(identity, key) is not None
-                    )
-                    if entry is not None and (
-                        entry.agent_id in local
-                        or entry.agent_id not in self._coordinator.admissions
-                    ):
-                        found[entry.agent_id] = entry
-        for key in local:
-            found[key] = msgspec.structs.replace(
-                found.get(key)
-                or StaleExecution(
-                    agent_id=key, execution_id=None, status="recovery_required"
-                ),
-                in_process=True,
-            )
-        return [found[key] for key in sorted(found)]
-
     async def resolve(
         self, agent_id: str, *, action: Literal["adopt", "release"]
     ) -> ExecutionRecord | None:
-        """Close a stale execution record so the key can start again.
+        """Resolve a ``recovery_required`` execution (a save's outcome was unknown).
 
-        ``adopt`` keeps what the store recorded (a terminal outcome stays; a record that
-        still says ``active`` is closed as ``abandoned``); ``release`` closes the record
-        as ``abandoned`` whatever it says. A recovery-required admission of the key in
-        this runtime is cleared too, and its pending caller fails with a
-        :class:`~phronomy.RecoveryRequiredError` that says it was resolved.
+        ``adopt``: what the store holds is the truth; ``release``: it becomes
+        ``failed`` so the key can start again. A pending caller here fails with a
+        :class:`~phronomy.RecoveryRequiredError`.
 
         Returns:
-            The record after the resolution (``None`` without a store).
+            The key's record after the resolution (``None`` without a store).
 
         Raises:
-            BusyError: the key has a live execution in this runtime (cancel it).
-            NotFoundError: the key has nothing stale, here or in the store.
-            ConflictError: the record changed during the resolution (try again).
-            ValueError: an unknown *action*.
+            NotFoundError: the key does not require recovery.
+            InvalidInputError: an unknown *action*.
 
         Cancellation:
             The resolution runs to completion once started (shielded).
         """
-        key = _validate_agent_id(agent_id)
+        key = agent_id_of(agent_id)
         if action not in ("adopt", "release"):
             raise InvalidInputError(
                 f"action must be 'adopt' or 'release', got {action!r}"
             )
-        admission = self._coordinator.admissions.get(key)
-        if admission is not None and admission.state != "recovery_required":
-            raise BusyError(
-                f"Agent {key!r} has a live execution in this runtime ({admission.state}); "
-                "cancel it instead of resolving it"
-            )
+        recovery = RecoveryClient(self._table.coordinator)
         with trio.CancelScope(shield=True):
-            resolved = await self._resolve(key, action)
-        return resolved
+            await recovery._resolve(agent_key(key), action)  # noqa: SLF001 - the key's prefix
+        driver = self._table.by_key(key)
+        if driver is not None and driver.status == "recovery_required":
+            driver.shutdown(None)
+        return await self.record(key)
 
-    async def _resolve(
-        self, key: str, action: Literal["adopt", "release"]
-    ) -> ExecutionRecord | None:
-        done: ResultHandle[bool] = ResultHandle(f"resolve:{key}")
-        if not self._coordinator.post_message(
-            ResolveExecution(agent_id=key, done=done), completion=done
-        ):
-            raise self._coordinator.engine.refusal("the resolution")
-        local = await done.result()
-        service = self._coordinator.gateway
-        if service is None:
-            if not local:
-                raise NotFoundError(f"agent {key!r} has no stale execution")
-            return None
-        store_key = agent_key(key)
-        identity = service.store.identity
-        row, record = await service.run(
-            LoadOp(workflow_instance_id=store_key), finish=decode_record
-        )
-        try:
-            op, resolved = record_resolution(
-                key,
-                row,
-                record,
-                action,
-                by="runtime.executions.resolve()",
-                quarantined=quarantined(identity, store_key) is not None,
+    # --- internals -----------------------------------------------------------------
+
+    def _plan(self, steps: Sequence[Step] | Plan) -> Plan:
+        if not isinstance(steps, Sequence):
+            return plan_of(steps)
+        return self._plans.plan(steps, checkpoints=self._gateway is not None)
+
+    def _served(self, name: str) -> Plan | None:
+        """The plan *name* this runtime serves, if it does."""
+        plan = self._table.coordinator.served.get(EXECUTION_PLAN_PREFIX + name)
+        return None if plan is None else plan_of(plan)
+
+    async def _record_or_fail(self, key: str) -> ExecutionRecord:
+        record = await self.record(key)
+        if record is None:
+            raise NotFoundError(
+                f"agent {key!r} has no execution", instance_id=agent_key(key)
             )
-        except NotFoundError:
-            if local:  # only this runtime's admission needed resolving
-                return None
-            raise
-        written(await service.run(op), key)
-        release_quarantine(identity, store_key)
-        return resolved
+        return record
 
-    def _decide(self, execution_id: str, *, approved: bool, response: Any) -> None:
-        self._coordinator.engine.check_thread(
+    def _decide_here(self, execution_id: str, *, approved: bool, response: Any) -> None:
+        self._table.engine.check_thread(
             f"runtime.executions.{'approve' if approved else 'reject'}()"
         )
-        view = self._coordinator.live.owner(execution_id)
-        if view is None:
+        driver = self._table.by_id(execution_id)
+        if driver is None:
             raise NotFoundError(f"no live execution {execution_id!r} in this runtime")
-        if view.status != "suspended":
+        if driver.status != "suspended":
             raise InstanceStateError(
-                f"execution {execution_id!r} is {view.status}, not waiting for an approval"
+                f"execution {execution_id!r} is {driver.status}, not waiting for an approval"
             )
-        decision = ApprovalDecision(
-            execution_id=execution_id, approved=approved, response=response
-        )
-        if not self._coordinator.post_message(decision):
-            raise self._coordinator.engine.refusal("the approval decision")
+        driver.decide(approved=approved, response=response)
+
+
+def _unknown_step(value: Any) -> Any:  # pragma: no cover - never runs
+    return value

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
-from phronomy.engine import ResultHandle
+import outcome
+import trio
+
+from phronomy.errors import InstanceStateError
 
 if TYPE_CHECKING:
     from collections.abc import Callable
-
-    from phronomy.engine import OffloadPool
 
 __all__ = ["StepContext"]
 
@@ -24,8 +25,8 @@ class StepContext:
         execution_id: the execution.
         agent_id: its key.
         step_index: the step's position.
-        step_id: the semantic id of this step run; a result is applied only while it is
-            still the execution's current step.
+        step_id: the id of this step run; its result is applied only while it is still
+            the execution's current step.
     """
 
     def __init__(
@@ -35,63 +36,54 @@ class StepContext:
         agent_id: str,
         step_index: int,
         step_id: str,
-        pool: OffloadPool,
+        nursery: trio.Nursery | None = None,
     ) -> None:
-        """Internal: created by the coordinator for each step."""
+        """Internal: created for each step run."""
         self.execution_id = execution_id
         self.agent_id = agent_id
         self.step_index = step_index
         self.step_id = step_id
-        self._pool = pool
-        self._running = 0
-        self._task_done = False
-        self._physical: ResultHandle[Any] | None = None
+        self._nursery = nursery
 
     async def offload(self, fn: Callable[..., T], *args: Any) -> T:
         """Run blocking ``fn(*args)`` in a worker thread and return its result.
 
         The thread is supervised: if the execution is cancelled while it runs, the
-        execution's caller settles only after the thread has returned.
+        step's task (and so the execution's caller) ends only after the thread has
+        returned. Threads are never abandoned.
 
         Raises:
-            BackpressureError: the execution pool is full.
+            InstanceStateError: called from a ``def`` step (it runs in a worker thread
+                already: call the tool directly).
 
         Cancellation:
             The step stops waiting at once; the thread keeps running and is waited for
             before the execution reports itself cancelled.
         """
-        handle = self._pool.submit_nowait(fn, *args)
-        self._running += 1
-        handle.on_physical_complete(self._operation_done)
-        return await handle.result()
+        nursery = self._nursery
+        if nursery is None:
+            raise InstanceStateError(
+                "ctx.offload() is for async steps; a def step runs in a worker thread "
+                "already: call the tool directly"
+            )
+        done = trio.Event()
+        box: list[outcome.Outcome[T]] = []
 
-    def track(self, task: ResultHandle[T]) -> ResultHandle[T]:
-        """A handle that settles like *task* and is physically complete only when *task*
-        and every thread it offloaded have finished (coordinator use)."""
-        tracked: ResultHandle[T] = ResultHandle(task.name, tracks_physical=True)
-        self._physical = tracked
-        task.on_complete(tracked.settle_like)
+        async def run() -> None:
+            # not abandoned on cancel: the nursery (the step) waits for the thread
+            try:
+                box.append(outcome.Value(await trio.to_thread.run_sync(fn, *args)))
+            except Exception as exc:  # noqa: BLE001 - the step's caller raises it
+                box.append(outcome.Error(exc))
+            finally:
+                done.set()
 
-        def propagate_cancel(h: ResultHandle[T]) -> None:
-            if h.status == "cancelled":
-                task.cancel(h.error)  # cancels the step's trio task
-
-        tracked.on_complete(propagate_cancel)
-
-        def task_exited(_: ResultHandle[T]) -> None:
-            self._task_done = True
-            self._maybe_quiescent()
-
-        task.on_physical_complete(task_exited)
-        return tracked
-
-    def _operation_done(self, _: ResultHandle[Any]) -> None:
-        self._running -= 1
-        self._maybe_quiescent()
-
-    def _maybe_quiescent(self) -> None:
-        if self._task_done and self._running == 0 and self._physical is not None:
-            self._physical.mark_physically_complete()
+        nursery.start_soon(run)
+        await done.wait()
+        if not box:  # the thread returned into a cancelled step
+            await trio.lowlevel.checkpoint()
+            raise InstanceStateError("the step was cancelled while its tool ran")
+        return box[0].unwrap()
 
     def __repr__(self) -> str:
         return f"<StepContext execution={self.execution_id!r} step={self.step_index}>"

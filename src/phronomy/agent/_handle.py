@@ -11,9 +11,9 @@ from phronomy.errors import (
 )
 
 if TYPE_CHECKING:
-    from phronomy.engine import HandleStatus, ResultHandle
+    from phronomy.engine import HandleStatus
 
-    from ._live import LiveExecutions
+    from ._driver import Driver
     from ._messages import (
         ApprovalRequest,
         ExecutionOwner,
@@ -38,22 +38,24 @@ class _Controls(Protocol):
 
 @final
 class ExecutionHandle:
-    """A started execution: its id, its result, and its controls."""
+    """A started execution: its id, its result, and its controls.
 
-    def __init__(
-        self,
-        executions: _Controls,
-        live: LiveExecutions,
-        execution_id: str,
-        agent_id: str,
-        handle: ResultHandle[ExecutionResult],
-    ) -> None:
+    Attributes:
+        execution_id: the execution.
+        agent_id: its key.
+        plan: its plan (the generated workflow it runs as: watch it with
+            ``runtime.workflows.watch(handle.plan, "agent:" + agent_id)``).
+        handle: the caller's :class:`~phronomy.ResultHandle`.
+    """
+
+    def __init__(self, executions: _Controls, driver: Driver) -> None:
         """Internal: returned by :meth:`Executions.start`."""
         self._executions = executions
-        self._live = live
-        self.execution_id = execution_id
-        self.agent_id = agent_id
-        self.handle = handle
+        self._driver = driver
+        self.execution_id = driver.execution_id
+        self.agent_id = driver.agent_id
+        self.plan = driver.plan
+        self.handle = driver.caller
 
     @property
     def done(self) -> bool:
@@ -75,6 +77,8 @@ class ExecutionHandle:
             CancellationError: the execution was cancelled (:class:`~phronomy.DeadlineExceededError`
                 for a deadline), once everything it started has physically finished.
             BusyError: the key was busy.
+            RuntimeShutdownError: the runtime shut down first (the message says what
+                the store keeps: a suspended execution stays suspended).
             Exception: whatever failed a step.
 
         Cancellation:
@@ -112,7 +116,7 @@ class ExecutionHandle:
                 raise InstanceStateError(
                     f"execution {self.execution_id!r} ended ({self.handle.status}) without asking for an approval"
                 )
-            await self._live.wait_changed(self.execution_id)
+            await self._driver.changed.wait()
 
     def cancel(self, reason: str | None = None) -> bool:
         """See :meth:`Executions.cancel`."""

@@ -1,34 +1,21 @@
-"""Values of supervised executions: requests, results, views, commands and records."""
+"""Values of supervised executions: requests, results, views and records."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
 from typing import Any, Literal, final
 
 import msgspec
-import outcome
-
-from phronomy.engine import ResultHandle, Timer
-from phronomy.storage import SaveOutcome
 
 __all__ = [
-    "ActiveStep",
     "Approval",
-    "ApprovalDecision",
     "ApprovalRequest",
-    "CancelExecution",
-    "DurableStarted",
-    "ExecutionEntry",
+    "ExecutionLease",
     "ExecutionOwner",
+    "ExecutionPage",
     "ExecutionRecord",
     "ExecutionResult",
     "ExecutionStatus",
-    "PhysicalCompletion",
-    "RecordLoaded",
-    "ResolveExecution",
-    "StartExecution",
-    "StepResult",
-    "TerminalSaved",
+    "RecordStatus",
 ]
 
 ExecutionStatus = Literal[
@@ -39,6 +26,20 @@ ExecutionStatus = Literal[
     "terminalizing",
     "recovery_required",
 ]
+"""Where a live execution is, as this runtime sees it."""
+
+RecordStatus = Literal[
+    "active",
+    "suspended",
+    "completed",
+    "rejected",
+    "cancelled",
+    "failed",
+    "recovery_required",
+]
+"""What the store says of a key's latest execution: ``active`` (running, or between
+two steps), ``suspended`` (waiting for an approval), a closed outcome, or
+``recovery_required`` (the outcome of a save is unknown)."""
 
 
 @final
@@ -47,7 +48,8 @@ class ApprovalRequest(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         question: what is asked.
-        details: anything the approver needs to decide.
+        details: anything the approver needs to decide (JSON with a store: the request
+            is saved while the execution waits).
     """
 
     question: str
@@ -89,7 +91,7 @@ class ExecutionResult(msgspec.Struct, frozen=True, kw_only=True):
 
 @final
 class ExecutionOwner(msgspec.Struct, frozen=True, kw_only=True):
-    """A read-only view of a live execution (safe from any trio task).
+    """A read-only view of an execution live in this runtime (safe from any trio task).
 
     Attributes:
         execution_id: the execution.
@@ -107,121 +109,62 @@ class ExecutionOwner(msgspec.Struct, frozen=True, kw_only=True):
 
 
 @final
-class ExecutionRecord(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
-    """What the store keeps per agent (as the ``fields`` of its snapshot).
+class ExecutionLease(msgspec.Struct, frozen=True, kw_only=True):
+    """Who holds a running execution (its runtime's lease).
 
     Attributes:
-        execution_id: the latest execution.
-        status: ``active`` while it runs, then its terminal status; ``abandoned`` when
-            it was cut off without an outcome (its runtime stopped, or an operator
-            released a stale record).
-        steps_completed: steps that finished.
-        error: the failure, for failed and abandoned executions.
+        owner: the holding runtime's lease owner id.
+        epoch: the lease's epoch (a takeover makes a new one).
+        expires_at_ms: when it expires unless renewed, on the store's lease clock
+            (compare with the store's ``lease_now_ms()``).
     """
 
+    owner: str
+    epoch: int
+    expires_at_ms: int
+
+
+@final
+class ExecutionRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """What the store says of a key's latest execution.
+
+    Attributes:
+        agent_id: the key.
+        execution_id: the execution.
+        status: see :data:`RecordStatus`.
+        plan: the execution's plan (see :func:`~phronomy.agent.execution_plan`).
+        steps_completed: steps whose result is saved.
+        step: the step it runs or waits at (``None`` once it ended).
+        pending_approval: the request a suspended execution waits on.
+        value: the saved value (the last completed step's result, JSON).
+        error: why it failed, was cancelled or requires recovery.
+        revision: the row's revision.
+        updated_at_ms: when it last changed (wall-clock milliseconds).
+        lease: who runs it, while it runs.
+    """
+
+    agent_id: str
     execution_id: str
-    status: Literal[
-        "active", "completed", "rejected", "cancelled", "failed", "abandoned"
-    ]
+    status: RecordStatus
+    plan: str
     steps_completed: int = 0
-    error: str | None = None
-
-
-class ActiveStep(msgspec.Struct, frozen=True, kw_only=True):
-    """The step in flight: its semantic id and its supervised handle."""
-
-    step_id: str
-    handle: ResultHandle[Any]
-
-
-class ExecutionEntry(msgspec.Struct, frozen=True, kw_only=True):
-    """A live execution (replaced, never mutated; dispatcher only)."""
-
-    execution_id: str
-    agent_id: str
-    owner: object
-    steps: tuple[Callable[..., Any], ...]
-    arities: tuple[int, ...]
-    index: int
-    value: Any
-    status: ExecutionStatus
-    caller: ResultHandle[Any]
-    active: ActiveStep | None = None
+    step: int | None = None
     pending_approval: ApprovalRequest | None = None
-    terminal: Any = None  # what the caller gets once the execution is quiescent
-    durable_revision: int | None = None
-    deadline_timer: Timer | None = None
+    value: Any = None
+    error: str | None = None
+    revision: int = 0
+    updated_at_ms: int = 0
+    lease: ExecutionLease | None = None
 
 
-# --- commands (delivered on the dispatcher) --------------------------------------------------
+@final
+class ExecutionPage(msgspec.Struct, frozen=True, kw_only=True):
+    """One page of :meth:`~phronomy.agent.Executions.list`.
 
+    Attributes:
+        records: the executions, by agent id.
+        next_after: pass it as ``after=`` for the next page (``None``: the last page).
+    """
 
-class StartExecution(msgspec.Struct, frozen=True, kw_only=True):
-    """Admit and start an execution."""
-
-    agent_id: str
-    execution_id: str
-    steps: Sequence[Callable[..., Any]]
-    arities: tuple[int, ...]
-    input: Any
-    owner: object
-    caller: ResultHandle[Any]
-    deadline: float | None
-
-
-class RecordLoaded(msgspec.Struct, frozen=True, kw_only=True):
-    """The key's durable record was read (before writing ``active``)."""
-
-    command: StartExecution
-    loaded: outcome.Outcome[Any]
-
-
-class DurableStarted(msgspec.Struct, frozen=True, kw_only=True):
-    """The durable ``active`` record was written (or refused)."""
-
-    command: StartExecution
-    saved: SaveOutcome
-
-
-class StepResult(msgspec.Struct, frozen=True, kw_only=True):
-    """A step finished; applied only if *step_id* is still the execution's current step."""
-
-    execution_id: str
-    step_id: str
-    done: ResultHandle[Any]
-
-
-class ApprovalDecision(msgspec.Struct, frozen=True, kw_only=True):
-    """An approver's answer to a suspended execution."""
-
-    execution_id: str
-    approved: bool
-    response: Any = None
-
-
-class CancelExecution(msgspec.Struct, frozen=True, kw_only=True):
-    """Revoke an execution's result authority (cancel or deadline)."""
-
-    execution_id: str
-    error: BaseException
-
-
-class PhysicalCompletion(msgspec.Struct, frozen=True, kw_only=True):
-    """A supervised operation of an execution has physically finished."""
-
-    execution_id: str
-    token: object
-
-
-class TerminalSaved(msgspec.Struct, frozen=True, kw_only=True):
-    """The durable terminal record came back (classified)."""
-
-    execution_id: str
-    saved: SaveOutcome
-
-
-class ResolveExecution(msgspec.Struct, frozen=True, kw_only=True):
-    """Clear a recovery-required admission of a key (operator resolution)."""
-
-    agent_id: str
-    done: ResultHandle[bool]
+    records: tuple[ExecutionRecord, ...]
+    next_after: str | None = None

@@ -17,13 +17,13 @@ import outcome
 from phronomy.engine import Batcher, ResultHandle
 from phronomy.errors import BackpressureError, RuntimeShutdownError
 from phronomy.storage import (
-    EXECUTION_KIND,
     READ_OPS,
     ListOp,
     MarkOp,
     RenewOp,
     SaveOutcome,
     StoreOp,
+    is_execution_plan,
 )
 
 from ._leases import Leases, LeaseSettings
@@ -255,7 +255,7 @@ class DurabilityService:
 
 def kind_of(row: StoredRecord) -> RecordKind:
     """The kind of record a row holds."""
-    return "execution" if row.workflow == EXECUTION_KIND else "workflow"
+    return "execution" if is_execution_plan(row.workflow) else "workflow"
 
 
 def save_outcome(saved: outcome.Outcome[Any]) -> SaveOutcome:

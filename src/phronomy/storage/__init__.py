@@ -61,6 +61,7 @@ from ._quarantine import (
 from ._records import (
     EXECUTION_KEY_PREFIX as EXECUTION_KEY_PREFIX,
     EXECUTION_KIND as EXECUTION_KIND,
+    EXECUTION_PLAN_PREFIX as EXECUTION_PLAN_PREFIX,
     MAX_INSTANCE_ID_LENGTH as MAX_INSTANCE_ID_LENGTH,
     OPEN_STATUSES as OPEN_STATUSES,
     Consumption as Consumption,
@@ -72,6 +73,7 @@ from ._records import (
     SaveOutcome as SaveOutcome,
     SaveRequest as SaveRequest,
     StoredRecord as StoredRecord,
+    is_execution_plan as is_execution_plan,
     validate_instance_id as validate_instance_id,
 )
 from ._recovery import (
@@ -115,6 +117,7 @@ __all__ = [
     "EVENT_OUTCOMES",
     "EXECUTION_KEY_PREFIX",
     "EXECUTION_KIND",
+    "EXECUTION_PLAN_PREFIX",
     "FINISH_PHASE",
     "KNOWN_FAILURES",
     "MAX_DELAY_MS",
@@ -187,6 +190,7 @@ __all__ = [
     "decode_snapshot_builtins",
     "encode_snapshot",
     "fired_timer",
+    "is_execution_plan",
     "normalize",
     "op_name",
     "quarantine",

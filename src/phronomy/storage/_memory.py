@@ -36,7 +36,13 @@ from ._ops import (
     SaveOp,
     TimersOp,
 )
-from ._records import InstancePage, SaveLogEntry, SaveRequest, StoredRecord
+from ._records import (
+    InstancePage,
+    SaveLogEntry,
+    SaveRequest,
+    StoredRecord,
+    saved_workflow,
+)
 from ._sql_schedules import SCHEDULE_OPS
 from ._store import SAVE_LOG_DEPTH, conflict_error
 
@@ -405,7 +411,7 @@ class MemoryStore(BaseStore[_Tables]):
             iid,
             StoredRecord(
                 workflow_instance_id=iid,
-                workflow=row.workflow if row and row.workflow else request.workflow,
+                workflow=saved_workflow(row.workflow if row else "", request.workflow),
                 revision=revision,
                 status=request.status,
                 phase=request.phase,

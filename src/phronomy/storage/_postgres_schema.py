@@ -1,8 +1,5 @@
-"""The PostgreSQL store's schema, its migrations and its SQL statements.
-
-The same tables and rules as the SQLite store: every write is one conditional statement,
-triggers keep the save log in the same transaction. Each migration brings the schema
-from version i to i + 1; later releases append steps."""
+"""The PostgreSQL store's schema, migrations (version i to i + 1) and SQL statements:
+the same tables and rules as the SQLite store (one conditional statement per write)."""
 
 from __future__ import annotations
 
@@ -277,8 +274,9 @@ SQL_UPDATE = f"""
     UPDATE phronomy_workflow_instances AS t SET
         revision = t.revision + 1, status = %(status)s, phase = %(phase)s,
         snapshot = %(snapshot)s, last_write_id = %(write_id)s, detail = %(detail)s,
-        updated_at_ms = {_NOW_MS}, definition_version = %(version)s,
-        workflow = CASE WHEN t.workflow = '' THEN %(workflow)s ELSE t.workflow END,
+        updated_at_ms = {_NOW_MS}, definition_version = %(version)s, workflow = CASE
+            WHEN t.workflow = '' OR (t.workflow LIKE 'phronomy.execution:%%' AND
+            %(workflow)s LIKE 'phronomy.execution:%%') THEN %(workflow)s ELSE t.workflow END,
         {_RELEASE}
     WHERE t.instance_id = %(id)s AND t.revision = %(expected)s AND {_FENCED}
 """  # noqa: S608 - constant

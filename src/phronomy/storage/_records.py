@@ -12,6 +12,7 @@ from phronomy.errors import InvalidInputError
 __all__ = [
     "EXECUTION_KEY_PREFIX",
     "EXECUTION_KIND",
+    "EXECUTION_PLAN_PREFIX",
     "MAX_DELAY_MS",
     "MAX_INSTANCE_ID_LENGTH",
     "OPEN_STATUSES",
@@ -26,12 +27,32 @@ __all__ = [
     "StoredRecord",
     "TimerKind",
     "TimerSpec",
+    "is_execution_plan",
+    "saved_workflow",
     "validate_instance_id",
 ]
 
 EXECUTION_KIND = "phronomy.execution"
 """The ``workflow`` column of supervised executions' per-key records (workflow names
 may not start with ``phronomy.``)."""
+EXECUTION_PLAN_PREFIX = EXECUTION_KIND + ":"
+"""Supervised executions run as generated workflows named ``phronomy.execution:<plan>``."""
+
+
+def is_execution_plan(workflow: str) -> bool:
+    """Whether *workflow* names a supervised execution's plan (not a user workflow)."""
+    return workflow == EXECUTION_KIND or workflow.startswith(EXECUTION_PLAN_PREFIX)
+
+
+def saved_workflow(stored: str, saving: str) -> str:
+    """The ``workflow`` of a row after a save by *saving* (*stored*: the row's): a
+    row keeps its workflow, except that an execution's key takes its latest plan
+    (the SQL stores say the same in their save statements)."""
+    if not stored or (is_execution_plan(stored) and is_execution_plan(saving)):
+        return saving
+    return stored
+
+
 EXECUTION_KEY_PREFIX = "agent:"
 """Supervised executions' records are stored under ``agent:<agent_id>``."""
 
@@ -260,11 +281,14 @@ MAX_INSTANCE_ID_LENGTH = 255
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 
-def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -> str:
+def validate_instance_id(
+    value: object, *, what: str = "workflow_instance_id", workflow: str | None = None
+) -> str:
     """Return *value* if it is a usable instance id.
 
     A workflow instance id may not start with :data:`EXECUTION_KEY_PREFIX`: those
-    keys belong to supervised executions' records.
+    keys belong to supervised executions, whose instances (of a *workflow* named
+    :data:`EXECUTION_KIND` ``:<plan>``) must use it.
 
     Raises:
         InvalidInputError: not a string, empty, longer than 255 characters,
@@ -281,7 +305,13 @@ def validate_instance_id(value: object, *, what: str = "workflow_instance_id") -
         )
     if _CONTROL.search(value):
         raise InvalidInputError(f"{what} {value!r} contains control characters")
-    if what == "workflow_instance_id" and value.startswith(EXECUTION_KEY_PREFIX):
+    if workflow is not None and is_execution_plan(workflow):
+        if not value.startswith(EXECUTION_KEY_PREFIX):
+            raise InvalidInputError(
+                f"{what} {value!r} of execution plan {workflow!r} must start with "
+                f"{EXECUTION_KEY_PREFIX!r}: run execution plans with runtime.executions"
+            )
+    elif what == "workflow_instance_id" and value.startswith(EXECUTION_KEY_PREFIX):
         raise InvalidInputError(
             f"{what} {value!r} starts with {EXECUTION_KEY_PREFIX!r}, which is reserved "
             "for supervised executions' records; choose another id"

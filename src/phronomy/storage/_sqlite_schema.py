@@ -298,7 +298,8 @@ SQL_UPDATE = f"""
         revision = revision + 1, status = :status, phase = :phase, snapshot = :snapshot,
         last_write_id = :write_id, detail = :detail, updated_at_ms = :now,
         definition_version = :version,
-        workflow = CASE WHEN workflow = '' THEN :workflow ELSE workflow END,
+        workflow = CASE WHEN workflow = '' OR (workflow LIKE 'phronomy.execution:%'
+            AND :workflow LIKE 'phronomy.execution:%') THEN :workflow ELSE workflow END,
         {_RELEASE}
     WHERE instance_id = :id AND revision = :expected AND {_FENCED}
 """  # noqa: S608 - constant

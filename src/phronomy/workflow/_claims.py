@@ -25,6 +25,7 @@ from phronomy.storage import (
     InboxEntry,
     PostOutcome,
     StoredRecord,
+    is_execution_plan,
 )
 
 from ._hydration import DurableBase
@@ -38,6 +39,7 @@ __all__ = [
     "Command",
     "Loaded",
     "busy_elsewhere",
+    "checked_workflow",
     "exists_error",
     "refusal",
     "release_op",
@@ -78,6 +80,9 @@ _ANY_STATUS: tuple[InstanceStatus, ...] = (
 )
 
 
+_CLOSED: tuple[InstanceStatus, ...] = ("finished", "failed", "cancelled")
+
+
 def runs_on(cmd: Command) -> tuple[tuple[InstanceStatus, ...], bool, bool]:
     """What the command's load claims: the stored statuses it runs on, whether it
     runs on a new instance, and whether on a placeholder that failed before its first
@@ -88,8 +93,27 @@ def runs_on(cmd: Command) -> tuple[tuple[InstanceStatus, ...], bool, bool]:
         return ("halted", "running", "failed"), cmd.halted is not None, False
     if cmd.if_exists == "restart":
         return _ANY_STATUS, True, True
+    if cmd.if_exists == "restart_closed":
+        return _CLOSED, True, True
     # "refuse" and "return": only an instance that has nothing durable yet runs
     return (), True, True
+
+
+def checked_workflow(cmd: Command, row: StoredRecord) -> str:
+    """The workflow *row* must belong to for *cmd* to run on it (``""``: any).
+
+    A supervised execution's key runs one plan after another: a new execution
+    (``restart_closed``) replaces a closed one of any plan (an open one refuses it).
+    """
+    name = cmd.definition.name
+    if (
+        isinstance(cmd, StartCommand)
+        and cmd.if_exists == "restart_closed"
+        and is_execution_plan(name)
+        and is_execution_plan(row.workflow)
+    ):
+        return ""
+    return name
 
 
 def refusal(cmd: Command, row: StoredRecord | None) -> Exception:

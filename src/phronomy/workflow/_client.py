@@ -107,7 +107,11 @@ class WorkflowClient(InboxClient, LiveInstances, TimerClient):
         self._coordinator.engine.check_thread("runtime.workflows.start()")
         overlay = input_overlay(workflow, input)
         explicit = workflow_instance_id is not None
-        iid = validate_instance_id(workflow_instance_id) if explicit else random_uuid()
+        iid = (
+            validate_instance_id(workflow_instance_id, workflow=workflow.name)
+            if explicit
+            else random_uuid()
+        )
         caller: ResultHandle[WorkflowResult[S]] = ResultHandle(
             f"workflow:{workflow.name}:{iid}"
         )
@@ -353,7 +357,7 @@ class WorkflowClient(InboxClient, LiveInstances, TimerClient):
                     "which instance: pass workflow_instance_id=... (resume by id from "
                     "the store) or halted=... (a halted WorkflowResult)"
                 )
-            iid = validate_instance_id(workflow_instance_id)
+            iid = validate_instance_id(workflow_instance_id, workflow=workflow.name)
             if not self.durable:
                 raise InvalidInputError(
                     f"resuming workflow instance {iid!r} by id needs a store (open_runtime(store=...))"
@@ -366,6 +370,7 @@ class WorkflowClient(InboxClient, LiveInstances, TimerClient):
             iid = validate_instance_id(
                 halted.workflow_instance_id,
                 what="Halted WorkflowResult has no workflow_instance_id",
+                workflow=workflow.name,
             )
             if workflow_instance_id is not None and workflow_instance_id != iid:
                 raise InvalidInputError(
@@ -457,7 +462,7 @@ class WorkflowClient(InboxClient, LiveInstances, TimerClient):
             Cancelling the caller stops the wait only: the cancellation goes on.
         """
         self._coordinator.engine.check_thread("runtime.workflows.cancel()")
-        iid = validate_instance_id(workflow_instance_id)
+        iid = validate_instance_id(workflow_instance_id, workflow=workflow.name)
         if reason is not None and not isinstance(reason, str):
             raise InvalidInputError(f"reason must be text, got {type(reason).__name__}")
         done: ResultHandle[WorkflowResult[S]] = ResultHandle(f"cancel:{iid}")

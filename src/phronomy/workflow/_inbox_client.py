@@ -125,7 +125,7 @@ class InboxClient:
             raise InvalidInputError(
                 "post stores the event: it needs a store (open_runtime(store=...))"
             )
-        iid = validate_instance_id(workflow_instance_id)
+        iid = validate_instance_id(workflow_instance_id, workflow=workflow.name)
         posting = make_posting(
             workflow,
             iid,

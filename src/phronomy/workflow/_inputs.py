@@ -18,9 +18,10 @@ __all__ = ["input_overlay", "policy"]
 
 
 def policy(value: object) -> IfExists:
-    if value not in ("refuse", "return", "restart"):
+    if value not in ("refuse", "return", "restart", "restart_closed"):
         raise InvalidInputError(
-            f"if_exists must be 'refuse', 'return' or 'restart', got {value!r}"
+            "if_exists must be 'refuse', 'return', 'restart' or 'restart_closed', got "
+            f"{value!r}"
         )
     return value
 

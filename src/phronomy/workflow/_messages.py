@@ -285,7 +285,7 @@ class ResolveCommand(msgspec.Struct, frozen=True, kw_only=True):
     done: ResultHandle[Any]
 
 
-IfExists = Literal["refuse", "return", "restart"]
+IfExists = Literal["refuse", "return", "restart", "restart_closed"]
 """What a start does when its ``workflow_instance_id`` is stored already.
 
 ``"refuse"`` (the default): an instance with a durable state (any status) is refused
@@ -293,7 +293,10 @@ with :class:`~phronomy.InstanceExistsError`, which says how to continue; nothing
 twice silently. ``"return"``: return the stored result without running anything (an
 idempotent submit). ``"restart"``: run again at the entry point, the stored fields
 overridden by the input (hydration), whatever the status (an instance live in another
-runtime is busy). Under every policy, an instance whose first segment failed before it
+runtime is busy). ``"restart_closed"``: as ``"restart"`` for a closed instance
+(``finished``, ``failed`` or ``cancelled``); an open one (``halted``, ``running``) is
+refused with :class:`~phronomy.InstanceExistsError` (Temporal's "allow duplicate"
+reuse policy; supervised executions start this way). Under every policy, an instance whose first segment failed before it
 saved anything runs (it has nothing durable), and one that requires recovery is refused.
 """
 

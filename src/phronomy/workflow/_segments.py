@@ -24,6 +24,7 @@ from ._claims import (
     UNCHANGED,
     Command,
     Loaded,
+    checked_workflow,
     refusal,
     release_op,
     runs_on,
@@ -177,7 +178,9 @@ class SegmentLifecycle(Inboxing):
             # Never raises: a claim that was made must be released.
             record, decoded, problem = claimed.row, None, None
             try:
-                decoded = decode_stored(definition, record, resuming=resuming)[1]
+                if record is None or checked_workflow(cmd, record):
+                    decoded = decode_stored(definition, record, resuming=resuming)[1]
+                # else a new execution of a key: its input is its whole state
             except Exception as exc:  # noqa: BLE001 - reported on the dispatcher
                 problem = exc
             return Loaded(
@@ -256,7 +259,7 @@ class SegmentLifecycle(Inboxing):
         assert self.gateway is not None
         check_not_quarantined(self.gateway.store.identity, cmd.workflow_instance_id)
         if record is not None:
-            check_startable(record, definition.name)
+            check_startable(record, checked_workflow(cmd, record))
         if isinstance(cmd, ResumeCommand):
             self._resume_from_inbox(cmd, loaded, claim)
             return

@@ -246,7 +246,7 @@ class LiveInstances:
             block stops the watch.
         """
         self._coordinator.engine.check_thread("runtime.workflows.watch()")
-        iid = validate_instance_id(workflow_instance_id)
+        iid = validate_instance_id(workflow_instance_id, workflow=workflow.name)
         given: object = buffer  # checked at run time: callers are not typed
         if isinstance(given, bool) or not isinstance(given, int) or given < 1:
             raise InvalidInputError(f"buffer must be an integer >= 1, got {buffer!r}")
@@ -312,7 +312,7 @@ class LiveInstances:
 def _live_event(
     workflow: WorkflowDefinition[Any], workflow_instance_id: object, event: str
 ) -> str:
-    iid = validate_instance_id(workflow_instance_id)
+    iid = validate_instance_id(workflow_instance_id, workflow=workflow.name)
     if not workflow.has_event(event):
         raise InvalidInputError(
             f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"

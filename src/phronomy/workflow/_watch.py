@@ -106,8 +106,8 @@ class Watchers:
 
     def publish(self, update: InstanceUpdate[Any]) -> None:
         """Send *update* to every watcher of its instance."""
-        for watch in self._by_instance.get(update.workflow_instance_id, ()):
-            watch.publish(update)
+        for watch in tuple(self._by_instance.get(update.workflow_instance_id, ())):
+            watch.publish(update)  # a watcher may stop watching when it hears it
 
     def close(self) -> None:
         """The runtime is closing: every watch ends."""
