@@ -49,6 +49,17 @@ def _imports(path: Path) -> set[str]:
                 "phronomy.runtime",
             ),
         ),
+        (
+            "instance",
+            (
+                "trio",
+                "phronomy.engine",
+                "phronomy.durability",
+                "phronomy.workflow",
+                "phronomy.agent",
+                "phronomy.runtime",
+            ),
+        ),
         ("durability", ("phronomy.workflow", "phronomy.agent", "phronomy.runtime")),
         ("workflow", ("phronomy.agent", "phronomy.runtime")),
         ("agent", ("phronomy.runtime",)),
@@ -71,6 +82,11 @@ def test_layers_only_import_downwards(package: str, forbidden: tuple[str, ...]) 
         "workflow/_hydration.py",
         "agent/_machine.py",
         "engine/_admissions.py",
+        "instance/_events.py",
+        "instance/_outputs.py",
+        "instance/_table.py",
+        "instance/_instance.py",
+        "instance/_registry.py",
     ],
 )
 def test_the_machine_core_is_sans_io(module: str) -> None:
