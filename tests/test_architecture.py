@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 from pathlib import Path
 
@@ -157,17 +158,65 @@ def test_there_are_no_import_cycles() -> None:
         visit(module)
 
 
+MAX_METHODS = 25
+
+TOO_LARGE = {
+    "workflow/_coordinator.py:WorkflowCoordinator": 63,
+    "workflow/_segments.py:SegmentLifecycle": 35,
+    "workflow/_session.py:WorkflowSession": 31,
+    "agent/_coordinator.py:ExecutionCoordinator": 30,
+    "storage/_base.py:BaseStore": 33,
+    "storage/_memory.py:MemoryStore": 41,
+    "storage/_sqlite.py:SQLiteStore": 47,
+    "storage/_postgres.py:PostgresStore": 46,
+    "testing.py:FaultyStore": 40,
+}
+"""Classes over the limit once their mixins and bases count, with the count they may
+not exceed (a ratchet: split them, then remove them from here). The workflow
+coordinator's mixins become cooperating objects next; the agent's coordinator is being
+rewritten (supervised executions as generated workflows); the stores share one base
+whose backends each add their SQL (storage is being reworked in parallel)."""
+
+
+def _methods(cls: type) -> int:
+    """The methods *cls* has over its MRO, counting only classes of the phronomy
+    package (a mixin counts; ``msgspec.Struct`` or ``object`` do not); an override
+    counts once."""
+    names: set[str] = set()
+    for base in cls.__mro__:
+        if not base.__module__.startswith("phronomy"):
+            continue
+        for name, value in vars(base).items():
+            function = value.fget if isinstance(value, property) else value
+            function = getattr(function, "__func__", function)
+            if inspect.isfunction(function):
+                names.add(name)
+    return len(names)
+
+
 @pytest.mark.parametrize(
     "path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC))
 )
 def test_modules_and_classes_stay_small(path: Path) -> None:
     lines = path.read_text(encoding="utf-8").count("\n")
     assert lines <= 500, f"{path.name} has {lines} lines"
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ClassDef):
-            methods = [
-                b
-                for b in node.body
-                if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))
-            ]
-            assert len(methods) <= 25, f"{node.name} has {len(methods)} methods"
+    if path.name == "__main__.py":
+        return  # runs the command line when imported
+    module = importlib.import_module(_module_name(path))
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:  # the classes this file defines (not those it imports)
+        if not isinstance(node, ast.ClassDef):
+            continue
+        cls = getattr(module, node.name)
+        name = f"{path.relative_to(SRC)}:{node.name}"
+        limit = TOO_LARGE.get(name, MAX_METHODS)
+        count = _methods(cls)
+        assert count <= limit, f"{name} has {count} methods (its MRO included)"
+
+
+def test_the_list_of_classes_too_large_is_current() -> None:
+    for name, limit in TOO_LARGE.items():
+        path, _, qualname = name.partition(":")
+        module = importlib.import_module(_module_name(SRC / path))
+        count = _methods(getattr(module, qualname))
+        assert count == limit, f"{name} has {count} methods now: update TOO_LARGE"

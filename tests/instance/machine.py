@@ -314,9 +314,9 @@ class InstanceMachine(RuleBasedStateMachine):
     def shutdown(self) -> None:
         """The runtime shuts down (then a new one starts on the same keys)."""
         states = {k: i.state for k, i in self.objects.items()}
-        for output in self.registry.shutdown(None):
-            assert isinstance(output, ShutDown), output
-            self.carry(self.objects[output.key], [output])
+        for instance, outputs in self.registry.shutdown(None):
+            assert all(isinstance(o, ShutDown) for o in outputs), outputs
+            self.carry(instance, outputs)
         self.model.clear()
         for key, instance in self.objects.items():
             if states[key] in ("executing", "persisting_terminal"):

@@ -55,6 +55,7 @@ from ._registry import Instances as Instances, Sessions as Sessions
 from ._table import (
     ADMITTED as ADMITTED,
     BUSY as BUSY,
+    CANCELLING as CANCELLING,
     STATUS as STATUS,
     TRANSITIONS as TRANSITIONS,
 )
@@ -62,6 +63,7 @@ from ._table import (
 __all__ = [
     "ADMITTED",
     "BUSY",
+    "CANCELLING",
     "STATUS",
     "TRANSITIONS",
     "Admit",

@@ -137,15 +137,14 @@ class Instances(Generic[C, S, O, E, Q]):
 
     def shutdown(
         self, error: BaseException | None
-    ) -> list[InstanceOutput[S, E, C, O, Q]]:
-        """Close every admission (``closed``); return what the driver carries out."""
-        outputs: list[InstanceOutput[S, E, C, O, Q]] = []
-        for instance in list(self._records.values()):
-            outputs += instance.handle(Shutdown(error=error))
+    ) -> list[tuple[Instance[C, S, O, E, Q], list[InstanceOutput[S, E, C, O, Q]]]]:
+        """Close every admission (``closed``); return each instance with what the
+        driver carries out for it."""
+        closed = [(i, i.handle(Shutdown(error=error))) for i in self._records.values()]
         self._records.clear()
         self._by_holder.clear()
         self._busy = 0
-        return outputs
+        return closed
 
     def _forget(self, instance: Instance[C, S, O, E, Q]) -> None:
         del self._records[instance.key]
