@@ -85,9 +85,8 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
     barrier. Ephemeral segments skip both round trips.
 
     The lifecycle of each instance is the instance protocol's
-    (:mod:`phronomy.instance`): the coordinator feeds its :class:`Instances
-    <phronomy.instance.Instances>` what happened and carries the outputs out
-    (:class:`~phronomy.workflow._carrier.Carrier`).
+    (``phronomy.instance``): the coordinator feeds its ``Instances`` what happened and
+    carries the outputs out (``Carrier``).
     """
 
     def __init__(
