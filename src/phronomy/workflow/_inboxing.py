@@ -98,8 +98,6 @@ class Inboxing(Settling):
             feed: Feed | None = None,
         ) -> None: ...
 
-        def _write_then(self, op: MarkOp | DeleteOp, then: Any) -> None: ...
-
     # --- resuming from the inbox ------------------------------------------------------
 
     def _resume_from_inbox(

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, cast
 
-import outcome
 import trio
 
 from phronomy.errors import (
@@ -62,7 +61,7 @@ from ._session import WorkflowSession
 from ._settling import PENDING, consumed_by_failure, refused_posting
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    import outcome
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import Host, Receiver, ResultHandle
@@ -450,19 +449,6 @@ class SegmentLifecycle(Inboxing):
                 after=lambda: self._segment_ended(cmd.definition, session, error),
             )
         self.carrier.carry(instance, self.instances.handle(instance, event))
-
-    def _write_then(self, op: MarkOp | DeleteOp, then: Callable[[], object]) -> None:
-        """Write *op* (a status, or a claim given back), then call *then* (whether the
-        write landed or not: a failure is logged)."""
-        assert self.gateway is not None
-        what = f"write the status of workflow instance {op.workflow_instance_id!r}"
-
-        def written(done: outcome.Outcome[Any]) -> None:
-            if isinstance(done, outcome.Error) or done.unwrap() is False:
-                logger.warning("could not %s: %r", what, done)
-            then()
-
-        self.gateway.submit(op, written)
 
 
 def _update(
