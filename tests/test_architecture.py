@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import importlib
 import inspect
 from pathlib import Path
 
@@ -49,6 +50,17 @@ def _imports(path: Path) -> set[str]:
                 "phronomy.runtime",
             ),
         ),
+        (
+            "instance",
+            (
+                "trio",
+                "phronomy.engine",
+                "phronomy.durability",
+                "phronomy.workflow",
+                "phronomy.agent",
+                "phronomy.runtime",
+            ),
+        ),
         ("durability", ("phronomy.workflow", "phronomy.agent", "phronomy.runtime")),
         ("workflow", ("phronomy.agent", "phronomy.runtime")),
         ("agent", ("phronomy.runtime",)),
@@ -72,6 +84,11 @@ def test_layers_only_import_downwards(package: str, forbidden: tuple[str, ...]) 
         "agent/_plan.py",
         "agent/_records.py",
         "engine/_admissions.py",
+        "instance/_events.py",
+        "instance/_outputs.py",
+        "instance/_table.py",
+        "instance/_instance.py",
+        "instance/_registry.py",
     ],
 )
 def test_the_machine_core_is_sans_io(module: str) -> None:
@@ -142,17 +159,63 @@ def test_there_are_no_import_cycles() -> None:
         visit(module)
 
 
+MAX_METHODS = 25
+
+TOO_LARGE = {
+    "workflow/_coordinator.py:WorkflowCoordinator": 62,
+    "workflow/_segments.py:SegmentLifecycle": 34,
+    "workflow/_session.py:WorkflowSession": 31,
+    "storage/_base.py:BaseStore": 33,
+    "storage/_memory.py:MemoryStore": 41,
+    "storage/_sqlite.py:SQLiteStore": 47,
+    "storage/_postgres.py:PostgresStore": 46,
+    "testing.py:FaultyStore": 40,
+}
+"""Classes over the limit once their mixins and bases count, with the count they may
+not exceed (a ratchet: split them, then remove them from here). The workflow
+coordinator's mixins become cooperating objects next; the stores share one base whose
+backends each add their SQL."""
+
+
+def _methods(cls: type) -> int:
+    """The methods *cls* has over its MRO, counting only classes of the phronomy
+    package (a mixin counts; ``msgspec.Struct`` or ``object`` do not); an override
+    counts once."""
+    names: set[str] = set()
+    for base in cls.__mro__:
+        if not base.__module__.startswith("phronomy"):
+            continue
+        for name, value in vars(base).items():
+            function = value.fget if isinstance(value, property) else value
+            function = getattr(function, "__func__", function)
+            if inspect.isfunction(function):
+                names.add(name)
+    return len(names)
+
+
 @pytest.mark.parametrize(
     "path", sorted(SRC.rglob("*.py")), ids=lambda p: str(p.relative_to(SRC))
 )
 def test_modules_and_classes_stay_small(path: Path) -> None:
     lines = path.read_text(encoding="utf-8").count("\n")
     assert lines <= 500, f"{path.name} has {lines} lines"
-    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-        if isinstance(node, ast.ClassDef):
-            methods = [
-                b
-                for b in node.body
-                if isinstance(b, (ast.FunctionDef, ast.AsyncFunctionDef))
-            ]
-            assert len(methods) <= 25, f"{node.name} has {len(methods)} methods"
+    if path.name == "__main__.py":
+        return  # runs the command line when imported
+    module = importlib.import_module(_module_name(path))
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    for node in tree.body:  # the classes this file defines (not those it imports)
+        if not isinstance(node, ast.ClassDef):
+            continue
+        cls = getattr(module, node.name)
+        name = f"{path.relative_to(SRC)}:{node.name}"
+        limit = TOO_LARGE.get(name, MAX_METHODS)
+        count = _methods(cls)
+        assert count <= limit, f"{name} has {count} methods (its MRO included)"
+
+
+def test_the_list_of_classes_too_large_is_current() -> None:
+    for name, limit in TOO_LARGE.items():
+        path, _, qualname = name.partition(":")
+        module = importlib.import_module(_module_name(SRC / path))
+        count = _methods(getattr(module, qualname))
+        assert count == limit, f"{name} has {count} methods now: update TOO_LARGE"

@@ -100,18 +100,25 @@ def _command(*words: str) -> str:
 # --- instances -------------------------------------------------------------------------
 
 
-def _expiry_ms(record: StoredRecord, lease_now_ms: int | None) -> int:
+def _expiry_ms(
+    record: StoredRecord, lease_now_ms: int | None, wall_now: int | None = None
+) -> int:
     """The wall-clock time the lease expires at (leases are kept on the store's lease
-    clock, *lease_now_ms* now; ``None``: written before this machine restarted)."""
-    wall_now = time.time_ns() // 1_000_000
+    clock, *lease_now_ms* now; ``None``: written before this machine restarted), with
+    the wall clock at *wall_now* (default: now)."""
+    if wall_now is None:
+        wall_now = time.time_ns() // 1_000_000
     if lease_now_ms is None:
         return wall_now
     return wall_now + (record.lease_expires_at_ms or 0) - lease_now_ms
 
 
-def lease_state(record: StoredRecord, lease_now_ms: int | None) -> str:
+def lease_state(
+    record: StoredRecord, lease_now_ms: int | None, wall_now: int | None = None
+) -> str:
     """Who holds the instance's lease, until when, and whether it is live, in words
-    (*lease_now_ms*: :meth:`~phronomy.SQLiteStore.lease_now_ms`)."""
+    (*lease_now_ms*: :meth:`~phronomy.SQLiteStore.lease_now_ms`; *wall_now*: as for
+    the expiry time printed beside it)."""
     if record.lease_owner is None:
         return "none (no runtime runs it)"
     held = f"epoch {record.lease_epoch}, owner {safe(record.lease_owner)}"
@@ -120,7 +127,7 @@ def lease_state(record: StoredRecord, lease_now_ms: int | None) -> str:
             f"expired ({held}): written before this machine restarted; a runtime's "
             "recovery sweep puts it back at its last saved revision"
         )
-    until = _expiry_ms(record, lease_now_ms)
+    until = _expiry_ms(record, lease_now_ms, wall_now)
     left = ((record.lease_expires_at_ms or 0) - lease_now_ms) / 1000
     if left > 0:
         return f"live until {iso(until)}, {left:.1f} s from now ({held})"
@@ -333,11 +340,12 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
         msgspec.structs.replace(record, snapshot=None)
     )
     lease_now = store.lease_now_ms()
+    wall_now = time.time_ns() // 1_000_000  # one reading: both say the same time
     view["updated_at"] = iso(record.updated_at_ms)
     view["lease_expires_at"] = (
-        iso(_expiry_ms(record, lease_now)) if record.lease_owner else None
+        iso(_expiry_ms(record, lease_now, wall_now)) if record.lease_owner else None
     )
-    view["lease"] = lease_state(record, lease_now)
+    view["lease"] = lease_state(record, lease_now, wall_now)
     error: PhronomyError | None = None
     if record.snapshot is not None:
         try:

@@ -7,7 +7,6 @@ that builds it (another runtime can resume an execution).
 from __future__ import annotations
 
 import threading
-from contextlib import AbstractAsyncContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -22,6 +21,7 @@ from polling import until
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from contextlib import AbstractAsyncContextManager
     from pathlib import Path
 
     OpenSQLite = Callable[..., phronomy.SQLiteStore]

@@ -11,31 +11,39 @@ from phronomy.engine import random_hex
 from phronomy.errors import (
     NotFoundError,
     PhronomyError,
-    RecoveryRequiredError,
     RuntimeShutdownError,
-    WorkflowCancelledError,
+)
+from phronomy.instance import (
+    CANCELLING,
+    AdmitCancel,
+    Cancel,
+    CancelAsked as Asked,
+    CancelAwait,
+    CancelDone,
+    CancelReload,
 )
 from phronomy.storage import LoadOp, RequestCancelOp, cancellation
 
-from ._definition import FINISH
-from ._hydration import cancelled_state
-from ._messages import (
+from ._continuations import (
     CancelAsked,
     CancelLoaded,
     CancelRequested,
     CancelSaved,
-    WorkflowResult,
 )
+from ._definition import FINISH
+from ._hydration import cancelled_state
+from ._messages import InstanceUpdate, WorkflowResult
 
 if TYPE_CHECKING:
     import outcome
 
     from phronomy.durability import DurabilityService
-    from phronomy.engine import AdmissionTable, Host, ResultHandle
-    from phronomy.storage import InstanceStatus, StoredRecord
+    from phronomy.engine import Host, ResultHandle
+    from phronomy.storage import StoredRecord
 
+    from ._carrier import Carrier
+    from ._continuations import WorkflowInstance, WorkflowInstances
     from ._messages import CancelCommand
-    from ._session import WorkflowSession
 
 __all__ = ["Cancelling"]
 
@@ -54,10 +62,8 @@ class Cancelling:
     """
 
     gateway: DurabilityService | None
-    admissions: AdmissionTable
-    sessions: dict[str, WorkflowSession[Any]]
-    cancels: dict[str, list[CancelCommand]]
-    remote_cancels: dict[str, CancelCommand]
+    instances: WorkflowInstances
+    carrier: Carrier
 
     if TYPE_CHECKING:
 
@@ -65,15 +71,6 @@ class Cancelling:
         def engine(self) -> Host: ...
 
         def admit(self) -> None: ...
-
-        def _watched(
-            self,
-            iid: str,
-            status: InstanceStatus,
-            phase: str | None,
-            state: Any,
-            revision: int | None,
-        ) -> None: ...
 
         def post_message(
             self,
@@ -85,22 +82,13 @@ class Cancelling:
 
     def _cancel(self, cmd: CancelCommand) -> None:
         iid = cmd.workflow_instance_id
-        admission = self.admissions.get(iid)
-        if admission is not None:
-            if admission.state == "recovery_required":
-                cmd.done.fail(
-                    RecoveryRequiredError(
-                        f"workflow instance {iid!r} requires recovery; resolve it "
-                        "before cancelling it",
-                        instance_id=iid,
-                    )
-                )
-                return
-            self.cancels.setdefault(iid, []).append(cmd)
-            session = self.sessions.get(iid)
-            if session is not None and admission.state == "executing":
-                session.cancel(cmd.reason)
-            return  # loading or saving: cancelled when it is done (see _cancel_next)
+        instance = self.instances.get(iid)
+        if instance is not None:
+            # live here: cancelled now; loading or saving: once it is done (refused
+            # while it requires recovery)
+            cancel = Cancel(command=cmd, caller=cmd.done, reason=cmd.reason)
+            self.carrier.carry(instance, self.instances.handle(instance, cancel))
+            return
         if self.gateway is None:
             cmd.done.fail(
                 NotFoundError(
@@ -111,14 +99,16 @@ class Cancelling:
             return
         try:
             self.admit()
-            self.admissions.admit(iid, cmd.owner, label=cmd.definition.name)
+            admit = AdmitCancel(
+                owner=cmd.owner, label=cmd.definition.name, caller=cmd.done
+            )
+            instance, _ = self.instances.admit(iid, admit)
         except Exception as exc:  # noqa: BLE001 - the caller's error
             cmd.done.fail(exc)
             return
+        self._cancel_load(cmd, instance)
 
-        self._cancel_load(cmd)
-
-    def _cancel_load(self, cmd: CancelCommand) -> None:
+    def _cancel_load(self, cmd: CancelCommand, instance: WorkflowInstance) -> None:
         """Read the row (and decode its state in the store's worker thread)."""
         assert self.gateway is not None
         definition = cmd.definition
@@ -126,13 +116,17 @@ class Cancelling:
         def decode(record: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
             return record, cancelled_state(definition, record)
 
+        def loaded(done: outcome.Outcome[tuple[StoredRecord | None, Any]]) -> None:
+            message = CancelLoaded(command=cmd, instance=instance, loaded=done)
+            self._post_cancel(message, cmd)
+
         self.gateway.submit(
-            LoadOp(workflow_instance_id=cmd.workflow_instance_id),
-            lambda done: self._post_cancel(CancelLoaded(command=cmd, loaded=done), cmd),
-            finish=decode,
+            LoadOp(workflow_instance_id=cmd.workflow_instance_id), loaded, finish=decode
         )
 
-    def _post_cancel(self, message: Any, cmd: CancelCommand) -> None:
+    def _post_cancel(
+        self, message: CancelLoaded | CancelSaved | CancelRequested, cmd: CancelCommand
+    ) -> None:
         if not self.post_message(message, completion=cmd.done):
             cmd.done.fail(
                 RuntimeShutdownError(
@@ -142,7 +136,7 @@ class Cancelling:
             )
 
     def _cancel_loaded(self, message: CancelLoaded) -> None:
-        cmd = message.command
+        cmd, instance = message.command, message.instance
         assert self.gateway is not None
         try:
             record, state = message.loaded.unwrap()
@@ -151,7 +145,7 @@ class Cancelling:
                 and record.status == "running"
                 and record.lease_owner not in (None, self.gateway.leases.owner)
             ):
-                self._cancel_remote(cmd, record)
+                self._cancel_remote(cmd, instance, record)
                 return
             op = cancellation(
                 record,
@@ -161,127 +155,109 @@ class Cancelling:
                 force=cmd.force,
             )
         except Exception as exc:  # noqa: BLE001 - the caller's error, nothing written
-            self._cancel_done(cmd, error=exc)
+            self._cancel_done(cmd, instance, error=exc)
             return
         if op is None:  # cancelled already: the same answer again
             assert record is not None
-            self._cancel_done(cmd, record=record, state=state)
+            self._cancel_done(cmd, instance, record=record, state=state)
             return
 
         def saved(done: outcome.Outcome[Any]) -> None:
-            self._post_cancel(CancelSaved(command=cmd, saved=done), cmd)
+            message = CancelSaved(command=cmd, instance=instance, saved=done)
+            self._post_cancel(message, cmd)
 
         self.gateway.submit(op, saved)
 
-    def _cancel_remote(self, cmd: CancelCommand, record: StoredRecord) -> None:
+    def _cancel_remote(
+        self, cmd: CancelCommand, instance: WorkflowInstance, record: StoredRecord
+    ) -> None:
         """The instance is live in another runtime: ask it (in the row; it sees the
         request at its next heartbeat), then wait until the row says it ended."""
         assert self.gateway is not None
         if record.cancel_requested is not None:  # asked already: wait on
-            self._cancel_poll(cmd, record.lease_epoch)
+            self._cancel_poll(cmd, instance, record.lease_epoch)
             return
         op = RequestCancelOp(
             workflow_instance_id=cmd.workflow_instance_id, reason=cmd.reason
         )
 
-        def requested(done: outcome.Outcome[Any]) -> None:
-            self._post_cancel(CancelRequested(command=cmd, requested=done), cmd)
+        def requested(done: outcome.Outcome[int | None]) -> None:
+            message = CancelRequested(command=cmd, instance=instance, requested=done)
+            self._post_cancel(message, cmd)
 
         self.gateway.submit(op, requested)
 
     def _cancel_requested(self, message: CancelRequested) -> None:
         try:
-            epoch: int | None = message.requested.unwrap()
+            epoch = message.requested.unwrap()
         except Exception as exc:  # noqa: BLE001 - the caller's error
-            self._cancel_done(message.command, error=exc)
+            self._cancel_done(message.command, message.instance, error=exc)
             return
-        self._cancel_poll(message.command, epoch)
+        self._cancel_poll(message.command, message.instance, epoch)
 
-    def _cancel_poll(self, cmd: CancelCommand, epoch: int | None) -> None:
+    def _cancel_poll(
+        self, cmd: CancelCommand, instance: WorkflowInstance, epoch: int | None
+    ) -> None:
         """Read the row again: at once if the request found no live lease (the row
         changed), else after a quarter heartbeat."""
         assert self.gateway is not None
-        iid = cmd.workflow_instance_id
-        self.remote_cancels[iid] = cmd
+        self.instances.handle(instance, CancelAwait())
         interval = self.gateway.leases.settings.heartbeat_interval / 4
 
         def reload() -> None:
-            if self.remote_cancels.get(iid) is not cmd:
-                return  # the runtime shut down meanwhile
-            del self.remote_cancels[iid]
-            self._cancel_load(cmd)
+            self.instances.handle(instance, CancelReload())
+            if instance.state == CANCELLING:  # else the runtime shut down meanwhile
+                self._cancel_load(cmd, instance)
 
         self.engine.timers.schedule(0 if epoch is None else interval, reload)
 
     def _cancel_asked(self, message: CancelAsked) -> None:
         """Another runtime asked for this live segment's instance to be cancelled."""
-        session: WorkflowSession[Any] = message.session
-        if self.sessions.get(session.workflow_instance_id) is session:
-            session.cancel(message.reason)
+        instance = message.instance
+        outputs = self.instances.handle(instance, Asked(reason=message.reason))
+        self.carrier.carry(instance, outputs)
 
     def _cancel_saved(self, message: CancelSaved) -> None:
-        cmd = message.command
+        cmd, instance = message.command, message.instance
         assert self.gateway is not None
         error = _write_error(message.saved)
         if error is not None:
-            self._cancel_done(cmd, error=error)
+            self._cancel_done(cmd, instance, error=error)
             return
-        self._cancel_load(cmd)
+        self._cancel_load(cmd, instance)
 
     def _cancel_done(
         self,
         cmd: CancelCommand,
+        instance: WorkflowInstance,
         *,
         record: StoredRecord | None = None,
         state: Any = None,
         error: BaseException | None = None,
     ) -> None:
-        self.admissions.release(cmd.workflow_instance_id, owner=cmd.owner)
+        iid = cmd.workflow_instance_id
         if error is not None:
-            cmd.done.fail(error)
-            return
-        assert record is not None
-        self._watched(
-            cmd.workflow_instance_id, "cancelled", record.phase, state, record.revision
-        )
-        cmd.done.complete(
-            WorkflowResult(
+            done = CancelDone(error=error)
+        else:
+            assert record is not None
+            update = InstanceUpdate(
+                workflow_instance_id=iid,
+                status="cancelled",
+                phase=record.phase,
+                state=state,
+                revision=record.revision,
+            )
+            result = WorkflowResult(
                 state=state,
                 phase=record.phase or FINISH,
-                workflow_instance_id=cmd.workflow_instance_id,
+                workflow_instance_id=iid,
                 revision=record.revision,
                 halted=False,
                 workflow=record.workflow,
                 status="cancelled",
             )
-        )
-
-    def _segment_cancelled(
-        self,
-        iid: str,
-        caller: ResultHandle[Any],
-        result: WorkflowResult[Any],
-        reason: str | None = None,
-    ) -> None:
-        """A live segment ended as cancelled (*reason*: the session's): its caller
-        fails, the cancels complete."""
-        reasons = [c.reason for c in self.cancels.get(iid, ()) if c.reason]
-        reason = reasons[0] if reasons else reason
-        caller.fail(
-            WorkflowCancelledError(
-                f"workflow instance {iid!r} was cancelled"
-                + (f": {reason}" if reason else ""),
-                instance_id=iid,
-                reason=reason,
-            )
-        )
-        for cmd in self.cancels.pop(iid, []):
-            cmd.done.complete(result)
-
-    def _cancel_next(self, iid: str) -> None:
-        """The instance's segment ended: cancels waiting for it run now."""
-        for cmd in self.cancels.pop(iid, []):
-            self._cancel(cmd)
+            done = CancelDone(value=result, update=update)
+        self.carrier.carry(instance, self.instances.handle(instance, done))
 
 
 def _write_error(saved: outcome.Outcome[Any]) -> BaseException | None:

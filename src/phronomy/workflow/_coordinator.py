@@ -10,30 +10,34 @@ import logging
 from typing import TYPE_CHECKING, Any, cast, final
 
 from phronomy.durability import mark_op
-from phronomy.engine import Admission, AdmissionTable, Event, ExecutionReceiver
+from phronomy.engine import Event, ExecutionReceiver
 from phronomy.errors import (
     BusyError,
     PhronomyInternalError,
     RecoveryRequiredError,
     RuntimeShutdownError,
 )
+from phronomy.instance import BUSY, Instances, Resolve, Retire
 from phronomy.storage import (
     quarantine,
 )
 
 from ._cancelling import Cancelling
-from ._messages import (
-    Barrier,
+from ._carrier import Carrier
+from ._continuations import (
     CancelAsked,
-    CancelCommand,
     CancelLoaded,
     CancelRequested,
     CancelSaved,
+    LeaseLost,
+    LoadReady,
+)
+from ._messages import (
+    Barrier,
+    CancelCommand,
     EventCounters,
     InstanceUpdate,
-    LeaseLost,
     LiveSegment,
-    LoadReady,
     Polled,
     PostCommand,
     PostReady,
@@ -42,7 +46,7 @@ from ._messages import (
     StartCommand,
     WorkflowStatistics,
 )
-from ._segments import PERSISTING, SegmentLifecycle
+from ._segments import SegmentLifecycle
 from ._settling import Call
 from ._waiters import Waiters
 from ._watch import Watchers
@@ -52,8 +56,9 @@ if TYPE_CHECKING:
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import Host, ResultHandle
-    from phronomy.storage import InboxEntry
+    from phronomy.instance import Sessions
 
+    from ._continuations import WorkflowInstance, WorkflowInstances
     from ._definition import WorkflowDefinition
     from ._messages import SegmentStatus
     from ._retries import RetryPolicy
@@ -63,14 +68,11 @@ __all__ = ["WorkflowCoordinator"]
 
 logger = logging.getLogger(__name__)
 
-_BUSY = frozenset({"admitting", "executing", PERSISTING})
-_MARKABLE = frozenset({"executing", PERSISTING, "recovery_required"})
 
-
-def _busy(current: Admission) -> BusyError:
+def _busy(current: WorkflowInstance) -> BusyError:
     return BusyError(
         f"Workflow instance {current.key!r} already has a live execution segment "
-        f"({current.state})"
+        f"({current.status})"
     )
 
 
@@ -82,13 +84,9 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
     resume) load the instance first, validate it, run, and end behind the terminal
     barrier. Ephemeral segments skip both round trips.
 
-    Admission per instance::
-
-        (absent) --admit--> admitting --bind(session)--> executing
-        executing --terminal save--> persisting_terminal
-        admitting | executing | persisting_terminal --release--> (absent)
-        any --session retired (unknown save outcome)--> recovery_required
-        recovery_required --operator resolution or runtime shutdown--> (absent)
+    The lifecycle of each instance is the instance protocol's
+    (``phronomy.instance``): the coordinator feeds its ``Instances`` what happened and
+    carries the outputs out (``Carrier``).
     """
 
     def __init__(
@@ -111,29 +109,32 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         self.served: dict[str, WorkflowDefinition[Any]] = {d.name: d for d in serves}
         self.retry = retry
         self.waiters = Waiters()
-        self.early: dict[str, tuple[object, list[InboxEntry]]] = {}
-        """Entries stored while a segment of their instance was loading here (its
-        owner token, the entries): the segment takes them."""
         self.stuck: dict[str, tuple[int, float]] = {}
         """Instances whose resume from the inbox could not run: failures in a row,
         and when the poll tries again (trio time)."""
         self.counters = EventCounters()
-        self.sessions: dict[str, WorkflowSession[Any]] = {}
         self.watchers = Watchers()
-        self.cancels: dict[str, list[CancelCommand]] = {}
-        self.remote_cancels: dict[str, CancelCommand] = {}
-        self.admissions = AdmissionTable(
-            noun="workflow instance",
-            busy_states=_BUSY,
-            markable=_MARKABLE,
-            busy_error=_busy,
+        self.instances: WorkflowInstances = Instances(
+            noun="workflow instance", busy_error=_busy
         )
+        """Every admitted instance (the instance protocol's objects)."""
+        self.carrier = Carrier(self)
+
+    @property
+    def admissions(self) -> WorkflowInstances:
+        """The admitted instances (the name ``runtime.recovery`` reads)."""
+        return self.instances
+
+    @property
+    def sessions(self) -> Sessions[WorkflowSession[Any]]:
+        """The live sessions by instance id (a read-only view)."""
+        return self.instances.sessions
 
     # --- the receiver contract ------------------------------------------------------
 
     def idle(self) -> bool:
         """No admission is admitting, executing or persisting (recovery does not block)."""
-        return self.admissions.busy == 0
+        return self.instances.busy == 0
 
     def deliver(self, message: Any) -> None:
         """Handle one workflow command (dispatcher only)."""
@@ -174,28 +175,8 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         """Clear every admission; pending recovery callers (and whoever waits for an
         event of such an instance) get a :class:`~phronomy.RecoveryRequiredError`."""
         self.watchers.close()
-        for cmd in self.remote_cancels.values():
-            cmd.done.fail(
-                RuntimeShutdownError(
-                    "the runtime shut down while workflow instance "
-                    f"{cmd.workflow_instance_id!r} was being cancelled in another runtime"
-                )
-            )
-        self.remote_cancels.clear()
-        for record in self.admissions.clear():
-            caller: ResultHandle[Any] | None = record.caller
-            if record.state == "recovery_required":
-                recovery = error or RecoveryRequiredError(
-                    f"workflow instance {record.key!r} requires recovery: the "
-                    f"outcome of its terminal save is unknown ({record.error!r}); "
-                    "the runtime shut down before an operator resolved it",
-                    instance_id=record.key,
-                )
-                self.waiters.fail_instance(record.key, recovery)
-                if caller is not None:
-                    caller.fail(recovery)
-            elif error is not None and caller is not None:
-                caller.fail(error)
+        for instance, outputs in self.instances.shutdown(error):
+            self.carrier.carry(instance, outputs)
         self.waiters.close(
             error
             or RuntimeShutdownError(
@@ -223,11 +204,10 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         error: BaseException | None,
     ) -> None:
         """The session's save outcome is unknown: the admission becomes recovery-required."""
-        record = self.admissions.retire(session_id, error)
-        if record is None:
+        instance = self.instances.held_by(session_id)
+        if instance is None:
             return
-        iid = record.key
-        session = self.sessions.pop(iid, None)
+        iid, session = instance.key, instance.session
         if session is not None and self.watchers.watched(iid):
             self.watchers.publish(
                 InstanceUpdate(
@@ -245,10 +225,10 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
             iid,
             error,
         )
+        mark = None
         if self.gateway is not None:
             # No longer renewed: if the mark below fails, the lease expires and the
             # sweep settles the row; if it lands, the row waits for an operator.
-            self.gateway.leases.drop(iid)
             quarantine(
                 self.gateway.store.identity,
                 iid,
@@ -258,24 +238,23 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
             # its lease at the revision it started from. Once the lease has gone,
             # whoever holds the instance next settles it (by the save log).
             lease = None if session is None or session.lease is None else session.lease
-            self.gateway.submit_quietly(
-                mark_op(
-                    iid,
-                    "recovery_required",
-                    expected_revision=(session.revision or 0) if session else None,
-                    detail=f"terminal save outcome unknown: {error!r}",
-                    workflow=record.label,
-                    lease=None if lease is None else lease.lease,
-                ),
-                f"mark workflow instance {iid!r} recovery_required",
+            mark = mark_op(
+                iid,
+                "recovery_required",
+                expected_revision=(session.revision or 0) if session else None,
+                detail=f"terminal save outcome unknown: {error!r}",
+                workflow=instance.label,
+                lease=None if lease is None else lease.lease,
             )
+        outputs = self.instances.handle(instance, Retire(error=error, write=mark))
+        self.carrier.carry(instance, outputs)
 
     def describe_live(self) -> list[str]:
         """Describe busy admissions (for the shutdown report)."""
         return [
-            f"workflow {r.label} instance {r.key} ({r.state})"
-            for r in self.admissions
-            if r.state in _BUSY
+            f"workflow {r.label} instance {r.key} ({r.status})"
+            for r in self.instances
+            if r.state in BUSY
         ]
 
     # --- reads and live signals (any trio task on the runtime's thread) ---------------
@@ -290,7 +269,7 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
     ) -> bool:
         """Route *event* to the live session of the instance, if it is ``executing``
         a segment of *workflow* (*caller* learns what happened to it)."""
-        record = self.admissions.get(workflow_instance_id)
+        record = self.instances.get(workflow_instance_id)
         if (
             record is None
             or record.state != "executing"
@@ -306,8 +285,8 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         """Live segments, recovery-required instances and what live events did."""
         counters = self.counters
         return WorkflowStatistics(
-            live_segments=self.admissions.busy,
-            recovery_required=len(self.admissions.in_state("recovery_required")),
+            live_segments=self.instances.busy,
+            recovery_required=len(self.instances.recovery_required()),
             events_transitioned=counters.transitioned,
             events_rejected=counters.rejected,
             events_dropped=counters.dropped,
@@ -328,27 +307,30 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
 
     def live_segment(self, workflow_instance_id: str) -> LiveSegment | None:
         """A snapshot of the instance's admission, or ``None``."""
-        record = self.admissions.get(workflow_instance_id)
+        record = self.instances.get(workflow_instance_id)
         if record is None:
             return None
         error = record.error
         return LiveSegment(
             workflow_instance_id=record.key,
             workflow=record.label,
-            status=cast("SegmentStatus", record.state),
+            status=cast("SegmentStatus", record.status),
             segment_id=record.holder,
             error=None if error is None else f"{type(error).__name__}: {error}",
         )
 
     def _resolve(self, cmd: ResolveCommand) -> None:
-        record = self.admissions.resolve(cmd.workflow_instance_id)
-        if record is not None and record.caller is not None:
-            record.caller.fail(
-                RecoveryRequiredError(
-                    f"workflow instance {cmd.workflow_instance_id!r} was resolved by an "
-                    f"operator ({cmd.action}); this segment's result is unavailable, "
-                    "load the instance again",
-                    instance_id=cmd.workflow_instance_id,
-                )
-            )
-        cmd.done.complete(record)
+        iid = cmd.workflow_instance_id
+        instance = self.instances.get(iid)
+        if instance is None or instance.state != "recovery_required":
+            cmd.done.complete(None)
+            return
+        error = RecoveryRequiredError(
+            f"workflow instance {iid!r} was resolved by an operator ({cmd.action}); "
+            "this segment's result is unavailable, load the instance again",
+            instance_id=iid,
+        )
+        self.carrier.carry(
+            instance, self.instances.handle(instance, Resolve(error=error))
+        )
+        cmd.done.complete(instance)

@@ -24,6 +24,7 @@ from phronomy.errors import (
     RecoveryRequiredError,
     RuntimeShutdownError,
 )
+from phronomy.instance import Answer, Buffer, Withdraw
 from phronomy.storage import InboxOp, PostOp
 
 from ._claims import refusal, release_op
@@ -43,7 +44,6 @@ from ._settling import PENDING, Call, Settling
 if TYPE_CHECKING:
     import outcome
 
-    from phronomy.engine import AdmissionTable
     from phronomy.storage import (
         DeleteOp,
         InboxEntry,
@@ -53,7 +53,9 @@ if TYPE_CHECKING:
         StoredRecord,
     )
 
+    from ._carrier import Carrier
     from ._claims import Loaded
+    from ._continuations import WorkflowInstance, WorkflowInstances
     from ._definition import WorkflowDefinition
     from ._session import WorkflowSession
     from ._state import State
@@ -75,8 +77,8 @@ Then = Literal["applying", "queued", "waiting", "applied"]
 class Inboxing(Settling):
     """The workflow coordinator's inbox part (on the dispatcher)."""
 
-    admissions: AdmissionTable
-    early: dict[str, tuple[object, list[InboxEntry]]]
+    instances: WorkflowInstances
+    carrier: Carrier
     stuck: dict[str, tuple[int, float]]
     recursion_limit: int
 
@@ -87,6 +89,7 @@ class Inboxing(Settling):
         def _register(
             self,
             cmd: StartCommand | ResumeCommand,
+            instance: WorkflowInstance,
             state: State,
             *,
             base: DurableBase | None,
@@ -95,12 +98,14 @@ class Inboxing(Settling):
             feed: Feed | None = None,
         ) -> None: ...
 
-        def _write_then(self, op: MarkOp | DeleteOp, then: Any) -> None: ...
-
     # --- resuming from the inbox ------------------------------------------------------
 
     def _resume_from_inbox(
-        self, cmd: ResumeCommand, loaded: Loaded, claim: tuple[Lease, float] | None
+        self,
+        cmd: ResumeCommand,
+        instance: WorkflowInstance,
+        loaded: Loaded,
+        claim: tuple[Lease, float] | None,
     ) -> None:
         """A durable resume: its event is stored (or was); the segment, if the claim
         was made, resumes with the oldest pending entry; the caller waits for its
@@ -108,8 +113,8 @@ class Inboxing(Settling):
         iid = cmd.workflow_instance_id
         record, posted = loaded.record, loaded.posted
         own = self._await_own(cmd, record, posted)
+        instances = self.instances
         if claim is None:  # nothing runs here
-            self.admissions.release(iid, owner=cmd.owner)
             if record is None:
                 raise refusal(cmd, record)
             if record.status == "recovery_required":
@@ -119,10 +124,18 @@ class Inboxing(Settling):
                     instance_id=iid,
                 )
             if own is None:  # a drain that lost a race: another runtime runs it
-                cmd.caller.complete(None)
+                outputs = instances.handle(instance, Answer(value=None))
             elif record.status == "failed" and record.lease_owner is None:
-                self._drain(cmd.definition, iid)  # raced with a write: try again
-            return  # whoever runs the instance applies it; the caller waits for that
+                definition = cmd.definition  # raced with a write: try again
+                drain: Withdraw[MarkOp | DeleteOp] = Withdraw(
+                    after=lambda: self._drain(definition, iid)
+                )
+                outputs = instances.handle(instance, drain)
+            else:  # whoever runs the instance applies it; the caller waits for that
+                wait: Withdraw[MarkOp | DeleteOp] = Withdraw()
+                outputs = instances.handle(instance, wait)
+            self.carrier.carry(instance, outputs)
+            return
         if record is None:  # a halted result, on a store that did not have it
             assert cmd.halted is not None
             assert own is not None
@@ -131,7 +144,9 @@ class Inboxing(Settling):
             feed = Feed(rest, current=own)
             resume = (cmd.halted.phase, cmd.event, cmd.payload)
             base = DurableBase.of(None)
-            self._register(cmd, state, base=base, resume=resume, claim=claim, feed=feed)
+            self._register(
+                cmd, instance, state, base=base, resume=resume, claim=claim, feed=feed
+            )
             return
         decoded = loaded.decoded
         if decoded is None:  # a placeholder that never saved: nothing to resume
@@ -152,19 +167,20 @@ class Inboxing(Settling):
         for entry, consumption in selection.feed.judged:
             self._judged(entry, consumption)
         if selection.resume is None:  # nothing can fire: the claim goes back
-            self.admissions.release(iid, owner=cmd.owner)
             consumed = selection.feed.consumed
             release = release_op(cmd, record, claim[0], consumed)
             feed, phase, revision = selection.feed, decoded.phase, record.revision
-            self._write_then(
-                release, lambda: self._settled(feed, phase, revision, drain=cmd)
+            withdraw: Withdraw[MarkOp | DeleteOp] = Withdraw(
+                write=release,
+                after=lambda: self._settled(feed, phase, revision, drain=cmd),
+                answered=own is None,
             )
-            if own is None:
-                cmd.caller.complete(None)
+            self.carrier.carry(instance, instances.handle(instance, withdraw))
             return
         base = DurableBase.of(record)
         self._register(
             cmd,
+            instance,
             selection.state,
             base=base,
             resume=selection.resume,
@@ -269,16 +285,15 @@ class Inboxing(Settling):
             assert entry is not None
             self._check_applied([((entry.workflow_instance_id, entry.event_id), entry)])
 
-    def _posted(self, cmd: StartCommand, loaded: Loaded) -> None:
-        """A post that would start its instance found it: it only posted."""
-        self.admissions.release(cmd.workflow_instance_id, owner=cmd.owner)
+    def _posted(self, cmd: StartCommand, loaded: Loaded) -> Any:
+        """A post that would start its instance found it: it only posted (the
+        receipt)."""
         assert loaded.posted is not None
         iid = cmd.workflow_instance_id
         # "missing": another runtime's transaction is creating it (busy, not missing)
-        receipt = self._receipt(
+        return self._receipt(
             cmd.definition, iid, loaded.posted, started=False, starting=True
         )
-        cmd.caller.complete(receipt)
 
     def _announce_start(self, cmd: StartCommand, loaded: Loaded) -> None:
         """A post that starts its instance made it: the post's caller hears now."""
@@ -359,14 +374,10 @@ class Inboxing(Settling):
             return "waiting"
         if row.lease_owner not in (None, self.gateway.leases.owner):
             return "queued"
-        admission = self.admissions.get(iid)
-        if admission is not None:
+        instance = self.instances.get(iid)
+        if instance is not None:
             # a segment is loading here: it takes them once it runs
-            owner, early = self.early.get(iid, (None, []))
-            if owner is not admission.owner:
-                early = []
-            early.extend(entries)
-            self.early[iid] = (admission.owner, early)
+            self.instances.handle(instance, Buffer(items=tuple(entries)))
             return "applying"
         if row.status == "halted":
             self._drain(definition, iid)
@@ -414,7 +425,7 @@ class Inboxing(Settling):
         """Resume a halted instance with its pending entries (unless a segment of it
         is admitted here already; for the poll, unless its last drain failed and the
         retry is not due yet)."""
-        if iid in self.admissions:
+        if iid in self.instances:
             return
         if polled and self.stuck.get(iid, (0, 0.0))[1] > trio.current_time():
             return

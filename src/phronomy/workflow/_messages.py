@@ -9,27 +9,21 @@ import msgspec
 import outcome
 
 from phronomy.engine import ResultHandle
-from phronomy.storage import InstanceStatus, Posting, StoredRecord
+from phronomy.storage import InstanceStatus, Posting, PostOutcome, StoredRecord
 
 from ._definition import WorkflowDefinition
 from ._state import State
 
 __all__ = [
     "Barrier",
-    "CancelAsked",
     "CancelCommand",
-    "CancelLoaded",
-    "CancelRequested",
-    "CancelSaved",
     "EventCounters",
     "EventOutcome",
     "EventStatus",
     "IfExists",
     "InputOverlay",
     "InstanceUpdate",
-    "LeaseLost",
     "LiveSegment",
-    "LoadReady",
     "Polled",
     "PostCommand",
     "PostReady",
@@ -152,15 +146,6 @@ class ResumeCommand(msgspec.Struct, frozen=True, kw_only=True):
     the event (``deliver``)."""
 
 
-class LoadReady(msgspec.Struct, frozen=True, kw_only=True):
-    """The durable load of a start or resume came back (a continuation)."""
-
-    command: StartCommand | ResumeCommand
-    loaded: outcome.Outcome[Any]
-    sent: float
-    """When the load (and its claim) was sent, in trio time."""
-
-
 @final
 class PostCommand(msgspec.Struct, frozen=True, kw_only=True):
     """Store an event in an instance's inbox (``runtime.workflows.post``)."""
@@ -181,7 +166,7 @@ class PostReady(msgspec.Struct, frozen=True, kw_only=True):
     """The post of a :class:`PostCommand` came back."""
 
     command: PostCommand
-    posted: outcome.Outcome[Any]
+    posted: outcome.Outcome[PostOutcome]
 
 
 @final
@@ -235,46 +220,6 @@ class Barrier(msgspec.Struct, frozen=True, kw_only=True):
     """Completes *done* once every command queued before it was delivered."""
 
     done: ResultHandle[None]
-
-
-@final
-class CancelAsked(msgspec.Struct, frozen=True, kw_only=True):
-    """Another runtime asked for a live segment's instance to be cancelled."""
-
-    session: Any
-    reason: str | None
-
-
-@final
-class LeaseLost(msgspec.Struct, frozen=True, kw_only=True):
-    """A live segment's lease was lost: it must stop without writing."""
-
-    session: Any
-    error: BaseException
-
-
-@final
-class CancelLoaded(msgspec.Struct, frozen=True, kw_only=True):
-    """The row of an instance to cancel was read."""
-
-    command: CancelCommand
-    loaded: outcome.Outcome[Any]
-
-
-@final
-class CancelRequested(msgspec.Struct, frozen=True, kw_only=True):
-    """The request to cancel an instance live in another runtime was written."""
-
-    command: CancelCommand
-    requested: outcome.Outcome[Any]
-
-
-@final
-class CancelSaved(msgspec.Struct, frozen=True, kw_only=True):
-    """The cancelling write came back."""
-
-    command: CancelCommand
-    saved: outcome.Outcome[Any]
 
 
 class ResolveCommand(msgspec.Struct, frozen=True, kw_only=True):

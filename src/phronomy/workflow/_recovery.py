@@ -28,8 +28,7 @@ from phronomy.storage import (
 from ._messages import RecoveryEntry, ResolveCommand
 
 if TYPE_CHECKING:
-    from phronomy.engine import Admission
-
+    from ._continuations import WorkflowInstance
     from ._coordinator import WorkflowCoordinator
 
 __all__ = ["InstanceView", "RecoveryClient"]
@@ -132,7 +131,7 @@ class RecoveryClient:
             record=record,
             fields=fields,
             phase=phase,
-            admission=None if admission is None else admission.state,
+            admission=None if admission is None else admission.status,
             error=_describe(admission),
         )
 
@@ -169,7 +168,7 @@ class RecoveryClient:
     async def _resolve(
         self, iid: str, action: Literal["adopt", "release"]
     ) -> StoredRecord | None:
-        done: ResultHandle[Admission | None] = ResultHandle(f"resolve:{iid}")
+        done: ResultHandle[WorkflowInstance | None] = ResultHandle(f"resolve:{iid}")
         command = ResolveCommand(workflow_instance_id=iid, action=action, done=done)
         if not self._coordinator.post_message(command, completion=done):
             raise self._coordinator.engine.refusal("the recovery resolution")
@@ -207,7 +206,7 @@ class RecoveryClient:
         )
 
 
-def _describe(admission: Admission | None) -> str | None:
+def _describe(admission: WorkflowInstance | None) -> str | None:
     if admission is None or admission.error is None:
         return None
     return f"{type(admission.error).__name__}: {admission.error}"

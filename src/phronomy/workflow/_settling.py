@@ -29,6 +29,7 @@ if TYPE_CHECKING:
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import ResultHandle
+    from phronomy.instance import Sessions
     from phronomy.storage import InboxEntry, InstanceStatus, PostOutcome, StoredRecord
 
     from ._definition import WorkflowDefinition
@@ -53,11 +54,13 @@ class Settling:
     """The workflow coordinator's part that settles inbox entries (on the dispatcher)."""
 
     gateway: DurabilityService | None
-    sessions: dict[str, WorkflowSession[Any]]
     waiters: Waiters
     served: dict[str, WorkflowDefinition[Any]]
 
     if TYPE_CHECKING:
+
+        @property
+        def sessions(self) -> Sessions[WorkflowSession[Any]]: ...
 
         def post_message(
             self,

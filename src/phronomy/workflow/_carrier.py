@@ -1,0 +1,213 @@
+"""The workflow coordinator's driver of the instance protocol: it carries out what
+:meth:`Instance.handle <phronomy.instance.Instance.handle>` returns."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any, Protocol, final
+
+import outcome
+
+from phronomy.errors import RecoveryRequiredError, RuntimeShutdownError
+from phronomy.instance import (
+    CancelSession,
+    Complete,
+    DropLease,
+    Fail,
+    FailSession,
+    FollowUp,
+    HoldLease,
+    Offer,
+    Publish,
+    Refused,
+    Released,
+    Rerun,
+    ShutDown,
+    StartSession,
+    Submit,
+)
+
+from ._continuations import CancelAsked, LeaseLost
+from ._messages import InstanceUpdate
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from phronomy.durability import DurabilityService
+    from phronomy.engine import ResultHandle
+    from phronomy.errors import LeaseLostError
+    from phronomy.storage import DeleteOp, InboxEntry, MarkOp
+
+    from ._continuations import WorkflowInstance, WorkflowOutput
+    from ._messages import CancelCommand
+    from ._session import WorkflowSession
+    from ._waiters import Waiters
+    from ._watch import Watchers
+
+__all__ = ["Carrier", "Driven"]
+
+logger = logging.getLogger(__name__)
+
+
+class Driven(Protocol):
+    """What the carrier needs of the coordinator it carries out for."""
+
+    @property
+    def gateway(self) -> DurabilityService | None: ...
+    @property
+    def watchers(self) -> Watchers: ...
+    @property
+    def waiters(self) -> Waiters: ...
+
+    def post_message(
+        self,
+        message: Any,
+        *,
+        admission: bool = False,
+        completion: ResultHandle[Any] | None = None,
+    ) -> bool: ...
+
+    def _offer(
+        self,
+        session: WorkflowSession[Any],
+        entries: list[InboxEntry],
+        *,
+        complete: bool = False,
+    ) -> None: ...
+
+    def _cancel(self, cmd: CancelCommand) -> None: ...
+
+
+@final
+class Carrier:
+    """Carries the protocol's outputs out for the coordinator (on the dispatcher)."""
+
+    __slots__ = ("_coordinator",)
+
+    def __init__(self, coordinator: Driven) -> None:
+        """Carry out for *coordinator*."""
+        self._coordinator = coordinator
+
+    def carry(
+        self,
+        instance: WorkflowInstance,
+        outputs: list[WorkflowOutput],
+        *,
+        start: Callable[[WorkflowSession[Any]], object] | None = None,
+    ) -> None:
+        """Carry *outputs* out, in order (*start* registers a session that runs)."""
+        for output in outputs:
+            self._one(instance, output, start)
+
+    def _one(
+        self,
+        instance: WorkflowInstance,
+        output: WorkflowOutput,
+        start: Callable[[WorkflowSession[Any]], object] | None,
+    ) -> None:
+        coordinator = self._coordinator
+        session = instance.session
+        match output:
+            case Released():
+                pass
+            case HoldLease(epoch=epoch, claimed_at=claimed_at):
+                assert session is not None
+                session.lease = self._hold(instance, epoch, claimed_at)
+            case DropLease():
+                assert coordinator.gateway is not None
+                coordinator.gateway.leases.drop(instance.key)
+            case Offer(items=items):
+                assert session is not None
+                if session.feed is not None and (session.feed.gap or items):
+                    coordinator._offer(session, list(items))  # noqa: SLF001
+            case StartSession(session=started):
+                assert start is not None
+                start(started)
+            case CancelSession(reason=reason):
+                if session is not None:
+                    session.cancel(reason)
+            case FailSession(error=error):
+                if session is not None and session.lifecycle == "running":
+                    session.finish_with_error(error)
+            case Complete(caller=caller, value=value):
+                caller.complete(value)
+            case Fail(caller=caller, error=error):
+                caller.fail(error)
+            case FollowUp(call=call):
+                call()
+            case Submit(op=op, then=then, quiet=quiet):
+                self._submit(instance, op, then, quiet=quiet)
+            case Publish(update=update):
+                assert isinstance(update, InstanceUpdate)
+                if coordinator.watchers.watched(instance.key):
+                    coordinator.watchers.publish(update)
+            case Rerun(command=command):
+                coordinator._cancel(command)  # noqa: SLF001
+            case Refused(command=command):
+                command.done.fail(
+                    RecoveryRequiredError(
+                        f"workflow instance {instance.key!r} requires recovery; "
+                        "resolve it before cancelling it",
+                        instance_id=instance.key,
+                    )
+                )
+            case ShutDown():
+                self._shut_down(output)
+
+    def _hold(self, instance: WorkflowInstance, epoch: int, claimed_at: float) -> Any:
+        coordinator = self._coordinator
+        assert coordinator.gateway is not None
+
+        def lost(error: LeaseLostError) -> None:
+            coordinator.post_message(LeaseLost(instance=instance, error=error))
+
+        def cancel(reason: str | None) -> None:  # asked for by another runtime
+            coordinator.post_message(CancelAsked(instance=instance, reason=reason))
+
+        return coordinator.gateway.leases.hold(
+            instance.key, epoch, lost, cancel, claimed_at=claimed_at
+        )
+
+    def _submit(
+        self,
+        instance: WorkflowInstance,
+        op: MarkOp | DeleteOp,
+        then: tuple[Any, ...],
+        *,
+        quiet: bool,
+    ) -> None:
+        gateway = self._coordinator.gateway
+        assert gateway is not None
+        what = f"write the status of workflow instance {op.workflow_instance_id!r}"
+        if quiet:
+            gateway.submit_quietly(op, what)
+            self.carry(instance, list(then))
+            return
+
+        def written(done: outcome.Outcome[Any]) -> None:
+            if isinstance(done, outcome.Error) or done.unwrap() is False:
+                logger.warning("could not %s: %r", what, done)
+            self.carry(instance, list(then))
+
+        gateway.submit(op, written)
+
+    def _shut_down(self, output: ShutDown[ResultHandle[Any]]) -> None:
+        key, caller = output.key, output.caller
+        if output.what == "remote_cancel":
+            caller.fail(
+                RuntimeShutdownError(
+                    "the runtime shut down while workflow instance "
+                    f"{key!r} was being cancelled in another runtime"
+                )
+            )
+        elif output.what == "recovery_required":
+            recovery = output.error or RecoveryRequiredError(
+                f"workflow instance {key!r} requires recovery: the "
+                f"outcome of its terminal save is unknown ({output.cause!r}); "
+                "the runtime shut down before an operator resolved it",
+                instance_id=key,
+            )
+            self._coordinator.waiters.fail_instance(key, recovery)
+            caller.fail(recovery)
+        elif output.error is not None:
+            caller.fail(output.error)
