@@ -73,7 +73,10 @@ def _view(record: ExecutionRecord) -> dict[str, Any]:
 def listing_command(store: SQLiteStore, args: argparse.Namespace) -> int:
     """``executions list``: the executions in the store, by agent id (one page)."""
     page = run_listing(
-        listing(status=args.status, after=args.after, limit=args.limit), store.run
+        listing(
+            status=args.status, after=args.after, limit=args.limit, prefix=args.agent
+        ),
+        store.run,
     )
     if args.json:
         for record in page.records:

@@ -10,8 +10,8 @@
     python -m phronomy instances history --db PATH ID [--limit N] [--json]
     python -m phronomy instances cancel --db PATH ID [--reason TEXT] [--force]
     python -m phronomy instances resolve --db PATH ID {adopt,release}
-    python -m phronomy executions list --db PATH [--status S] [--limit N] [--after ID]
-                                       [--json]
+    python -m phronomy executions list --db PATH [--status S] [--agent PREFIX]
+                                       [--limit N] [--after ID] [--json]
     python -m phronomy executions show --db PATH AGENT_ID
     python -m phronomy executions approve|reject --db PATH AGENT_ID [--response JSON]
     python -m phronomy executions cancel --db PATH AGENT_ID [--reason TEXT]
@@ -245,6 +245,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     _paging(listed, "executions")
     listed.add_argument("--after", metavar="AGENT:ID", help="start after this key")
+    listed.add_argument(
+        "--agent", default="", metavar="PREFIX", help="only agent ids starting so"
+    )
     show = command(
         actions,
         "show",

@@ -318,6 +318,8 @@ async def test_answers_and_listing_errors_are_clear(
         assert [r.agent_id for r in page.records] == ["k", "p-0"]
         page = await rt.executions.list(limit=2, after=page.next_after)
         assert [r.agent_id for r in page.records] == ["p-1", "p-2"]
+        some = await rt.executions.list(prefix="p-", limit=10)
+        assert [r.agent_id for r in some.records] == [f"p-{n}" for n in range(5)]
         done = await rt.executions.list(status="completed", limit=10)
         assert [r.agent_id for r in done.records] == [f"p-{n}" for n in range(5)]
         assert done.next_after is None

@@ -358,6 +358,7 @@ class Executions:
         self,
         *,
         status: RecordStatus | None = None,
+        prefix: str = "",
         after: str | None = None,
         limit: int = 100,
     ) -> ExecutionPage:
@@ -366,6 +367,7 @@ class Executions:
         Args:
             status: only those the store says are so (see
                 :data:`~phronomy.agent.RecordStatus`).
+            prefix: only agent ids that start with it.
             after: the ``next_after`` of the previous page.
             limit: executions per page (1 to 10000).
 
@@ -378,7 +380,7 @@ class Executions:
         Cancellation:
             Safe: nothing is changed.
         """
-        steps = listing(status=status, after=after, limit=limit)
+        steps = listing(status=status, after=after, limit=limit, prefix=prefix)
         gateway = self._gateway
         if gateway is None:
             await trio.lowlevel.checkpoint()

@@ -9,7 +9,7 @@ command line alike.
 from __future__ import annotations
 
 import uuid
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 import msgspec
 
@@ -43,17 +43,8 @@ __all__ = [
     "run_listing",
 ]
 
-RECORD_STATUSES = frozenset(
-    (
-        "active",
-        "suspended",
-        "completed",
-        "rejected",
-        "cancelled",
-        "failed",
-        "recovery_required",
-    )
-)
+RECORD_STATUSES: frozenset[str] = frozenset(get_args(RecordStatus))
+"""The statuses a listing may filter by."""
 
 
 def agent_key(agent_id: str) -> str:
@@ -160,13 +151,18 @@ def execution_record(row: StoredRecord) -> ExecutionRecord:
 
 
 def listing(
-    *, status: RecordStatus | None, after: str | None, limit: int
+    *,
+    status: RecordStatus | None,
+    after: str | None,
+    limit: int,
+    prefix: str = "",
 ) -> Generator[StoreOp, Any, ExecutionPage]:
     """One page of executions, sans I/O: it yields the store reads it needs (send
     each one's result back) and returns the page.
 
     Executions' keys share one prefix, so the page reads only their range of the
-    instance table, in id order (and each listed row, for its snapshot).
+    instance table (of agent ids starting with *prefix*), in id order, and each listed
+    row for its snapshot.
 
     Raises:
         InvalidInputError: an unknown *status* or a bad *limit*.
@@ -183,12 +179,13 @@ def listing(
     ):
         raise InvalidInputError(f"limit must be from 1 to {MAX_LIMIT}, got {limit!r}")
     records: list[ExecutionRecord] = []
-    cursor = max(after or "", EXECUTION_KEY_PREFIX)
+    start = EXECUTION_KEY_PREFIX + prefix
+    cursor = max(after or "", start)
     while True:
         page = yield ListOp(after=cursor, limit=500)
         for row in page.records:
             iid = row.workflow_instance_id
-            if not iid.startswith(EXECUTION_KEY_PREFIX):
+            if not iid.startswith(start):
                 return ExecutionPage(records=tuple(records))
             full = yield LoadOp(workflow_instance_id=iid)
             if full is None or not is_execution_plan(full.workflow):
