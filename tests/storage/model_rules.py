@@ -101,6 +101,20 @@ def _not_pending(got: Any) -> bool:
     return isinstance(error, BaseException) and "are not pending" in str(error)
 
 
+def _columns(row: StoredRecord | None, now: int) -> dict[str, Any] | None:
+    """What the rules decide of *row*."""
+    if row is None:
+        return None
+    expires = row.lease_expires_at_ms
+    return {
+        "status": row.status,
+        "revision": row.revision,
+        "lease": (row.lease_owner, row.lease_epoch, row.cancel_requested),
+        "expiry": None if expires is None else ("live" if expires > now else "expired"),
+        "takeovers": row.takeovers,
+    }
+
+
 class RuleCheck:
     """Checks one store's outcomes of one step against the rules table."""
 
@@ -135,6 +149,25 @@ class RuleCheck:
         for i in row_order(ops):
             self._one(ops[i], _got(results[i]))
         return self.tally
+
+    def check_rows(
+        self, ops: Sequence[StoreOp], rows: dict[str, Any], now: int
+    ) -> None:
+        """Check the rows after the step (*rows*: the store's, read before *now*, on
+        its lease clock) against the rows the rules predicted: status, revision, lease
+        (holder, epoch, live or expired, cancel request) and takeovers.
+
+        Raises:
+            AssertionError: a row is not what the rules made of it.
+        """
+        for iid, k in self.rows.items():
+            if not k.known:
+                continue
+            want, have = _columns(k.row, now), _columns(rows[iid], now)
+            assert have == want, (
+                f"{self.store} does not follow the rules for {ops!r}: {iid} is "
+                f"{have}, the rules made it {want}"
+            )
 
     # --- looking rules up ---------------------------------------------------------------
 

@@ -364,13 +364,16 @@ class DifferentialModel(RuleBasedStateMachine):
                     for name, rs in results.items()
                 },
             )
-        for name, rs in results.items():  # and each store follows the rules table
-            followed = RuleCheck(name, self.states[name], _now_ms(name)).check(ops, rs)
-            if name == next(iter(results)):
-                TALLY.update(followed)
+        checks = {name: RuleCheck(name, self.states[name], _now_ms(name))
+                  for name in self.stores}  # fmt: skip
         before = self.states
         self.states = {name: State.read(store) for name, store in self.stores.items()}
         agree(f"the stored state after {ops!r}", self._normal_states())
+        for name, rs in results.items():  # and each store follows the rules table
+            followed = checks[name].check(ops, rs)
+            checks[name].check_rows(ops, self.states[name].rows, _now_ms(name))
+            if name == next(iter(results)):
+                TALLY.update(followed)
         reference = next(iter(results.values()))
         for op, result in zip(ops, reference, strict=True):
             TALLY.update(_kinds(op, result))
