@@ -129,6 +129,7 @@ class Rule(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     status: StatusEffect = "kept"
 
 
+# rules-table-start
 # --- the named rules (each line of the table is one of these) -------------------------
 
 CLAIM = Rule(
@@ -187,7 +188,6 @@ NO_POLL = Rule(allowed=False, error="left")
 
 # --- the table --------------------------------------------------------------------------
 
-# rules-table-start
 RULES: dict[tuple[Operation, RowStatus, Holder], Rule] = {
     # claim a row: never one another runtime holds, nor one requiring recovery
     ("begin", "absent", "free"): CLAIM,
