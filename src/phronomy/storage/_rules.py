@@ -88,7 +88,6 @@ expectation fails): a result (``None``, ``False``; a posting's outcome ``missing
 LeaseEffect = Literal[
     "kept",
     "claimed",
-    "released",
     "taken over",
     "renewed",
     "cancel requested",
@@ -99,11 +98,10 @@ LeaseEffect = Literal[
 """What an operation that goes ahead does to the row's lease.
 
 ``claimed``: to the claimer (none without an owner), expiring ``ttl`` from now, epoch
-+ 1, no cancel request. ``taken over``: released, epoch + 1 (a late write of the old
-holder is refused). ``released``: no holder, no expiry, no cancel request (epoch kept).
-``renewed``: its expiry moves to ``ttl`` from now. ``cancel requested``: kept, its
++ 1, no cancel request. ``taken over``: released (no holder, no expiry, no cancel
+request), epoch + 1 (a late write of the old holder is refused). ``renewed``: its expiry moves to ``ttl`` from now. ``cancel requested``: kept, its
 holder asked to cancel. ``kept if ...``: kept when the status written is one of those,
-else released. ``gone``: the row is deleted.
+else released (epoch kept). ``gone``: the row is deleted.
 """
 
 RevisionEffect = Literal["kept", "+1", "gone"]
