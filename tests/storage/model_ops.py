@@ -506,6 +506,7 @@ OPERATIONS = st.one_of(  # claims, saves, posts and sweeps the most: deeper hist
     SAVES,
     SAVES,
     st.builds(Segment, ids, statuses, consumptions),
+    st.builds(Segment, ids, statuses, st.just(())),  # a lease holder's save that lands
     POSTS,
     POSTS,
     POSTS,

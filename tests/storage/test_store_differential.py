@@ -4,7 +4,9 @@ MemoryStore, SQLiteStore and PostgresStore run the same random sequence of every
 operation, alone and in batches of two or three (group commit), and must agree after
 each step: on each outcome (a value, or an error's class, and a conflict's message)
 and on everything stored (every row, every column, the save log, and every entry of
-the inbox). Only what legitimately differs is normalised away: wall-clock timestamps
+the inbox). Each store's outcomes are also checked against the store's rules table
+(``phronomy.storage._rules.RULES``; see model_rules.py): all three are held to one
+source of truth, not only to one another. Only what legitimately differs is normalised away: wall-clock timestamps
 (``updated_at_ms``, ``committed_at_ms``; an entry's ``stored_at_ms`` and
 ``consumed_at_ms``, seen as "set" or "unset") and lease expiry times, seen as "live"
 or "expired". Leases last either 0 ms (expired at once) or a minute (live for the
@@ -109,6 +111,7 @@ from .model_ops import (
     Segment,
     statuses,
 )
+from .model_rules import RuleCheck
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -251,7 +254,9 @@ class DifferentialModel(RuleBasedStateMachine):
     """Runs each step on every store (a fresh MemoryStore, and the given stores emptied
     first) and compares them; the first store is the reference."""
 
-    def __init__(self, stores: dict[str, WorkflowStore]) -> None:
+    def __init__(
+        self, stores: dict[str, WorkflowStore], *, memory: bool = True
+    ) -> None:
         super().__init__()
         for store in stores.values():
             rows = store.execute([ListOp(limit=100)])[0].unwrap().records
@@ -264,7 +269,9 @@ class DifferentialModel(RuleBasedStateMachine):
             ]
             for result in store.execute(deletes) if deletes else []:
                 result.unwrap()
-        self.stores = {**stores, "memory": MemoryStore(save_log_depth=DEPTH)}
+        self.stores = dict(stores)
+        if memory or not stores:  # without another store, MemoryStore is the one
+            self.stores["memory"] = MemoryStore(save_log_depth=DEPTH)
         self.states = {name: State.read(store) for name, store in self.stores.items()}
         agree("the state at the start", self._normal_states())
         self.sent: dict[str, list[str]] = {}  # iid -> write ids of its saves
@@ -357,9 +364,16 @@ class DifferentialModel(RuleBasedStateMachine):
                     for name, rs in results.items()
                 },
             )
+        checks = {name: RuleCheck(name, self.states[name], _now_ms(name))
+                  for name in self.stores}  # fmt: skip
         before = self.states
         self.states = {name: State.read(store) for name, store in self.stores.items()}
         agree(f"the stored state after {ops!r}", self._normal_states())
+        for name, rs in results.items():  # and each store follows the rules table
+            followed = checks[name].check(ops, rs)
+            checks[name].check_rows(ops, self.states[name].rows, _now_ms(name))
+            if name == next(iter(results)):
+                TALLY.update(followed)
         reference = next(iter(results.values()))
         for op, result in zip(ops, reference, strict=True):
             TALLY.update(_kinds(op, result))
@@ -502,7 +516,8 @@ class DifferentialModel(RuleBasedStateMachine):
         return epoch  # type: ignore[no-any-return]
 
     def teardown(self) -> None:
-        self.stores["memory"].close()
+        if "memory" in self.stores:
+            self.stores["memory"].close()
 
 
 def _kinds(op: StoreOp, result: outcome.Outcome[Any]) -> list[str]:
@@ -604,11 +619,14 @@ def _may_release(op: StoreOp, iid: str, owner: str | None) -> bool:
     return isinstance(op, (SaveOp, MarkOp, DeleteOp)) and _target(op) == iid
 
 
-def run_model(stores: dict[str, WorkflowStore], **options: Any) -> None:
-    """Run the model on *stores* (and a MemoryStore) with hypothesis *options*."""
+def run_model(
+    stores: dict[str, WorkflowStore], *, memory: bool = True, **options: Any
+) -> None:
+    """Run the model on *stores* (and a MemoryStore, unless not *memory*) with
+    hypothesis *options*."""
     options = {"max_examples": EXAMPLES, "stateful_step_count": STEPS, **options}
     run_state_machine_as_test(
-        lambda: DifferentialModel(stores),  # type: ignore[arg-type]  # a factory works
+        lambda: DifferentialModel(stores, memory=memory),  # type: ignore[arg-type]
         settings=settings(deadline=None, **options),
     )
 

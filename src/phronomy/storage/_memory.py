@@ -15,7 +15,7 @@ from ._base import BaseStore, Lane
 from ._clock import monotonic_ms
 from ._memory_inbox import refused
 from ._memory_schedules import apply_schedule_op
-from ._memory_tables import Tables as _Tables, claimable as _claimable
+from ._memory_tables import Tables as _Tables
 from ._ops import (
     BeginOp,
     DeleteOp,
@@ -43,6 +43,8 @@ from ._records import (
     StoredRecord,
     saved_workflow,
 )
+from ._rule_effects import lease_after, status_after, swept
+from ._rules import goes_ahead, lookup
 from ._sql_schedules import SCHEDULE_OPS
 from ._store import SAVE_LOG_DEPTH, conflict_error
 
@@ -199,7 +201,8 @@ class MemoryStore(BaseStore[_Tables]):
                 return self._request_cancel(conn, op)
             case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
                 row = conn.rows.get(iid)
-                if row is None or row.revision != expected:
+                rule = lookup("delete", row, monotonic_ms())
+                if not goes_ahead(rule, row, expected=expected):
                     raise conflict_error(
                         iid,
                         "delete",
@@ -227,48 +230,37 @@ class MemoryStore(BaseStore[_Tables]):
     def _begin(conn: _Tables, op: BeginOp) -> int | None:
         iid, owner, now = op.workflow_instance_id, op.lease_owner, monotonic_ms()
         row = conn.rows.get(iid)
-        if row is not None and op.only_new:
+        rule = lookup("begin_new" if op.only_new else "begin", row, now, owner=owner)
+        if not goes_ahead(rule, row, expected=op.expected_revision):
             return None
         if row is None:
-            if op.expected_revision and not op.only_new:
-                return None
             row = StoredRecord(
                 workflow_instance_id=iid,
                 workflow=op.workflow,
                 revision=0,
                 status="running",
             )
-        elif (
-            row.revision != (op.expected_revision or 0)
-            or row.status == "recovery_required"
-            or not _claimable(row, owner, now)
-        ):
-            return None
-        epoch = row.lease_epoch + 1
-        conn.put(
-            iid,
-            msgspec.structs.replace(
-                row,
-                status="running",
-                workflow=row.workflow or op.workflow,
-                updated_at_ms=conn.wall(),
-                lease_owner=owner,
-                lease_epoch=epoch,
-                lease_expires_at_ms=None if owner is None else now + op.ttl_ms,
-                cancel_requested=None,
-            ),
-            conn.log.get(iid),
+        claimed = msgspec.structs.replace(
+            row,
+            status=status_after(rule, row),
+            workflow=row.workflow or op.workflow,
+            updated_at_ms=conn.wall(),
+            **lease_after(rule, row, owner=owner, expires=now + op.ttl_ms),
         )
-        return epoch
+        conn.put(iid, claimed, conn.log.get(iid))
+        return claimed.lease_epoch
 
     @staticmethod
     def _renew(conn: _Tables, op: RenewOp) -> dict[str, tuple[int, str | None, bool]]:
         now, renewed = monotonic_ms(), {}
         for iid in op.instance_ids:
             row = conn.rows.get(iid)
-            if row is not None and row.lease_owner == op.owner:
+            rule = lookup("renew", row, now, owner=op.owner)
+            if row is not None and goes_ahead(rule, row):
                 expires = now + op.ttl_ms
-                row = msgspec.structs.replace(row, lease_expires_at_ms=expires)
+                row = msgspec.structs.replace(
+                    row, **lease_after(rule, row, expires=expires)
+                )
                 conn.put(iid, row, conn.log.get(iid))
                 renewed[iid] = (row.lease_epoch, row.cancel_requested, True)
         return renewed
@@ -277,52 +269,32 @@ class MemoryStore(BaseStore[_Tables]):
     def _request_cancel(conn: _Tables, op: RequestCancelOp) -> int | None:
         iid = op.workflow_instance_id
         row = conn.rows.get(iid)
-        if row is None or row.status != "running" or row.lease_owner is None:
+        rule = lookup("request_cancel", row, monotonic_ms())
+        if row is None or not goes_ahead(rule, row):
             return None
-        requested = msgspec.structs.replace(row, cancel_requested=op.reason or "")
-        conn.put(iid, requested, conn.log.get(iid))
+        lease = lease_after(rule, row, reason=op.reason)
+        conn.put(iid, msgspec.structs.replace(row, **lease), conn.log.get(iid))
         return row.lease_epoch
 
     def _recover(self, conn: _Tables, op: RecoverOp) -> list[tuple[str, str]]:
         now = monotonic_ms()
         expired = heapq.nsmallest(
             op.limit,
-            (
-                r
-                for r in conn.rows.values()
-                if r.status == "running"
-                and r.lease_owner is not None
-                and (r.lease_expires_at_ms or 0) <= now
-            ),
+            (r for r in conn.rows.values() if goes_ahead(lookup("recover", r, now), r)),
             key=lambda r: r.lease_expires_at_ms or 0,
         )
-        recovered = []
+        recovered: list[tuple[str, str]] = []
         for row in expired:
             iid = row.workflow_instance_id
             log = conn.log.get(iid)
             saved = [e for e in (log or {}).values() if e.revision == row.revision]
-            if row.revision == 0:
-                status, detail = (
-                    "failed",
-                    (
-                        "the runtime that started it stopped before its first save "
-                        "(its lease expired)"
-                    ),
-                )
-            elif row.takeovers + 1 >= op.max_takeovers:
-                status, detail = (
-                    "recovery_required",
-                    (
-                        f"its runtime stopped {row.takeovers + 1} times in a row while "
-                        "running it (lease expired)"
-                    ),
-                )
-            else:
-                status = saved[0].status if saved else "halted"
-                detail = (
-                    "its runtime stopped while running it (lease expired); back at "
-                    f"revision {row.revision}"
-                )
+            status, detail = swept(
+                row.revision,
+                row.takeovers,
+                op.max_takeovers,
+                saved[0].status if saved else None,
+            )
+            rule = lookup("recover", row, now)
             conn.put(
                 iid,
                 msgspec.structs.replace(
@@ -330,11 +302,8 @@ class MemoryStore(BaseStore[_Tables]):
                     status=status,
                     detail=detail,
                     updated_at_ms=conn.wall(),
-                    lease_owner=None,
-                    lease_expires_at_ms=None,
-                    lease_epoch=row.lease_epoch + 1,
                     takeovers=row.takeovers + 1,
-                    cancel_requested=None,
+                    **lease_after(rule, row),
                 ),
                 log,
             )
@@ -369,19 +338,14 @@ class MemoryStore(BaseStore[_Tables]):
         row = conn.rows.get(iid)
         current = 0 if row is None else row.revision
         lease = request.lease
-        if (
-            current != (request.expected_revision or 0)
-            or (row is None and lease is not None)  # its claim made the row: gone
-            or (
-                row is not None
-                and (row.lease_owner, row.lease_epoch)
-                != (
-                    (None, row.lease_epoch)
-                    if lease is None
-                    else (lease.owner, lease.epoch)
-                )
-            )
-        ):
+        rule = lookup(
+            "save" if lease is None else "save_fenced",
+            row,
+            monotonic_ms(),
+            owner=None if lease is None else lease.owner,
+            epoch=None if lease is None else lease.epoch,
+        )
+        if not goes_ahead(rule, row, expected=request.expected_revision):
             found = None if row is None else (current, row.lease_owner, row.lease_epoch)
             raise conflict_error(
                 iid,
@@ -390,7 +354,6 @@ class MemoryStore(BaseStore[_Tables]):
                 lease=lease,
                 found=found,
             )
-        running = request.status == "running"
         revision = current + 1
         log = {
             w: e
@@ -398,6 +361,12 @@ class MemoryStore(BaseStore[_Tables]):
             if e.revision > revision - self._depth
         }
         now = conn.wall()
+        base = row or StoredRecord(
+            workflow_instance_id=iid,
+            workflow=request.workflow,
+            revision=0,
+            status="running",
+        )
         log[request.write_id] = SaveLogEntry(
             revision=revision,
             status=request.status,
@@ -411,21 +380,16 @@ class MemoryStore(BaseStore[_Tables]):
             iid,
             StoredRecord(
                 workflow_instance_id=iid,
-                workflow=saved_workflow(row.workflow if row else "", request.workflow),
+                workflow=saved_workflow(base.workflow, request.workflow),
                 revision=revision,
-                status=request.status,
+                status=status_after(rule, base, request.status),
                 phase=request.phase,
                 snapshot=request.snapshot,
                 write_id=request.write_id,
                 detail=request.detail,
                 updated_at_ms=now,
                 definition_version=request.definition_version,
-                lease_owner=row.lease_owner if row and running else None,
-                lease_epoch=row.lease_epoch if row else 0,
-                lease_expires_at_ms=row.lease_expires_at_ms
-                if row and running
-                else None,
-                cancel_requested=row.cancel_requested if row and running else None,
+                **lease_after(rule, base, written=request.status),
             ),
             log,
         )
@@ -434,43 +398,31 @@ class MemoryStore(BaseStore[_Tables]):
     @staticmethod
     def _mark(conn: _Tables, op: MarkOp) -> bool:
         iid = op.workflow_instance_id
-        row = conn.rows.get(iid)
-        if row is None and op.create:
+        row, lease = conn.rows.get(iid), op.lease
+        rule = lookup(
+            "mark" if lease is None else "mark_fenced",
+            row,
+            monotonic_ms(),
+            owner=None if lease is None else lease.owner,
+            epoch=None if lease is None else lease.epoch,
+        )
+        if not goes_ahead(rule, row, expected=op.expected_revision, create=op.create):
+            return False
+        if row is None:  # a placeholder, so that the status stays visible
             row = StoredRecord(
                 workflow_instance_id=iid,
                 workflow=op.workflow,
                 revision=0,
                 status=op.status,
             )
-        if (
-            row is None
-            or (
-                op.expected_revision is not None
-                and row.revision != op.expected_revision
-            )
-            or (
-                op.lease is not None
-                and (row.lease_owner, row.lease_epoch)
-                != (op.lease.owner, op.lease.epoch)
-            )
-            or (
-                op.lease is None
-                and row.status == "running"
-                and row.lease_owner is not None
-            )
-        ):
-            return False
-        keep = op.status in ("running", "recovery_required")  # the lease stays held
         conn.put(
             iid,
             msgspec.structs.replace(
                 row,
-                status=op.status,
+                status=status_after(rule, row, op.status),
                 detail=op.detail,
                 updated_at_ms=conn.wall(),
-                lease_owner=row.lease_owner if keep else None,
-                lease_expires_at_ms=row.lease_expires_at_ms if keep else None,
-                cancel_requested=row.cancel_requested if keep else None,
+                **lease_after(rule, row, written=op.status),
             ),
             conn.log.get(iid),
         )

@@ -6,15 +6,15 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from ._clock import monotonic_ms
 from ._inbox import InboxEntry, PostOutcome, not_pending
+from ._rules import goes_ahead, lookup
 
 if TYPE_CHECKING:
     from ._inbox import Posting
     from ._records import Consumption, StoredRecord
 
 __all__ = ["MemoryInbox", "refused"]
-
-_CLOSED = ("finished", "cancelled")
 
 
 class MemoryInbox:
@@ -57,7 +57,8 @@ class MemoryInbox:
         earlier = next(
             (e for e in entries.values() if e.event_id == posting.event_id), None
         )
-        if row is not None and row.status not in _CLOSED and earlier is None:
+        rule = lookup("post", row, monotonic_ms())
+        if goes_ahead(rule, row) and earlier is None:
             self.note(iid)
             seq = self.seqs.get(iid, 0) + 1  # no gaps: a repeat takes no number
             self.seqs[iid] = seq
@@ -95,12 +96,12 @@ class MemoryInbox:
     ) -> tuple[tuple[InboxEntry, str, str, str | None], ...]:
         """See :class:`~phronomy.storage.PollOp`."""
         found: list[tuple[InboxEntry, str, str, str | None]] = []
+        now = monotonic_ms()
         for iid in sorted(self.inbox):
             row = self.rows.get(iid)
-            if row is None:
-                continue
-            free = row.lease_owner is None and row.status == "halted"
-            if row.lease_owner != owner and not (free and row.workflow in workflows):
+            rule = lookup("poll", row, now, owner=owner)
+            served = row is not None and row.workflow in workflows
+            if row is None or not goes_ahead(rule, row, served=served):
                 continue
             found.extend(
                 (e, row.status, row.workflow, row.lease_owner)

@@ -13,7 +13,7 @@ if TYPE_CHECKING:
     from ._records import SaveLogEntry, StoredRecord
     from ._schedules import ScheduleRecord
 
-__all__ = ["Tables", "claimable"]
+__all__ = ["Tables"]
 
 
 class Tables(MemoryInbox, MemoryTimers):
@@ -74,15 +74,6 @@ class Tables(MemoryInbox, MemoryTimers):
             _set(self.log, key, log)
             _set(self.timers, key, timers)
             self.restore_inbox(key, *inbox)
-
-
-def claimable(row: StoredRecord, owner: str | None, now: int) -> bool:
-    """No other runtime holds an unexpired lease on *row*."""
-    return (
-        row.lease_owner is None
-        or row.lease_owner == owner
-        or (row.lease_expires_at_ms or 0) <= now
-    )
 
 
 def _set(table: dict[str, Any], key: str, value: Any) -> None:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from ._clock import monotonic_ms
+from ._rules import goes_ahead, lookup
 from ._timers import ALL_TIMERS, StoredTimer, disarm_prefix
 
 if TYPE_CHECKING:
@@ -83,16 +85,13 @@ class MemoryTimers:
         """The timers of *workflows* (those *owner* may fire, unless ``None``), by
         due time (see :mod:`phronomy.storage._sql_timers`)."""
         found: list[StoredTimer] = []
+        now = monotonic_ms()
         for iid, timers in self.timers.items():
             row = self.rows.get(iid)
             if row is None:
                 continue
-            fireable = (
-                row.lease_owner == owner
-                or (row.lease_owner is None and row.status in ("halted", "failed"))
-                or row.status == "recovery_required"
-            )
-            if owner is None or fireable:
+            rule = lookup("fire", row, now, owner=owner)
+            if owner is None or goes_ahead(rule, row):
                 found.extend(t for t in timers.values() if t.workflow in workflows)
         return sorted(
             found, key=lambda t: (t.due_at_ms, t.workflow_instance_id, t.name)
