@@ -319,9 +319,14 @@ def _launcher(
                 effects.start_soon(run_local_async, *args, on_done="step_done")
             else:
                 effects.offload(run_local_sync, *args, on_done="step_done")
-        return state.merge(step_id=step_id)
+        return _set(state, step_id=step_id)
 
     return launch
+
+
+def _set(state: ExecutionState, **fields: Any) -> ExecutionState:
+    """*state* with *fields* replaced (the plan's own values: no reducer, no check)."""
+    return msgspec.structs.replace(state, **fields)
 
 
 def _input(state: ExecutionState) -> Any:
@@ -340,7 +345,7 @@ def _suspends(state: ExecutionState, event: Any) -> bool:
 
 
 def _suspend(state: ExecutionState, event: Any) -> ExecutionState:
-    return state.merge(approval_request=event.payload.value, step_id="")
+    return _set(state, approval_request=event.payload.value, step_id="")
 
 
 def _took(last: bool, checkpoints: bool) -> Callable[..., ExecutionState]:
@@ -348,7 +353,8 @@ def _took(last: bool, checkpoints: bool) -> Callable[..., ExecutionState]:
         value = event.payload.value
         if checkpoints:  # saved: the next step receives what the save holds
             value = _as_json(value)
-        return state.merge(
+        return _set(
+            state,
             value=value,
             approved=False,
             steps_completed=state.steps_completed + 1,
@@ -381,7 +387,8 @@ def _approve(last: bool) -> Callable[..., ExecutionState]:
         approval = Approval(
             request=state.approval_request, response=event.payload.get("response")
         )
-        return state.merge(
+        return _set(
+            state,
             value=approval,
             approved=True,
             approval_request=None,
@@ -393,7 +400,8 @@ def _approve(last: bool) -> Callable[..., ExecutionState]:
 
 
 def _reject(state: ExecutionState, event: Any) -> ExecutionState:
-    return state.merge(
+    return _set(
+        state,
         outcome="rejected",
         rejection=event.payload.get("response"),
         value=None,
@@ -402,4 +410,4 @@ def _reject(state: ExecutionState, event: Any) -> ExecutionState:
 
 
 def _deadline(state: ExecutionState, event: Any) -> ExecutionState:
-    return state.merge(outcome="deadline", approval_request=None)
+    return _set(state, outcome="deadline", approval_request=None)
