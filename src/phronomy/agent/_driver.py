@@ -333,7 +333,9 @@ class Driver:
             if not self.done and self.status == "cancelling" and self._waiting:
                 self._settle(error=self._error(exc))
             return
-        if not self.done and self._waiting:  # a halted instance: saved cancelled
+        # A live segment settled the caller already (its end comes first); a halted
+        # one (suspended, or between two steps) was saved cancelled.
+        if not self.done:
             self._settle(error=self._cancel_error(reason))
 
     def _deadline_passed(self) -> None:

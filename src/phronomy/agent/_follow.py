@@ -3,7 +3,7 @@
 An approval can be answered from any process and applied by any runtime that serves
 the plan. The runtime that started the execution learns where its instance went from
 the updates its own segments publish (at once) and, for a segment elsewhere, from a
-read of the row now and then (every 0.5 s, doubled while nothing changes, up to 5 s).
+read of the row now and then (every 0.5 s, doubled while nothing changes, up to 10 s).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ __all__ = ["FIRST_CHECK", "LAST_CHECK", "RowFollower"]
 
 logger = logging.getLogger(__name__)
 
-FIRST_CHECK, LAST_CHECK = 0.5, 5.0
+FIRST_CHECK, LAST_CHECK = 0.5, 10.0
 """Seconds between two reads of a waiting execution's row: the first wait, doubled
 while nothing changes, up to the second."""
 
