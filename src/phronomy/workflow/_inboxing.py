@@ -451,16 +451,14 @@ class InboxRouter:
         """Resume a halted instance with its pending entries (unless a segment of it
         is admitted here already; for the poll, unless its last drain failed and the
         retry is not due yet)."""
-        if iid in self._coordinator.instances:
+        coordinator = self._coordinator
+        if iid in coordinator.instances:
             return
-        if (
-            polled
-            and self._coordinator.stuck.get(iid, (0, 0.0))[1] > trio.current_time()
-        ):
+        if polled and coordinator.stuck.get(iid, (0, 0.0))[1] > trio.current_time():
             return
         caller: ResultHandle[Any] = ResultHandle(f"drain:{iid}")
         caller.on_complete(lambda done: self._drained(iid, done))
-        self._coordinator.segments.begin(
+        coordinator.segments.begin(
             ResumeCommand(
                 definition=definition,
                 halted=None,
@@ -469,7 +467,7 @@ class InboxRouter:
                 input=InputOverlay(),
                 workflow_instance_id=iid,
                 owner=object(),
-                recursion_limit=self._coordinator.recursion_limit,
+                recursion_limit=coordinator.recursion_limit,
                 caller=caller,
             )
         )
@@ -477,14 +475,13 @@ class InboxRouter:
     def _drained(self, iid: str, done: ResultHandle[Any]) -> None:
         """A drain that could not run is retried by the poll later and later (its
         entries stay pending: the error is logged, with when the next try is)."""
+        stuck = self._coordinator.stuck
         if done.status != "failed" or isinstance(done.error, RuntimeShutdownError):
-            self._coordinator.stuck.pop(
-                iid, None
-            )  # resumed, or left to the next runtime
+            stuck.pop(iid, None)  # resumed, or left to the next runtime
             return
-        failures = self._coordinator.stuck.get(iid, (0, 0.0))[0] + 1
+        failures = stuck.get(iid, (0, 0.0))[0] + 1
         delay = min(DRAIN_BACKOFF * 2 ** (failures - 1), MAX_DRAIN_BACKOFF)
-        self._coordinator.stuck[iid] = (failures, trio.current_time() + delay)
+        stuck[iid] = (failures, trio.current_time() + delay)
         logger.warning(
             "workflow instance %r has pending events but could not be resumed (%r); "
             "the inbox poll tries again in %.0f s",

@@ -259,9 +259,8 @@ class Segments:
             return
         if claim is None:
             if cmd.posting is not None:
-                answer = self._coordinator.inbox.posted(
-                    cmd, loaded
-                )  # a post to an instance that exists
+                # a post to an instance that exists
+                answer = self._coordinator.inbox.posted(cmd, loaded)
             elif (
                 cmd.if_exists == "return" and record is not None and decoded is not None
             ):
