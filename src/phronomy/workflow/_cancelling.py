@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 from outcome import Error
 
@@ -37,19 +37,18 @@ from ._messages import InstanceUpdate, WorkflowResult
 if TYPE_CHECKING:
     import outcome
 
-    from phronomy.durability import DurabilityService
-    from phronomy.engine import Host, ResultHandle
     from phronomy.storage import StoredRecord
 
-    from ._carrier import Carrier
-    from ._continuations import WorkflowInstance, WorkflowInstances
+    from ._context import Coordination
+    from ._continuations import WorkflowInstance
     from ._messages import CancelCommand
 
-__all__ = ["Cancelling"]
+__all__ = ["CancelRequests"]
 
 
-class Cancelling:
-    """How the workflow coordinator cancels (a mixin, on the dispatcher).
+@final
+class CancelRequests:
+    """How the workflow coordinator cancels (its part, on the dispatcher).
 
     A segment live here stops taking events, its effects' trio work is cancelled and
     their threads are waited for, then it ends as ``cancelled`` (saved, for durable
@@ -61,35 +60,24 @@ class Cancelling:
     ``cancelled``.
     """
 
-    gateway: DurabilityService | None
-    instances: WorkflowInstances
-    carrier: Carrier
+    __slots__ = ("_coordinator",)
 
-    if TYPE_CHECKING:
+    def __init__(self, coordinator: Coordination) -> None:
+        """Cancel for *coordinator*."""
+        self._coordinator = coordinator
 
-        @property
-        def engine(self) -> Host: ...
-
-        def admit(self) -> None: ...
-
-        def post_message(
-            self,
-            message: Any,
-            *,
-            admission: bool = False,
-            completion: ResultHandle[Any] | None = None,
-        ) -> bool: ...
-
-    def _cancel(self, cmd: CancelCommand) -> None:
+    def cancel(self, cmd: CancelCommand) -> None:
         iid = cmd.workflow_instance_id
-        instance = self.instances.get(iid)
+        instance = self._coordinator.instances.get(iid)
         if instance is not None:
             # live here: cancelled now; loading or saving: once it is done (refused
             # while it requires recovery)
             cancel = Cancel(command=cmd, caller=cmd.done, reason=cmd.reason)
-            self.carrier.carry(instance, self.instances.handle(instance, cancel))
+            self._coordinator.carrier.carry(
+                instance, self._coordinator.instances.handle(instance, cancel)
+            )
             return
-        if self.gateway is None:
+        if self._coordinator.gateway is None:
             cmd.done.fail(
                 NotFoundError(
                     f"workflow instance {iid!r} has no live segment in this runtime, "
@@ -98,19 +86,19 @@ class Cancelling:
             )
             return
         try:
-            self.admit()
+            self._coordinator.admit()
             admit = AdmitCancel(
                 owner=cmd.owner, label=cmd.definition.name, caller=cmd.done
             )
-            instance, _ = self.instances.admit(iid, admit)
+            instance, _ = self._coordinator.instances.admit(iid, admit)
         except Exception as exc:  # noqa: BLE001 - the caller's error
             cmd.done.fail(exc)
             return
-        self._cancel_load(cmd, instance)
+        self._load(cmd, instance)
 
-    def _cancel_load(self, cmd: CancelCommand, instance: WorkflowInstance) -> None:
+    def _load(self, cmd: CancelCommand, instance: WorkflowInstance) -> None:
         """Read the row (and decode its state in the store's worker thread)."""
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
         definition = cmd.definition
 
         def decode(record: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
@@ -118,16 +106,16 @@ class Cancelling:
 
         def loaded(done: outcome.Outcome[tuple[StoredRecord | None, Any]]) -> None:
             message = CancelLoaded(command=cmd, instance=instance, loaded=done)
-            self._post_cancel(message, cmd)
+            self._post(message, cmd)
 
-        self.gateway.submit(
+        self._coordinator.gateway.submit(
             LoadOp(workflow_instance_id=cmd.workflow_instance_id), loaded, finish=decode
         )
 
-    def _post_cancel(
+    def _post(
         self, message: CancelLoaded | CancelSaved | CancelRequested, cmd: CancelCommand
     ) -> None:
-        if not self.post_message(message, completion=cmd.done):
+        if not self._coordinator.post_message(message, completion=cmd.done):
             cmd.done.fail(
                 RuntimeShutdownError(
                     "the runtime shut down while cancelling workflow instance "
@@ -135,17 +123,18 @@ class Cancelling:
                 )
             )
 
-    def _cancel_loaded(self, message: CancelLoaded) -> None:
+    def apply_loaded(self, message: CancelLoaded) -> None:
         cmd, instance = message.command, message.instance
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
         try:
             record, state = message.loaded.unwrap()
             if (
                 record is not None
                 and record.status == "running"
-                and record.lease_owner not in (None, self.gateway.leases.owner)
+                and record.lease_owner
+                not in (None, self._coordinator.gateway.leases.owner)
             ):
-                self._cancel_remote(cmd, instance, record)
+                self._remote(cmd, instance, record)
                 return
             op = cancellation(
                 record,
@@ -155,27 +144,27 @@ class Cancelling:
                 force=cmd.force,
             )
         except Exception as exc:  # noqa: BLE001 - the caller's error, nothing written
-            self._cancel_done(cmd, instance, error=exc)
+            self._done(cmd, instance, error=exc)
             return
         if op is None:  # cancelled already: the same answer again
             assert record is not None
-            self._cancel_done(cmd, instance, record=record, state=state)
+            self._done(cmd, instance, record=record, state=state)
             return
 
         def saved(done: outcome.Outcome[Any]) -> None:
             message = CancelSaved(command=cmd, instance=instance, saved=done)
-            self._post_cancel(message, cmd)
+            self._post(message, cmd)
 
-        self.gateway.submit(op, saved)
+        self._coordinator.gateway.submit(op, saved)
 
-    def _cancel_remote(
+    def _remote(
         self, cmd: CancelCommand, instance: WorkflowInstance, record: StoredRecord
     ) -> None:
         """The instance is live in another runtime: ask it (in the row; it sees the
         request at its next heartbeat), then wait until the row says it ended."""
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
         if record.cancel_requested is not None:  # asked already: wait on
-            self._cancel_poll(cmd, instance, record.lease_epoch)
+            self._poll(cmd, instance, record.lease_epoch)
             return
         op = RequestCancelOp(
             workflow_instance_id=cmd.workflow_instance_id, reason=cmd.reason
@@ -183,50 +172,54 @@ class Cancelling:
 
         def requested(done: outcome.Outcome[int | None]) -> None:
             message = CancelRequested(command=cmd, instance=instance, requested=done)
-            self._post_cancel(message, cmd)
+            self._post(message, cmd)
 
-        self.gateway.submit(op, requested)
+        self._coordinator.gateway.submit(op, requested)
 
-    def _cancel_requested(self, message: CancelRequested) -> None:
+    def apply_requested(self, message: CancelRequested) -> None:
         try:
             epoch = message.requested.unwrap()
         except Exception as exc:  # noqa: BLE001 - the caller's error
-            self._cancel_done(message.command, message.instance, error=exc)
+            self._done(message.command, message.instance, error=exc)
             return
-        self._cancel_poll(message.command, message.instance, epoch)
+        self._poll(message.command, message.instance, epoch)
 
-    def _cancel_poll(
+    def _poll(
         self, cmd: CancelCommand, instance: WorkflowInstance, epoch: int | None
     ) -> None:
         """Read the row again: at once if the request found no live lease (the row
         changed), else after a quarter heartbeat."""
-        assert self.gateway is not None
-        self.instances.handle(instance, CancelAwait())
-        interval = self.gateway.leases.settings.heartbeat_interval / 4
+        assert self._coordinator.gateway is not None
+        self._coordinator.instances.handle(instance, CancelAwait())
+        interval = self._coordinator.gateway.leases.settings.heartbeat_interval / 4
 
         def reload() -> None:
-            self.instances.handle(instance, CancelReload())
+            self._coordinator.instances.handle(instance, CancelReload())
             if instance.state == CANCELLING:  # else the runtime shut down meanwhile
-                self._cancel_load(cmd, instance)
+                self._load(cmd, instance)
 
-        self.engine.timers.schedule(0 if epoch is None else interval, reload)
+        self._coordinator.engine.timers.schedule(
+            0 if epoch is None else interval, reload
+        )
 
-    def _cancel_asked(self, message: CancelAsked) -> None:
+    def apply_asked(self, message: CancelAsked) -> None:
         """Another runtime asked for this live segment's instance to be cancelled."""
         instance = message.instance
-        outputs = self.instances.handle(instance, Asked(reason=message.reason))
-        self.carrier.carry(instance, outputs)
+        outputs = self._coordinator.instances.handle(
+            instance, Asked(reason=message.reason)
+        )
+        self._coordinator.carrier.carry(instance, outputs)
 
-    def _cancel_saved(self, message: CancelSaved) -> None:
+    def apply_saved(self, message: CancelSaved) -> None:
         cmd, instance = message.command, message.instance
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
         error = _write_error(message.saved)
         if error is not None:
-            self._cancel_done(cmd, instance, error=error)
+            self._done(cmd, instance, error=error)
             return
-        self._cancel_load(cmd, instance)
+        self._load(cmd, instance)
 
-    def _cancel_done(
+    def _done(
         self,
         cmd: CancelCommand,
         instance: WorkflowInstance,
@@ -257,7 +250,9 @@ class Cancelling:
                 status="cancelled",
             )
             done = CancelDone(value=result, update=update)
-        self.carrier.carry(instance, self.instances.handle(instance, done))
+        self._coordinator.carrier.carry(
+            instance, self._coordinator.instances.handle(instance, done)
+        )
 
 
 def _write_error(saved: outcome.Outcome[Any]) -> BaseException | None:

@@ -4,7 +4,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, final
 
 import outcome
 
@@ -33,49 +33,17 @@ from ._messages import InstanceUpdate
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from phronomy.durability import DurabilityService
     from phronomy.engine import ResultHandle
     from phronomy.errors import LeaseLostError
-    from phronomy.storage import DeleteOp, InboxEntry, MarkOp
+    from phronomy.storage import DeleteOp, MarkOp
 
+    from ._context import Coordination
     from ._continuations import WorkflowInstance, WorkflowOutput
-    from ._messages import CancelCommand
     from ._session import WorkflowSession
-    from ._waiters import Waiters
-    from ._watch import Watchers
 
-__all__ = ["Carrier", "Driven"]
+__all__ = ["Carrier"]
 
 logger = logging.getLogger(__name__)
-
-
-class Driven(Protocol):
-    """What the carrier needs of the coordinator it carries out for."""
-
-    @property
-    def gateway(self) -> DurabilityService | None: ...
-    @property
-    def watchers(self) -> Watchers: ...
-    @property
-    def waiters(self) -> Waiters: ...
-
-    def post_message(
-        self,
-        message: Any,
-        *,
-        admission: bool = False,
-        completion: ResultHandle[Any] | None = None,
-    ) -> bool: ...
-
-    def _offer(
-        self,
-        session: WorkflowSession[Any],
-        entries: list[InboxEntry],
-        *,
-        complete: bool = False,
-    ) -> None: ...
-
-    def _cancel(self, cmd: CancelCommand) -> None: ...
 
 
 @final
@@ -84,7 +52,7 @@ class Carrier:
 
     __slots__ = ("_coordinator",)
 
-    def __init__(self, coordinator: Driven) -> None:
+    def __init__(self, coordinator: Coordination) -> None:
         """Carry out for *coordinator*."""
         self._coordinator = coordinator
 
@@ -119,7 +87,7 @@ class Carrier:
             case Offer(items=items):
                 assert session is not None
                 if session.feed is not None and (session.feed.gap or items):
-                    coordinator._offer(session, list(items))  # noqa: SLF001
+                    coordinator.inbox.offer(session, list(items))
             case StartSession(session=started):
                 assert start is not None
                 start(started)
@@ -142,7 +110,7 @@ class Carrier:
                 if coordinator.watchers.watched(instance.key):
                     coordinator.watchers.publish(update)
             case Rerun(command=command):
-                coordinator._cancel(command)  # noqa: SLF001
+                coordinator.cancels.cancel(command)
             case Refused(command=command):
                 command.done.fail(
                     RecoveryRequiredError(

@@ -1,7 +1,9 @@
 """The workflow coordinator: admission, hydration and finalisation of segments.
 
 It is the engine's receiver for workflow commands and owns the admission table of
-one runtime: at most one live segment per ``workflow_instance_id``.
+one runtime: at most one live segment per ``workflow_instance_id``. Its work is done
+by four parts it owns (see ``_context.py``): ``Segments``, ``InboxRouter``,
+``Settlement`` and ``CancelRequests``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from phronomy.storage import (
     quarantine,
 )
 
-from ._cancelling import Cancelling
+from ._cancelling import CancelRequests
 from ._carrier import Carrier
 from ._continuations import (
     CancelAsked,
@@ -32,6 +34,7 @@ from ._continuations import (
     LeaseLost,
     LoadReady,
 )
+from ._inboxing import InboxRouter
 from ._messages import (
     Barrier,
     CancelCommand,
@@ -46,8 +49,8 @@ from ._messages import (
     StartCommand,
     WorkflowStatistics,
 )
-from ._segments import SegmentLifecycle
-from ._settling import Call
+from ._segments import Segments
+from ._settling import Call, Settlement
 from ._waiters import Waiters
 from ._watch import Watchers
 
@@ -77,7 +80,7 @@ def _busy(current: WorkflowInstance) -> BusyError:
 
 
 @final
-class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
+class WorkflowCoordinator(ExecutionReceiver):
     """Runs workflow commands on the dispatcher (one per runtime).
 
     Durable segments (a store is configured and the start names its instance, or any
@@ -86,7 +89,10 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
 
     The lifecycle of each instance is the instance protocol's
     (``phronomy.instance``): the coordinator feeds its ``Instances`` what happened and
-    carries the outputs out (``Carrier``).
+    carries the outputs out (``Carrier``). The work is done by its parts, each a plain
+    object holding a reference to it: ``segments`` (a segment from its command to its
+    caller), ``inbox`` (posts, the poll, wakes), ``settlement`` (waiters of inbox
+    entries) and ``cancels`` (cancels, here or through the row).
     """
 
     def __init__(
@@ -119,6 +125,10 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         )
         """Every admitted instance (the instance protocol's objects)."""
         self.carrier = Carrier(self)
+        self.segments = Segments(self)
+        self.inbox = InboxRouter(self)
+        self.settlement = Settlement(self)
+        self.cancels = CancelRequests(self)
 
     @property
     def admissions(self) -> WorkflowInstances:
@@ -141,31 +151,31 @@ class WorkflowCoordinator(ExecutionReceiver, SegmentLifecycle, Cancelling):
         self.assert_dispatcher()
         match message:
             case StartCommand() | ResumeCommand():
-                self._begin(message)
+                self.segments.begin(message)
             case LoadReady():
-                self._apply_load(message)
+                self.segments.apply_load(message)
+            case LeaseLost():
+                self.segments.lease_lost(message)
             case PostCommand():
-                self._post(message)
+                self.inbox.post(message)
             case PostReady():
-                self._apply_post(message)
+                self.inbox.apply_post(message)
             case Polled():
-                self._polled(message)
+                self.inbox.polled(message)
             case Call():
                 message()
-            case LeaseLost():
-                self._lease_lost(message)
-            case CancelAsked():
-                self._cancel_asked(message)
             case ResolveCommand():
                 self._resolve(message)
             case CancelCommand():
-                self._cancel(message)
+                self.cancels.cancel(message)
+            case CancelAsked():
+                self.cancels.apply_asked(message)
             case CancelLoaded():
-                self._cancel_loaded(message)
+                self.cancels.apply_loaded(message)
             case CancelSaved():
-                self._cancel_saved(message)
+                self.cancels.apply_saved(message)
             case CancelRequested():
-                self._cancel_requested(message)
+                self.cancels.apply_requested(message)
             case Barrier(done=done):
                 done.complete(None)
             case _:

@@ -1,4 +1,5 @@
-"""How the workflow coordinator moves instances through their inboxes (a mixin).
+"""How the workflow coordinator moves instances through their inboxes (its
+``InboxRouter`` part).
 
 Every event for a durable instance is stored first (``PostOp``, or a claim that posts
 in the same transaction). Then: a segment live here applies it at once; a halted
@@ -11,7 +12,7 @@ applied it ended (its save consumed the entry), or once the store says so.
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, final
 
 import trio
 
@@ -39,7 +40,7 @@ from ._messages import (
     ResumeCommand,
     StartCommand,
 )
-from ._settling import PENDING, Call, Settling
+from ._settling import PENDING, Call
 
 if TYPE_CHECKING:
     import outcome
@@ -53,14 +54,14 @@ if TYPE_CHECKING:
         StoredRecord,
     )
 
-    from ._carrier import Carrier
     from ._claims import Loaded
-    from ._continuations import WorkflowInstance, WorkflowInstances
+    from ._context import Coordination
+    from ._continuations import WorkflowInstance
     from ._definition import WorkflowDefinition
+    from ._messages import Polled
     from ._session import WorkflowSession
-    from ._state import State
 
-__all__ = ["DRAIN_BACKOFF", "MAX_DRAIN_BACKOFF", "Inboxing"]
+__all__ = ["DRAIN_BACKOFF", "MAX_DRAIN_BACKOFF", "InboxRouter"]
 
 logger = logging.getLogger(__name__)
 
@@ -74,33 +75,20 @@ MAX_DRAIN_BACKOFF = 300.0
 Then = Literal["applying", "queued", "waiting", "applied"]
 
 
-class Inboxing(Settling):
-    """The workflow coordinator's inbox part (on the dispatcher)."""
+@final
+class InboxRouter:
+    """The workflow coordinator's inbox part: posts, the poll, and who applies a
+    stored entry (on the dispatcher)."""
 
-    instances: WorkflowInstances
-    carrier: Carrier
-    stuck: dict[str, tuple[int, float]]
-    recursion_limit: int
+    __slots__ = ("_coordinator",)
 
-    if TYPE_CHECKING:
-
-        def _begin(self, cmd: StartCommand | ResumeCommand) -> None: ...
-
-        def _register(
-            self,
-            cmd: StartCommand | ResumeCommand,
-            instance: WorkflowInstance,
-            state: State,
-            *,
-            base: DurableBase | None,
-            resume: tuple[str, str, Any] | None,
-            claim: tuple[Lease, float] | None = None,
-            feed: Feed | None = None,
-        ) -> None: ...
+    def __init__(self, coordinator: Coordination) -> None:
+        """Route for *coordinator*."""
+        self._coordinator = coordinator
 
     # --- resuming from the inbox ------------------------------------------------------
 
-    def _resume_from_inbox(
+    def resume_from_inbox(
         self,
         cmd: ResumeCommand,
         instance: WorkflowInstance,
@@ -113,7 +101,7 @@ class Inboxing(Settling):
         iid = cmd.workflow_instance_id
         record, posted = loaded.record, loaded.posted
         own = self._await_own(cmd, record, posted)
-        instances = self.instances
+        instances = self._coordinator.instances
         if claim is None:  # nothing runs here
             if record is None:
                 raise refusal(cmd, record)
@@ -128,13 +116,13 @@ class Inboxing(Settling):
             elif record.status == "failed" and record.lease_owner is None:
                 definition = cmd.definition  # raced with a write: try again
                 drain: Withdraw[MarkOp | DeleteOp] = Withdraw(
-                    after=lambda: self._drain(definition, iid)
+                    after=lambda: self.drain(definition, iid)
                 )
                 outputs = instances.handle(instance, drain)
             else:  # whoever runs the instance applies it; the caller waits for that
                 wait: Withdraw[MarkOp | DeleteOp] = Withdraw()
                 outputs = instances.handle(instance, wait)
-            self.carrier.carry(instance, outputs)
+            self._coordinator.carrier.carry(instance, outputs)
             return
         if record is None:  # a halted result, on a store that did not have it
             assert cmd.halted is not None
@@ -144,7 +132,7 @@ class Inboxing(Settling):
             feed = Feed(rest, current=own)
             resume = (cmd.halted.phase, cmd.event, cmd.payload)
             base = DurableBase.of(None)
-            self._register(
+            self._coordinator.segments.register(
                 cmd, instance, state, base=base, resume=resume, claim=claim, feed=feed
             )
             return
@@ -163,22 +151,26 @@ class Inboxing(Settling):
             entries=loaded.pending,
         )
         selection.feed.gap = len(loaded.pending) >= PENDING
-        selection.feed.on_record = self._judged
+        selection.feed.on_record = self._coordinator.settlement.judged
         for entry, consumption in selection.feed.judged:
-            self._judged(entry, consumption)
+            self._coordinator.settlement.judged(entry, consumption)
         if selection.resume is None:  # nothing can fire: the claim goes back
             consumed = selection.feed.consumed
             release = release_op(cmd, record, claim[0], consumed)
             feed, phase, revision = selection.feed, decoded.phase, record.revision
             withdraw: Withdraw[MarkOp | DeleteOp] = Withdraw(
                 write=release,
-                after=lambda: self._settled(feed, phase, revision, drain=cmd),
+                after=lambda: self._coordinator.settlement.settled(
+                    feed, phase, revision, drain=cmd
+                ),
                 answered=own is None,
             )
-            self.carrier.carry(instance, instances.handle(instance, withdraw))
+            self._coordinator.carrier.carry(
+                instance, instances.handle(instance, withdraw)
+            )
             return
         base = DurableBase.of(record)
-        self._register(
+        self._coordinator.segments.register(
             cmd,
             instance,
             selection.state,
@@ -213,12 +205,16 @@ class Inboxing(Settling):
         if posted.outcome in ("closed", "missing") or posted.entry is None:
             raise refusal(cmd, record)
         own = posted.entry
-        self.waiters.add(cmd.workflow_instance_id, own.event_id, cmd.caller, cmd.wants)
+        self._coordinator.waiters.add(
+            cmd.workflow_instance_id, own.event_id, cmd.caller, cmd.wants
+        )
         if own.status != "pending":  # a repeat of an event applied earlier
-            self._check_applied([((cmd.workflow_instance_id, own.event_id), own)])
+            self._coordinator.settlement.check_applied(
+                [((cmd.workflow_instance_id, own.event_id), own)]
+            )
         return own
 
-    def _post_to_live(self, cmd: StartCommand | ResumeCommand) -> None:
+    def post_to_live(self, cmd: StartCommand | ResumeCommand) -> None:
         """An event for an instance this runtime runs already (a durable resume, or a
         post that would start it): store it; the live segment applies it (or the next
         one, once this one halted)."""
@@ -230,9 +226,9 @@ class Inboxing(Settling):
                 done=cmd.caller,
                 starting=True,
             )
-            self._post(post)
+            self.post(post)
             return
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
 
         def posted(done: outcome.Outcome[Any]) -> None:
             try:
@@ -244,24 +240,26 @@ class Inboxing(Settling):
             assert result.entry is not None
             self._wake(cmd.definition, [result.entry], result.row)
 
-        self.gateway.submit(
+        self._coordinator.gateway.submit(
             PostOp(posting=cmd.posting),
-            lambda done: self.post_message(Call(posted, done), completion=cmd.caller),
+            lambda done: self._coordinator.post_message(
+                Call(posted, done), completion=cmd.caller
+            ),
         )
 
     # --- posting (runtime.workflows.post) ---------------------------------------------
 
-    def _post(self, cmd: PostCommand) -> None:
-        assert self.gateway is not None
-        self.served.setdefault(cmd.definition.name, cmd.definition)
-        self.gateway.submit(
+    def post(self, cmd: PostCommand) -> None:
+        assert self._coordinator.gateway is not None
+        self._coordinator.served.setdefault(cmd.definition.name, cmd.definition)
+        self._coordinator.gateway.submit(
             PostOp(posting=cmd.posting),
-            lambda done: self.post_message(
+            lambda done: self._coordinator.post_message(
                 PostReady(command=cmd, posted=done), completion=cmd.done
             ),
         )
 
-    def _apply_post(self, message: PostReady) -> None:
+    def apply_post(self, message: PostReady) -> None:
         cmd = message.command
         try:
             posted: PostOutcome = message.posted.unwrap()
@@ -269,8 +267,10 @@ class Inboxing(Settling):
             if cmd.outcome is not None and entry is not None:
                 # before it can be applied (the receipt wakes whoever applies it)
                 iid = entry.workflow_instance_id
-                self.waiters.add(iid, entry.event_id, cmd.outcome, "outcome")
-                self._judged_before(entry)
+                self._coordinator.waiters.add(
+                    iid, entry.event_id, cmd.outcome, "outcome"
+                )
+                self._coordinator.settlement.judged_before(entry)
             iid = cmd.posting.workflow_instance_id
             receipt = self._receipt(
                 cmd.definition, iid, posted, started=False, starting=cmd.starting
@@ -283,9 +283,11 @@ class Inboxing(Settling):
         cmd.done.complete(receipt)
         if cmd.outcome is not None and receipt.status != "pending":
             assert entry is not None
-            self._check_applied([((entry.workflow_instance_id, entry.event_id), entry)])
+            self._coordinator.settlement.check_applied(
+                [((entry.workflow_instance_id, entry.event_id), entry)]
+            )
 
-    def _posted(self, cmd: StartCommand, loaded: Loaded) -> Any:
+    def posted(self, cmd: StartCommand, loaded: Loaded) -> Any:
         """A post that would start its instance found it: it only posted (the
         receipt)."""
         assert loaded.posted is not None
@@ -295,7 +297,7 @@ class Inboxing(Settling):
             cmd.definition, iid, loaded.posted, started=False, starting=True
         )
 
-    def _announce_start(self, cmd: StartCommand, loaded: Loaded) -> None:
+    def announce_start(self, cmd: StartCommand, loaded: Loaded) -> None:
         """A post that starts its instance made it: the post's caller hears now."""
         posted = loaded.posted
         if posted is not None and posted.entry is not None:
@@ -365,26 +367,26 @@ class Inboxing(Settling):
         iid = row.workflow_instance_id
         if all(e.status != "pending" for e in entries):
             return "applied"
-        session = self.sessions.get(iid)
-        assert self.gateway is not None
+        session = self._coordinator.sessions.get(iid)
+        assert self._coordinator.gateway is not None
         if session is not None and session.feed is not None:
-            self._offer(session, entries)
+            self.offer(session, entries)
             return "applying"
         if row.status in ("failed", "recovery_required"):
             return "waiting"
-        if row.lease_owner not in (None, self.gateway.leases.owner):
+        if row.lease_owner not in (None, self._coordinator.gateway.leases.owner):
             return "queued"
-        instance = self.instances.get(iid)
+        instance = self._coordinator.instances.get(iid)
         if instance is not None:
             # a segment is loading here: it takes them once it runs
-            self.instances.handle(instance, Buffer(items=tuple(entries)))
+            self._coordinator.instances.handle(instance, Buffer(items=tuple(entries)))
             return "applying"
         if row.status == "halted":
-            self._drain(definition, iid)
+            self.drain(definition, iid)
             return "applying"
         return "queued"
 
-    def _offer(
+    def offer(
         self,
         session: WorkflowSession[Any],
         entries: list[InboxEntry],
@@ -398,14 +400,14 @@ class Inboxing(Settling):
         session.offer(entries, complete=complete)
         if not feed.gap or feed.refilling:
             return
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
         feed.refilling = True
         iid = session.workflow_instance_id
         op = InboxOp(workflow_instance_id=iid, after=feed.last_seq or 0, limit=PENDING)
 
         def refilled(done: outcome.Outcome[Any]) -> None:
             feed.refilling = False
-            if self.sessions.get(iid) is not session:
+            if self._coordinator.sessions.get(iid) is not session:
                 return  # it ended: the next segment takes them
             try:
                 found: tuple[InboxEntry, ...] = done.unwrap()
@@ -413,25 +415,50 @@ class Inboxing(Settling):
                 logger.warning("could not read the inbox of %r: %r", iid, exc)
                 return
             feed.gap = len(found) >= PENDING
-            self._offer(session, list(found), complete=True)
+            self.offer(session, list(found), complete=True)
 
-        self.gateway.submit(op, lambda done: self.post_message(Call(refilled, done)))
+        self._coordinator.gateway.submit(
+            op, lambda done: self._coordinator.post_message(Call(refilled, done))
+        )
+
+    # --- the poll ----------------------------------------------------------------------
+
+    def polled(self, message: Polled) -> None:
+        """What the inbox poll found (see :class:`~phronomy.workflow.Polled`)."""
+        assert self._coordinator.gateway is not None
+        by_instance: dict[str, list[InboxEntry]] = {}
+        rows: dict[str, tuple[str, str, str | None]] = {}
+        for entry, status, workflow, owner in message.pending:
+            iid = entry.workflow_instance_id
+            by_instance.setdefault(iid, []).append(entry)
+            rows[iid] = (status, workflow, owner)
+        mine = self._coordinator.gateway.leases.owner
+        for iid, entries in by_instance.items():
+            status, workflow, owner = rows[iid]
+            session = self._coordinator.sessions.get(iid)
+            definition = self._coordinator.served.get(workflow)
+            if session is not None and owner == mine:
+                self.offer(session, entries, complete=True)
+            elif owner is None and status == "halted" and definition is not None:
+                self.drain(definition, iid, polled=True)
+        self._coordinator.settlement.check_applied(list(message.checked))
 
     # --- draining ---------------------------------------------------------------------
 
-    def _drain(
+    def drain(
         self, definition: WorkflowDefinition[Any], iid: str, *, polled: bool = False
     ) -> None:
         """Resume a halted instance with its pending entries (unless a segment of it
         is admitted here already; for the poll, unless its last drain failed and the
         retry is not due yet)."""
-        if iid in self.instances:
+        coordinator = self._coordinator
+        if iid in coordinator.instances:
             return
-        if polled and self.stuck.get(iid, (0, 0.0))[1] > trio.current_time():
+        if polled and coordinator.stuck.get(iid, (0, 0.0))[1] > trio.current_time():
             return
         caller: ResultHandle[Any] = ResultHandle(f"drain:{iid}")
         caller.on_complete(lambda done: self._drained(iid, done))
-        self._begin(
+        coordinator.segments.begin(
             ResumeCommand(
                 definition=definition,
                 halted=None,
@@ -440,7 +467,7 @@ class Inboxing(Settling):
                 input=InputOverlay(),
                 workflow_instance_id=iid,
                 owner=object(),
-                recursion_limit=self.recursion_limit,
+                recursion_limit=coordinator.recursion_limit,
                 caller=caller,
             )
         )
@@ -448,12 +475,13 @@ class Inboxing(Settling):
     def _drained(self, iid: str, done: ResultHandle[Any]) -> None:
         """A drain that could not run is retried by the poll later and later (its
         entries stay pending: the error is logged, with when the next try is)."""
+        stuck = self._coordinator.stuck
         if done.status != "failed" or isinstance(done.error, RuntimeShutdownError):
-            self.stuck.pop(iid, None)  # resumed, or left to the next runtime
+            stuck.pop(iid, None)  # resumed, or left to the next runtime
             return
-        failures = self.stuck.get(iid, (0, 0.0))[0] + 1
+        failures = stuck.get(iid, (0, 0.0))[0] + 1
         delay = min(DRAIN_BACKOFF * 2 ** (failures - 1), MAX_DRAIN_BACKOFF)
-        self.stuck[iid] = (failures, trio.current_time() + delay)
+        stuck[iid] = (failures, trio.current_time() + delay)
         logger.warning(
             "workflow instance %r has pending events but could not be resumed (%r); "
             "the inbox poll tries again in %.0f s",

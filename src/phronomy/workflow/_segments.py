@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, cast, final
 
 import trio
 
@@ -49,7 +49,6 @@ from ._hydration import (
     start_state,
 )
 from ._inbox import Feed
-from ._inboxing import Inboxing
 from ._messages import (
     InstanceUpdate,
     ResumeCommand,
@@ -64,8 +63,7 @@ from ._settling import PENDING, consumed_by_failure, refused_posting
 if TYPE_CHECKING:
     import outcome
 
-    from phronomy.durability import DurabilityService
-    from phronomy.engine import Host, Receiver, ResultHandle
+    from phronomy.engine import Receiver, ResultHandle
     from phronomy.storage import (
         Claimed,
         DeleteOp,
@@ -74,83 +72,68 @@ if TYPE_CHECKING:
         StoredRecord,
     )
 
-    from ._carrier import Carrier
-    from ._continuations import WorkflowInstance, WorkflowInstances
-    from ._definition import WorkflowDefinition
-    from ._messages import EventCounters
-    from ._retries import RetryPolicy
+    from ._context import Coordination
+    from ._continuations import WorkflowInstance
     from ._state import State
-    from ._watch import Watchers
 
-__all__ = ["SegmentLifecycle"]
+__all__ = ["Segments"]
 
 logger = logging.getLogger(__name__)
 
 
-class SegmentLifecycle(Inboxing):
-    """How the workflow coordinator runs one segment, from its command to its caller.
+@final
+class Segments:
+    """How the workflow coordinator runs one segment, from its command to its caller:
+    admission, the load that claims its lease, the session, its end (on the
+    dispatcher)."""
 
-    A mixin of :class:`~phronomy.workflow.WorkflowCoordinator` (on the dispatcher),
-    built on its inbox part.
-    """
+    __slots__ = ("_coordinator",)
 
-    gateway: DurabilityService | None
-    max_snapshot_bytes: int
-    instances: WorkflowInstances
-    counters: EventCounters
-    watchers: Watchers
-    served: dict[str, WorkflowDefinition[Any]]
-    retry: RetryPolicy | None
-    carrier: Carrier
+    def __init__(self, coordinator: Coordination) -> None:
+        """Run segments for *coordinator*."""
+        self._coordinator = coordinator
 
-    if TYPE_CHECKING:
-
-        @property
-        def engine(self) -> Host: ...
-
-        def admit(self) -> None: ...
-
-    def _begin(self, cmd: Command) -> None:
+    def begin(self, cmd: Command) -> None:
         iid = cmd.workflow_instance_id
-        current = self.instances.get(iid)
+        current = self._coordinator.instances.get(iid)
         if cmd.posting is not None and current is not None and current.state in BUSY:
             # live here already: its event is stored, then the live segment applies it
-            self._post_to_live(cmd)
+            self._coordinator.inbox.post_to_live(cmd)
             return
         try:
-            self.admit()
+            self._coordinator.admit()
             admit = Admit(owner=cmd.owner, label=cmd.definition.name, caller=cmd.caller)
-            instance, _ = self.instances.admit(iid, admit)
-            self.served.setdefault(cmd.definition.name, cmd.definition)
+            instance, _ = self._coordinator.instances.admit(iid, admit)
+            self._coordinator.served.setdefault(cmd.definition.name, cmd.definition)
         except Exception as exc:  # noqa: BLE001 - the caller's error (busy, shutting down)
             cmd.caller.fail(exc)
             return
         try:
             durable = isinstance(cmd, ResumeCommand) or cmd.explicit_id
-            if self.gateway is not None and durable:
+            if self._coordinator.gateway is not None and durable:
                 self._load(cmd, instance)
             elif isinstance(cmd, StartCommand):
                 state = start_state(cmd.definition, cmd.input, None)
-                self._register(cmd, instance, state, base=None, resume=None)
+                self.register(cmd, instance, state, base=None, resume=None)
             else:
                 # resume by id requires a store (checked by the client)
                 assert cmd.halted is not None
                 state = resume_state(cmd.input, cmd.halted.state)
                 resume = (cmd.halted.phase, cmd.event, cmd.payload)
-                self._register(cmd, instance, state, base=None, resume=resume)
+                self.register(cmd, instance, state, base=None, resume=resume)
         except Exception as exc:  # noqa: BLE001 - the caller's error
             self._abort(instance, exc)
 
     def _abort(self, instance: WorkflowInstance, error: BaseException) -> None:
         """The command does not run and claimed nothing: its caller fails."""
-        self.carrier.carry(
-            instance, self.instances.handle(instance, Refuse(error=error))
+        self._coordinator.carrier.carry(
+            instance, self._coordinator.instances.handle(instance, Refuse(error=error))
         )
 
     def _load(self, cmd: Command, instance: WorkflowInstance) -> None:
         """Load the instance and, when its status lets the command run, claim its
         lease in the same write (the common case: one store round trip)."""
-        gateway = self.gateway
+        gateway = self._coordinator.gateway
         assert gateway is not None
         iid = cmd.workflow_instance_id
         definition = cmd.definition
@@ -168,7 +151,7 @@ class SegmentLifecycle(Inboxing):
             pending=PENDING if resuming or cmd.posting is not None else 0,
         )
         sent = trio.current_time()
-        self.instances.handle(instance, Load())
+        self._coordinator.instances.handle(instance, Load())
 
         def decode(claimed: Claimed) -> Loaded:
             # Runs in the store's worker thread: decoding stays off the dispatcher.
@@ -197,7 +180,7 @@ class SegmentLifecycle(Inboxing):
 
     def _continue_with(self, message: LoadReady, cmd: Command, what: str) -> None:
         """Post the continuation of *cmd*'s admission (or fail its caller)."""
-        if not self.post_message(message, completion=cmd.caller):
+        if not self._coordinator.post_message(message, completion=cmd.caller):
             cmd.caller.fail(
                 RuntimeShutdownError(
                     f"the runtime shut down while {what} workflow instance "
@@ -205,19 +188,21 @@ class SegmentLifecycle(Inboxing):
                 )
             )
 
-    def _apply_load(self, message: LoadReady) -> None:
+    def apply_load(self, message: LoadReady) -> None:
         cmd, instance = message.command, message.instance
         try:
             loaded = message.loaded.unwrap()
         except Exception as exc:  # noqa: BLE001 - the caller's error
             self._abort(instance, exc)
             return
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
         claim = None
         if loaded.epoch is not None:
-            lease = Lease(owner=self.gateway.leases.owner, epoch=loaded.epoch)
+            lease = Lease(
+                owner=self._coordinator.gateway.leases.owner, epoch=loaded.epoch
+            )
             claim = (lease, message.sent)
-            self.instances.handle(
+            self._coordinator.instances.handle(
                 instance, Claim(epoch=loaded.epoch, claimed_at=message.sent)
             )
         error: Exception | None = loaded.problem
@@ -247,8 +232,10 @@ class SegmentLifecycle(Inboxing):
             return
         consumed = refused_posting(loaded.posted, error)
         release = release_op(cmd, loaded.record, claim[0], consumed)
-        outputs = self.instances.handle(instance, Refuse(error=error, write=release))
-        self.carrier.carry(instance, outputs)
+        outputs = self._coordinator.instances.handle(
+            instance, Refuse(error=error, write=release)
+        )
+        self._coordinator.carrier.carry(instance, outputs)
 
     def _continue_loaded(
         self,
@@ -261,30 +248,33 @@ class SegmentLifecycle(Inboxing):
         made; a row the load did not claim refuses the command (the row says why)."""
         definition = cmd.definition
         record, decoded = loaded.record, loaded.decoded
-        assert self.gateway is not None
-        check_not_quarantined(self.gateway.store.identity, cmd.workflow_instance_id)
+        assert self._coordinator.gateway is not None
+        check_not_quarantined(
+            self._coordinator.gateway.store.identity, cmd.workflow_instance_id
+        )
         if record is not None:
             check_startable(record, checked_workflow(cmd, record))
         if isinstance(cmd, ResumeCommand):
-            self._resume_from_inbox(cmd, instance, loaded, claim)
+            self._coordinator.inbox.resume_from_inbox(cmd, instance, loaded, claim)
             return
         if claim is None:
             if cmd.posting is not None:
-                answer = self._posted(cmd, loaded)  # a post to an instance that exists
+                # a post to an instance that exists
+                answer = self._coordinator.inbox.posted(cmd, loaded)
             elif (
                 cmd.if_exists == "return" and record is not None and decoded is not None
             ):
                 answer = self._stored_result(cmd, record, decoded)  # never claimed
             else:
                 raise refusal(cmd, record)
-            outputs = self.instances.handle(instance, Answer(value=answer))
-            self.carrier.carry(instance, outputs)
+            outputs = self._coordinator.instances.handle(instance, Answer(value=answer))
+            self._coordinator.carrier.carry(instance, outputs)
             return
         # Start hydration: stored fields, overridden by the input; the stored phase is
         # ignored (the segment restarts at the entry point).
         stored = decoded.fields if decoded is not None else None
         state = start_state(definition, cmd.input, stored)
-        self._announce_start(cmd, loaded)
+        self._coordinator.inbox.announce_start(cmd, loaded)
         pending = loaded.pending
         feed = Feed(
             pending,
@@ -292,14 +282,16 @@ class SegmentLifecycle(Inboxing):
             truncated=len(pending) >= PENDING,
         )
         base = DurableBase.of(record)
-        self._register(
+        self.register(
             cmd, instance, state, base=base, resume=None, claim=claim, feed=feed
         )
 
-    def _lease_lost(self, message: LeaseLostMessage) -> None:
+    def lease_lost(self, message: LeaseLostMessage) -> None:
         instance = message.instance
-        outputs = self.instances.handle(instance, LeaseLost(error=message.error))
-        self.carrier.carry(instance, outputs)
+        outputs = self._coordinator.instances.handle(
+            instance, LeaseLost(error=message.error)
+        )
+        self._coordinator.carrier.carry(instance, outputs)
 
     def _stored_result(
         self, cmd: StartCommand, record: StoredRecord, decoded: Any
@@ -316,7 +308,7 @@ class SegmentLifecycle(Inboxing):
             status=record.status,
         )
 
-    def _register(
+    def register(
         self,
         cmd: Command,
         instance: WorkflowInstance,
@@ -333,9 +325,9 @@ class SegmentLifecycle(Inboxing):
         iid = cmd.workflow_instance_id
         policy = None
         if base is not None:
-            gateway = self.gateway
+            gateway = self._coordinator.gateway
             assert gateway is not None
-            instances = self.instances
+            instances = self._coordinator.instances
             policy = TerminalPersistence(
                 gateway=gateway,
                 on_persisting=lambda: instances.handle(instance, Persist()),
@@ -343,11 +335,11 @@ class SegmentLifecycle(Inboxing):
                 workflow=cmd.definition.name,
                 version=cmd.definition.version,
                 expected_revision=base.expected,
-                max_snapshot_bytes=self.max_snapshot_bytes,
+                max_snapshot_bytes=self._coordinator.max_snapshot_bytes,
                 lease=None if claim is None else claim[0],
             )
         session: WorkflowSession[Any] = WorkflowSession(
-            self.engine,
+            self._coordinator.engine,
             cmd.definition,
             state,
             workflow_instance_id=iid,
@@ -356,25 +348,27 @@ class SegmentLifecycle(Inboxing):
             policy=policy,
             observer=cmd.observer,
             resume=resume,
-            counters=self.counters,
-            watchers=self.watchers,
+            counters=self._coordinator.counters,
+            watchers=self._coordinator.watchers,
             feed=feed,
-            retry=self.retry,
+            retry=self._coordinator.retry,
         )
         if feed is not None:
-            feed.on_record = self._judged
+            feed.on_record = self._coordinator.settlement.judged
 
         def start(session: WorkflowSession[Any]) -> None:
-            coordinator = cast("Receiver", self)  # a registered receiver
-            waiter = self.engine.register_session(session, receiver=coordinator)
+            coordinator = cast("Receiver", self._coordinator)  # a registered receiver
+            waiter = self._coordinator.engine.register_session(
+                session, receiver=coordinator
+            )
             waiter.on_complete(
                 lambda done: self._finalize(cmd, instance, base, session, done, claim)
             )
 
-        outputs = self.instances.handle(
+        outputs = self._coordinator.instances.handle(
             instance, Run(session=session, holder=session.id)
         )
-        self.carrier.carry(instance, outputs, start=start)
+        self._coordinator.carrier.carry(instance, outputs, start=start)
 
     def _finalize(
         self,
@@ -406,7 +400,9 @@ class SegmentLifecycle(Inboxing):
             )
 
             def applied() -> None:
-                self._segment_applied(cmd.definition, session, result)
+                self._coordinator.settlement.segment_applied(
+                    cmd.definition, session, result
+                )
                 if inbox and cmd.posting is None:
                     cmd.caller.complete(None)  # a drain: nobody waits for it as such
 
@@ -439,7 +435,7 @@ class SegmentLifecycle(Inboxing):
                     iid, "failed", machine.current, machine.state, revision
                 )
             mark = None
-            if base is not None and self.gateway is not None:
+            if base is not None and self._coordinator.gateway is not None:
                 lease = None if claim is None else claim[0]
                 mark = segment_mark(
                     cmd, base, error, lease, consumed_by_failure(session, error)
@@ -449,9 +445,13 @@ class SegmentLifecycle(Inboxing):
                 write=mark,
                 update=update,
                 settle=not inbox,
-                after=lambda: self._segment_ended(cmd.definition, session, error),
+                after=lambda: self._coordinator.settlement.segment_ended(
+                    cmd.definition, session, error
+                ),
             )
-        self.carrier.carry(instance, self.instances.handle(instance, event))
+        self._coordinator.carrier.carry(
+            instance, self._coordinator.instances.handle(instance, event)
+        )
 
 
 def _update(

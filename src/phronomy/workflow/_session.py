@@ -3,29 +3,25 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Generic, TypeVar, cast
-
-import msgspec
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from phronomy.engine import Event, GatedSession
-from phronomy.errors import EventRejectedError, PhronomyError
+from phronomy.errors import EventRejectedError
 
-from ._definition import AFTER_PREFIX, AUTO_EVENT, FINISH, START_EVENT, after_event
+from ._definition import AFTER_PREFIX, FINISH, START_EVENT
 from ._effects import CANCEL_READY, EFFECT_FAILED, RETRY_WAIT, EffectRunner
-from ._events import rejected, resolve_event
-from ._hydration import resume_state
-from ._inbox import Feed, decode_input, decode_payload, moved_on
-from ._machine import MachineStep, WorkflowMachine, decide
+from ._events import rejected
+from ._machine import WorkflowMachine
 from ._messages import (
     EventCounters,
     EventOutcome,
-    InstanceUpdate,
     SegmentResult,
     Step,
 )
-from ._retries import RETRY_EVENT, RetryPolicy, StoredEffect
+from ._retries import RETRY_EVENT, RetryPolicy
 from ._state import State
-from ._timeouts import halt_timers, retry_of, stale_timer, timeout_of
+from ._steps import Steps
+from ._timeouts import halt_timers
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -36,7 +32,7 @@ if TYPE_CHECKING:
 
     from ._definition import WorkflowDefinition
     from ._effects import RetryWait
-    from ._messages import EventStatus
+    from ._inbox import Feed
     from ._timeouts import TimerChanges
     from ._watch import Watchers
 
@@ -121,10 +117,10 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.watchers = watchers
         self.lease = lease
         self.feed = feed
-        self._feeding = False
         self._started = False
-        self._auto = Event(type=AUTO_EVENT, target_id=self.id)
         self._retry_wait: RetryWait | None = None  # halted until an effect's next try
+        self.steps = Steps(self)
+        """Carries out the machine's steps (effects, automatic transitions, the feed)."""
 
     def __repr__(self) -> str:
         return (
@@ -148,18 +144,18 @@ class WorkflowSession(GatedSession, Generic[S]):
         nothing: it ends as cancelled where it stands.
         """
         self._started = True
-        if self.cancelling or self._lapsed():
+        if self.cancelling or self.lapsed():
             return
         try:
             if self.resume is None:
                 start = Event(type=START_EVENT, target_id=self.id)
-                self._carry_out(self.machine.start(start))
+                self.steps.carry_out(self.machine.start(start))
                 return
             phase, event, payload = self.resume
             if event == RETRY_EVENT:  # an effect's next attempt, at its state
                 if self.feed is not None:
                     self.feed.record("transitioned")
-                self._relaunch(payload)
+                self.steps.relaunch(payload)
                 return
             step = self.machine.resume(
                 Event(type=event, target_id=self.id, payload=payload)
@@ -179,7 +175,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             else:
                 if self.feed is not None:
                     self.feed.record("transitioned")
-                self._carry_out(step)
+                self.steps.carry_out(step)
         except Exception as exc:  # noqa: BLE001 - the segment's failure, for its caller
             self.finish_with_error(exc)
 
@@ -197,7 +193,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.feed.offer(entries, complete=complete)
         if self._started:
             try:
-                self._apply_feed()
+                self.steps.apply_feed()
             except Exception as exc:  # noqa: BLE001 - the segment's failure
                 self.finish_with_error(exc)
 
@@ -205,13 +201,13 @@ class WorkflowSession(GatedSession, Generic[S]):
         """Route *event* (see :class:`~phronomy.lowlevel.GatedSession`), unless the
         segment's lease lapsed: then the segment stops before anything of it runs
         (no action, guard, effect or event), whatever was queued for it."""
-        if self._lapsed():
+        if self.lapsed():
             if event.caller is not None:
                 event.caller.complete(None)
             return
         super().handle(event)
 
-    def _lapsed(self) -> bool:
+    def lapsed(self) -> bool:
         """A running segment whose lease lapsed stops here (its terminal save, if one
         is in flight, is fenced by the store, which decides)."""
         lease = self.lease
@@ -243,7 +239,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             and event.payload != self.machine.entered
         ):
             return  # the live timeout of a visit the segment has left
-        status = self._apply(event)
+        status = self.steps.apply(event)
         if event.caller is not None:
             event.caller.complete(
                 EventOutcome(
@@ -253,32 +249,6 @@ class WorkflowSession(GatedSession, Generic[S]):
                     phase=self.machine.current,
                 )
             )
-
-    def _apply(self, event: Event) -> EventStatus:
-        """Hand *event* to the machine, carry the step out, and say what it did."""
-        step = self.machine.handle(event)
-        counters = self.counters
-        match step.next:
-            case "rejected":
-                status: EventStatus = "rejected"
-                counters.rejected += 1
-            case "dropped" | "consumed":
-                status = "dropped"
-                counters.dropped += 1
-                if step.next == "dropped":
-                    logger.warning(
-                        "workflow %r instance %r dropped event %r: state %r does not "
-                        "declare it (on_unhandled_event='drop')",
-                        self.definition.name,
-                        self.workflow_instance_id,
-                        event.type,
-                        step.current,
-                    )
-            case _:
-                status = "transitioned"
-                counters.transitioned += 1
-        self._carry_out(step)
-        return status
 
     def cancel(self, reason: str | None) -> bool:
         """Stop taking events, cancel the effects' trio work, and once every effect
@@ -357,143 +327,9 @@ class WorkflowSession(GatedSession, Generic[S]):
 
     def notify_terminal_stable(self) -> None:
         """Publish the halted (or declared-leaf) state once the terminal save succeeded."""
-        self._notify_observer()
+        self.steps.notify_observer()
 
     def on_done(self) -> None:
         """Cancel the segment's effects and live timeouts."""
         self.effects.close()
         self.effects.run_timeouts(None)
-
-    # --- carrying out the machine's steps ------------------------------------------------
-
-    def _carry_out(self, step: MachineStep) -> None:
-        while True:
-            self.effects.launch(step.intents)
-            match step.next:
-                case "auto":
-                    self._publish()
-                    step = self.machine.advance(self._auto)
-                    continue
-                case "wait":
-                    self._publish()
-                    self._run_timeouts()
-                    self._apply_feed()
-                case "finish":
-                    self.request_terminal("finished", notify_stable=False)
-                case "halt":
-                    self.request_terminal("halted", notify_stable=True)
-                case "leaf":
-                    self.request_terminal("finished", notify_stable=True)
-                case "consumed" | "rejected" | "dropped":
-                    pass  # a live event the hook consumed, guards rejected, or undeclared
-            return
-
-    def _run_timeouts(self) -> None:
-        """Run the timeouts of the state the segment waits in (a new visit's)."""
-        delays = self.definition.timeouts.get(self.machine.current, ())
-        self.effects.run_timeouts(self.machine.entered, delays, after_event)
-
-    def _relaunch(self, payload: Any) -> None:
-        """Run the next attempt of an effect a retry timer stored, and wait at its
-        state as the segment that started it did (its stored timeouts run)."""
-        self.effects.run_timeouts(self.machine.entered, ())  # its stored ones run
-        self.effects.relaunch(msgspec.convert(payload, StoredEffect))
-        current = self.machine.current
-        self._carry_out(
-            MachineStep(next=decide(self.definition, current), current=current)
-        )
-
-    def _apply_feed(self) -> None:
-        """Apply the feed's entries in order while the segment waits for events."""
-        feed = self.feed
-        if feed is None or self._feeding:
-            return  # an outer call goes on with the next entry
-        self._feeding = True
-        try:
-            while (
-                self.lifecycle == "running"
-                and not self.done
-                and not self.cancelling
-                and not self._lapsed()
-                and (entry := feed.take()) is not None
-            ):
-                self._apply_entry(feed, entry)
-        finally:
-            self._feeding = False
-
-    def _apply_entry(self, feed: Feed, entry: InboxEntry) -> None:
-        machine = self.machine
-        stale = stale_timer(
-            entry,
-            phase=machine.current,
-            revision=self.revision,
-            moved=machine.entered > 0,
-            touched=self.effects.touched,
-        )
-        if stale is not None:
-            feed.record("dropped", stale)
-            return
-        if timeout_of(entry) is not None:  # its visit: the timeout fires
-            status = self._apply(Event(type=entry.event, target_id=self.id))
-            feed.record("dropped" if status == "not_live" else status)
-            return
-        if retry_of(entry) is not None:  # its visit: the effect's next attempt
-            feed.record("transitioned")
-            self._relaunch(decode_payload(entry.payload))
-            return
-        if entry.expected_revision is not None:
-            # sent with a halted result: only a segment resuming from that revision
-            # applies it (as its first event), never one that moved on from it
-            now = "(a live segment took it over) before it was applied"
-            feed.record("refused", moved_on(entry.expected_revision, now))
-            return
-        try:
-            event_type = resolve_event(
-                self.definition,
-                self.machine.current,
-                entry.event,
-                self.workflow_instance_id,
-            )
-            overlay = decode_input(self.definition, entry.input)
-        except (PhronomyError, ValueError) as exc:
-            feed.record("dropped", str(exc)[:1000])
-            return
-        if overlay.fields:
-            self.machine.state = cast("S", resume_state(overlay, self.machine.state))
-        event = Event(
-            type=event_type, target_id=self.id, payload=decode_payload(entry.payload)
-        )
-        status = self._apply(event)
-        feed.record("dropped" if status == "not_live" else status)
-
-    def _publish(self) -> None:
-        """A stable state on the way (automatic, or waiting for an event)."""
-        watchers = self.watchers
-        if watchers is not None and watchers.watched(self.workflow_instance_id):
-            watchers.publish(
-                InstanceUpdate(
-                    workflow_instance_id=self.workflow_instance_id,
-                    status="running",
-                    phase=self.machine.current,
-                    state=self.machine.state,
-                    revision=self.revision,
-                )
-            )
-        self._notify_observer()
-
-    def _notify_observer(self) -> None:
-        if self.observer is None:
-            return
-        current = self.machine.current
-        step = Step(
-            phase=current,
-            state=self.machine.state,
-            workflow_instance_id=self.workflow_instance_id,
-        )
-        try:
-            self.observer(step)
-        except Exception as exc:
-            exc.add_note(
-                f"phronomy: raised by the on_step observer at state {current!r}"
-            )
-            raise

@@ -1,12 +1,12 @@
 """How the workflow coordinator settles what its segments and the poll did with inbox
-entries (a mixin of the coordinator): whoever waits for an entry hears what became
-of it once the store says so.
+entries (its ``Settlement`` part): whoever waits for an entry hears what became of it
+once the store says so.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, final
 
 from phronomy.errors import (
     EventRejectedError,
@@ -21,26 +21,24 @@ from phronomy.storage import SAVE_LOG_DEPTH, Consumption, EntryOp, HistoryOp, Lo
 from ._claims import UNCHANGED
 from ._definition import FINISH
 from ._hydration import decode_stored
-from ._messages import Polled, ResumeCommand, WorkflowResult
+from ._messages import WorkflowResult
 from ._waiters import Applied
 
 if TYPE_CHECKING:
     import outcome
 
-    from phronomy.durability import DurabilityService
-    from phronomy.engine import ResultHandle
-    from phronomy.instance import Sessions
     from phronomy.storage import InboxEntry, InstanceStatus, PostOutcome, StoredRecord
 
+    from ._context import Coordination
     from ._definition import WorkflowDefinition
     from ._inbox import Feed
+    from ._messages import ResumeCommand
     from ._session import WorkflowSession
-    from ._waiters import Waiters
 
 __all__ = [
     "PENDING",
     "Call",
-    "Settling",
+    "Settlement",
     "blames_an_event",
     "consumed_by_failure",
     "refused_posting",
@@ -50,39 +48,18 @@ PENDING = 100
 """How many pending entries a claim brings along (a segment applies more later)."""
 
 
-class Settling:
-    """The workflow coordinator's part that settles inbox entries (on the dispatcher)."""
+@final
+class Settlement:
+    """Settles what segments and the poll did with inbox entries: whoever waits for
+    an entry hears what became of it once the store says so (on the dispatcher)."""
 
-    gateway: DurabilityService | None
-    waiters: Waiters
-    served: dict[str, WorkflowDefinition[Any]]
+    __slots__ = ("_coordinator",)
 
-    if TYPE_CHECKING:
+    def __init__(self, coordinator: Coordination) -> None:
+        """Settle for *coordinator* (its waiters, its store)."""
+        self._coordinator = coordinator
 
-        @property
-        def sessions(self) -> Sessions[WorkflowSession[Any]]: ...
-
-        def post_message(
-            self,
-            message: Any,
-            *,
-            admission: bool = False,
-            completion: ResultHandle[Any] | None = None,
-        ) -> bool: ...
-
-        def _drain(
-            self, definition: WorkflowDefinition[Any], iid: str, *, polled: bool = False
-        ) -> None: ...
-
-        def _offer(
-            self,
-            session: WorkflowSession[Any],
-            entries: list[InboxEntry],
-            *,
-            complete: bool = False,
-        ) -> None: ...
-
-    def _settled(
+    def settled(
         self, feed: Feed, phase: str | None, revision: int, *, drain: ResumeCommand
     ) -> None:
         """A claim given back (nothing could fire) was written: the instance may have
@@ -90,33 +67,33 @@ class Settling:
         for entry, consumption in feed.judged:
             self._settle(entry, consumption, phase=phase, revision=revision)
         if len(feed.judged) >= PENDING:
-            self._drain(drain.definition, drain.workflow_instance_id)
+            self._coordinator.inbox.drain(drain.definition, drain.workflow_instance_id)
 
-    def _judged(self, entry: InboxEntry, consumption: Consumption) -> None:
+    def judged(self, entry: InboxEntry, consumption: Consumption) -> None:
         """A segment judged an entry: who wants only that hears now."""
-        session = self.sessions.get(entry.workflow_instance_id)
+        session = self._coordinator.sessions.get(entry.workflow_instance_id)
         phase = None if session is None else session.machine.current
         self._settle(entry, consumption, phase=phase, final=False)
 
-    def _judged_before(self, entry: InboxEntry) -> None:
+    def judged_before(self, entry: InboxEntry) -> None:
         """A waiter added for *entry* hears what became of it already: a poll can offer
         a stored entry before its post's completion arrives, to this segment (which
         judged it) or to an earlier one that consumed it (the store says how)."""
-        session = self.sessions.get(entry.workflow_instance_id)
+        session = self._coordinator.sessions.get(entry.workflow_instance_id)
         if session is None or session.feed is None:
             return  # no segment here: whoever applies it, the poll checks it
         feed = session.feed
         judged = feed.judgement(entry.seq)
         if judged is not None:
-            self._judged(*judged)
+            self.judged(*judged)
             return
         if feed.last_seq is None or entry.seq > feed.last_seq or feed.holds(entry.seq):
             return  # this segment applies it later
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
         key = (entry.workflow_instance_id, entry.event_id)
-        self.gateway.submit(
+        self._coordinator.gateway.submit(
             EntryOp(workflow_instance_id=key[0], event_id=key[1]),
-            lambda done: self.post_message(
+            lambda done: self._coordinator.post_message(
                 Call(functools.partial(self._checked, key=key), done)
             ),
         )
@@ -125,9 +102,9 @@ class Settling:
         try:
             entry = done.unwrap()
         except Exception as exc:  # noqa: BLE001 - the waiters' error
-            self.waiters.fail(key[0], key[1], exc)
+            self._coordinator.waiters.fail(key[0], key[1], exc)
             return
-        self._check_applied([(key, entry)])
+        self.check_applied([(key, entry)])
 
     def _settle(
         self,
@@ -140,7 +117,7 @@ class Settling:
         final: bool = True,
     ) -> None:
         """Tell the waiters of *entry* what became of it (see :meth:`Waiters.settle`)."""
-        self.waiters.settle(
+        self._coordinator.waiters.settle(
             Applied(
                 entry=entry,
                 status=consumption.status,
@@ -152,7 +129,7 @@ class Settling:
             final=final,
         )
 
-    def _segment_applied(
+    def segment_applied(
         self,
         definition: WorkflowDefinition[Any],
         session: WorkflowSession[Any],
@@ -175,13 +152,13 @@ class Settling:
         if result.status in ("finished", "cancelled"):
             detail = f"the instance was {result.status} before it was applied"
             for entry in untaken:
-                self.waiters.settle(
+                self._coordinator.waiters.settle(
                     Applied(entry=entry, status="refused", detail=detail)
                 )
         elif result.status == "halted" and (untaken or feed.gap):
-            self._drain(definition, result.workflow_instance_id)
+            self._coordinator.inbox.drain(definition, result.workflow_instance_id)
 
-    def _segment_ended(
+    def segment_ended(
         self,
         definition: WorkflowDefinition[Any],
         session: WorkflowSession[Any],
@@ -199,15 +176,15 @@ class Settling:
                     entry, consumption, phase=error.phase, revision=error.revision
                 )
             if feed.untaken():
-                self._drain(definition, iid)
+                self._coordinator.inbox.drain(definition, iid)
             return
         failing = feed.culprit if blames_an_event(feed, error) else None
         held = [e for e, _ in feed.judged] + feed.untaken()
         for entry in held:
             if entry is failing:
-                self.waiters.fail(iid, entry.event_id, error)
+                self._coordinator.waiters.fail(iid, entry.event_id, error)
                 continue
-            self.waiters.fail(
+            self._coordinator.waiters.fail(
                 iid,
                 entry.event_id,
                 error
@@ -221,35 +198,13 @@ class Settling:
                 ),
             )
 
-    # --- the poll ----------------------------------------------------------------------
-
-    def _polled(self, message: Polled) -> None:
-        """What the inbox poll found (see :class:`~phronomy.workflow.Polled`)."""
-        assert self.gateway is not None
-        by_instance: dict[str, list[InboxEntry]] = {}
-        rows: dict[str, tuple[str, str, str | None]] = {}
-        for entry, status, workflow, owner in message.pending:
-            iid = entry.workflow_instance_id
-            by_instance.setdefault(iid, []).append(entry)
-            rows[iid] = (status, workflow, owner)
-        mine = self.gateway.leases.owner
-        for iid, entries in by_instance.items():
-            status, workflow, owner = rows[iid]
-            session = self.sessions.get(iid)
-            definition = self.served.get(workflow)
-            if session is not None and owner == mine:
-                self._offer(session, entries, complete=True)
-            elif owner is None and status == "halted" and definition is not None:
-                self._drain(definition, iid, polled=True)
-        self._check_applied(list(message.checked))
-
-    def _check_applied(self, checked: list[tuple[tuple[str, str], Any]]) -> None:
+    def check_applied(self, checked: list[tuple[tuple[str, str], Any]]) -> None:
         """Entries someone here waits for, as the store has them: settle those that
         another runtime applied (the result is the instance as stored now)."""
-        assert self.gateway is not None
+        assert self._coordinator.gateway is not None
         for (iid, event_id), entry in checked:
             if entry is None:
-                self.waiters.fail(
+                self._coordinator.waiters.fail(
                     iid,
                     event_id,
                     NotFoundError(
@@ -260,12 +215,12 @@ class Settling:
                 continue
             if entry.status == "pending":
                 continue
-            self.waiters.settle(
+            self._coordinator.waiters.settle(
                 Applied(entry=entry, status=entry.status, detail=entry.detail),
                 final=False,
             )
             if entry.status != "transitioned":
-                self.waiters.settle(
+                self._coordinator.waiters.settle(
                     Applied(entry=entry, status=entry.status, detail=entry.detail)
                 )
                 continue
@@ -274,12 +229,14 @@ class Settling:
     def _load_result(self, entry: InboxEntry) -> None:
         """Settle the result waiters of *entry* (applied elsewhere) with the instance
         as stored now."""
-        gateway = self.gateway
+        gateway = self._coordinator.gateway
         assert gateway is not None
         iid = entry.workflow_instance_id
 
         def decode(row: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
-            definition = None if row is None else self.served.get(row.workflow)
+            definition = (
+                None if row is None else self._coordinator.served.get(row.workflow)
+            )
             if row is None or definition is None:
                 return row, None
             return decode_stored(definition, row, resuming=False)
@@ -288,16 +245,18 @@ class Settling:
             try:
                 row, decoded = done.unwrap()
             except Exception as exc:  # noqa: BLE001 - the waiters' error
-                self.waiters.fail(iid, entry.event_id, exc)
+                self._coordinator.waiters.fail(iid, entry.event_id, exc)
                 return
             if row is None or decoded is None:
-                self.waiters.settle(Applied(entry=entry, status="transitioned"))
+                self._coordinator.waiters.settle(
+                    Applied(entry=entry, status="transitioned")
+                )
             elif row.status != "running":
                 self._settle_result(entry, row, decoded.fields, row.status)
             else:  # claimed since it saved: the result has the status that save set
                 gateway.submit(
                     HistoryOp(workflow_instance_id=iid, limit=SAVE_LOG_DEPTH),
-                    lambda done: self.post_message(
+                    lambda done: self._coordinator.post_message(
                         Call(
                             functools.partial(saved, row=row, fields=decoded.fields),
                             done,
@@ -311,7 +270,7 @@ class Settling:
             try:
                 log = done.unwrap()
             except Exception as exc:  # noqa: BLE001 - the waiters' error
-                self.waiters.fail(iid, entry.event_id, exc)
+                self._coordinator.waiters.fail(iid, entry.event_id, exc)
                 return
             status = next(
                 (s.status for s in log if s.revision == row.revision), row.status
@@ -320,7 +279,7 @@ class Settling:
 
         gateway.submit(
             LoadOp(workflow_instance_id=iid),
-            lambda done: self.post_message(Call(loaded, done)),
+            lambda done: self._coordinator.post_message(Call(loaded, done)),
             finish=decode,
         )
 
@@ -340,7 +299,9 @@ class Settling:
             workflow=row.workflow,
             status=status,
         )
-        self.waiters.settle(Applied(entry=entry, status="transitioned", result=result))
+        self._coordinator.waiters.settle(
+            Applied(entry=entry, status="transitioned", result=result)
+        )
 
 
 class Call:
