@@ -175,7 +175,7 @@ def execution_plan(
     for index, step in enumerate(step_list):
         wf.state(
             f"step_{index}",
-            entry=_launcher(step, refs[index], takes[index], index, retry),
+            entry=_launcher(step, refs[index], takes[index], index, retry, checkpoints),
         )
     for index in range(count):
         last = index == count - 1
@@ -292,7 +292,12 @@ def step_at(phase: str | None) -> int:
 
 
 def _launcher(
-    step: Step, ref: str | None, takes: int, index: int, retry: RetryPolicy | None
+    step: Step,
+    ref: str | None,
+    takes: int,
+    index: int,
+    retry: RetryPolicy | None,
+    checkpoints: bool,
 ) -> Callable[..., ExecutionState]:
     asynchronous = is_async(step)
 
@@ -302,9 +307,8 @@ def _launcher(
         if index == 0 and state.steps_completed == 0 and state.timeout is not None:
             effects.schedule(state.timeout, "deadline", key="deadline")
         if ref is not None:  # by name, with JSON: a retry may run it elsewhere
-            value = (
-                msgspec.to_builtins(state.value) if state.value is not None else None
-            )
+            # saved (checkpoints): as JSON, so that a retry may run in another process
+            value = _as_json(state.value) if checkpoints else state.value
             args: tuple[Any, ...] = (ref, step_id, takes, value, state.approved, ident)
             if asynchronous:
                 effects.start_soon(

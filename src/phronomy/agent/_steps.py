@@ -106,7 +106,9 @@ StepIdent = tuple[str, str, int] | list[Any]
 
 def _value(value: Any, approval: bool) -> Any:
     """The step's input: an :class:`Approval` kept as JSON comes back as one."""
-    return msgspec.convert(value, Approval) if approval else value
+    if approval and not isinstance(value, Approval):
+        return msgspec.convert(value, Approval)
+    return value
 
 
 def _args(
