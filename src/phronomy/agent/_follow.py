@@ -11,9 +11,9 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, Protocol, final
 
-from phronomy.storage import LoadOp, decode_snapshot
+from phronomy.storage import LoadOp
 
-from ._plan import ExecutionState
+from ._records import saved_state
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -42,15 +42,7 @@ class _Runtime(Protocol):
 
 def _decode(row: StoredRecord | None) -> tuple[StoredRecord | None, Any]:
     """The row and its saved state (in the store's worker thread)."""
-    if row is None or row.snapshot is None:
-        return row, None
-    state = decode_snapshot(
-        row.snapshot,
-        workflow_instance_id=row.workflow_instance_id,
-        revision=row.revision,
-        state_type=ExecutionState,
-    ).fields
-    return row, state
+    return row, None if row is None else saved_state(row)
 
 
 @final

@@ -41,6 +41,7 @@ __all__ = [
     "execution_record",
     "listing",
     "run_listing",
+    "saved_state",
 ]
 
 RECORD_STATUSES: frozenset[str] = frozenset(get_args(RecordStatus))
@@ -103,6 +104,22 @@ def _status(row: StoredRecord, state: ExecutionState | None) -> RecordStatus:
     return "rejected" if state.outcome == "rejected" else "completed"
 
 
+def saved_state(row: StoredRecord) -> ExecutionState | None:
+    """The execution's state the row saved (``None`` before its first save).
+
+    Raises:
+        CorruptRecordError: the snapshot does not decode.
+    """
+    if row.snapshot is None:
+        return None
+    return decode_snapshot(
+        row.snapshot,
+        workflow_instance_id=row.workflow_instance_id,
+        revision=row.revision,
+        state_type=ExecutionState,
+    ).fields
+
+
 def execution_record(row: StoredRecord) -> ExecutionRecord:
     """The record *row* holds (decode it in a worker thread).
 
@@ -111,14 +128,7 @@ def execution_record(row: StoredRecord) -> ExecutionRecord:
         CorruptRecordError: its snapshot does not decode.
     """
     check_execution_row(row)
-    state = None
-    if row.snapshot is not None:
-        state = decode_snapshot(
-            row.snapshot,
-            workflow_instance_id=row.workflow_instance_id,
-            revision=row.revision,
-            state_type=ExecutionState,
-        ).fields
+    state = saved_state(row)
     error = row.detail
     if state is not None and state.outcome == "deadline":
         error = "the execution passed its deadline"
