@@ -57,6 +57,7 @@ __all__ = [
     "resolve",
     "safe",
     "show",
+    "write_cancellation",
 ]
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
@@ -365,25 +366,42 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
-    """``instances cancel``: a cancelled revision of a stored instance (not live)."""
-    op = cancellation(
-        _workflow_record(store, args),
-        args.id,
-        reason=args.reason,
-        write_id=random_hex(),
-        force=args.force,
-    )
+def write_cancellation(
+    store: SQLiteStore,
+    record: StoredRecord,
+    *,
+    reason: str | None,
+    force: bool = False,
+) -> bool:
+    """Write the cancelled revision of *record* (an instance nobody runs).
+
+    Returns:
+        Whether it was written (``False``: it is cancelled already).
+
+    Raises:
+        PhronomyError: the row changed meanwhile (nothing was written).
+        InstanceStateError: see :func:`~phronomy.storage.cancellation`.
+    """
+    iid = record.workflow_instance_id
+    op = cancellation(record, iid, reason=reason, write_id=random_hex(), force=force)
     if op is None:
-        print(f"{safe(args.id)}: already cancelled")
-        return 0
+        return False
     if isinstance(op, SaveOp):
         store.save(op.request)
     elif not store.run(op):
-        raise PhronomyError(f"{args.id!r} changed meanwhile; cancel it again")
-    record = store.load(args.id)
-    assert record is not None
-    print(f"{safe(args.id)}: cancelled at revision {record.revision}")
+        raise PhronomyError(f"{iid!r} changed meanwhile; cancel it again")
+    return True
+
+
+def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
+    """``instances cancel``: a cancelled revision of a stored instance (not live)."""
+    record = _workflow_record(store, args)
+    if not write_cancellation(store, record, reason=args.reason, force=args.force):
+        print(f"{safe(args.id)}: already cancelled")
+        return 0
+    saved = store.load(args.id)
+    assert saved is not None
+    print(f"{safe(args.id)}: cancelled at revision {saved.revision}")
     return 0
 
 

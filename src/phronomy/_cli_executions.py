@@ -24,6 +24,7 @@ from phronomy._cli_commands import (
     pending_events,
     pending_timers,
     safe,
+    write_cancellation,
 )
 from phronomy.agent._records import (
     agent_key,
@@ -32,13 +33,10 @@ from phronomy.agent._records import (
     listing,
     run_listing,
 )
-from phronomy.engine import random_hex
 from phronomy.errors import InstanceStateError, InvalidInputError, NotFoundError
 from phronomy.storage import (
     PostOp,
     RequestCancelOp,
-    SaveOp,
-    cancellation,
     resolve_stored,
 )
 
@@ -166,14 +164,7 @@ def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
             print(f"{safe(args.agent_id)}: execution {record.execution_id} cancelled")
             return 0
         if row.status != "running" or row.lease_owner is None:
-            op = cancellation(row, key, reason=args.reason, write_id=random_hex())
-            if op is not None:
-                if isinstance(op, SaveOp):
-                    store.save(op.request)
-                elif not store.run(op):
-                    raise InstanceStateError(
-                        f"{key!r} changed meanwhile; cancel it again"
-                    )
+            write_cancellation(store, row, reason=args.reason)
         elif row.cancel_requested is None:  # asked again after each new claim
             store.run(RequestCancelOp(workflow_instance_id=key, reason=args.reason))
             if not asked and args.no_wait:

@@ -5,7 +5,6 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, final
 
-import msgspec
 import trio
 
 from phronomy.engine import ResultHandle, random_uuid
@@ -31,6 +30,7 @@ from ._messages import ExecutionPage, ExecutionRecord, RecordStatus
 from ._plan import Plan, PlanCache, Step, execution_plan, plan_of
 from ._records import (
     agent_key,
+    answer,
     answer_posting,
     check_execution_row,
     execution_record,
@@ -278,19 +278,18 @@ class Executions:
                 + (f" (and not {execution_id!r})" if execution_id else ""),
                 instance_id=agent_key(key),
             )
-        posting = answer_posting(
-            key, record.execution_id, approve=approve, response=response
-        )
         plan = self._served(record.plan)
         if plan is not None:  # applied here at once, by the plan this runtime runs
             await self._table.workflows.post(
                 plan,
-                posting.workflow_instance_id,
-                posting.event,
-                msgspec.json.decode(posting.payload),
-                event_id=posting.event_id,
+                agent_key(key),
+                "approve" if approve else "reject",
+                answer(record.execution_id, response),
             )
         else:  # stored for a runtime that serves the plan
+            posting = answer_posting(
+                key, record.execution_id, approve=approve, response=response
+            )
             gateway = self._gateway
             assert gateway is not None  # the record was read from the store
             posted = await gateway.run(PostOp(posting=posting))

@@ -31,6 +31,7 @@ from phronomy.errors import (
 from ._follow import RowFollower
 from ._messages import ExecutionOwner, ExecutionResult
 from ._plan import ExecutionState, is_local, step_at
+from ._records import answer
 
 if TYPE_CHECKING:
     from phronomy.engine import Host, ResultHandle, Timer
@@ -57,6 +58,8 @@ class _Table(Protocol):
     coordinator: WorkflowCoordinator
 
     def ended(self, driver: Driver) -> None: ...
+
+    def suspended(self, driver: Driver, *, now: bool) -> None: ...
 
 
 @final
@@ -205,7 +208,7 @@ class Driver:
             self._set(status="executing", index=step_at(step.phase))
 
     def _send(self, event: str, response: Any = None) -> None:
-        payload = {"execution_id": self.execution_id, "response": response}
+        payload = answer(self.execution_id, response)
         workflows = self._table.workflows
         if self._durable:
             handle = workflows.start_event(
@@ -384,6 +387,8 @@ class Driver:
         self.changed.set()
 
     def _set(self, *, status: ExecutionStatus, index: int | None = None) -> None:
+        if (status == "suspended") != (self.status == "suspended"):
+            self._table.suspended(self, now=status == "suspended")
         self.status = status
         if index is not None:
             self.step_index = index

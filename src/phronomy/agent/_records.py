@@ -11,8 +11,6 @@ from __future__ import annotations
 import uuid
 from typing import TYPE_CHECKING, Any, get_args
 
-import msgspec
-
 from phronomy.errors import InstanceStateError, InvalidInputError
 from phronomy.storage import (
     EXECUTION_KEY_PREFIX,
@@ -24,6 +22,7 @@ from phronomy.storage import (
     decode_snapshot,
     is_execution_plan,
 )
+from phronomy.workflow._inbox import encode_payload
 
 from ._messages import ExecutionLease, ExecutionPage, ExecutionRecord, RecordStatus
 from ._plan import ExecutionState, step_at
@@ -36,6 +35,7 @@ if TYPE_CHECKING:
 __all__ = [
     "RECORD_STATUSES",
     "agent_key",
+    "answer",
     "answer_posting",
     "check_execution_row",
     "execution_record",
@@ -53,25 +53,28 @@ def agent_key(agent_id: str) -> str:
     return f"{EXECUTION_KEY_PREFIX}{agent_id}"
 
 
+def answer(execution_id: str, response: Any) -> dict[str, Any]:
+    """The payload of an ``approve`` or ``reject`` event for *execution_id* (its
+    guard refuses an answer meant for another execution of the key)."""
+    return {"execution_id": execution_id, "response": response}
+
+
 def answer_posting(
     agent_id: str, execution_id: str, *, approve: bool, response: Any
 ) -> Posting:
     """The inbox entry that answers execution *execution_id*'s approval.
 
     Raises:
-        InvalidInputError: *response* is not JSON.
+        SerializationError: *response* is not JSON (the message names it).
     """
-    try:
-        payload = msgspec.json.encode(
-            {"execution_id": execution_id, "response": response}
-        )
-    except (TypeError, msgspec.EncodeError) as exc:
-        raise InvalidInputError(f"an approval's response must be JSON: {exc}") from None
+    key, event = agent_key(agent_id), "approve" if approve else "reject"
     return Posting(
-        workflow_instance_id=agent_key(agent_id),
+        workflow_instance_id=key,
         event_id=str(uuid.uuid4()),
-        event="approve" if approve else "reject",
-        payload=payload,
+        event=event,
+        payload=encode_payload(
+            answer(execution_id, response), event=event, instance=key
+        ),
     )
 
 

@@ -45,6 +45,7 @@ class ExecutionTable(ExecutionReceiver):
         self._by_key: dict[str, Driver] = {}
         self._by_id: dict[str, Driver] = {}
         self._plans: dict[str, int] = {}  # plan name -> executions of it here
+        self._suspended = 0  # of those in _by_key
 
     def __contains__(self, agent_id: object) -> bool:
         """Whether the key has an execution here that has not ended."""
@@ -65,7 +66,12 @@ class ExecutionTable(ExecutionReceiver):
     @property
     def running(self) -> int:
         """Executions here that are not waiting for an approval."""
-        return sum(1 for d in self._by_key.values() if d.status != "suspended")
+        return len(self._by_key) - self._suspended
+
+    def suspended(self, driver: Driver, *, now: bool) -> None:
+        """*driver*'s execution began (*now*) or stopped waiting for an approval."""
+        if self._by_key.get(driver.agent_id) is driver:
+            self._suspended += 1 if now else -1
 
     def add(self, driver: Driver) -> None:
         """Keep *driver* until its execution ends (the key is free again)."""
@@ -79,6 +85,8 @@ class ExecutionTable(ExecutionReceiver):
         """*driver*'s execution ended here: its key is free; a plan no execution
         here uses any more that no other process can run is no longer served."""
         if self._by_key.get(driver.agent_id) is driver:
+            if driver.status == "suspended":
+                self._suspended -= 1
             del self._by_key[driver.agent_id]
         self._by_id.pop(driver.execution_id, None)
         name = driver.plan.name
@@ -110,6 +118,7 @@ class ExecutionTable(ExecutionReceiver):
             driver.shutdown(error)
         self._by_key.clear()
         self._by_id.clear()
+        self._suspended = 0
 
     def describe_live(self) -> list[str]:
         """The executions running here (for the shutdown report)."""
