@@ -11,11 +11,20 @@ import trio
 import phronomy
 from phronomy.storage import InboxEntry
 from phronomy.testing import FaultyStore
-from phronomy.workflow._messages import PostReady
+from phronomy.workflow._messages import Polled, PostReady
 from phronomy.workflow._poller import poll_once
 from records import durable_view, loaded
 
-from .helpers import Value, halting_flow, live_flow, runtime_on, start_live, until
+from .helpers import (
+    Value,
+    admission_state,
+    guarded_flow,
+    halting_flow,
+    live_flow,
+    runtime_on,
+    start_live,
+    until,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -295,3 +304,48 @@ async def test_a_post_whose_entry_a_poll_gave_the_segment_first_hears_its_outcom
         assert outcomes[0].status == "transitioned"
         assert session.machine.state.count == 2  # applied once
         assert rt.workflows.signal(flow, "race-1", "finish")
+
+
+async def test_a_rejection_a_poll_reads_first_names_the_phase_the_instance_is_at(
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
+) -> None:
+    # Before: a poll that read a rejected entry after the claim's give-back committed
+    # but before its completion reached the dispatcher answered the caller itself,
+    # with an EventRejectedError without the phase ('' for 'awaiting'; CI saw it under
+    # load). Whoever answers now gives the instance's phase at that revision.
+    store = FaultyStore(make_store())
+    flow = guarded_flow()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="g-1")
+        coordinator: Any = rt.workflows._coordinator
+        gate = store.block("mark.before")
+        caught: list[BaseException] = []
+
+        async def send() -> None:
+            with pytest.raises(phronomy.EventRejectedError) as rejected:
+                await rt.workflows.send_event(
+                    flow, "approve", workflow_instance_id="g-1", payload="no"
+                )
+            caught.append(rejected.value)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(send)
+            await until(lambda: store.count("mark") == 1)  # the give-back, held
+            [key] = coordinator.waiters.awaited()
+            entry = InboxEntry(
+                workflow_instance_id=key[0],
+                seq=1,
+                event_id=key[1],
+                event="approve",
+                payload=b'"no"',
+                stored_at_ms=0,
+                status="rejected",
+                revision=1,
+            )
+            # what a poll reads once the give-back committed, arriving first
+            coordinator.post_message(Polled(pending=(), checked=((key, entry),)))
+            await trio.sleep(0.05)  # the poll's answer, if any, comes now
+            gate.set()
+        rejected = caught[0]
+        assert (rejected.phase, rejected.revision) == ("awaiting", 1)
+        assert admission_state(rt, "g-1") is None

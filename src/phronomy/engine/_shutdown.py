@@ -105,9 +105,11 @@ class Shutdown:
         drain_deadline = trio.current_time() + drain
         if self._lifecycle.state == "running":
             self._lifecycle.set("draining")
-        with trio.move_on_at(drain_deadline):
+        with trio.move_on_at(drain_deadline) as drained:
             await self._wait_idle()
-        quiescent = self.is_idle() and self._supervisor.pools_idle
+        # quiescent when it was once, before the deadline: a store read housekeeping
+        # starts right after (the inbox poll's next one) is no live work cut off
+        quiescent = not drained.cancelled_caught
         status: DispatcherStatus
         if self._lifecycle.state == "failed":
             status = "failed"

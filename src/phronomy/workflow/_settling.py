@@ -219,12 +219,40 @@ class Settlement:
                 Applied(entry=entry, status=entry.status, detail=entry.detail),
                 final=False,
             )
-            if entry.status != "transitioned":
-                self._coordinator.waiters.settle(
-                    Applied(entry=entry, status=entry.status, detail=entry.detail)
+            if entry.status == "transitioned":
+                self._load_result(entry)
+            else:
+                self._load_phase(entry)
+
+    def _load_phase(self, entry: InboxEntry) -> None:
+        """Settle the result waiters of *entry* (not applied: rejected, refused or
+        dropped elsewhere) with the phase the instance had at its revision, as the
+        runtime that judged it answers its own callers."""
+        gateway = self._coordinator.gateway
+        assert gateway is not None
+
+        def loaded(done: outcome.Outcome[Any]) -> None:
+            try:
+                row: StoredRecord | None = done.unwrap()
+            except Exception as exc:  # noqa: BLE001 - the waiters' error
+                self._coordinator.waiters.fail(
+                    entry.workflow_instance_id, entry.event_id, exc
                 )
-                continue
-            self._load_result(entry)
+                return
+            same = row is not None and row.revision == entry.revision
+            self._coordinator.waiters.settle(
+                Applied(
+                    entry=entry,
+                    status=entry.status,
+                    detail=entry.detail,
+                    phase=row.phase if same and row is not None else None,
+                )
+            )
+
+        gateway.submit(
+            LoadOp(workflow_instance_id=entry.workflow_instance_id),
+            lambda done: self._coordinator.post_message(Call(loaded, done)),
+        )
 
     def _load_result(self, entry: InboxEntry) -> None:
         """Settle the result waiters of *entry* (applied elsewhere) with the instance
