@@ -319,7 +319,7 @@ async def test_a_rejection_a_poll_reads_first_names_the_phase_the_instance_is_at
         await rt.workflows.invoke(flow, workflow_instance_id="g-1")
         coordinator: Any = rt.workflows._coordinator
         gate = store.block("mark.before")
-        caught: list[BaseException] = []
+        caught: list[phronomy.EventRejectedError] = []
 
         async def send() -> None:
             with pytest.raises(phronomy.EventRejectedError) as rejected:
