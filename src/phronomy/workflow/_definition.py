@@ -216,6 +216,18 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
             lines.extend(f"    class {ids[w]} wait" for w in sorted(self.wait_states))
         return "\n".join(lines) + "\n"
 
+    def to_svg(self, *, highlight: str | None = None) -> str:
+        """Return the workflow's state diagram as a standalone SVG document.
+
+        Drawn offline by a small layered layout (no network, no Graphviz): states in
+        ranks from the initial state, wait states dashed and amber, the end as a
+        ringed dot, timeouts dashed; *highlight* (an instance's phase) marks the
+        current state. Names are escaped.
+        """
+        from ._diagram import render_svg  # here: it imports this module
+
+        return render_svg(self, highlight=highlight)
+
     def to_dot(self) -> str:
         """Return the workflow as Graphviz DOT text (wait states drawn as octagons)."""
         lines = [
