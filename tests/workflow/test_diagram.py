@@ -119,3 +119,9 @@ def test_unreachable_states_are_drawn_below() -> None:
     svg = flow.to_svg()
     names = _groups(svg)
     assert {"a", "island", FINISH} <= set(names)
+
+
+def test_the_renderer_knows_the_reserved_phases() -> None:
+    from phronomy.workflow import _definition, _diagram
+
+    assert (_diagram.FINISH, _diagram.SCHEDULED) == (FINISH, _definition.SCHEDULED)

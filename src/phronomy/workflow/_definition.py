@@ -14,6 +14,7 @@ from typing import Any, Generic, Literal, TypeVar, final
 
 import msgspec
 
+from ._diagram import render_svg
 from ._state import State, state_spec
 
 __all__ = [
@@ -224,8 +225,6 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         ringed dot, timeouts dashed; *highlight* (an instance's phase) marks the
         current state. Names are escaped.
         """
-        from ._diagram import render_svg  # here: it imports this module
-
         return render_svg(self, highlight=highlight)
 
     def to_dot(self) -> str:

@@ -15,16 +15,42 @@ from __future__ import annotations
 import re
 from collections import deque
 from html import escape
-from typing import TYPE_CHECKING, Any, NamedTuple
-
-from ._definition import FINISH, SCHEDULED
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 if TYPE_CHECKING:
-    from ._definition import WorkflowDefinition
+    from collections.abc import Sequence, Set as AbstractSet
 
-__all__ = ["render_svg"]
+__all__ = ["Drawable", "render_svg"]
 
 START = "[*]"
+FINISH = "__end__"  # phronomy.FINISH (this module imports no other: no cycle)
+SCHEDULED = "__scheduled__"  # the phase of an instance stored to start later
+
+
+class _Transition(Protocol):
+    @property
+    def source(self) -> str: ...
+    @property
+    def target(self) -> str: ...
+    @property
+    def label(self) -> str: ...
+
+
+class Drawable(Protocol):
+    """What a diagram is drawn from (a :class:`~phronomy.WorkflowDefinition`)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def entry_point(self) -> str: ...
+    @property
+    def states(self) -> Sequence[str]: ...
+    @property
+    def wait_states(self) -> AbstractSet[str]: ...
+    @property
+    def transitions(self) -> Sequence[_Transition]: ...
+
+
 _FONT = 13
 _LABEL_FONT = 11
 _CHAR = 7.4  # an estimate of a character's width at _FONT (sans-serif)
@@ -58,7 +84,7 @@ class _Node(NamedTuple):
     h: float
 
 
-def _ranks(definition: WorkflowDefinition[Any]) -> dict[str, int]:
+def _ranks(definition: Drawable) -> dict[str, int]:
     """Each node's rank: the start 0, then breadth-first along transitions; states no
     walk reaches go below, the end last."""
     ranks = {START: 0, definition.entry_point: 1}
@@ -82,7 +108,7 @@ def _ranks(definition: WorkflowDefinition[Any]) -> dict[str, int]:
     return ranks
 
 
-def _layout(definition: WorkflowDefinition[Any]) -> dict[str, _Node]:
+def _layout(definition: Drawable) -> dict[str, _Node]:
     ranks = _ranks(definition)
     rows: dict[int, list[str]] = {}
     for name, rank in ranks.items():  # insertion order: breadth-first discovery
@@ -152,7 +178,7 @@ def _label(x: float, y: float, lines: list[str], anchor: str = "middle") -> list
 
 
 def render_svg(
-    definition: WorkflowDefinition[Any],
+    definition: Drawable,
     *,
     highlight: str | None = None,
     title: str | None = None,
