@@ -229,6 +229,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _schedules(commands, command)
+    _console(commands)
     executions = commands.add_parser(
         "executions", help="list, inspect, answer and cancel supervised executions"
     )
@@ -345,6 +346,12 @@ def _schedules(
             sub.add_argument("--end", required=True, help="ISO 8601 time (exclusive)")
 
 
+def _console(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from phronomy.console._serve import add_arguments  # the console loads lazily
+
+    add_arguments(commands.add_parser("console", help="serve the web console"))
+
+
 def _paging(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--limit",
@@ -382,6 +389,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         trio.run(run_demo, args.db)
         return 0
+    if args.command == "console":
+        return int(args.run_console(args))
     store = _open(args)
     try:
         status: int = args.run(store, args)

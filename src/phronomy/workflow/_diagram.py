@@ -237,7 +237,7 @@ def render_svg(
             step = 1 if b.x > a.x else -1
             sx, tx = a.x + step * a.w / 2, b.x - step * (b.w / 2 + 2)
             path = f"M{sx:.1f},{a.y:.1f} L{tx:.1f},{b.y:.1f}"
-            lx, ly, anchor = (sx + tx) / 2, a.y - 8, "middle"
+            lx, ly, anchor = (sx + tx) / 2, a.y - a.h / 2 - 5, "middle"
         else:  # back, or down several ranks: around the right of everything
             lane += 1
             x = right + lane * _LANE
