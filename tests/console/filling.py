@@ -22,7 +22,8 @@ def example(name: str) -> Any:
     if name in sys.modules:
         return sys.modules[name]
     spec = importlib.util.spec_from_file_location(name, EXAMPLES / f"{name}.py")
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module
     spec.loader.exec_module(module)
@@ -59,7 +60,9 @@ async def fill(store: phronomy.storage.WorkflowStore) -> None:
                 {"employee": employee, "amount": amount},
                 workflow_instance_id=f"exp-{n}",
             )
-        await wf.send_event(flow, "approve", workflow_instance_id="exp-2", payload="dan")
+        await wf.send_event(
+            flow, "approve", workflow_instance_id="exp-2", payload="dan"
+        )
         await wf.invoke(flow, {"employee": "eve"}, workflow_instance_id=HOSTILE_ID)
         execution = runtime.executions.start(
             "assistant-1", [_search, _ask, _send], "trio"
