@@ -33,6 +33,7 @@ from phronomy.errors import (
 from phronomy.storage import EXECUTION_KEY_PREFIX, InstanceStatus
 
 from . import _actions, _pages, _reads
+from ._html import CSS, Forms, layout
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -239,7 +240,7 @@ class ConsoleApp:
             raise HTTPError(421, f"this console does not answer for host {host!r}")
 
     def _html(self, title: str, body: str) -> bytes:
-        return _pages.layout(title, body, actions=self.allow_actions).encode()
+        return layout(title, body, actions=self.allow_actions).encode()
 
     async def _route(
         self, request: _Request, receive: Any, session: str
@@ -254,14 +255,14 @@ class ConsoleApp:
         if path == "/":
             return 303, html, b"", {"location": "/instances"}
         if path == "/console.css":
-            return 200, "text/css; charset=utf-8", _pages.CSS.encode(), {}
+            return 200, "text/css; charset=utf-8", CSS.encode(), {}
         if path == "/diagram.svg":
             definition = self.definitions.get(request.required("workflow"))
             if definition is None:
                 raise HTTPError(404, "this console has no definition of that workflow")
             svg = definition.to_svg(highlight=request.arg("highlight"))
             return 200, "image/svg+xml; charset=utf-8", svg.encode(), {}
-        forms = _pages.Forms(self._csrf(session) if self.allow_actions else None)
+        forms = Forms(self._csrf(session) if self.allow_actions else None)
         if path == "/instance":
             iid = request.required("id")
             if iid.startswith(EXECUTION_KEY_PREFIX):
@@ -274,9 +275,7 @@ class ConsoleApp:
                 )
             title, body = await self._instance(iid, forms)
             return 200, html, self._html(title, body), {}
-        pages: dict[
-            str, Callable[[_Request, _pages.Forms], Awaitable[tuple[str, str]]]
-        ] = {
+        pages: dict[str, Callable[[_Request, Forms], Awaitable[tuple[str, str]]]] = {
             "/instances": self._instances,
             "/executions": self._executions,
             "/execution": self._execution,
@@ -298,9 +297,7 @@ class ConsoleApp:
                     raise HTTPError(status, str(exc)) from None
             raise
 
-    async def _instances(
-        self, request: _Request, forms: _pages.Forms
-    ) -> tuple[str, str]:
+    async def _instances(self, request: _Request, forms: Forms) -> tuple[str, str]:
         status = request.arg("status")
         statuses = get_args(InstanceStatus)
         if status is not None and status not in statuses:
@@ -321,7 +318,7 @@ class ConsoleApp:
         return "Instances", body
 
     async def _instance(
-        self, iid: str, forms: _pages.Forms, flash: str | None = None
+        self, iid: str, forms: Forms, flash: str | None = None
     ) -> tuple[str, str]:
         view = await self._guarded(self._read(_reads.instance, iid))
         definition = self.definitions.get(view.record.workflow)
@@ -329,9 +326,7 @@ class ConsoleApp:
             view, definition, forms, flash=flash
         )
 
-    async def _executions(
-        self, request: _Request, forms: _pages.Forms
-    ) -> tuple[str, str]:
+    async def _executions(self, request: _Request, forms: Forms) -> tuple[str, str]:
         status = request.arg("status")
         if status is not None and status not in RECORD_STATUSES:
             raise HTTPError(
@@ -344,15 +339,13 @@ class ConsoleApp:
         return "Executions", _pages.executions_page(page, status=status, limit=limit)
 
     async def _execution(
-        self, request: _Request, forms: _pages.Forms, flash: str | None = None
+        self, request: _Request, forms: Forms, flash: str | None = None
     ) -> tuple[str, str]:
         agent = request.required("agent")
         view = await self._guarded(self._read(_reads.execution, agent))
         return f"Execution {agent}", _pages.execution_page(view, forms, flash=flash)
 
-    async def _schedules(
-        self, request: _Request, forms: _pages.Forms
-    ) -> tuple[str, str]:
+    async def _schedules(self, request: _Request, forms: Forms) -> tuple[str, str]:
         limit = request.limit()
         next_after, records = await self._read(
             _reads.schedules, after=request.arg("after"), limit=limit
@@ -378,7 +371,7 @@ class ConsoleApp:
         self._check_origin(request)
         fields = self._parse(request, await self._body(request, receive))
         self._check_token(request, fields)
-        forms = _pages.Forms(self._csrf(session))
+        forms = Forms(self._csrf(session))
         text = fields.get
         if request.path.startswith("/instance/"):
             iid = text("id") or ""
