@@ -215,7 +215,10 @@ class ConsoleApp:
             (b"content-length", str(len(body)).encode()),
             (b"cache-control", b"no-store"),
             (b"x-content-type-options", b"nosniff"),
-            (b"referrer-policy", b"no-referrer"),
+            (
+                b"referrer-policy",
+                b"same-origin",
+            ),  # no-referrer: forms send Origin: null
             (b"x-frame-options", b"DENY"),
             (
                 b"content-security-policy",

@@ -71,7 +71,8 @@ def table(header: Sequence[str], rows: Iterable[Sequence[str]], cls: str = "") -
     body = "".join(
         "<tr>" + "".join(f"<td>{c}</td>" for c in row) + "</tr>" for row in rows
     )
-    return f'<table class="{cls}"><thead><tr>{head}</tr></thead><tbody>{body}</tbody></table>'
+    thead = f"<thead><tr>{head}</tr></thead>" if any(header) else ""
+    return f'<table class="{cls}">{thead}<tbody>{body}</tbody></table>'
 
 
 def layout(title: str, body: str, *, actions: bool) -> str:
