@@ -132,7 +132,8 @@ def test_the_console_in_a_browser(
     ]
     assert ids == [HOSTILE_ID, "exp-1", "exp-2", "exp-3"]
     counts = browser.find_element(By.CSS_SELECTOR, "p.counts").text
-    assert "total 4" in counts and "halted: 3" in counts
+    assert "total 4" in counts
+    assert "halted: 3" in counts
     assert browser.find_elements(By.TAG_NAME, "script") == []  # the id stayed text
     browser.save_screenshot(str(shots / "instances.png"))
 
