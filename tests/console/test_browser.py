@@ -16,7 +16,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
 
@@ -45,7 +45,7 @@ FLAGS = [
 ]
 
 
-def _missing(reason: str) -> None:
+def _missing(reason: str) -> NoReturn:
     if os.environ.get("PHRONOMY_REQUIRE_BROWSER"):
         pytest.fail(reason)
     pytest.skip(reason)
