@@ -16,7 +16,7 @@ import hmac
 import json
 import logging
 import secrets
-from typing import TYPE_CHECKING, Any, get_args
+from typing import TYPE_CHECKING, Any, final, get_args
 from urllib.parse import parse_qsl, urlencode
 
 import trio
@@ -117,6 +117,7 @@ class _Request:
         return int(text)
 
 
+@final
 class ConsoleApp:
     """The web console over one open store (an ASGI 3 application).
 

@@ -224,6 +224,11 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         ranks from the initial state, wait states dashed and amber, the end as a
         ringed dot, timeouts dashed; *highlight* (an instance's phase) marks the
         current state. Names are escaped.
+
+        The tutorial's workflow, ``to_svg(highlight="awaiting_manager")``:
+
+        .. workflow-diagram:: examples/tutorial_expenses.py:build
+            :highlight: awaiting_manager
         """
         return render_svg(self, highlight=highlight)
 
