@@ -343,3 +343,18 @@ async def test_a_page_against_postgresql(
     assert "after 2d" in one.text
     ex = await Client(app).get("/execution", agent="assistant-1")
     assert "suspended" in ex.text
+
+
+def test_the_console_command_refuses_bad_arguments(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phronomy.cli import main
+
+    missing = str(tmp_path / "missing.db")
+    assert main(["console", "--db", missing, "--port", "0"]) == 1
+    assert "does not exist" in capsys.readouterr().err
+    assert not (tmp_path / "missing.db").exists()
+    assert main(["console", "--db", missing, "--allow-actions"]) == 1
+    assert "--allow-actions needs --token" in capsys.readouterr().err
+    assert main(["console", "--db", missing, "--app", "nocolon"]) == 1
+    assert "module:attribute" in capsys.readouterr().err

@@ -100,8 +100,9 @@ def console(filled_db: Path) -> Iterator[str]:
             raise AssertionError(f"no console: {line!r} {process.communicate()}")
         yield line.split(" on ")[1].split()[0]
     finally:
-        process.terminate()
-        process.communicate(timeout=10)
+        process.terminate()  # SIGTERM: it stops serving and closes the store
+        _, errors = process.communicate(timeout=10)
+    assert process.returncode == 0, errors
 
 
 def _shots(tmp_path: Path) -> Path:
@@ -120,6 +121,14 @@ def test_the_console_in_a_browser(
     browser: Any, console: str, filled_db: Path, tmp_path: Path
 ) -> None:
     from selenium.webdriver.common.by import By
+    from selenium.webdriver.support import expected_conditions
+    from selenium.webdriver.support.wait import WebDriverWait
+
+    def click(element: Any) -> None:
+        """Click *element* and wait for the page it leads to."""
+        page = browser.find_element(By.TAG_NAME, "html")
+        element.click()
+        WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
 
     shots = _shots(tmp_path)
     browser.get(f"{console}/instances")
@@ -137,7 +146,7 @@ def test_the_console_in_a_browser(
     assert browser.find_elements(By.TAG_NAME, "script") == []  # the id stayed text
     browser.save_screenshot(str(shots / "instances.png"))
 
-    browser.find_element(By.LINK_TEXT, "exp-1").click()
+    click(browser.find_element(By.LINK_TEXT, "exp-1"))
     assert browser.find_element(By.TAG_NAME, "h1").text == "Instance exp-1"
     current = browser.find_element(By.CSS_SELECTOR, "svg g.current")
     assert current.get_attribute("data-state") == "awaiting_manager"
@@ -149,7 +158,7 @@ def test_the_console_in_a_browser(
         form = browser.find_element(By.CSS_SELECTOR, "form[action='/instance/send']")
         form.find_element(By.NAME, "payload").send_keys('"bob"')
         form.find_element(By.NAME, "token").send_keys(token)
-        form.find_element(By.TAG_NAME, "button").click()
+        click(form.find_element(By.TAG_NAME, "button"))
         text: str = browser.find_element(By.TAG_NAME, "main").text
         return text
 
@@ -168,14 +177,14 @@ def test_the_console_in_a_browser(
         f'<input name="token" value="{TOKEN}"><button id="go">go</button></form>'
     )
     browser.get(attack.as_uri())
-    browser.find_element(By.ID, "go").click()
+    click(browser.find_element(By.ID, "go"))
     assert (
         "cross-site request refused" in browser.find_element(By.TAG_NAME, "main").text
     )
     assert _pending(filled_db, "exp-3") == []
 
     browser.get(f"{console}/executions")
-    browser.find_element(By.LINK_TEXT, "assistant-1").click()
+    click(browser.find_element(By.LINK_TEXT, "assistant-1"))
     assert "Send these results?" in browser.find_element(By.TAG_NAME, "main").text
     browser.save_screenshot(str(shots / "execution.png"))
     browser.get(f"{console}/schedules")

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import signal
 import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -135,7 +136,8 @@ async def serve_console(
 
 
 def run_console(args: argparse.Namespace) -> int:
-    """``python -m phronomy console``: serve the console until interrupted."""
+    """``python -m phronomy console``: serve the console until interrupted (Ctrl-C:
+    status 130) or terminated (SIGTERM: status 0), then close the store."""
     try:
         import hypercorn  # noqa: F401
     except ImportError:
@@ -165,6 +167,9 @@ def run_console(args: argparse.Namespace) -> int:
                 )
                 mode = "actions enabled" if args.allow_actions else "read-only"
                 print(f"phronomy console ({mode}) on {' '.join(urls)}", flush=True)
+                with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                    async for _ in signals:  # stop serving; the store is closed
+                        nursery.cancel_scope.cancel()
 
         trio.run(main)
     finally:
