@@ -17,6 +17,8 @@
     python -m phronomy executions cancel --db PATH AGENT_ID [--reason TEXT]
                                          [--wait SECONDS | --no-wait]
     python -m phronomy executions resolve --db PATH AGENT_ID {adopt,release}
+    python -m phronomy console --db PATH_OR_DSN [--host H] [--port N] [--app M:ATTR]
+                               [--allow-actions --token TOKEN]
 
 Inspecting commands open the database read-only; no command ever creates one, and only
 ``migrate`` migrates one (the others refuse a database of an earlier release and leave
