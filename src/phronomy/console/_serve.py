@@ -102,7 +102,7 @@ def load_definitions(specs: Iterable[str]) -> list[WorkflowDefinition[Any]]:
     return found
 
 
-async def serve_console(
+async def serve_console(  # noqa: ASYNC114, ASYNC128 - hypercorn calls started()
     app: ConsoleApp,
     *,
     host: str = "127.0.0.1",
