@@ -19,13 +19,15 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 import pytest
+import trio
 
 import phronomy
-from console.filling import HOSTILE_ID
+from console.filling import HOSTILE_ID, expenses, fill
+from phronomy.console import ConsoleApp, serve_console
 from phronomy.storage import InboxOp
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Callable, Iterator
 
 pytestmark = pytest.mark.slow
 
@@ -51,9 +53,10 @@ def _missing(reason: str) -> NoReturn:
     pytest.skip(reason)
 
 
-@pytest.fixture
-def browser(tmp_path: Path) -> Iterator[Any]:
-    """A headless Chromium (a fresh profile), driven by selenium."""
+@pytest.fixture(scope="module")
+def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
+    """A headless Chromium (a fresh profile), driven by selenium (one per module)."""
+    tmp_path = tmp_path_factory.mktemp("chromium")
     chromium = shutil.which("chromium") or shutil.which("chromium-browser")
     driver_path = shutil.which("chromedriver")
     if chromium is None or driver_path is None:
@@ -192,3 +195,34 @@ def test_the_console_in_a_browser(
     browser.save_screenshot(str(shots / "schedules.png"))
     for name in ("instances", "instance", "action", "execution", "schedules"):
         assert (shots / f"{name}.png").stat().st_size > 1000
+
+
+async def test_a_page_on_postgresql(
+    browser: Any, open_postgres: Callable[..., phronomy.PostgresStore], tmp_path: Path
+) -> None:
+    """The console served in this process (hypercorn on this trio run) over a
+    PostgreSQL store filled by a real run."""
+    from selenium.webdriver.common.by import By
+
+    store = open_postgres()
+    await fill(store)
+    app = ConsoleApp(store, definitions=[expenses()])
+    shots = tmp_path  # not among the docs' screenshots
+
+    def look(url: str) -> tuple[str, str | None, str]:
+        browser.get(f"{url}/instance?id=exp-1")
+        current = browser.find_element(By.CSS_SELECTOR, "svg g.current")
+        browser.save_screenshot(str(shots / "postgresql.png"))
+        return (
+            browser.find_element(By.TAG_NAME, "h1").text,
+            current.get_attribute("data-state"),
+            browser.find_element(By.CSS_SELECTOR, "span.mode").text,
+        )
+
+    async with trio.open_nursery() as nursery:
+        [url] = await nursery.start(lambda task_status: serve_console(
+            app, port=0, task_status=task_status
+        ))  # fmt: skip
+        seen = await trio.to_thread.run_sync(look, url)
+        nursery.cancel_scope.cancel()
+    assert seen == ("Instance exp-1", "awaiting_manager", "read-only")
