@@ -36,7 +36,7 @@ table{border-collapse:collapse;background:#fff;font-size:.9em}
 th,td{border:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top}
 th{background:#eceff1}td.num{text-align:right}
 .badge{display:inline-block;padding:0 .5em;border-radius:.8em;background:#e0e0e0}
-.running{background:#bbdefb}.halted{background:#fff3cd}.completed{background:#c8e6c9}
+.running{background:#bbdefb}.halted,.suspended,.pending{background:#fff3cd}.completed{background:#c8e6c9}
 .failed,.recovery_required{background:#ffcdd2}.cancelled{background:#e0e0e0}
 .counts a{margin-right:1em}.note{color:#555}.error{color:#b71c1c}
 .flash{background:#e8f5e9;border:1px solid #a5d6a7;padding:.6em}
