@@ -20,6 +20,7 @@ PAGES = [
     ("storage", "phronomy.storage", "phronomy.storage", "rest"),
     ("testing", "phronomy.testing", "phronomy.testing", "rest"),
     ("lowlevel", "phronomy.lowlevel", "phronomy.lowlevel", "rest"),
+    ("console", "phronomy.console", "phronomy.console", "rest"),
 ]
 
 

@@ -16,9 +16,11 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.intersphinx",
     "sphinxcontrib_trio",
+    "_diagrams",  # .. workflow-diagram:: (SVG state diagrams drawn at build time)
 ]
 html_theme = "furo"
 html_title = "phronomy"
+html_static_path = ["_static"]
 autodoc_typehints = "description"
 autodoc_member_order = "bysource"
 autodoc_default_options = {"members": True, "show-inheritance": True}

@@ -24,6 +24,7 @@ PUBLIC_MODULES = [
     "phronomy.errors",
     "phronomy.testing",
     "phronomy.lowlevel",
+    "phronomy.console",
 ]
 
 MEANT_FOR_SUBCLASSING = {

@@ -17,6 +17,8 @@
     python -m phronomy executions cancel --db PATH AGENT_ID [--reason TEXT]
                                          [--wait SECONDS | --no-wait]
     python -m phronomy executions resolve --db PATH AGENT_ID {adopt,release}
+    python -m phronomy console --db PATH_OR_DSN [--host H] [--port N] [--app M:ATTR]
+                               [--allow-actions --token TOKEN]
 
 Inspecting commands open the database read-only; no command ever creates one, and only
 ``migrate`` migrates one (the others refuse a database of an earlier release and leave
@@ -229,6 +231,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
 
     _schedules(commands, command)
+    _console(commands)
     executions = commands.add_parser(
         "executions", help="list, inspect, answer and cancel supervised executions"
     )
@@ -345,6 +348,12 @@ def _schedules(
             sub.add_argument("--end", required=True, help="ISO 8601 time (exclusive)")
 
 
+def _console(commands: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    from phronomy.console._serve import add_arguments  # the console loads lazily
+
+    add_arguments(commands.add_parser("console", help="serve the web console"))
+
+
 def _paging(parser: argparse.ArgumentParser, what: str) -> None:
     parser.add_argument(
         "--limit",
@@ -382,6 +391,8 @@ def _run(args: argparse.Namespace) -> int:
     if args.command == "demo":
         trio.run(run_demo, args.db)
         return 0
+    if args.command == "console":
+        return int(args.run_console(args))
     store = _open(args)
     try:
         status: int = args.run(store, args)

@@ -14,6 +14,7 @@ from typing import Any, Generic, Literal, TypeVar, final
 
 import msgspec
 
+from ._diagram import render_svg
 from ._state import State, state_spec
 
 __all__ = [
@@ -215,6 +216,21 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
             lines.append("    classDef wait fill:#fff3cd,stroke:#b58900")
             lines.extend(f"    class {ids[w]} wait" for w in sorted(self.wait_states))
         return "\n".join(lines) + "\n"
+
+    def to_svg(self, *, highlight: str | None = None) -> str:
+        """Return the workflow's state diagram as a standalone SVG document.
+
+        Drawn offline by a small layered layout (no network, no Graphviz): states in
+        ranks from the initial state, wait states dashed and amber, the end as a
+        ringed dot, timeouts dashed; *highlight* (an instance's phase) marks the
+        current state. Names are escaped.
+
+        The tutorial's workflow, ``to_svg(highlight="awaiting_manager")``:
+
+        .. workflow-diagram:: examples/tutorial_expenses.py:build
+            :highlight: awaiting_manager
+        """
+        return render_svg(self, highlight=highlight)
 
     def to_dot(self) -> str:
         """Return the workflow as Graphviz DOT text (wait states drawn as octagons)."""

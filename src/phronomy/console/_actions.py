@@ -1,0 +1,154 @@
+"""The console's actions: blocking writes through the command line's write paths.
+
+An event goes into the instance's durable inbox (as ``instances send``), a
+cancellation is the cancelled revision of an instance nobody runs (as ``instances
+cancel``: :func:`~phronomy._cli_commands.write_cancellation`) or a request to the
+runtime that holds it (as ``executions cancel``), an approval's answer goes into the
+execution's inbox (as ``executions approve|reject``). Each checks its input before
+it writes anything.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+from phronomy._cli_commands import safe, write_cancellation
+from phronomy.agent._records import agent_key, answer_posting, execution_record
+from phronomy.durability import kind_of
+from phronomy.engine import random_uuid
+from phronomy.errors import InstanceStateError, InvalidInputError, NotFoundError
+from phronomy.storage import (
+    Posting,
+    PostOp,
+    RequestCancelOp,
+    validate_event_id,
+)
+from phronomy.workflow._inbox import encode_payload
+
+if TYPE_CHECKING:
+    from phronomy.storage import BaseStore, StoredRecord
+
+__all__ = ["answer", "cancel", "parse_json", "send"]
+
+
+def parse_json(text: str | None, what: str) -> Any:
+    """*text* as a JSON value (empty: ``None``).
+
+    Raises:
+        InvalidInputError: it is not JSON (the message names *what*).
+    """
+    if text is None or not text.strip():
+        return None
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise InvalidInputError(f"{what} is not JSON: {exc}") from None
+
+
+def _workflow_row(store: BaseStore[Any], iid: str) -> StoredRecord:
+    record: StoredRecord | None = store.load(iid)
+    if record is None:
+        raise NotFoundError(f"workflow instance {iid!r} does not exist")
+    if kind_of(record) == "execution":
+        raise InvalidInputError(f"{iid!r} is a supervised execution's record")
+    return record
+
+
+def send(
+    store: BaseStore[Any],
+    iid: str,
+    *,
+    event: str,
+    payload: str | None,
+    event_id: str | None,
+) -> str:
+    """Store *event* in *iid*'s inbox; returns what happened, in words.
+
+    Raises:
+        NotFoundError: no such instance.
+        InvalidInputError: an empty event name, a payload that is not JSON, a bad or
+            reused event id.
+        InstanceStateError: the instance accepts no events.
+    """
+    record = _workflow_row(store, iid)
+    if not event:
+        raise InvalidInputError("the event's name must not be empty")
+    value = parse_json(payload, "the payload")
+    key = event_id or random_uuid()
+    posting = Posting(
+        workflow_instance_id=iid,
+        event_id=validate_event_id(key),
+        event=event,
+        payload=encode_payload(value, event=event, instance=iid),
+    )
+    posted = store.run(PostOp(posting=posting))
+    entry = posted.entry
+    if posted.outcome == "mismatch":
+        raise InvalidInputError(
+            f"event id {key!r} of {iid!r} names another event; an event id names "
+            "one event"
+        )
+    if posted.outcome in ("closed", "missing") or entry is None:
+        row = posted.row or record
+        raise InstanceStateError(
+            f"{iid!r} is {row.status} (revision {row.revision}): it accepts no "
+            "events; nothing was stored",
+            instance_id=iid,
+        )
+    what = (
+        f"already stored ({entry.status})"
+        if posted.outcome == "duplicate"
+        else "stored"
+    )
+    return f"event {safe(entry.event)!r} {what} as seq {entry.seq} (event id {entry.event_id})"
+
+
+def cancel(store: BaseStore[Any], iid: str, *, reason: str | None) -> str:
+    """Cancel *iid*: its cancelled revision if no runtime holds it, else ask the
+    runtime holding its lease (it cancels at its next heartbeat).
+
+    Raises:
+        NotFoundError: no such instance.
+        InstanceStateError: it is finished, or cannot be cancelled as it is.
+    """
+    record = _workflow_row(store, iid)
+    if record.status == "running" and record.lease_owner is not None:
+        store.run(RequestCancelOp(workflow_instance_id=iid, reason=reason))
+        return "cancellation asked of the runtime that runs it"
+    if not write_cancellation(store, record, reason=reason):  # type: ignore[arg-type]
+        return "already cancelled"
+    saved = store.load(iid)
+    return f"cancelled at revision {saved.revision if saved else '?'}"
+
+
+def answer(
+    store: BaseStore[Any], agent_id: str, *, approve: bool, response: str | None
+) -> str:
+    """Answer the approval *agent_id*'s execution waits for, through its inbox.
+
+    Raises:
+        NotFoundError: the agent has no execution.
+        InvalidInputError: *response* is not JSON.
+        InstanceStateError: the execution waits for no approval.
+    """
+    row: StoredRecord | None = store.load(agent_key(agent_id))
+    if row is None:
+        raise NotFoundError(f"agent {agent_id!r} has no execution record")
+    record = execution_record(row)
+    if record.status != "suspended":
+        raise InstanceStateError(
+            f"agent {agent_id!r}'s execution is {record.status}, not waiting for an "
+            "approval",
+            instance_id=agent_key(agent_id),
+        )
+    value = parse_json(response, "the response")
+    posting = answer_posting(
+        agent_id, record.execution_id, approve=approve, response=value
+    )
+    posted = store.run(PostOp(posting=posting))
+    if posted.outcome != "stored":
+        raise InstanceStateError(
+            f"agent {agent_id!r}'s execution took no answer ({posted.outcome})"
+        )
+    return f"{posting.event} stored for execution {record.execution_id}"

@@ -1,0 +1,213 @@
+"""Serving the console: the store opener, ``--app`` definitions, and hypercorn on trio.
+
+``python -m phronomy console --db PATH_OR_DSN [--host H] [--port N] [--app M:ATTR]...
+[--allow-actions --token TOKEN]``.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import signal
+import sys
+from collections.abc import Iterable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from phronomy.errors import InvalidInputError, StoreUnavailableError
+from phronomy.storage import PostgresStore, SQLiteStore
+from phronomy.workflow import WorkflowDefinition
+
+from ._app import LOOPBACK_HOSTS, ConsoleApp
+
+if TYPE_CHECKING:
+    import argparse
+
+    from phronomy.storage import BaseStore
+
+__all__ = ["load_definitions", "open_console_store", "run_console", "serve_console"]
+
+DEFAULT_PORT = 8470
+_DSN_PREFIXES = ("postgresql://", "postgres://")
+
+
+def open_console_store(db: str, *, read_only: bool) -> BaseStore[Any]:
+    """The store named by *db* (an SQLite file or a ``postgresql://`` DSN), open.
+
+    An SQLite file must exist and is never migrated (as the command line's
+    commands); read-only unless *read_only* is false.
+
+    Raises:
+        StoreUnavailableError: the file does not exist or cannot be opened, or the
+            server cannot be reached.
+    """
+    if db.startswith(_DSN_PREFIXES):
+        # PostgresStore has no read-only mode in this release: the console writes
+        # only through its actions (opening creates the schema if missing)
+        server = PostgresStore(db)
+        try:
+            server.open()
+        except BaseException:
+            server.close()
+            raise
+        return server
+    if not os.path.isfile(db):
+        raise StoreUnavailableError(
+            f"SQLite database {db!r} does not exist (check the path)", path=db
+        )
+    store = SQLiteStore(db, read_only=read_only)
+    try:
+        store.open(migrate=False)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def load_definitions(specs: Iterable[str]) -> list[WorkflowDefinition[Any]]:
+    """The workflow definitions named by ``module:attr`` specs.
+
+    The attribute may be a :class:`~phronomy.WorkflowDefinition`, a callable taking
+    no argument that returns one (an example's ``build``), or an iterable or mapping
+    of them.
+
+    Raises:
+        InvalidInputError: a spec is malformed, its module or attribute is missing,
+            or it holds no definition.
+    """
+    found: list[WorkflowDefinition[Any]] = []
+    for spec in specs:
+        module_name, _, attr = spec.partition(":")
+        if not module_name or not attr:
+            raise InvalidInputError(f"--app {spec!r} must be module:attribute")
+        if "" not in sys.path and os.getcwd() not in sys.path:
+            sys.path.insert(0, os.getcwd())  # as `python -m` does: the current dir
+        try:
+            value: Any = importlib.import_module(module_name)
+            for part in attr.split("."):
+                value = getattr(value, part)
+        except (ImportError, AttributeError) as exc:
+            raise InvalidInputError(f"--app {spec!r}: {exc}") from None
+        if callable(value) and not isinstance(value, WorkflowDefinition):
+            value = value()
+        if isinstance(value, WorkflowDefinition):
+            value = [value]
+        elif isinstance(value, Mapping):
+            value = list(value.values())
+        items = list(value) if isinstance(value, Iterable) else [value]
+        if not items or not all(isinstance(d, WorkflowDefinition) for d in items):
+            raise InvalidInputError(f"--app {spec!r} holds no workflow definition")
+        found.extend(items)
+    return found
+
+
+async def serve_console(  # noqa: ASYNC114, ASYNC128 - hypercorn calls started()
+    app: ConsoleApp,
+    *,
+    host: str = "127.0.0.1",
+    port: int = DEFAULT_PORT,
+    task_status: trio.TaskStatus[list[str]] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Serve *app* with hypercorn on trio until cancelled.
+
+    Args:
+        app: the console.
+        host: the interface to listen on.
+        port: the port (0: a free one; the started value tells which).
+        task_status: started with the URLs listened on.
+
+    Raises:
+        ImportError: hypercorn is not installed (``pip install phronomy[console]``).
+        OSError: the address cannot be bound.
+
+    Cancellation:
+        Cancelling it stops the server (requests under way are cut off).
+    """
+    from hypercorn.config import Config
+    from hypercorn.trio import serve
+
+    config = Config()
+    config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
+    config.accesslog = None
+    config.errorlog = None
+    config.graceful_timeout = 1.0
+    await serve(app, config, task_status=task_status, mode="asgi")  # type: ignore[arg-type]
+
+
+def run_console(args: argparse.Namespace) -> int:
+    """``python -m phronomy console``: serve the console until interrupted (Ctrl-C:
+    status 130) or terminated (SIGTERM: status 0), then close the store."""
+    try:
+        import hypercorn  # noqa: F401
+    except ImportError:
+        raise InvalidInputError(
+            "the console needs hypercorn: pip install 'phronomy[console]'"
+        ) from None
+    if args.allow_actions and not args.token:
+        raise InvalidInputError("--allow-actions needs --token (8 characters or more)")
+    definitions = load_definitions(args.app or ())
+    store = open_console_store(args.db, read_only=not args.allow_actions)
+    try:
+        loopback = args.host in LOOPBACK_HOSTS or args.host.startswith("127.")
+        app = ConsoleApp(
+            store,
+            definitions=definitions,
+            allow_actions=args.allow_actions,
+            token=args.token,
+            allowed_hosts=(LOOPBACK_HOSTS | {args.host}) if loopback else None,
+        )
+
+        async def main() -> None:
+            async with trio.open_nursery() as nursery:
+                urls = await nursery.start(
+                    lambda task_status: serve_console(
+                        app, host=args.host, port=args.port, task_status=task_status
+                    )
+                )
+                mode = "actions enabled" if args.allow_actions else "read-only"
+                print(f"phronomy console ({mode}) on {' '.join(urls)}", flush=True)
+                with trio.open_signal_receiver(signal.SIGTERM) as signals:
+                    async for _ in signals:  # stop serving; the store is closed
+                        nursery.cancel_scope.cancel()
+
+        trio.run(main)
+    finally:
+        store.close()
+    return 0
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """The ``console`` command's arguments (its ``run_console`` default runs it)."""
+    parser.description = (
+        "Serve the web console (instances, executions, schedules; read-only unless "
+        "--allow-actions) on trio with hypercorn (pip install 'phronomy[console]')."
+    )
+    parser.add_argument(
+        "--db",
+        required=True,
+        metavar="PATH_OR_DSN",
+        help="an existing SQLite database, or a postgresql:// DSN",
+    )
+    parser.add_argument(
+        "--host", default="127.0.0.1", help="the interface (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--port", type=int, default=DEFAULT_PORT, help="default: %(default)s"
+    )
+    parser.add_argument(
+        "--app",
+        action="append",
+        metavar="MODULE:ATTR",
+        help="workflow definitions to draw (a definition, a function returning one, "
+        "or a list of them); repeatable",
+    )
+    parser.add_argument(
+        "--allow-actions",
+        action="store_true",
+        help="enable send, cancel, approve and reject (behind --token and CSRF checks)",
+    )
+    parser.add_argument(
+        "--token", help="the secret actions need (8 characters or more)"
+    )
+    parser.set_defaults(run_console=run_console)
