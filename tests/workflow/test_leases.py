@@ -568,3 +568,44 @@ async def test_one_sweep_pass_goes_on_while_batches_come_back_full(
     assert writes[5:] == [10, 10, 3]  # the rest in the next, which stops when short
     rows = store.list_instances(status="running", limit=100).records
     assert rows == ()
+
+
+async def test_a_renewal_of_many_leases_is_written_in_bounded_chunks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: one statement renewed every held lease; at 100k leases it held the
+    # store's one writer for ~0.9 s, and a start waited behind it.
+    from phronomy.durability import _leases
+
+    monkeypatch.setattr(_leases, "RENEW_CHUNK", 10)
+    store = phronomy.SQLiteStore(tmp_path / "leases.db")
+    store.open()
+    leases = _leases.Leases(store_run(store), _leases.LeaseSettings())
+    count = 2 * _leases.RENEW_CHUNK + 3
+    claimed = trio.current_time()
+    for n in range(count):
+        epoch = store.begin(f"x{n}", "wf", lease_owner=leases.owner, ttl_ms=60_000)
+        assert epoch is not None
+        leases.hold(f"x{n}", epoch, lambda e: None, lambda r: None, claimed_at=claimed)
+    renewals: list[int] = []
+    run = leases._run
+
+    async def counting(op: Any) -> Any:
+        renewals.append(len(op.instance_ids))
+        return await run(op)
+
+    leases._run = counting
+    await trio.sleep(0.01)
+    await leases.renew()
+    assert renewals == [_leases.RENEW_CHUNK, _leases.RENEW_CHUNK, 3]
+    assert len(leases._held) == count
+    first = claimed + leases.settings.ttl - leases.settings.margin
+    assert all(h.deadline > first for h in leases._held.values())  # all renewed
+    store.close()
+
+
+def store_run(store: phronomy.storage.BaseStore[Any]) -> Any:
+    async def run(op: Any) -> Any:
+        return await trio.to_thread.run_sync(store.run, op)
+
+    return run

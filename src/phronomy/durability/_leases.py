@@ -142,6 +142,10 @@ class HeldLease(msgspec.Struct, kw_only=True):
         )
 
 
+RENEW_CHUNK = 500
+"""Leases one renewal statement renews at most (the next chunk is another write)."""
+
+
 @final
 class Leases:
     """The leases of one runtime (its owner token is unique to it).
@@ -189,7 +193,7 @@ class Leases:
         self._held.pop(workflow_instance_id, None)
 
     async def heartbeat(self) -> None:
-        """Renew the held leases every ``heartbeat_interval`` seconds, in one statement.
+        """Renew the held leases every ``heartbeat_interval`` seconds (in chunks).
 
         A lease the store no longer gives this runtime is lost at once; one not renewed
         by its deadline (the store failed or answered too slowly) is lost at that
@@ -216,15 +220,20 @@ class Leases:
                 self._lose(iid, held, taken=False)
 
     async def renew(self) -> None:
-        """One renewal of every held lease (see :meth:`heartbeat`).
+        """One renewal of every held lease (see :meth:`heartbeat`), in statements of
+        at most :data:`RENEW_CHUNK` leases each: a store write waits behind one chunk
+        (a few milliseconds), not behind every lease of a busy runtime.
 
         Cancellation:
             Stops the wait only: a renewal in flight still completes.
         """
-        if not self._held:
-            return
-        sent = trio.current_time()
         ids = tuple(self._held)
+        for start in range(0, len(ids), RENEW_CHUNK):
+            await self._renew_chunk(ids[start : start + RENEW_CHUNK])
+        self._expire(trio.current_time())
+
+    async def _renew_chunk(self, ids: tuple[str, ...]) -> None:
+        sent = trio.current_time()
         renewed: dict[str, tuple[int, str | None, bool]] | None = None
         with trio.move_on_at(self._earliest()):
             try:
@@ -233,21 +242,21 @@ class Leases:
                 )
             except Exception as exc:  # noqa: BLE001 - lost at the deadline, below
                 logger.warning("could not renew %d leases: %r", len(ids), exc)
-        if renewed is not None:
-            for iid in ids:
-                held = self._held.get(iid)
-                if held is None:
-                    continue  # ended meanwhile
-                epoch, cancel, extended = renewed.get(iid, (None, None, False))
-                if epoch != held.epoch:
-                    self._lose(iid, held, taken=True)
-                    continue
-                if extended:  # else a write held the row: its old deadline stands
-                    held.deadline = sent + self.settings.ttl - self.settings.margin
-                if cancel is not None and not held.cancel_seen:
-                    held.cancel_seen = True
-                    held.on_cancel(cancel or None)
-        self._expire(trio.current_time())
+        if renewed is None:
+            return
+        for iid in ids:
+            held = self._held.get(iid)
+            if held is None:
+                continue  # ended meanwhile
+            epoch, cancel, extended = renewed.get(iid, (None, None, False))
+            if epoch != held.epoch:
+                self._lose(iid, held, taken=True)
+                continue
+            if extended:  # else a write held the row: its old deadline stands
+                held.deadline = sent + self.settings.ttl - self.settings.margin
+            if cancel is not None and not held.cancel_seen:
+                held.cancel_seen = True
+                held.on_cancel(cancel or None)
 
     def _lose(self, iid: str, held: HeldLease, *, taken: bool) -> None:
         del self._held[iid]
