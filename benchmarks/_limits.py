@@ -1,0 +1,190 @@
+"""The honest limits of a durable run: exactly its store work, in raw trio loops.
+
+A durable run of a new id does no read and two group-committed writes: the claim (a
+row created under a lease: owner, epoch, expiry) and the fenced terminal save (the
+update checked against the lease and the revision, with its log row). A halt +
+resume pair does that twice, the second claim taking the halted row over. These loops
+do exactly that, 64 clients, their writes group-committed by one writer: on SQLite one
+``BEGIN IMMEDIATE`` ... ``COMMIT`` per batch (WAL, ``synchronous=FULL``), on
+PostgreSQL one pipelined transaction per batch. Nothing else: no snapshots encoded,
+no dispatcher, no machine.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import statistics
+import time
+from typing import Any
+
+import trio
+
+__all__ = ["group", "postgres_claim_save_limit", "sqlite_claim_save_limit"]
+
+CLIENTS = 64
+TTL_MS = 30_000
+SNAPSHOT = b'{"fields":{"n":3}}'
+
+_TABLES = (
+    "CREATE TABLE t (id TEXT PRIMARY KEY, status TEXT NOT NULL, revision BIGINT NOT "
+    "NULL, snapshot BYTEA, write_id TEXT, owner TEXT, epoch BIGINT NOT NULL, expires "
+    "BIGINT)",
+    "CREATE TABLE log (id TEXT, revision BIGINT, write_id TEXT, status TEXT, "
+    "PRIMARY KEY (id, revision))",
+)
+_CLAIM = (
+    "INSERT INTO t (id, status, revision, owner, epoch, expires) "
+    "VALUES ({p}, 'running', 0, {p}, 1, {p}) ON CONFLICT (id) DO UPDATE SET "
+    "status = 'running', owner = excluded.owner, epoch = t.epoch + 1, "
+    "expires = excluded.expires WHERE t.owner IS NULL AND t.status = 'halted' "
+    "RETURNING epoch, revision"
+)
+_SAVE = (
+    "UPDATE t SET revision = revision + 1, snapshot = {p}, write_id = {p}, "
+    "status = {p}, owner = NULL, expires = NULL "
+    "WHERE id = {p} AND owner = {p} AND epoch = {p} AND revision = {p}"
+)
+_LOG = "INSERT INTO log VALUES ({p}, {p}, {p}, {p})"
+
+
+def group(run: Any) -> Any:
+    """``submit(item)``: items that arrive while a batch runs form the next batch, run
+    by *run* (a list in, a list of results out) in one worker thread."""
+    limiter = trio.CapacityLimiter(1)
+    pending: list[tuple[Any, list[Any]]] = []
+    flushing = [False]
+
+    async def flush() -> None:
+        flushing[0] = True
+        while pending:
+            batch = pending[:]
+            pending.clear()
+            results = await trio.to_thread.run_sync(
+                run, [item for item, _ in batch], limiter=limiter
+            )
+            for (_, slot), result in zip(batch, results, strict=True):
+                slot.append(result)
+                slot[0].set()
+        flushing[0] = False
+
+    async def submit(item: Any) -> Any:
+        slot: list[Any] = [trio.Event()]
+        pending.append((item, slot))
+        if not flushing[0]:
+            await flush()
+        await slot[0].wait()
+        return slot[1]
+
+    return submit
+
+
+async def _clients(
+    write: Any, total: int, rounds: int, batches: list[int]
+) -> tuple[float, float, float]:
+    """*total* instances, *rounds* claim + save pairs each (the last one finishes, the
+    others halt), from 64 clients; runs/s, CPU seconds per run, the median batch."""
+
+    async def client(ids: range) -> None:
+        for i in ids:
+            iid = f"raw-{i}"
+            for r in range(rounds):
+                epoch, revision = await write(("claim", iid, "me", TTL_MS))
+                status = "finished" if r == rounds - 1 else "halted"
+                saved = await write(
+                    ("save", iid, SNAPSHOT, f"w{i}-{r}", status, "me", epoch, revision)
+                )
+                assert saved == 1, (iid, r)
+
+    per = total // CLIENTS
+    cpu, started = time.process_time(), time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for k in range(CLIENTS):
+            nursery.start_soon(client, range(k * per, (k + 1) * per))
+    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
+    return per * CLIENTS / elapsed, cpu / (per * CLIENTS), statistics.median(batches)
+
+
+def _apply(execute: Any, ops: list[tuple[Any, ...]]) -> list[Any]:
+    """Each op's statements through *execute(sql_kind, params)* (a cursor back)."""
+    cursors: list[Any] = []
+    for op in ops:
+        if op[0] == "claim":
+            _, iid, owner, ttl = op
+            cursors.append(execute("claim", (iid, owner, ttl)))
+        else:
+            _, iid, blob, write_id, status, owner, epoch, revision = op
+            cursors.append(
+                execute("save", (blob, write_id, status, iid, owner, epoch, revision))
+            )
+            execute("log", (iid, revision + 1, write_id, status))
+    return cursors
+
+
+def _results(ops: list[tuple[Any, ...]], cursors: list[Any]) -> list[Any]:
+    return [
+        tuple(cursor.fetchone()) if op[0] == "claim" else cursor.rowcount
+        for op, cursor in zip(ops, cursors, strict=True)
+    ]
+
+
+async def sqlite_claim_save_limit(
+    path: str, total: int, rounds: int = 1
+) -> tuple[float, float, float]:
+    """The SQLite limit (WAL, FULL): runs/s, CPU s per run, the median write batch."""
+    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+    for table in _TABLES:
+        conn.execute(table)
+    sql = {
+        "claim": _CLAIM.format(p="?"),
+        "save": _SAVE.format(p="?"),
+        "log": _LOG.format(p="?"),
+    }
+    batches: list[int] = []
+
+    def run_batch(ops: list[tuple[Any, ...]]) -> list[Any]:
+        conn.execute("BEGIN IMMEDIATE")
+        cursors = _apply(lambda kind, params: conn.execute(sql[kind], params), ops)
+        results = _results(ops, cursors)
+        conn.execute("COMMIT")
+        batches.append(len(ops))
+        return results
+
+    try:
+        return await _clients(group(run_batch), total, rounds, batches)
+    finally:
+        conn.close()
+
+
+async def postgres_claim_save_limit(
+    dsn: str, schema: str, total: int, rounds: int = 1
+) -> tuple[float, float, float]:
+    """The PostgreSQL limit: the same statements, one pipelined transaction per batch
+    (the claims' rows are read once the pipeline is synced)."""
+    import psycopg
+
+    conn = psycopg.connect(dsn, autocommit=True, options=f"-c search_path={schema}")
+    conn.execute(f"CREATE SCHEMA {schema}")
+    for table in _TABLES:
+        conn.execute(table)
+    sql = {
+        "claim": _CLAIM.format(p="%s"),
+        "save": _SAVE.format(p="%s"),
+        "log": _LOG.format(p="%s"),
+    }
+    batches: list[int] = []
+
+    def run_batch(ops: list[tuple[Any, ...]]) -> list[Any]:
+        with conn.transaction(), conn.pipeline() as pipeline:
+            cursors = _apply(lambda kind, params: conn.execute(sql[kind], params), ops)
+            pipeline.sync()
+            results = _results(ops, cursors)
+        batches.append(len(ops))
+        return results
+
+    try:
+        return await _clients(group(run_batch), total, rounds, batches)
+    finally:
+        conn.execute(f"DROP SCHEMA {schema} CASCADE")
+        conn.close()
