@@ -33,8 +33,8 @@ from ._records import (
     answer,
     answer_posting,
     check_execution_row,
-    execution_record,
     listing,
+    record_of,
 )
 
 if TYPE_CHECKING:
@@ -348,10 +348,11 @@ class Executions:
         if gateway is None:
             await trio.lowlevel.checkpoint()
             return None
-        row = await gateway.run(LoadOp(workflow_instance_id=agent_key(key)))
-        if row is None:
-            return None
-        return await trio.to_thread.run_sync(execution_record, row)
+        record: ExecutionRecord | None = await gateway.run(
+            LoadOp(workflow_instance_id=agent_key(key)),
+            finish=record_of,  # decoded in the store's worker thread
+        )
+        return record
 
     async def list(
         self,

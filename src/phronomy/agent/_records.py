@@ -40,6 +40,7 @@ __all__ = [
     "check_execution_row",
     "execution_record",
     "listing",
+    "record_of",
     "run_listing",
     "saved_state",
 ]
@@ -161,6 +162,12 @@ def execution_record(row: StoredRecord) -> ExecutionRecord:
         updated_at_ms=row.updated_at_ms,
         lease=lease,
     )
+
+
+def record_of(row: StoredRecord | None) -> ExecutionRecord | None:
+    """:func:`execution_record` of a loaded row (``None``: no row), as the
+    ``finish`` of a load on the store's read lane (it runs in the worker thread)."""
+    return None if row is None else execution_record(row)
 
 
 def listing(
