@@ -279,6 +279,7 @@ async def serve(
     host: str = "127.0.0.1",
     port: int = 8000,
     shutdown_timeout: float = 5.0,
+    schema: str = "public",
     stop: trio.Event | None = None,
     task_status: Any = trio.TASK_STATUS_IGNORED,
 ) -> None:
@@ -290,8 +291,11 @@ async def serve(
     config.graceful_timeout = shutdown_timeout  # requests in flight, then the runtime
     config.accesslog = None
     config.loglevel = "WARNING"
+    store: Any = db
+    if db.startswith(("postgresql://", "postgres://")):
+        store = phronomy.PostgresStore(db, schema=schema)
     async with phronomy.open_runtime(
-        store=db, workflows=[flow], shutdown_timeout=shutdown_timeout
+        store=store, workflows=[flow], shutdown_timeout=shutdown_timeout
     ) as runtime:
         async with trio.open_nursery() as nursery:
             nursery.start_soon(_stop_on_signal, stop)
@@ -349,6 +353,7 @@ def main() -> None:
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=8000, help="0: a free port")
     parser.add_argument("--shutdown-timeout", type=float, default=5.0)
+    parser.add_argument("--schema", default="public", help="the PostgreSQL schema")
     args = parser.parse_args()
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
     if args.db is None:
@@ -361,6 +366,7 @@ def main() -> None:
             host=args.host,
             port=args.port,
             shutdown_timeout=args.shutdown_timeout,
+            schema=args.schema,
         )
     )
 

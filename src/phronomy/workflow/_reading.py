@@ -32,6 +32,10 @@ __all__ = ["InstanceDescription", "InstanceLease", "InstanceReader", "describe"]
 
 S = TypeVar("S", bound=State)
 
+READ_ATTEMPTS = 3
+"""Reads of the inbox and timers at most, each between two loads of the row: a save
+committed between the loads reads them again (once they fit, or the last ones)."""
+
 
 @final
 class InstanceLease(msgspec.Struct, frozen=True, kw_only=True):
@@ -150,12 +154,15 @@ class InstanceReader:
         """Read an instance as the store says it is: for a web handler's GET, a
         dashboard, an operator.
 
-        Three reads on the store's read lane (the row, its pending inbox entries, its
-        pending timers), the state decoded in the store's worker thread: the trio
-        thread never blocks. The description is the durable truth; a segment running
-        in some runtime may be ahead of it (see :meth:`watch` to follow it). The
-        three reads are not one snapshot: an event applied between them may be
-        missing from ``pending_events`` while ``revision`` is still the one before.
+        Reads on the store's read lane, the state decoded in the store's worker
+        thread: the trio thread never blocks. The row is loaded, then its pending
+        inbox entries and timers, then the row again: when a save committed in
+        between (the revisions differ), the inbox and timers are read again (up to
+        3 times), so the events and timers fit the revision described (an event
+        posted meanwhile may be listed too). The description is the durable truth:
+        a segment running in some runtime may be ahead of it (an event it applied
+        stays pending until its next save; follow it with
+        :meth:`~phronomy.workflow.WorkflowClient.watch`).
 
         Example (a GET handler)::
 
@@ -195,11 +202,6 @@ class InstanceReader:
         gateway = coordinator.gateway
         if gateway is None:
             raise InvalidInputError("get reads the store (open_runtime(store=...))")
-        # queued together, the three reads mostly share one batch of the read lane
-        events = queued(
-            gateway, InboxOp(workflow_instance_id=iid, pending_only=True, limit=limit)
-        )
-        timers = queued(gateway, TimersOp(workflow_instance_id=iid))
         store = gateway.store
 
         def decode(row: StoredRecord | None) -> tuple[Any, Any, int | None]:
@@ -208,16 +210,25 @@ class InstanceReader:
             leased = row is not None and row.lease_owner is not None
             return row, decoded, lease_now_ms(store) if leased else None
 
-        row, decoded, now_ms = await gateway.run(
-            LoadOp(workflow_instance_id=iid), finish=decode
-        )
-        if row is None:
-            raise NotFoundError(
-                f"workflow instance {iid!r} does not exist (nothing is stored under "
-                f"that id for workflow {workflow.name!r})",
-                instance_id=iid,
+        row: StoredRecord | None = await gateway.run(LoadOp(workflow_instance_id=iid))
+        attempt = 0
+        while True:
+            attempt += 1
+            if row is None:
+                raise NotFoundError(
+                    f"workflow instance {iid!r} does not exist (nothing is stored "
+                    f"under that id for workflow {workflow.name!r})",
+                    instance_id=iid,
+                )
+            base = row.revision
+            # queued together, the two reads mostly share one batch of the read lane
+            pending = queued(gateway, InboxOp(workflow_instance_id=iid, limit=limit))
+            timers = queued(gateway, TimersOp(workflow_instance_id=iid))
+            events, armed = await pending.result(), await timers.result()
+            row, decoded, now_ms = await gateway.run(
+                LoadOp(workflow_instance_id=iid), finish=decode
             )
+            if row is not None and (row.revision == base or attempt == READ_ATTEMPTS):
+                break  # no save between the two loads: the inbox and timers fit it
         state = None if decoded is None else decoded.fields
-        return describe(
-            row, state, await events.result(), await timers.result(), now_ms
-        )
+        return describe(row, state, events, armed, now_ms)
