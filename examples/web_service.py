@@ -98,6 +98,7 @@ ERROR_STATUS: tuple[tuple[type[BaseException], int], ...] = (
     (errors.EventRejectedError, 409),
     (errors.WorkflowCancelledError, 409),
     (errors.DeadlineExceededError, 504),
+    (errors.CancellationError, 409),
     (errors.TransientError, 503),  # Busy, Backpressure, Conflict, LeaseLost, ...
     (errors.PhronomyError, 500),  # operator action, a bug, ...
 )

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import re
 import secrets
 import select
 import signal
@@ -273,3 +275,35 @@ def test_sigterm_drains_and_loses_no_acknowledged_event(
         "post",
     )
     again.stop()
+
+
+def _example() -> Any:
+    spec = importlib.util.spec_from_file_location("web_service", EXAMPLE)
+    assert spec is not None
+    assert spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_guide_maps_every_error_class_as_the_example_does() -> None:
+    text = (EXAMPLE.parent.parent / "docs" / "howto" / "web-service.rst").read_text()
+    table = text.split(".. list-table::")[1]
+    rows = re.findall(r"\* - (.+?)\n\s+- (.+?)\n", table, flags=re.DOTALL)
+    documented: dict[str, str] = {}
+    for names, status in rows:
+        for name in re.findall(r":class:`~phronomy\.(\w+)`", names):
+            documented[name] = status.strip()
+    raised = {
+        name
+        for name in phronomy.errors.__all__
+        if isinstance(getattr(phronomy.errors, name), type)
+        and issubclass(getattr(phronomy.errors, name), Exception)
+        and not issubclass(getattr(phronomy.errors, name), Warning)  # not raised
+    }
+    assert raised - documented.keys() == set()  # every class a handler can meet
+    status_of = _example().status_of
+    for name, status in documented.items():
+        if status.isdigit():  # one status: the example's table answers it
+            error = getattr(phronomy.errors, name)
+            assert status_of(error.__new__(error)) == int(status), name
