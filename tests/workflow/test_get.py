@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -184,3 +185,30 @@ async def test_get_reads_in_a_worker_thread_while_the_trio_thread_runs_on() -> N
             assert got == []
             release.set()
     assert got[0].phase == "awaiting"
+
+
+async def test_an_executions_record_judges_its_lease_on_the_store_clock(
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
+) -> None:
+    # runtime.executions.record is the executions' get: its lease says live or not
+    store = make_store()
+    await trio.to_thread.run_sync(
+        functools.partial(
+            store.begin,
+            "agent:y",
+            "phronomy.execution:gone",
+            lease_owner="ghost",
+            ttl_ms=3_600_000,
+        )
+    )
+    async with runtime_on(store, sweep_interval=0) as rt:
+        held = await rt.executions.record("y")
+        assert held is not None
+        assert held.lease is not None
+        assert (held.lease.owner, held.lease.live) == ("ghost", True)
+        release = RenewOp(owner="ghost", instance_ids=("agent:y",), ttl_ms=0)
+        await trio.to_thread.run_sync(store.execute, [release])
+        expired = await rt.executions.record("y")
+    assert expired is not None
+    assert expired.lease is not None
+    assert (expired.lease.owner, expired.lease.live) == ("ghost", False)

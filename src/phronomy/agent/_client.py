@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, final
 
@@ -15,12 +16,7 @@ from phronomy.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from phronomy.storage import (
-    EXECUTION_PLAN_PREFIX,
-    DeleteOp,
-    LoadOp,
-    PostOp,
-)
+from phronomy.storage import EXECUTION_PLAN_PREFIX, DeleteOp, LoadOp, PostOp
 from phronomy.workflow import RecoveryClient
 
 from ._arguments import agent_id_of, deadline_of
@@ -350,7 +346,7 @@ class Executions:
             return None
         record: ExecutionRecord | None = await gateway.run(
             LoadOp(workflow_instance_id=agent_key(key)),
-            finish=record_of,  # decoded in the store's worker thread
+            finish=functools.partial(record_of, gateway.store),  # in its thread
         )
         return record
 
