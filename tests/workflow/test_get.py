@@ -12,13 +12,22 @@ import pytest
 import trio
 
 import phronomy
-from phronomy.storage import ClaimOp, Posting, PostOp, RenewOp
+from phronomy.storage import (
+    ClaimOp,
+    Posting,
+    PostOp,
+    RenewOp,
+    SaveOp,
+    SaveRequest,
+    encode_snapshot,
+)
 from phronomy.workflow import InstanceDescription, InstanceLease
 
 from .helpers import Value, approval_flow, live_flow, runtime_on, start_live
 
 if TYPE_CHECKING:
     from collections.abc import Callable
+    from pathlib import Path
 
 
 def _timed_flow() -> phronomy.WorkflowDefinition[Value]:
@@ -212,3 +221,56 @@ async def test_an_executions_record_judges_its_lease_on_the_store_clock(
     assert expired is not None
     assert expired.lease is not None
     assert (expired.lease.owner, expired.lease.live) == ("ghost", False)
+
+
+async def test_a_save_between_the_reads_makes_get_read_the_inbox_again(
+    open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
+) -> None:
+    # the inbox and timers are read between two loads of the row: a save committed
+    # in between (here: right after the first inbox read) reads them again
+    flow = approval_flow()
+    reads: list[str] = []
+    saved: list[int] = []
+
+    def hook(point: str) -> None:
+        if point in ("inbox.after", "load.after"):
+            reads.append(point)
+        if point == "inbox.after" and not saved:
+            saved.append(1)
+            snapshot = encode_snapshot(
+                Value(value="saved elsewhere"),
+                workflow_instance_id="c-1",
+                revision=2,
+                phase="awaiting",
+                workflow="approval",
+            )
+            request = SaveRequest(
+                workflow_instance_id="c-1",
+                expected_revision=1,
+                snapshot=snapshot,
+                write_id="w-2",
+                status="halted",
+                phase="awaiting",
+                workflow="approval",
+                definition_version=flow.version,
+            )
+            (done,) = store.execute([SaveOp(request=request)])
+            assert done.unwrap().outcome == "success"
+
+    store = open_sqlite(tmp_path / "reads.db")
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="c-1")
+        store.fault_hook = hook
+        got = await rt.workflows.get(flow, "c-1")
+        store.fault_hook = None
+    assert (got.revision, got.state.value if got.state else None) == (
+        2,
+        "saved elsewhere",
+    )
+    assert reads == [
+        "load.after",
+        "inbox.after",
+        "load.after",
+        "inbox.after",
+        "load.after",
+    ]
