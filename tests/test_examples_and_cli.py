@@ -56,6 +56,7 @@ def test_example_runs(example: Path, tmp_path: Path) -> None:
         "tutorial_expenses": "exp-1 is __end__ at revision 2",
         "instance_lifecycle": "dashboard saw: running@new, halted@awaiting_payment, "
         "running@charging, cancelled@charging",
+        "web_service": "o-1 finished at revision 2: paid 30, shipped by dhl",
     }[example.stem]
     assert expected in output
 

@@ -397,6 +397,7 @@ async def test_an_execution_of_a_dead_process_frees_its_key_after_the_sweep(
         assert record.status == "active"
         assert record.lease is not None
         assert record.lease.owner == "dead-runtime"  # who runs it: a live lease
+        assert record.lease.live is True  # on the store's lease clock
         # within lease_ttl + sweep_interval, the sweep closes it honestly: it never
         # saved a step, so it failed (and a new start of the key runs)
         started = trio.current_time()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, final
 
@@ -15,12 +16,7 @@ from phronomy.errors import (
     InvalidInputError,
     NotFoundError,
 )
-from phronomy.storage import (
-    EXECUTION_PLAN_PREFIX,
-    DeleteOp,
-    LoadOp,
-    PostOp,
-)
+from phronomy.storage import EXECUTION_PLAN_PREFIX, DeleteOp, LoadOp, PostOp
 from phronomy.workflow import RecoveryClient
 
 from ._arguments import agent_id_of, deadline_of
@@ -33,8 +29,8 @@ from ._records import (
     answer,
     answer_posting,
     check_execution_row,
-    execution_record,
     listing,
+    record_of,
 )
 
 if TYPE_CHECKING:
@@ -348,10 +344,11 @@ class Executions:
         if gateway is None:
             await trio.lowlevel.checkpoint()
             return None
-        row = await gateway.run(LoadOp(workflow_instance_id=agent_key(key)))
-        if row is None:
-            return None
-        return await trio.to_thread.run_sync(execution_record, row)
+        record: ExecutionRecord | None = await gateway.run(
+            LoadOp(workflow_instance_id=agent_key(key)),
+            finish=functools.partial(record_of, gateway.store),  # in its thread
+        )
+        return record
 
     async def list(
         self,

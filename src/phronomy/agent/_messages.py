@@ -116,12 +116,15 @@ class ExecutionLease(msgspec.Struct, frozen=True, kw_only=True):
         owner: the holding runtime's lease owner id.
         epoch: the lease's epoch (a takeover makes a new one).
         expires_at_ms: when it expires unless renewed, on the store's lease clock
-            (compare with the store's ``lease_now_ms()``).
+            (compare with :func:`~phronomy.storage.lease_now_ms`).
+        live: whether it had not expired when ``runtime.executions.record`` read it
+            (on that clock); ``None`` where it was not judged (a listing).
     """
 
     owner: str
     epoch: int
     expires_at_ms: int
+    live: bool | None = None
 
 
 @final

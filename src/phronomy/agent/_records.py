@@ -21,6 +21,7 @@ from phronomy.storage import (
     Posting,
     decode_snapshot,
     is_execution_plan,
+    lease_now_ms,
 )
 from phronomy.workflow._inbox import encode_payload
 
@@ -40,6 +41,7 @@ __all__ = [
     "check_execution_row",
     "execution_record",
     "listing",
+    "record_of",
     "run_listing",
     "saved_state",
 ]
@@ -123,8 +125,9 @@ def saved_state(row: StoredRecord) -> ExecutionState | None:
     ).fields
 
 
-def execution_record(row: StoredRecord) -> ExecutionRecord:
-    """The record *row* holds (decode it in a worker thread).
+def execution_record(row: StoredRecord, *, live: bool | None = None) -> ExecutionRecord:
+    """The record *row* holds (decode it in a worker thread); *live* says whether its
+    lease had not expired (``None``: not judged).
 
     Raises:
         InstanceStateError: the row is not a supervised execution's.
@@ -141,6 +144,7 @@ def execution_record(row: StoredRecord) -> ExecutionRecord:
             owner=row.lease_owner,
             epoch=row.lease_epoch,
             expires_at_ms=row.lease_expires_at_ms or 0,
+            live=live,
         )
     agent_id = row.workflow_instance_id.removeprefix(EXECUTION_KEY_PREFIX)
     return ExecutionRecord(
@@ -161,6 +165,23 @@ def execution_record(row: StoredRecord) -> ExecutionRecord:
         updated_at_ms=row.updated_at_ms,
         lease=lease,
     )
+
+
+def record_of(store: Any, row: StoredRecord | None) -> ExecutionRecord | None:
+    """:func:`execution_record` of a row loaded from *store* (``None``: no row), its
+    lease judged on the store's lease clock: the ``finish`` of a load on the store's
+    read lane (it runs in the worker thread).
+
+    Raises:
+        StoreUnavailableError: the store's lease clock could not be read.
+    """
+    if row is None:
+        return None
+    if row.lease_owner is None:
+        return execution_record(row)
+    now = lease_now_ms(store)
+    expires = row.lease_expires_at_ms or 0
+    return execution_record(row, live=now is not None and expires > now)
 
 
 def listing(

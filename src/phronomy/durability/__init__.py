@@ -11,6 +11,7 @@ from ._service import (
     RecordKind as RecordKind,
     kind_of as kind_of,
     mark_op as mark_op,
+    queued as queued,
     save_outcome as save_outcome,
 )
 
@@ -23,6 +24,7 @@ __all__ = [
     "RecordKind",
     "kind_of",
     "mark_op",
+    "queued",
     "save_outcome",
 ]
 

@@ -44,6 +44,7 @@ __all__ = [
     "RecordKind",
     "kind_of",
     "mark_op",
+    "queued",
     "save_outcome",
 ]
 
@@ -172,17 +173,7 @@ class DurabilityService:
             Cancelling the caller stops the wait only: a submitted write still runs
             (and is classified as usual).
         """
-        done: ResultHandle[Any] = ResultHandle(f"store:{type(op).__name__}")
-
-        def settle(result: outcome.Outcome[Any]) -> None:
-            if isinstance(result, outcome.Error):
-                done.fail(result.error)
-            else:
-                assert isinstance(result, outcome.Value)
-                done.complete(result.value)
-
-        self.submit(op, settle, finish)
-        return await done.result()
+        return await queued(self, op, finish).result()
 
     async def list_all(
         self, kind: RecordKind, status: InstanceStatus | None = None
@@ -251,6 +242,25 @@ class DurabilityService:
             if request.finish is not None and isinstance(result, outcome.Value):
                 results[index] = outcome.capture(request.finish, result.value)
         return results
+
+
+def queued(
+    service: DurabilityService, op: StoreOp, finish: Callable[[Any], Any] | None = None
+) -> ResultHandle[Any]:
+    """Queue *op* on *service*'s lanes (as :meth:`DurabilityService.run`, without
+    waiting): the handle settles with its result, mapped by *finish* in the worker
+    thread. Queue several reads, then await their handles: they share a batch."""
+    done: ResultHandle[Any] = ResultHandle(f"store:{type(op).__name__}")
+
+    def settle(result: outcome.Outcome[Any]) -> None:
+        if isinstance(result, outcome.Error):
+            done.fail(result.error)
+        else:
+            assert isinstance(result, outcome.Value)
+            done.complete(result.value)
+
+    service.submit(op, settle, finish)
+    return done
 
 
 def kind_of(row: StoredRecord) -> RecordKind:

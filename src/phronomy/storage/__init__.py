@@ -26,6 +26,7 @@ from ._inbox import (
     PostOutcome as PostOutcome,
     validate_event_id as validate_event_id,
 )
+from ._lease_now import lease_now_ms as lease_now_ms
 from ._memory import MemoryStore as MemoryStore
 from ._ops import (
     READ_OPS as READ_OPS,
@@ -191,6 +192,7 @@ __all__ = [
     "encode_snapshot",
     "fired_timer",
     "is_execution_plan",
+    "lease_now_ms",
     "normalize",
     "op_name",
     "quarantine",

@@ -26,6 +26,10 @@ from ._messages import (
     WorkflowStatistics as WorkflowStatistics,
 )
 from ._poller import poll_inbox as poll_inbox
+from ._reading import (
+    InstanceDescription as InstanceDescription,
+    InstanceLease as InstanceLease,
+)
 from ._recovery import InstanceView as InstanceView, RecoveryClient as RecoveryClient
 from ._retries import RetryPolicy as RetryPolicy
 from ._schedule_client import ScheduleClient as ScheduleClient
@@ -46,6 +50,8 @@ __all__ = [
     "EventReceipt",
     "EventStatus",
     "IfExists",
+    "InstanceDescription",
+    "InstanceLease",
     "InstanceUpdate",
     "InstanceView",
     "InstanceWatch",

@@ -10,9 +10,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 import trio
 
 from phronomy.engine import ResultHandle, random_uuid
-from phronomy.errors import (
-    InvalidInputError,
-)
+from phronomy.errors import InvalidInputError
 from phronomy.storage import validate_instance_id
 
 from ._events import RESUME, resolve_event
@@ -25,6 +23,7 @@ from ._messages import (
     Step,
     WorkflowResult,
 )
+from ._reading import InstanceReader
 from ._signals import LiveInstances
 from ._state import State
 from ._stream import WorkflowStream
@@ -43,7 +42,7 @@ S = TypeVar("S", bound=State)
 
 
 @final
-class WorkflowClient(InboxClient, LiveInstances, TimerClient):
+class WorkflowClient(InboxClient, LiveInstances, TimerClient, InstanceReader):
     """Runs workflow definitions on one runtime (the workflow part of :class:`~phronomy.Runtime`)."""
 
     def __init__(

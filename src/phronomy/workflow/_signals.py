@@ -259,11 +259,11 @@ class LiveInstances:
         coordinator.watchers.add(watch)
         try:
             # commands queued before the watch (a start just made) are admitted first
-            await self._queued_before()
+            await queued_before(coordinator)
             current = coordinator.current_update(iid)
             admitted = coordinator.admissions.get(iid) is not None
             if current is None:
-                current = await self._stored_update(workflow, iid)
+                current = await _stored_update(coordinator, workflow, iid)
                 if current is None and not admitted and if_missing == "raise":
                     raise NotFoundError(
                         f"workflow instance {iid!r} does not exist (nothing live in "
@@ -279,34 +279,36 @@ class LiveInstances:
         finally:
             coordinator.watchers.remove(watch)
 
-    async def _queued_before(self) -> None:
-        """Wait until every command queued so far was delivered (FIFO)."""
-        done: ResultHandle[None] = ResultHandle("barrier")
-        if self._coordinator.post_message(Barrier(done=done), completion=done):
-            await done.result()
-        else:
-            await trio.lowlevel.checkpoint()
 
-    async def _stored_update(
-        self, workflow: WorkflowDefinition[Any], iid: str
-    ) -> InstanceUpdate[Any] | None:
-        gateway = self._coordinator.gateway
-        if gateway is None:
-            return None
+async def queued_before(coordinator: WorkflowCoordinator) -> None:
+    """Wait until every command queued so far was delivered (FIFO)."""
+    done: ResultHandle[None] = ResultHandle("barrier")
+    if coordinator.post_message(Barrier(done=done), completion=done):
+        await done.result()
+    else:
+        await trio.lowlevel.checkpoint()
 
-        record, decoded = await gateway.run(
-            LoadOp(workflow_instance_id=iid),
-            finish=lambda row: decode_stored(workflow, row, resuming=False),
-        )
-        if record is None:
-            return None
-        return InstanceUpdate(
-            workflow_instance_id=iid,
-            status=record.status,
-            phase=record.phase,
-            state=None if decoded is None else decoded.fields,
-            revision=record.revision,
-        )
+
+async def _stored_update(
+    coordinator: WorkflowCoordinator, workflow: WorkflowDefinition[Any], iid: str
+) -> InstanceUpdate[Any] | None:
+    gateway = coordinator.gateway
+    if gateway is None:
+        return None
+
+    record, decoded = await gateway.run(
+        LoadOp(workflow_instance_id=iid),
+        finish=lambda row: decode_stored(workflow, row, resuming=False),
+    )
+    if record is None:
+        return None
+    return InstanceUpdate(
+        workflow_instance_id=iid,
+        status=record.status,
+        phase=record.phase,
+        state=None if decoded is None else decoded.fields,
+        revision=record.revision,
+    )
 
 
 def _live_event(
