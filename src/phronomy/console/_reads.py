@@ -8,7 +8,6 @@ list``) and return plain values for the pages.
 from __future__ import annotations
 
 import argparse
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -36,6 +35,7 @@ from phronomy.storage import (
     StoredTimer,
     TimersOp,
     decode_snapshot_builtins,
+    lease_now_ms,
 )
 from phronomy.workflow._inbox_client import interleave
 
@@ -53,7 +53,6 @@ __all__ = [
     "executions",
     "instance",
     "instances",
-    "lease_now",
     "schedules",
 ]
 
@@ -135,17 +134,6 @@ class ExecutionView(msgspec.Struct, frozen=True, kw_only=True):
     timers: list[dict[str, Any]]
 
 
-def lease_now(store: BaseStore[Any]) -> int | None:
-    """Now on the clock of *store*'s lease expiries: SQLite keeps its own; a
-    PostgreSQL store's are on the server's wall clock, read here as this machine's
-    (a few milliseconds of skew only shift the times shown)."""
-    reader = getattr(store, "lease_now_ms", None)
-    if reader is not None:
-        now: int | None = reader()
-        return now
-    return time.time_ns() // 1_000_000
-
-
 def _pending(store: BaseStore[Any], record: StoredRecord) -> dict[str, Any]:
     """The row's pending events, and who applies them (as ``instances show``)."""
     entries: list[InboxEntry] = store.run(
@@ -153,7 +141,7 @@ def _pending(store: BaseStore[Any], record: StoredRecord) -> dict[str, Any]:
     )
     view: dict[str, Any] = {"entries": entries, "note": None}
     if entries:
-        live = _live(record, lease_now(store))
+        live = _live(record, lease_now_ms(store))
         view["note"] = _who_applies(record, entries[0], live=live)
     return view
 
@@ -195,7 +183,7 @@ def instances(
         records=tuple(records),
         next_after=next_after,
         counts=counts(store),
-        lease_now_ms=lease_now(store),
+        lease_now_ms=lease_now_ms(store),
     )
 
 
@@ -233,7 +221,7 @@ def instance(store: BaseStore[Any], iid: str) -> InstanceView:
         record=record,
         fields=fields,
         snapshot_error=error,
-        lease=lease_state(record, lease_now(store)),
+        lease=lease_state(record, lease_now_ms(store)),
         pending=_pending(store, record),
         timers=pending_timers(store, iid),  # type: ignore[arg-type]
         timeline=timeline,
@@ -267,7 +255,7 @@ def execution(store: BaseStore[Any], agent_id: str) -> ExecutionView:
     return ExecutionView(
         record=record,
         row=row,
-        lease=lease_state(row, lease_now(store)),
+        lease=lease_state(row, lease_now_ms(store)),
         pending=_pending(store, row),
         timers=pending_timers(store, row.workflow_instance_id),  # type: ignore[arg-type]
     )
