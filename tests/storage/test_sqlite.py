@@ -23,6 +23,10 @@ import phronomy
 from phronomy import errors, storage
 from phronomy.storage import (
     SCHEMA_VERSION,
+    ClaimOp,
+    Lease,
+    Posting,
+    RenewOp,
     SaveOp,
     SaveRequest,
     SQLiteStore,
@@ -718,3 +722,89 @@ def test_stores_open_beside_killed_writers(
         f"files), {retried} retried the WAL switch, {len(failures)} failed"
     )
     assert failures == []
+
+
+def test_only_batches_that_write_nothing_but_leases_skip_the_sync(
+    tmp_path: Path,
+) -> None:
+    # One fsync per run: a claim (with no event) and a renewal commit with
+    # synchronous=NORMAL, every batch that saves, marks or stores an event with FULL.
+    store = phronomy.SQLiteStore(tmp_path / "sync.db")
+    store.open()
+    statements: list[str] = []
+    conn = store._connection()
+    conn.set_trace_callback(statements.append)
+
+    def levels(ops: list[Any]) -> list[str]:
+        statements.clear()
+        for done in store.execute(ops):
+            done.unwrap()
+        return [s for s in statements if s.startswith("PRAGMA synchronous")]
+
+    claim = ClaimOp(
+        workflow_instance_id="a",
+        workflow="wf",
+        lease_owner="me",
+        ttl_ms=60_000,
+        create=True,
+    )
+    assert levels([claim]) == [
+        "PRAGMA synchronous = NORMAL",
+        "PRAGMA synchronous = FULL",  # the connection's own again
+    ]
+    assert store.pragmas()["synchronous"] == 2
+    epoch = store.load("a")
+    assert epoch is not None
+    assert epoch.lease_epoch == 1
+    save = SaveOp(
+        request=SaveRequest(
+            workflow_instance_id="a",
+            workflow="wf",
+            snapshot=b"{}",
+            status="halted",
+            phase="awaiting",
+            write_id="w1",
+            expected_revision=None,
+            lease=Lease(owner="me", epoch=1),
+        )
+    )
+    assert (
+        levels(
+            [
+                save,
+                ClaimOp(
+                    workflow_instance_id="b",
+                    workflow="wf",
+                    lease_owner="me",
+                    ttl_ms=60_000,
+                    create=True,
+                ),
+            ]
+        )
+        == []
+    )  # FULL (the connection's own): it saves
+    posting = ClaimOp(
+        workflow_instance_id="a",
+        workflow="wf",
+        lease_owner="me",
+        ttl_ms=60_000,
+        statuses=("halted",),
+        post=Posting(
+            workflow_instance_id="a", event_id="e1", event="go", payload=b"null"
+        ),
+    )
+    assert levels([posting]) == []  # FULL: it stores an event
+    renew = RenewOp(owner="me", instance_ids=("b",), ttl_ms=60_000)
+    renew_conn_statements: list[str] = []
+    assert store.execute([renew])[0].unwrap()["b"][2]  # renewed
+    assert store._renew_conn is not None
+    store._renew_conn.set_trace_callback(renew_conn_statements.append)
+    store.execute([renew])[0].unwrap()
+    levels_of_renewal = [
+        s for s in renew_conn_statements if s.startswith("PRAGMA synchronous")
+    ]
+    assert levels_of_renewal == [
+        "PRAGMA synchronous = NORMAL",
+        "PRAGMA synchronous = FULL",
+    ]
+    store.close()

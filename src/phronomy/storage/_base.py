@@ -39,17 +39,32 @@ if TYPE_CHECKING:
     from ._ops import StoreOp
     from ._records import SaveLogEntry, SaveRequest
 
-__all__ = ["BaseStore", "Lane", "Verdict", "row_order"]
+__all__ = ["BaseStore", "Lane", "Verdict", "lane_of", "row_order"]
 
 logger = logging.getLogger(__name__)
 
 C = TypeVar("C")
 T = TypeVar("T")
 
-Lane = Literal["write", "renew"]
+Lane = Literal["write", "lease", "renew"]
 """Where a write batch runs: ``renew`` for a batch of lease renewals only (a
 connection of its own where the backend has one, so that a renewal never waits
-behind the other writes), ``write`` for every other."""
+behind the other writes), ``lease`` for one that writes nothing but leases (claims
+that post no event, besides reads: see :func:`lane_of`), ``write`` for every other.
+A backend may commit ``lease`` and ``renew`` batches without waiting for the disk
+(SQLite does: see ``docs/explanation/design.rst``, "One fsync per run")."""
+
+
+def lane_of(ops: Sequence[StoreOp]) -> Lane:
+    """The lane of a write batch: what its operations write."""
+    if all(isinstance(op, RenewOp) for op in ops):
+        return "renew"
+    if all(
+        (isinstance(op, ClaimOp) and op.post is None) or isinstance(op, READ_OPS)
+        for op in ops
+    ):
+        return "lease"
+    return "write"
 
 Verdict = Literal["committed", "aborted", "unsettled"] | None
 """What became of a failed write transaction: the backend knows it committed or
@@ -184,7 +199,7 @@ class BaseStore(OneAtATime, Generic[C]):
                     break
             _settle_rows(self.identity, values)
             return values
-        lane: Lane = "renew" if all(isinstance(op, RenewOp) for op in ops) else "write"
+        lane = lane_of(ops)
         done = self._transaction(ops, lane)
         if isinstance(done, Exception) and self._reconnected(done):
             done = self._transaction(ops, lane)  # nothing was sent: once more

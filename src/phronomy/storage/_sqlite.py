@@ -57,8 +57,10 @@ _NON_REGULAR = (
 class SQLiteStore(BaseStore[sqlite3.Connection]):
     """A :class:`~phronomy.storage.WorkflowStore` in one SQLite file (the embedded default).
 
-    * WAL journal, ``synchronous=FULL`` (a saved terminal state survives power loss),
-      ``BEGIN IMMEDIATE`` for every write, a busy timeout for other processes.
+    * WAL journal, ``synchronous=FULL`` (a saved terminal state survives power loss;
+      a batch that writes only leases commits with ``NORMAL``: see the design's "One
+      fsync per run"), ``BEGIN IMMEDIATE`` for every write, a busy timeout for other
+      processes.
     * One connection for writes and one for reads (WAL lets a read run while a write
       transaction commits), each never used by two threads at once (a lock each; the
       runtime runs writes in a single-worker pool and reads in another). Lease
@@ -466,17 +468,22 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
 
     @contextlib.contextmanager
     def _writing(self, lane: Lane = "write") -> Iterator[sqlite3.Connection]:
-        """One ``BEGIN IMMEDIATE`` transaction on the lane's connection."""
+        """One ``BEGIN IMMEDIATE`` transaction on the lane's connection: committed with
+        ``synchronous=FULL`` (the WAL synced to disk before the commit returns), but
+        for a batch that writes only leases (``lease``, ``renew``): ``NORMAL``. Its
+        commit can be lost only with every process that could have seen it, and the
+        next synced commit makes it durable too (design.rst, "One fsync per run")."""
+        sync = "FULL" if lane == "write" else "NORMAL"
         if lane == "renew" and self._path != ":memory:":
             with self._renew_lock, self._translated():
                 if self._renew_conn is None:
                     self._renew_conn = self._open()
-                with _immediate(self._renew_conn):
+                with _immediate(self._renew_conn, sync):
                     yield self._renew_conn
             return
         with self._lock, self._translated():
             conn = self._connection()
-            with _immediate(conn):
+            with _immediate(conn, sync):
                 yield conn
 
     # --- operations ----------------------------------------------------------------
@@ -487,14 +494,21 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
 
 
 @contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection) -> Iterator[None]:
-    """One ``BEGIN IMMEDIATE`` transaction: committed at the end, rolled back if the
-    block raises."""
-    conn.execute("BEGIN IMMEDIATE")
+def _immediate(conn: sqlite3.Connection, sync: str = "FULL") -> Iterator[None]:
+    """One ``BEGIN IMMEDIATE`` transaction committed with *sync* as its
+    ``synchronous`` level (the connection's own, FULL, is back afterwards): committed
+    at the end, rolled back if the block raises."""
+    if sync != "FULL":
+        conn.execute(f"PRAGMA synchronous = {sync}")
     try:
-        yield
-        conn.execute("COMMIT")
-    except BaseException:
-        if conn.in_transaction:
-            conn.rollback()
-        raise
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            if conn.in_transaction:
+                conn.rollback()
+            raise
+    finally:
+        if sync != "FULL":
+            conn.execute("PRAGMA synchronous = FULL")
