@@ -26,6 +26,7 @@ from ._retries import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from phronomy._telemetry import SegmentTrace
     from phronomy.engine import Host, ResultHandle, Timer
 
     from ._intents import Intent
@@ -94,6 +95,7 @@ class EffectRunner:
         "_timeouts",
         "_timers",
         "touched",
+        "trace",
     )
 
     def __init__(
@@ -124,6 +126,7 @@ class EffectRunner:
         earlier save stored under one of them is replaced (or cancelled)."""
         self._closed = False
         self._on_quiescent: Callable[[], object] | None = None
+        self.trace: SegmentTrace | None = None  # the segment's span (telemetry on)
 
     @property
     def pending(self) -> int:
@@ -280,9 +283,12 @@ class EffectRunner:
         self._handles.add(handle)
         self._running.add(handle)
         handle.on_physical_complete(self._physically_finished)
+        span = None if self.trace is None else self.trace.effect(intent.fn, attempt)
 
         def settled(done: ResultHandle[Any]) -> None:
             self._handles.discard(done)
+            if span is not None:
+                span.settled(done)
             if done.status == "cancelled" and self._closed:
                 return
             if done.status == "completed":
