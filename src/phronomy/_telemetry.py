@@ -122,8 +122,10 @@ class Telemetry:
         self.error_code = trace.StatusCode.ERROR
         """The context of spans of no segment (a store batch serves many)."""
         self._propagator = TraceContextTextMapPropagator()
-        self.tracer: Tracer = trace.get_tracer("phronomy", None, tracer_provider)
-        meter = metrics.get_meter("phronomy", None, meter_provider)
+        self.tracer: Tracer = trace.get_tracer(
+            "phronomy", tracer_provider=tracer_provider
+        )
+        meter = metrics.get_meter("phronomy", meter_provider=meter_provider)
         self.started = meter.create_counter(
             "phronomy.runs.started", unit="{run}", description="instances started"
         )
@@ -343,6 +345,7 @@ class SegmentTrace:
     __slots__ = (
         "_parent",
         "_pending",
+        "_resumed",
         "_start",
         "_telemetry",
         "_workflow",
@@ -360,17 +363,22 @@ class SegmentTrace:
         self._start = start
         self._parent = span  # the span children start in (an inbox entry's, or this)
         self._pending: tuple[str, str, int] = ("", "", 0)
+        self._resumed: Span | None = None  # the entry a resume applies (its span)
         self.traceparent = telemetry.traceparent(span)
         """What the segment's terminal save stores with the snapshot."""
 
     def child(
-        self, name: str, attributes: dict[str, Any], start: int | None = None
+        self,
+        name: str,
+        attributes: dict[str, Any],
+        start: int | None = None,
+        parent: Span | None = None,
     ) -> Span:
-        """Start a child span of the segment (the caller ends it)."""
+        """Start a child span of the segment, or of *parent* (the caller ends it)."""
         telemetry = self._telemetry
         return telemetry.tracer.start_span(
             name,
-            context=telemetry._trace.set_span_in_context(self._parent),  # noqa: SLF001
+            context=telemetry._trace.set_span_in_context(parent or self._parent),  # noqa: SLF001
             attributes=attributes,
             start_time=start,
         )
@@ -379,10 +387,22 @@ class SegmentTrace:
         """The machine is about to handle *event* in state *source*."""
         self._pending = (event, source, time.time_ns())
 
+    def resuming(self, event: str, source: str, feed: Any) -> None:
+        """The segment resumes with *event* at *source*: the inbox entry it applies
+        (*feed*'s current one, if any) gets its span, which :meth:`after` ends."""
+        entry = None if feed is None else feed.current
+        if entry is not None:
+            self._resumed = self._entry_span(entry)
+            self._parent = self._resumed
+        self.before(event, source)
+
     def after(self, outcome: str, target: str) -> None:
         """The machine handled the event :meth:`before` named (*outcome*: its step's
         ``next``; *target*: the state it is in now): one transition span."""
         event, source, start = self._pending
+        resumed, self._resumed = self._resumed, None
+        if resumed is not None:  # ends after its transition, below
+            self._parent = self.span
         self.child(
             "phronomy.transition",
             {
@@ -392,12 +412,24 @@ class SegmentTrace:
                 NS + "outcome": outcome,
             },
             start,
+            resumed,
         ).end()
+        if resumed is not None:
+            resumed.end()
 
     @contextlib.contextmanager
     def consuming(self, entry: Any) -> Iterator[None]:
         """Apply inbox *entry* in a span (its transitions are its children): a fired
         timer's is ``phronomy.timer``, an event's ``phronomy.event``."""
+        span = self._entry_span(entry)
+        outer, self._parent = self._parent, span
+        try:
+            yield
+        finally:
+            self._parent = outer
+            span.end()
+
+    def _entry_span(self, entry: Any) -> Span:
         timer = fired_timer(entry.event_id)
         attributes: dict[str, Any] = {
             NS + "event": entry.event,
@@ -409,15 +441,9 @@ class SegmentTrace:
         }
         if timer is not None:
             attributes[NS + "timer"] = timer[0]
-        span = self.child(
+        return self.child(
             "phronomy.event" if timer is None else "phronomy.timer", attributes
         )
-        outer, self._parent = self._parent, span
-        try:
-            yield
-        finally:
-            self._parent = outer
-            span.end()
 
     def effect(self, fn: object, attempt: int) -> EffectSpan:
         """Start the span of attempt *attempt* of the effect that calls *fn*."""

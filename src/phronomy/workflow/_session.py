@@ -159,9 +159,13 @@ class WorkflowSession(GatedSession, Generic[S]):
                     self.feed.record("transitioned")
                 self.steps.relaunch(payload)
                 return
+            if self.trace is not None:
+                self.trace.resuming(event, phase, self.feed)
             step = self.machine.resume(
                 Event(type=event, target_id=self.id, payload=payload)
             )
+            if self.trace is not None:
+                self.trace.after(step.next, step.current)
             if step.next == "rejected":
                 if self.feed is not None:
                     self.feed.record("rejected", "every guard rejected it")
