@@ -120,6 +120,7 @@ class Telemetry:
         self._trace = trace
         self._root = Context()
         self.error_code = trace.StatusCode.ERROR
+        self._observation = metrics.Observation
         """The context of spans of no segment (a store batch serves many)."""
         self._propagator = TraceContextTextMapPropagator()
         self.tracer: Tracer = trace.get_tracer(
@@ -179,19 +180,13 @@ class Telemetry:
     # --- observable instruments ------------------------------------------------------
 
     def _observe_events(self, options: CallbackOptions) -> Iterable[Observation]:
-        from opentelemetry.metrics import Observation
-
-        return [Observation(self.events_pending)]
+        return [self._observation(self.events_pending)]
 
     def _observe_timers(self, options: CallbackOptions) -> Iterable[Observation]:
-        from opentelemetry.metrics import Observation
-
-        return [Observation(self.timers_due)]
+        return [self._observation(self.timers_due)]
 
     def _observe_leases(self, options: CallbackOptions) -> Iterable[Observation]:
-        from opentelemetry.metrics import Observation
-
-        return [Observation(sum(leases.held_count for leases in self.leases))]
+        return [self._observation(sum(each.held_count for each in self.leases))]
 
     def install_store(self, gateway: Any) -> None:
         """Hook the runtime's durability service (store commits, leases, the sweep)."""
