@@ -352,3 +352,31 @@ async def test_a_bad_setting_opens_nothing(tmp_path: Any) -> None:
         async with phronomy.open_runtime(path, telemetry="on"):  # type: ignore[arg-type]
             pass
     assert not path.exists()
+
+
+def test_the_snapshot_keeps_a_traceparent_and_reads_without_one() -> None:
+    from phronomy.storage import decode_snapshot, encode_snapshot
+
+    parent = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01"
+    plain = encode_snapshot(
+        Order(item="lamp"), workflow_instance_id="o-1", revision=1, phase="awaiting"
+    )
+    traced = encode_snapshot(
+        Order(item="lamp"),
+        workflow_instance_id="o-1",
+        revision=1,
+        phase="awaiting",
+        trace=parent,
+    )
+    assert b"trace" not in plain  # a runtime without telemetry writes what it wrote
+    assert traced.count(parent.encode()) == 1
+    for blob, expected in ((plain, None), (traced, parent)):
+        typed = decode_snapshot(
+            blob, workflow_instance_id="o-1", revision=1, state_type=Order
+        )
+        assert typed.trace == expected
+        assert typed.fields == Order(item="lamp")
+        builtins = decode_snapshot_builtins(
+            blob, workflow_instance_id="o-1", revision=1
+        )
+        assert builtins.trace == expected
