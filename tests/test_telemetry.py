@@ -8,10 +8,12 @@ from __future__ import annotations
 
 import sys
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import pytest
 import trio
+import trio.testing
 from opentelemetry.sdk.metrics import MeterProvider
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
@@ -24,6 +26,7 @@ import phronomy
 from phronomy import _telemetry
 from phronomy.lowlevel import TelemetryProviders
 from phronomy.storage import ClaimOp, LoadOp, decode_snapshot_builtins
+from phronomy.testing import TestClock
 from polling import until
 
 if TYPE_CHECKING:
@@ -380,3 +383,56 @@ def test_the_snapshot_keeps_a_traceparent_and_reads_without_one() -> None:
             blob, workflow_instance_id="o-1", revision=1
         )
         assert builtins.trace == expected
+
+
+class Expense(phronomy.State):
+    escalated: bool = False
+
+
+@pytest.fixture
+def clock() -> trio.testing.MockClock:
+    """Real time, plus the jumps the test makes (through its TestClock)."""
+    return trio.testing.MockClock(rate=1)
+
+
+async def test_a_timer_fired_late_is_measured_and_its_segment_linked(
+    otel: Otel,
+    tmp_path: Any,
+    clock: trio.testing.MockClock,
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+) -> None:
+    wf = phronomy.Workflow(Expense, name="expense")
+    wf.wait_state("awaiting")
+    wf.wait_state("escalated")
+    wf.transition(
+        "awaiting",
+        "escalated",
+        after=timedelta(days=2),
+        action=lambda s: s.merge(escalated=True),
+    )
+    wf.transition("escalated", phronomy.FINISH, on="approve")
+    flow = wf.build()
+    test_clock = TestClock(clock)
+    store = open_sqlite(tmp_path / "timers.db", clock=test_clock)
+    async with phronomy.open_runtime(
+        store, telemetry=otel.providers, workflows=[flow], inbox_poll_interval=0.02
+    ) as runtime:
+        await runtime.workflows.invoke(flow, workflow_instance_id="e-1")
+        test_clock.skip(timedelta(days=2, minutes=5))  # the poll finds it 5 min late
+        await until(lambda: len(otel.finished("phronomy.segment")) == 2)
+    first, second = otel.finished("phronomy.segment")
+    assert second.attributes is not None
+    assert second.attributes["phronomy.state"] == "escalated"
+    assert second.parent is None  # nobody asked: the poll found the fired timer
+    assert [link.context.span_id for link in second.links] == [first.context.span_id]
+    (timer,) = otel.finished("phronomy.timer")
+    assert timer.attributes is not None
+    assert timer.attributes["phronomy.timer"] == "after:172800000:awaiting"
+    (fire,) = otel.finished("phronomy.timer.fire")
+    assert fire.attributes is not None
+    assert fire.attributes["phronomy.timers.fired"] == 1
+    metrics = otel.metrics()
+    ((_, (count, late)),) = metrics["phronomy.timer.lateness"]
+    assert count == 1
+    assert 300 <= late < 301  # the skip's 5 minutes, plus a poll interval at most
+    assert metrics["phronomy.timers.due"] == [({}, 1)]
