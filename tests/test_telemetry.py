@@ -38,7 +38,13 @@ class Order(phronomy.State):
     steps: list[str] = []  # noqa: RUF012
 
 
+SHIPPED_IN: list[int] = []  # the span ids current in the effect's thread
+
+
 def _ship(item: str) -> str:
+    import opentelemetry.trace
+
+    SHIPPED_IN.append(opentelemetry.trace.get_current_span().get_span_context().span_id)
     return f"shipped {item}"
 
 
@@ -192,6 +198,8 @@ async def _halt_then_resume(
     assert effect.attributes["phronomy.effect"] == "_ship"
     assert effect.attributes["phronomy.attempt"] == 1
     assert effect.attributes["phronomy.status"] == "completed"
+    assert effect.context is not None
+    assert SHIPPED_IN[-1] == effect.context.span_id  # the effect's spans: children
 
     commits = otel.finished("phronomy.store.commit")
     assert commits, "no store commit span"

@@ -19,12 +19,14 @@ from __future__ import annotations
 
 import contextlib
 import time
-from typing import TYPE_CHECKING, Any, Final, final
+from typing import TYPE_CHECKING, Any, final
 
 import msgspec
 
 from phronomy.errors import InvalidInputError
-from phronomy.storage import fired_timer
+
+from ._telemetry_names import EPOCH, INSTANCE, NS, STATUS, WORKFLOW
+from ._telemetry_segment import EffectSpan, SegmentTrace
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Iterator, Sequence
@@ -33,15 +35,8 @@ if TYPE_CHECKING:
     from opentelemetry.metrics import CallbackOptions, Observation
     from opentelemetry.trace import Span, Tracer
 
-__all__ = ["SegmentTrace", "Telemetry", "TelemetryProviders", "resolve"]
+__all__ = ["EffectSpan", "SegmentTrace", "Telemetry", "TelemetryProviders", "resolve"]
 
-NS: Final = "phronomy."
-WORKFLOW: Final = "phronomy.workflow"
-INSTANCE: Final = "phronomy.instance_id"
-STATE: Final = "phronomy.state"
-REVISION: Final = "phronomy.revision"
-EPOCH: Final = "phronomy.lease.epoch"
-STATUS: Final = "phronomy.status"
 _STASH_LIMIT = 4096
 
 
@@ -331,166 +326,3 @@ class Telemetry:
             context=self._root,
             attributes={INSTANCE: iid, STATUS: status},
         ).end()
-
-
-@final
-class SegmentTrace:
-    """The span of one running segment and its children (on the dispatcher)."""
-
-    __slots__ = (
-        "_parent",
-        "_pending",
-        "_resumed",
-        "_start",
-        "_telemetry",
-        "_workflow",
-        "span",
-        "traceparent",
-    )
-
-    def __init__(
-        self, telemetry: Telemetry, span: Span, workflow: str, start: int
-    ) -> None:
-        """Wrap *span* (started at *start*, wall-clock ns)."""
-        self._telemetry = telemetry
-        self.span = span
-        self._workflow = workflow
-        self._start = start
-        self._parent = span  # the span children start in (an inbox entry's, or this)
-        self._pending: tuple[str, str, int] = ("", "", 0)
-        self._resumed: Span | None = None  # the entry a resume applies (its span)
-        self.traceparent = telemetry.traceparent(span)
-        """What the segment's terminal save stores with the snapshot."""
-
-    def child(
-        self,
-        name: str,
-        attributes: dict[str, Any],
-        start: int | None = None,
-        parent: Span | None = None,
-    ) -> Span:
-        """Start a child span of the segment, or of *parent* (the caller ends it)."""
-        telemetry = self._telemetry
-        return telemetry.tracer.start_span(
-            name,
-            context=telemetry._trace.set_span_in_context(parent or self._parent),  # noqa: SLF001
-            attributes=attributes,
-            start_time=start,
-        )
-
-    def before(self, event: str, source: str) -> None:
-        """The machine is about to handle *event* in state *source*."""
-        self._pending = (event, source, time.time_ns())
-
-    def resuming(self, event: str, source: str, feed: Any) -> None:
-        """The segment resumes with *event* at *source*: the inbox entry it applies
-        (*feed*'s current one, if any) gets its span, which :meth:`after` ends."""
-        entry = None if feed is None else feed.current
-        if entry is not None:
-            self._resumed = self._entry_span(entry)
-            self._parent = self._resumed
-        self.before(event, source)
-
-    def after(self, outcome: str, target: str) -> None:
-        """The machine handled the event :meth:`before` named (*outcome*: its step's
-        ``next``; *target*: the state it is in now): one transition span."""
-        event, source, start = self._pending
-        resumed, self._resumed = self._resumed, None
-        if resumed is not None:  # ends after its transition, below
-            self._parent = self.span
-        self.child(
-            "phronomy.transition",
-            {
-                NS + "event": event,
-                NS + "source": source,
-                STATE: target,
-                NS + "outcome": outcome,
-            },
-            start,
-            resumed,
-        ).end()
-        if resumed is not None:
-            resumed.end()
-
-    @contextlib.contextmanager
-    def consuming(self, entry: Any) -> Iterator[None]:
-        """Apply inbox *entry* in a span (its transitions are its children): a fired
-        timer's is ``phronomy.timer``, an event's ``phronomy.event``."""
-        span = self._entry_span(entry)
-        outer, self._parent = self._parent, span
-        try:
-            yield
-        finally:
-            self._parent = outer
-            span.end()
-
-    def _entry_span(self, entry: Any) -> Span:
-        timer = fired_timer(entry.event_id)
-        attributes: dict[str, Any] = {
-            NS + "event": entry.event,
-            NS + "inbox.seq": entry.seq,
-            NS + "event_id": entry.event_id,
-            NS + "event.age_ms": max(
-                time.time_ns() // 1_000_000 - entry.stored_at_ms, 0
-            ),
-        }
-        if timer is not None:
-            attributes[NS + "timer"] = timer[0]
-        return self.child(
-            "phronomy.event" if timer is None else "phronomy.timer", attributes
-        )
-
-    def effect(self, fn: object, attempt: int) -> EffectSpan:
-        """Start the span of attempt *attempt* of the effect that calls *fn*."""
-        name = getattr(fn, "__qualname__", None) or repr(fn)
-        return EffectSpan(
-            self.child(
-                "phronomy.effect", {NS + "effect": name, NS + "attempt": attempt}
-            ),
-            self._telemetry,
-        )
-
-    def ended(self, done: Any) -> None:
-        """End the segment's span (*done*: its session's settled handle) and count
-        how it ended."""
-        status, state, revision, error = "failed", None, None, done.error
-        if done.status == "completed":
-            result = done.result_nowait()
-            status, state, revision = result.status, result.phase, result.revision
-        telemetry, span = self._telemetry, self.span
-        attributes = {WORKFLOW: self._workflow}
-        span.set_attribute(STATUS, status)
-        if state is not None:
-            span.set_attribute(STATE, state)
-        if revision is not None:
-            span.set_attribute(REVISION, revision)
-        if error is not None:
-            span.record_exception(error)
-            span.set_status(telemetry.error_code, repr(error)[:200])
-            telemetry.failed.add(1, attributes)
-        elif status == "finished":
-            telemetry.finished.add(1, attributes)
-        span.end()
-        elapsed = (time.time_ns() - self._start) / 1e9
-        telemetry.latency.record(elapsed, {**attributes, STATUS: status})
-
-
-@final
-class EffectSpan:
-    """The span of one effect attempt, ended when the attempt settles."""
-
-    __slots__ = ("_span", "_telemetry")
-
-    def __init__(self, span: Span, telemetry: Telemetry) -> None:
-        """Wrap *span*."""
-        self._span = span
-        self._telemetry = telemetry
-
-    def settled(self, done: Any) -> None:
-        """End the span: *done* is the attempt's settled handle."""
-        span = self._span
-        span.set_attribute(STATUS, done.status)
-        if done.error is not None:
-            span.record_exception(done.error)
-            span.set_status(self._telemetry.error_code, repr(done.error)[:200])
-        span.end()

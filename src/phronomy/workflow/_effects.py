@@ -272,18 +272,20 @@ class EffectRunner:
     ) -> None:
         """Start attempt *attempt* of *intent* (*errors*: of the earlier ones); a
         *storable* one waits between attempts halted, when it can."""
+        span = None if self.trace is None else self.trace.effect(intent.fn, attempt)
+        fn = intent.fn
         if isinstance(intent, StartSoon):
-            fn = intent.fn
+            fn = fn if span is None else span.wrap_async(fn)
             if policy is not None and policy.timeout_per_attempt is not None:
-                fn = functools.partial(_bounded, intent.fn, policy.timeout_per_attempt)
+                fn = functools.partial(_bounded, fn, policy.timeout_per_attempt)
             handle = self._host.start_task(fn, *intent.args)
         else:
             pool = intent.pool or self._host.default_pool
-            handle = pool.submit_nowait(intent.fn, *intent.args)
+            fn = fn if span is None else span.wrap(fn)
+            handle = pool.submit_nowait(fn, *intent.args)
         self._handles.add(handle)
         self._running.add(handle)
         handle.on_physical_complete(self._physically_finished)
-        span = None if self.trace is None else self.trace.effect(intent.fn, attempt)
 
         def settled(done: ResultHandle[Any]) -> None:
             self._handles.discard(done)
