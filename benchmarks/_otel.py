@@ -5,7 +5,9 @@ interleaved three times each (the median is reported):
 * ``off``: the ``opentelemetry`` package cannot be imported (as without the extra);
 * ``api, no provider``: the extra is installed, no provider is set (the default);
 * ``sdk``: an SDK ``TracerProvider`` with a ``BatchSpanProcessor`` to an in-memory
-  exporter and a ``MeterProvider`` with an in-memory reader, every span sampled.
+  exporter and a ``MeterProvider`` with an in-memory reader, every span sampled;
+* ``sdk, 1% sampled``: the same with a ``TraceIdRatioBased(0.01)`` sampler (the
+  metrics are all recorded).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def _no_extra() -> Iterator[None]:
         sys.modules.update(saved)
 
 
-def _sdk() -> tuple[TelemetryProviders, Callable[[], int]]:
+def _sdk(ratio: float = 1.0) -> tuple[TelemetryProviders, Callable[[], int]]:
     from opentelemetry.sdk.metrics import MeterProvider
     from opentelemetry.sdk.metrics.export import InMemoryMetricReader
     from opentelemetry.sdk.trace import TracerProvider
@@ -45,9 +47,10 @@ def _sdk() -> tuple[TelemetryProviders, Callable[[], int]]:
     from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
         InMemorySpanExporter,
     )
+    from opentelemetry.sdk.trace.sampling import TraceIdRatioBased
 
     exporter = InMemorySpanExporter()
-    tracers = TracerProvider()
+    tracers = TracerProvider(sampler=TraceIdRatioBased(ratio))
     tracers.add_span_processor(BatchSpanProcessor(exporter))
     meters = MeterProvider(metric_readers=[InMemoryMetricReader()])
 
@@ -79,18 +82,26 @@ async def _durable(path: str, flow: Any, total: int, telemetry: Any) -> float:
 
 def bench(directory: Path, flow: Any, total: int) -> None:
     """Print the three modes' runs/s and the ratios to ``off``."""
-    rates: dict[str, list[float]] = {"off": [], "api, no provider": [], "sdk": []}
+    rates: dict[str, list[float]] = {
+        "off": [],
+        "api, no provider": [],
+        "sdk": [],
+        "sdk, 1% sampled": [],
+    }
     spans = 0
     for round_ in range(3):
         for mode in rates:
-            path = str(directory / f"otel-{round_}-{mode[:3]}.db")
+            path = str(directory / f"otel-{round_}-{len(mode)}.db")
             if mode == "off":
                 with _no_extra():
                     rate = trio.run(_durable, path, flow, total, None)
-            elif mode == "sdk":
-                providers, count = _sdk()
+            elif mode.startswith("sdk"):
+                providers, count = _sdk(1.0 if mode == "sdk" else 0.01)
                 rate = trio.run(_durable, path, flow, total, providers)
-                spans = count()
+                if mode == "sdk":
+                    spans = count()
+                else:
+                    count()
             else:
                 rate = trio.run(_durable, path, flow, total, None)
             rates[mode].append(rate)

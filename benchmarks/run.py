@@ -31,7 +31,8 @@
                durable run, as a share of what the effect costs (target <= 5%)
 * telemetry    durable runs/s with OpenTelemetry off (no extra), installed without a
                provider, and with an SDK provider (batch span processor, in-memory
-               exporter and metric reader), interleaved three times
+               exporter and metric reader; every trace, and 1% of them, sampled),
+               interleaved three times
 * lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
                one); thread-portal calls vs raw trio.from_thread.run_sync
 """
