@@ -90,8 +90,8 @@ def bench(directory: Path, flow: Any, total: int) -> None:
     }
     spans = 0
     for round_ in range(3):
-        for mode in rates:
-            path = str(directory / f"otel-{round_}-{len(mode)}.db")
+        for index, mode in enumerate(rates):
+            path = str(directory / f"otel-{round_}-{index}.db")
             if mode == "off":
                 with _no_extra():
                     rate = trio.run(_durable, path, flow, total, None)

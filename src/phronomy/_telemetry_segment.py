@@ -143,6 +143,8 @@ class SegmentTrace:
         if done.status == "completed":
             result = done.result_nowait()
             status, state, revision = result.status, result.phase, result.revision
+        if self._resumed is not None:  # its event's transition raised
+            self._resumed.end()
         telemetry, span = self._telemetry, self.span
         attributes = {WORKFLOW: self._workflow}
         span.set_attribute(STATUS, status)
