@@ -444,3 +444,28 @@ async def test_a_timer_fired_late_is_measured_and_its_segment_linked(
     assert count == 1
     assert 300 <= late < 301  # the skip's 5 minutes, plus a poll interval at most
     assert metrics["phronomy.timers.due"] == [({}, 1)]
+
+
+async def test_an_unsampled_segment_records_no_spans_but_its_metrics(
+    tmp_path: Any, open_sqlite: Callable[..., phronomy.SQLiteStore]
+) -> None:
+    from opentelemetry.sdk.trace.sampling import ALWAYS_OFF
+
+    otel = Otel()
+    otel.tracer_provider = TracerProvider(sampler=ALWAYS_OFF)
+    otel.tracer_provider.add_span_processor(SimpleSpanProcessor(otel.spans))
+    providers = TelemetryProviders(
+        tracer_provider=otel.tracer_provider, meter_provider=otel.meter_provider
+    )
+    flow = order_flow()
+    store = open_sqlite(tmp_path / "unsampled.db")
+    async with phronomy.open_runtime(store, telemetry=providers) as runtime:
+        await runtime.workflows.invoke(flow, workflow_instance_id="u-1")
+        done = await runtime.workflows.send_event(
+            flow, "approve", workflow_instance_id="u-1"
+        )
+    assert done.status == "finished"
+    assert otel.finished() == []
+    metrics = otel.metrics()
+    assert metrics["phronomy.runs.finished"] == [({"phronomy.workflow": "orders"}, 1)]
+    assert len(metrics["phronomy.segment.duration"]) == 2

@@ -272,14 +272,14 @@ class Telemetry:
             attributes=attributes,
             start_time=begun,
         )
-        if begun is not None:
+        if begun is not None and span.is_recording():
             self.tracer.start_span(
                 "phronomy.claim",
                 context=self._trace.set_span_in_context(span),
                 attributes={INSTANCE: iid, EPOCH: epoch or 0},
                 start_time=begun,
             ).end(end_time=claim_end)
-        else:
+        elif begun is None:
             begun = time.time_ns()
         if start:
             self.started.add(1, {WORKFLOW: workflow})

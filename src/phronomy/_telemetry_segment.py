@@ -25,6 +25,7 @@ class SegmentTrace:
     """The span of one running segment and its children (on the dispatcher)."""
 
     __slots__ = (
+        "_off",
         "_parent",
         "_pending",
         "_resumed",
@@ -44,6 +45,7 @@ class SegmentTrace:
         self._parent = span  # the span children start in (an inbox entry's, or this)
         self._pending: tuple[str, str, int] = ("", "", 0)
         self._resumed: Span | None = None  # the entry a resume applies (its span)
+        self._off = not span.is_recording()  # not sampled: no children (metrics only)
         self.traceparent = telemetry.traceparent(span)
         """What the segment's terminal save stores with the snapshot."""
 
@@ -66,12 +68,14 @@ class SegmentTrace:
 
     def before(self, event: str, source: str) -> None:
         """The machine is about to handle *event* in state *source*."""
+        if self._off:
+            return
         self._pending = (event, source, time.time_ns())
 
     def resuming(self, event: str, source: str, feed: Any) -> None:
         """The segment resumes with *event* at *source*: the inbox entry it applies
         (*feed*'s current one, if any) gets its span, which :meth:`after` ends."""
-        entry = None if feed is None else feed.current
+        entry = None if feed is None or self._off else feed.current
         if entry is not None:
             self._resumed = self._entry_span(entry)
             self._parent = self._resumed
@@ -80,6 +84,8 @@ class SegmentTrace:
     def after(self, outcome: str, target: str) -> None:
         """The machine handled the event :meth:`before` named (*outcome*: its step's
         ``next``; *target*: the state it is in now): one transition span."""
+        if self._off:
+            return
         event, source, start = self._pending
         resumed, self._resumed = self._resumed, None
         if resumed is not None:  # ends after its transition, below
@@ -102,6 +108,9 @@ class SegmentTrace:
     def consuming(self, entry: Any) -> Iterator[None]:
         """Apply inbox *entry* in a span (its transitions are its children): a fired
         timer's is ``phronomy.timer``, an event's ``phronomy.event``."""
+        if self._off:
+            yield
+            return
         span = self._entry_span(entry)
         outer, self._parent = self._parent, span
         try:
@@ -126,8 +135,11 @@ class SegmentTrace:
             "phronomy.event" if timer is None else "phronomy.timer", attributes
         )
 
-    def effect(self, fn: object, attempt: int) -> EffectSpan:
-        """Start the span of attempt *attempt* of the effect that calls *fn*."""
+    def effect(self, fn: object, attempt: int) -> EffectSpan | None:
+        """Start the span of attempt *attempt* of the effect that calls *fn* (none
+        when the segment is not sampled)."""
+        if self._off:
+            return None
         name = getattr(fn, "__qualname__", None) or repr(fn)
         return EffectSpan(
             self.child(
