@@ -30,6 +30,10 @@
                and PostgreSQL when configured)
 * retries      a retry policy on an effect that succeeds at once: what it adds to a
                durable run, as a share of what the effect costs (target <= 5%)
+* telemetry    durable runs/s with OpenTelemetry off (no extra), installed without a
+               provider, and with an SDK provider (batch span processor, in-memory
+               exporter and metric reader; every trace, and 1% of them, sampled),
+               interleaved three times
 * lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
                one); thread-portal calls vs raw trio.from_thread.run_sync
 """
@@ -46,10 +50,11 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import _inbox
 import _limits
+import _otel
 import _processes
 import _timers
 import trio
@@ -58,6 +63,9 @@ import trio.lowlevel
 import phronomy
 from phronomy.lowlevel import Event, open_engine
 from phronomy.storage import READ_OPS
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
 
 QUICK = False
 
@@ -914,7 +922,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     with tempfile.TemporaryDirectory(prefix="phronomy-bench-") as tmp:
         directory = Path(tmp)
-        benches = {
+        benches: dict[str, Callable[[], object]] = {
             "dispatcher": bench_dispatcher,
             "workflows": bench_workflows,
             "durable": lambda: bench_durable(directory),
@@ -926,6 +934,7 @@ def main(argv: list[str] | None = None) -> int:
             "timers": lambda: bench_timers(directory),
             "retries": lambda: bench_retries(directory),
             "lifecycle": bench_lifecycle,
+            "telemetry": lambda: _otel.bench(directory, three_steps(), _n(5_000, 500)),
         }
         for name, bench in benches.items():
             if args.only is None or name in args.only:

@@ -33,7 +33,12 @@ import pytest
 ROOT = Path(__file__).parent.parent
 DOCS = ROOT / "docs"
 TUTORIAL = DOCS / "tutorial" / "index.rst"
-PAGES = [TUTORIAL, DOCS / "index.rst", DOCS / "howto" / "events.rst"]
+PAGES = [
+    TUTORIAL,
+    DOCS / "index.rst",
+    DOCS / "howto" / "events.rst",
+    DOCS / "howto" / "observability.rst",
+]
 
 _DIRECTIVE = re.compile(r"^(?P<indent> *)\.\. code-block:: *(?P<language>\S+) *$")
 _OPTION = re.compile(r"^:(?P<name>[\w-]+):(?P<value>.*)$")

@@ -7,6 +7,7 @@ admission gate, the admission table, offload pools, timers and cancellation toke
 """
 
 from ._portal import ThreadPortal as ThreadPortal
+from ._telemetry import TelemetryProviders as TelemetryProviders
 from .engine import (
     Admission as Admission,
     AdmissionTable as AdmissionTable,
@@ -48,6 +49,7 @@ __all__ = [
     "Receiver",
     "Session",
     "SessionEnded",
+    "TelemetryProviders",
     "TerminalDecision",
     "TerminalPolicy",
     "ThreadPortal",

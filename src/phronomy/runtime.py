@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any, final
 import trio
 
 from phronomy._portal import ThreadPortal
+from phronomy._telemetry import TelemetryProviders, resolve as resolve_telemetry
 from phronomy.agent import Executions
 from phronomy.agent._table import ExecutionTable
 from phronomy.durability import DurabilityService, LeaseSettings
@@ -264,6 +265,7 @@ async def open_runtime(
     workflows: Iterable[WorkflowDefinition[Any]] = (),
     inbox_poll_interval: float = 0.1,
     retry: RetryPolicy | None = None,
+    telemetry: bool | TelemetryProviders | None = None,
 ) -> AsyncGenerator[Runtime]:
     """Run a phronomy runtime for the duration of the ``async with`` block.
 
@@ -318,6 +320,13 @@ async def open_runtime(
             once). The same pass fires due timers and ticks due schedules: with
             ``0`` no timer fires and no schedule ticks in this runtime.
         retry: the retry policy of effects that name none (default: they run once).
+        telemetry: OpenTelemetry traces and metrics (the extra ``phronomy[otel]``;
+            see the observability how-to): ``None`` (default) records them when
+            ``opentelemetry-api`` is installed and a tracer or meter provider is set
+            when the runtime opens; ``True`` always (through the global providers,
+            whenever they are set); a :class:`~phronomy.lowlevel.TelemetryProviders`
+            with those providers; ``False`` never. Off, nothing of OpenTelemetry
+            is imported or called.
 
     Yields:
         The :class:`Runtime`.
@@ -333,6 +342,7 @@ async def open_runtime(
         does); the shutdown itself is shielded and bounded by its deadlines.
     """
     store = _store_from(store)
+    otel = resolve_telemetry(telemetry)
     engines: list[Engine] = []
     try:
         async with open_engine(
@@ -362,6 +372,8 @@ async def open_runtime(
                 gateway = DurabilityService(
                     engine, store, queue_size=queue_size, leases=settings
                 )
+                if otel is not None:
+                    otel.install_store(gateway)
                 # a broken, foreign or read-only file is refused before anything runs
                 await gateway.open()
                 engine.start_task(gateway.leases.heartbeat, name="lease heartbeat")
@@ -382,6 +394,8 @@ async def open_runtime(
                     retry=retry,
                 ),
             )
+            if otel is not None:
+                otel.install(coordinator_of_workflows)
             if gateway is not None:
                 engine.start_task(
                     functools.partial(poll_inbox, coordinator_of_workflows, poll),
@@ -391,6 +405,8 @@ async def open_runtime(
                 engine, store, coordinator_of_workflows, recursion_limit=recursion_limit
             )
     finally:
+        if otel is not None:
+            otel.close()
         result = engines[0].shutdown_result if engines else None
         if store is not None and result is not None and result.threads_running == 0:
             # Closing checkpoints the WAL: off the trio thread, shielded and bounded.

@@ -30,6 +30,7 @@ from phronomy.storage import Lease, RecoverOp, RenewOp
 if TYPE_CHECKING:
     from collections.abc import Awaitable
 
+    from phronomy._telemetry import Telemetry
     from phronomy.storage import StoreOp
 
 __all__ = ["SWEEP_BATCH", "SWEEP_BATCHES", "HeldLease", "LeaseSettings", "Leases"]
@@ -154,6 +155,9 @@ class Leases:
     supervised tasks (:meth:`heartbeat`, :meth:`sweep`).
     """
 
+    telemetry: Telemetry | None = None
+    """The runtime's OpenTelemetry (``None``: off): takeovers are counted."""
+
     def __init__(
         self, run: Callable[[StoreOp], Awaitable[Any]], settings: LeaseSettings
     ) -> None:
@@ -187,6 +191,11 @@ class Leases:
         )
         self._held[workflow_instance_id] = held
         return held
+
+    @property
+    def held_count(self) -> int:
+        """How many leases this runtime holds."""
+        return len(self._held)
 
     def drop(self, workflow_instance_id: str) -> None:
         """Stop renewing that lease (its segment ended: saved, released or lost)."""
@@ -292,6 +301,8 @@ class Leases:
                 logger.warning("the recovery sweep failed: %r", exc)
                 return
             for iid, status in recovered:
+                if self.telemetry is not None:
+                    self.telemetry.took_over(iid, status)
                 logger.warning(
                     "workflow instance %r: its runtime stopped while running it (lease "
                     "expired); put back as %s",

@@ -29,6 +29,7 @@ from phronomy.storage import (
 from ._leases import Leases, LeaseSettings
 
 if TYPE_CHECKING:
+    from phronomy._telemetry import Telemetry
     from phronomy.engine import Engine
     from phronomy.storage import (
         Consumption,
@@ -100,6 +101,9 @@ class DurabilityService:
     configuration.
     """
 
+    telemetry: Telemetry | None = None
+    """The runtime's OpenTelemetry (``None``: off): a span per write batch."""
+
     def __init__(
         self,
         engine: Engine,
@@ -117,7 +121,7 @@ class DurabilityService:
         )
         defer = engine.at_batch_end
         self._writes: Batcher[_Request, Any] = Batcher(
-            self._pool, self._run_batch, defer=defer
+            self._pool, self._run_writes, defer=defer
         )
         self._reads: Batcher[_Request, Any] = Batcher(
             engine.pool("phronomy.store.reads", size=1, queue_size=queue_size),
@@ -234,6 +238,12 @@ class DurabilityService:
                 )
 
         self.submit(op, report)
+
+    def _run_writes(self, requests: list[_Request]) -> list[outcome.Outcome[Any]]:
+        if self.telemetry is None:
+            return self._run_batch(requests)
+        with self.telemetry.commit([r.op for r in requests]):  # in the worker thread
+            return self._run_batch(requests)
 
     def _run_batch(self, requests: list[_Request]) -> list[outcome.Outcome[Any]]:
         results = self.store.execute([r.op for r in requests])

@@ -74,7 +74,9 @@ class _Header(msgspec.Struct, frozen=True, kw_only=True):
     revision: int
 
 
-class _Envelope(msgspec.Struct, Generic[T], frozen=True, kw_only=True):
+class _Envelope(
+    msgspec.Struct, Generic[T], frozen=True, kw_only=True, omit_defaults=True
+):
     type: str
     format: int
     workflow_instance_id: str
@@ -82,6 +84,7 @@ class _Envelope(msgspec.Struct, Generic[T], frozen=True, kw_only=True):
     workflow: str
     phase: str | None
     fields: T
+    trace: str | None = None  # the saving segment's W3C traceparent (telemetry)
 
 
 @final
@@ -92,11 +95,14 @@ class DecodedSnapshot(msgspec.Struct, Generic[T], frozen=True, kw_only=True):
         fields: the state (typed) or a ``dict`` (builtins decode).
         phase: the phase the snapshot was taken at.
         workflow: the workflow name recorded with it.
+        trace: the W3C ``traceparent`` of the segment that saved it (with
+            OpenTelemetry on; ``None`` otherwise and in older snapshots).
     """
 
     fields: T
     phase: str | None
     workflow: str
+    trace: str | None = None
 
 
 _ENCODER = msgspec.json.Encoder()
@@ -168,6 +174,7 @@ def encode_snapshot(
     phase: str | None,
     workflow: str = "",
     max_bytes: int = DEFAULT_MAX_SNAPSHOT_BYTES,
+    trace: str | None = None,
 ) -> bytes:
     """Encode a snapshot for storage, refusing values a durable round trip would change.
 
@@ -184,6 +191,8 @@ def encode_snapshot(
         phase: the wait state's name, or ``"__end__"``.
         workflow: the workflow name.
         max_bytes: the size limit.
+        trace: the saving segment's W3C ``traceparent`` (OpenTelemetry), stored
+            beside the fields (omitted when ``None``: the blob is then as before).
 
     Returns:
         The encoded snapshot.
@@ -203,6 +212,7 @@ def encode_snapshot(
         workflow=workflow,
         phase=phase,
         fields=fields,
+        trace=trace,
     )
     try:
         blob = _ENCODER.encode(envelope)
@@ -366,7 +376,10 @@ def decode_snapshot(
             revision=revision,
         ) from exc
     return DecodedSnapshot(
-        fields=envelope.fields, phase=envelope.phase, workflow=envelope.workflow
+        fields=envelope.fields,
+        phase=envelope.phase,
+        workflow=envelope.workflow,
+        trace=envelope.trace,
     )
 
 
@@ -391,7 +404,10 @@ def decode_snapshot_builtins(
             revision=revision,
         ) from exc
     return DecodedSnapshot(
-        fields=envelope.fields, phase=envelope.phase, workflow=envelope.workflow
+        fields=envelope.fields,
+        phase=envelope.phase,
+        workflow=envelope.workflow,
+        trace=envelope.trace,
     )
 
 

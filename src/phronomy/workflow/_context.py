@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from phronomy._telemetry import Telemetry
     from phronomy.durability import DurabilityService
     from phronomy.engine import Host, ResultHandle
     from phronomy.instance import Sessions
@@ -165,6 +166,8 @@ class Coordination(Protocol):
     def recursion_limit(self) -> int: ...
     @property
     def max_snapshot_bytes(self) -> int: ...
+    @property
+    def telemetry(self) -> Telemetry | None: ...
     @property
     def segments(self) -> Runs: ...
     @property

@@ -57,6 +57,7 @@ from ._watch import Watchers
 if TYPE_CHECKING:
     from collections.abc import Iterable
 
+    from phronomy._telemetry import Telemetry
     from phronomy.durability import DurabilityService
     from phronomy.engine import Host, ResultHandle
     from phronomy.instance import Sessions
@@ -94,6 +95,9 @@ class WorkflowCoordinator(ExecutionReceiver):
     caller), ``inbox`` (posts, the poll, wakes), ``settlement`` (waiters of inbox
     entries) and ``cancels`` (cancels, here or through the row).
     """
+
+    telemetry: Telemetry | None = None
+    """The runtime's OpenTelemetry (``None``: off; see ``phronomy._telemetry``)."""
 
     def __init__(
         self,

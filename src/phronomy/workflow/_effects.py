@@ -26,6 +26,7 @@ from ._retries import (
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterable
 
+    from phronomy._telemetry import SegmentTrace
     from phronomy.engine import Host, ResultHandle, Timer
 
     from ._intents import Intent
@@ -94,6 +95,7 @@ class EffectRunner:
         "_timeouts",
         "_timers",
         "touched",
+        "trace",
     )
 
     def __init__(
@@ -124,6 +126,7 @@ class EffectRunner:
         earlier save stored under one of them is replaced (or cancelled)."""
         self._closed = False
         self._on_quiescent: Callable[[], object] | None = None
+        self.trace: SegmentTrace | None = None  # the segment's span (telemetry on)
 
     @property
     def pending(self) -> int:
@@ -269,20 +272,25 @@ class EffectRunner:
     ) -> None:
         """Start attempt *attempt* of *intent* (*errors*: of the earlier ones); a
         *storable* one waits between attempts halted, when it can."""
+        span = None if self.trace is None else self.trace.effect(intent.fn, attempt)
+        fn = intent.fn
         if isinstance(intent, StartSoon):
-            fn = intent.fn
+            fn = fn if span is None else span.wrap_async(fn)
             if policy is not None and policy.timeout_per_attempt is not None:
-                fn = functools.partial(_bounded, intent.fn, policy.timeout_per_attempt)
+                fn = functools.partial(_bounded, fn, policy.timeout_per_attempt)
             handle = self._host.start_task(fn, *intent.args)
         else:
             pool = intent.pool or self._host.default_pool
-            handle = pool.submit_nowait(intent.fn, *intent.args)
+            fn = fn if span is None else span.wrap(fn)
+            handle = pool.submit_nowait(fn, *intent.args)
         self._handles.add(handle)
         self._running.add(handle)
         handle.on_physical_complete(self._physically_finished)
 
         def settled(done: ResultHandle[Any]) -> None:
             self._handles.discard(done)
+            if span is not None:
+                span.settled(done)
             if done.status == "cancelled" and self._closed:
                 return
             if done.status == "completed":

@@ -119,6 +119,8 @@ class StartCommand(msgspec.Struct, frozen=True, kw_only=True):
     posting: Posting | None = None
     """An event to store in the new instance's inbox in the same transaction (a post
     that starts its instance); the start runs only if it creates the instance."""
+    trace: Any = None
+    """The caller's OpenTelemetry context (with telemetry on): the segment's parent."""
 
 
 class ResumeCommand(msgspec.Struct, frozen=True, kw_only=True):
@@ -141,6 +143,8 @@ class ResumeCommand(msgspec.Struct, frozen=True, kw_only=True):
     caller: ResultHandle[Any]
     observer: Callable[[Step[Any]], object] | None = None
     posting: Posting | None = None
+    trace: Any = None
+    """The caller's OpenTelemetry context (with telemetry on): the segment's parent."""
     wants: Literal["result", "outcome"] = "result"
     """What the caller waits for: the applying segment's result, or what became of
     the event (``deliver``)."""

@@ -56,9 +56,11 @@ class TerminalPersistence:
         expected_revision: int | None,
         max_snapshot_bytes: int,
         lease: Lease | None = None,
+        trace: str | None = None,
     ) -> None:
         """Create the policy of one segment (runtime internal); its save presents
-        *lease* (the store refuses it once another runtime took the instance over)."""
+        *lease* (the store refuses it once another runtime took the instance over)
+        and stores *trace* (the segment's traceparent) with the snapshot."""
         self._gateway = gateway
         self._on_persisting = on_persisting
         self._instance_id = instance_id
@@ -67,6 +69,7 @@ class TerminalPersistence:
         self._expected = expected_revision
         self._max_bytes = max_snapshot_bytes
         self._lease = lease
+        self._trace = trace
 
     def start(
         self, *, terminal_type: TerminalType, value: Any, sink: EventSink
@@ -93,6 +96,7 @@ class TerminalPersistence:
             phase=phase,
             workflow=self._workflow,
             max_bytes=self._max_bytes,
+            trace=self._trace,
         )
         status: InstanceStatus = terminal_type
         request = SaveRequest(

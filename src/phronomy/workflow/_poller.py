@@ -180,11 +180,15 @@ async def poll_once(coordinator: WorkflowCoordinator) -> float:
     if ms is not None and ms <= 0:  # due: into the inboxes, then read them
         fire = FireOp(owner=op.owner, workflows=served, limit=POLL_LIMIT)
         fired = await gateway.run(fire)
+        if fired and (telemetry := coordinator.telemetry) is not None:
+            telemetry.fired(-ms, fired)
         if fired:
             pending = await gateway.run(op)
         ms = await gateway.run(NextDueOp(owner=op.owner, workflows=served))
         if not fired and ms is not None and ms <= 0:
             ms = None  # due, of instances another runtime holds: it fires them
+    if (telemetry := coordinator.telemetry) is not None:
+        telemetry.events_pending = len(pending)  # entries (up to the poll's limit)
     if pending or checked:
         coordinator.post_message(Polled(pending=pending, checked=tuple(checked)))
     return math.inf if ms is None else trio.current_time() + max(ms, 0) / 1000

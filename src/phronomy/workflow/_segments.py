@@ -202,6 +202,8 @@ class Segments:
                 owner=self._coordinator.gateway.leases.owner, epoch=loaded.epoch
             )
             claim = (lease, message.sent)
+            if (telemetry := self._coordinator.telemetry) is not None:
+                telemetry.claimed(cmd.workflow_instance_id, loaded, message.sent)
             self._coordinator.instances.handle(
                 instance, Claim(epoch=loaded.epoch, claimed_at=message.sent)
             )
@@ -323,7 +325,9 @@ class Segments:
         started from, *claim* its lease and when the claim was sent, *feed* its inbox
         entries."""
         iid = cmd.workflow_instance_id
-        policy = None
+        policy = trace = None
+        if (telemetry := self._coordinator.telemetry) is not None:
+            trace = telemetry.segment(cmd, start=isinstance(cmd, StartCommand))
         if base is not None:
             gateway = self._coordinator.gateway
             assert gateway is not None
@@ -337,6 +341,7 @@ class Segments:
                 expected_revision=base.expected,
                 max_snapshot_bytes=self._coordinator.max_snapshot_bytes,
                 lease=None if claim is None else claim[0],
+                trace=None if trace is None else trace.traceparent,
             )
         session: WorkflowSession[Any] = WorkflowSession(
             self._coordinator.engine,
@@ -355,6 +360,7 @@ class Segments:
         )
         if feed is not None:
             feed.on_record = self._coordinator.settlement.judged
+        session.trace = session.effects.trace = trace
 
         def start(session: WorkflowSession[Any]) -> None:
             coordinator = cast("Receiver", self._coordinator)  # a registered receiver
@@ -382,6 +388,8 @@ class Segments:
         # The protocol releases before settling the caller: a caller that immediately
         # starts the same instance again is admitted.
         iid = cmd.workflow_instance_id
+        if session.trace is not None:
+            session.trace.ended(done)
         inbox = isinstance(cmd, ResumeCommand) and session.feed is not None
         event: End[MarkOp | DeleteOp]
         if done.status == "completed":

@@ -26,6 +26,7 @@ from ._timeouts import halt_timers
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from phronomy._telemetry import SegmentTrace
     from phronomy.durability import HeldLease
     from phronomy.engine import Host, TerminalPolicy, TerminalType
     from phronomy.storage import InboxEntry
@@ -119,6 +120,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.feed = feed
         self._started = False
         self._retry_wait: RetryWait | None = None  # halted until an effect's next try
+        self.trace: SegmentTrace | None = None  # the segment's span (telemetry on)
         self.steps = Steps(self)
         """Carries out the machine's steps (effects, automatic transitions, the feed)."""
 
@@ -157,9 +159,13 @@ class WorkflowSession(GatedSession, Generic[S]):
                     self.feed.record("transitioned")
                 self.steps.relaunch(payload)
                 return
+            if self.trace is not None:
+                self.trace.resuming(event, phase, self.feed)
             step = self.machine.resume(
                 Event(type=event, target_id=self.id, payload=payload)
             )
+            if self.trace is not None:
+                self.trace.after(step.next, step.current)
             if step.next == "rejected":
                 if self.feed is not None:
                     self.feed.record("rejected", "every guard rejected it")

@@ -24,6 +24,7 @@ from ._timeouts import retry_of, stale_timer, timeout_of
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    from phronomy._telemetry import SegmentTrace
     from phronomy.engine import TerminalType
     from phronomy.storage import InboxEntry
 
@@ -68,6 +69,8 @@ class Stepped(Protocol):
     def watchers(self) -> Watchers | None: ...
     @property
     def observer(self) -> Callable[[Step[Any]], object] | None: ...
+    @property
+    def trace(self) -> SegmentTrace | None: ...
 
     def lapsed(self) -> bool: ...
 
@@ -96,7 +99,11 @@ class Steps:
             match step.next:
                 case "auto":
                     self.publish()
+                    if (trace := session.trace) is not None:
+                        trace.before(AUTO_EVENT, session.machine.current)
                     step = session.machine.advance(self._auto)
+                    if trace is not None:
+                        trace.after(step.next, step.current)
                     continue
                 case "wait":
                     self.publish()
@@ -115,7 +122,11 @@ class Steps:
     def apply(self, event: Event) -> EventStatus:
         """Hand *event* to the machine, carry the step out, and say what it did."""
         session = self._session
+        if (trace := session.trace) is not None:
+            trace.before(event.type, session.machine.current)
         step = session.machine.handle(event)
+        if trace is not None:
+            trace.after(step.next, step.current)
         counters = session.counters
         match step.next:
             case "rejected":
@@ -172,7 +183,11 @@ class Steps:
                 and not session.lapsed()
                 and (entry := feed.take()) is not None
             ):
-                self._apply_entry(feed, entry)
+                if session.trace is None:
+                    self._apply_entry(feed, entry)
+                else:
+                    with session.trace.consuming(entry):
+                        self._apply_entry(feed, entry)
         finally:
             self._feeding = False
 
