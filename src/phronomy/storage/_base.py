@@ -16,6 +16,7 @@ from phronomy.errors import ConflictError
 from ._claiming import claim_and_post, inbox_of, load_and_claim
 from ._clock import wall_ms
 from ._inbox import Claimed, InboxEntry
+from ._lanes import Lane, lane_of
 from ._ops import (
     READ_OPS,
     BeginOp,
@@ -24,7 +25,6 @@ from ._ops import (
     HistoryOp,
     LoadOp,
     PostOp,
-    RenewOp,
     SaveOp,
     op_name,
 )
@@ -39,32 +39,12 @@ if TYPE_CHECKING:
     from ._ops import StoreOp
     from ._records import SaveLogEntry, SaveRequest
 
-__all__ = ["BaseStore", "Lane", "Verdict", "lane_of", "row_order"]
+__all__ = ["BaseStore", "Verdict", "row_order"]
 
 logger = logging.getLogger(__name__)
 
 C = TypeVar("C")
 T = TypeVar("T")
-
-Lane = Literal["write", "lease", "renew"]
-"""Where a write batch runs: ``renew`` for a batch of lease renewals only (a
-connection of its own where the backend has one, so that a renewal never waits
-behind the other writes), ``lease`` for one that writes nothing but leases (claims
-that post no event, besides reads: see :func:`lane_of`), ``write`` for every other.
-A backend may commit ``lease`` and ``renew`` batches without waiting for the disk
-(SQLite does: see ``docs/explanation/design.rst``, "One fsync per run")."""
-
-
-def lane_of(ops: Sequence[StoreOp]) -> Lane:
-    """The lane of a write batch: what its operations write."""
-    if all(isinstance(op, RenewOp) for op in ops):
-        return "renew"
-    if all(
-        (isinstance(op, ClaimOp) and op.post is None) or isinstance(op, READ_OPS)
-        for op in ops
-    ):
-        return "lease"
-    return "write"
 
 Verdict = Literal["committed", "aborted", "unsettled"] | None
 """What became of a failed write transaction: the backend knows it committed or

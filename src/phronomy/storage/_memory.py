@@ -11,7 +11,7 @@ import msgspec
 
 from phronomy.errors import InvalidInputError
 
-from ._base import BaseStore, Lane
+from ._base import BaseStore
 from ._clock import monotonic_ms
 from ._memory_inbox import refused
 from ._memory_schedules import apply_schedule_op
@@ -52,6 +52,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
 
     from ._inbox import Posting, PostOutcome
+    from ._lanes import Lane
     from ._ops import StoreOp
 
 __all__ = ["MemoryStore"]

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 
-from ._base import BaseStore, Lane, Verdict
+from ._base import BaseStore, Verdict
 from ._clock import StepWatch, StoreClock
 from ._postgres_errors import (
     Reconnect,
@@ -46,6 +46,7 @@ if TYPE_CHECKING:
 
     import psycopg
 
+    from ._lanes import Lane
     from ._ops import ClaimOp, StoreOp
     from ._records import StoredRecord
 

@@ -17,8 +17,9 @@ from typing import TYPE_CHECKING, Any, final
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 
 from . import _clock
-from ._base import BaseStore, Lane
+from ._base import BaseStore
 from ._clock import StepWatch, StoreClock
+from ._lanes import Lane, immediate
 from ._sql_ops import apply_op
 from ._sqlite_errors import translate
 from ._sqlite_schema import (
@@ -473,17 +474,16 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         for a batch that writes only leases (``lease``, ``renew``): ``NORMAL``. Its
         commit can be lost only with every process that could have seen it, and the
         next synced commit makes it durable too (design.rst, "One fsync per run")."""
-        sync = "FULL" if lane == "write" else "NORMAL"
         if lane == "renew" and self._path != ":memory:":
             with self._renew_lock, self._translated():
                 if self._renew_conn is None:
                     self._renew_conn = self._open()
-                with _immediate(self._renew_conn, sync):
+                with immediate(self._renew_conn, lane):
                     yield self._renew_conn
             return
         with self._lock, self._translated():
             conn = self._connection()
-            with _immediate(conn, sync):
+            with immediate(conn, lane):
                 yield conn
 
     # --- operations ----------------------------------------------------------------
@@ -491,24 +491,3 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
     def apply(self, conn: sqlite3.Connection, op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""
         return apply_op(conn, op, STATEMENTS, self._clock)
-
-
-@contextlib.contextmanager
-def _immediate(conn: sqlite3.Connection, sync: str = "FULL") -> Iterator[None]:
-    """One ``BEGIN IMMEDIATE`` transaction committed with *sync* as its
-    ``synchronous`` level (the connection's own, FULL, is back afterwards): committed
-    at the end, rolled back if the block raises."""
-    if sync != "FULL":
-        conn.execute(f"PRAGMA synchronous = {sync}")
-    try:
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            yield
-            conn.execute("COMMIT")
-        except BaseException:
-            if conn.in_transaction:
-                conn.rollback()
-            raise
-    finally:
-        if sync != "FULL":
-            conn.execute("PRAGMA synchronous = FULL")
