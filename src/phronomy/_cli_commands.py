@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from phronomy._cli_store import lease_now as _lease_now
 from phronomy.durability import kind_of
 from phronomy.engine import random_hex
 from phronomy.errors import (
@@ -42,7 +43,8 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
 
-    from phronomy.storage import SQLiteStore, StoredRecord
+    from phronomy._cli_store import CliStore
+    from phronomy.storage import StoredRecord
 
 SETTLING_S = 5
 """Seconds a halted instance's event may wait for a runtime's poll before ``instances
@@ -153,7 +155,7 @@ def _live(record: StoredRecord, lease_now_ms: int | None) -> bool:
     return lease_now_ms is not None and (record.lease_expires_at_ms or 0) > lease_now_ms
 
 
-def _workflow_record(store: SQLiteStore, args: argparse.Namespace) -> StoredRecord:
+def _workflow_record(store: CliStore, args: argparse.Namespace) -> StoredRecord:
     """The row of the workflow instance ``args.id``; an execution record is refused.
 
     Raises:
@@ -175,7 +177,7 @@ def _workflow_record(store: SQLiteStore, args: argparse.Namespace) -> StoredReco
 
 
 def _workflow_page(
-    store: SQLiteStore, args: argparse.Namespace
+    store: CliStore, args: argparse.Namespace
 ) -> tuple[list[StoredRecord], str | None]:
     """Up to ``args.limit`` workflow rows after ``args.after``, and the next ``--after``.
 
@@ -200,7 +202,7 @@ def _workflow_page(
         after = page.next_after
 
 
-def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
+def listing(store: CliStore, args: argparse.Namespace) -> int:
     """``instances list``: a table (or JSON objects) of instances, then the next page."""
     if args.workflow is not None and is_execution_plan(args.workflow):
         raise InvalidInputError(
@@ -208,7 +210,7 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
             f"instances; use {_command('executions', 'list', '--db', args.db)}"
         )
     records, next_after = _workflow_page(store, args)
-    lease_now = store.lease_now_ms()
+    lease_now = _lease_now(store)
     if args.json:
         for r in records:
             print(
@@ -254,7 +256,7 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def pending_events(store: SQLiteStore, record: StoredRecord) -> dict[str, Any]:
+def pending_events(store: CliStore, record: StoredRecord) -> dict[str, Any]:
     """The instance's pending events, and (if any) who applies them."""
     pending = store.run(
         InboxOp(workflow_instance_id=record.workflow_instance_id, limit=MAX_LIMIT)
@@ -271,12 +273,12 @@ def pending_events(store: SQLiteStore, record: StoredRecord) -> dict[str, Any]:
         ]
     }
     if pending:
-        live = _live(record, store.lease_now_ms())
+        live = _live(record, _lease_now(store))
         view["pending_events_note"] = _who_applies(record, pending[0], live=live)
     return view
 
 
-def pending_timers(store: SQLiteStore, workflow_instance_id: str) -> list[Any]:
+def pending_timers(store: CliStore, workflow_instance_id: str) -> list[Any]:
     """The instance's armed timers, soonest first."""
     timers = store.run(TimersOp(workflow_instance_id=workflow_instance_id))
     return [timer_view(t) for t in timers]
@@ -334,13 +336,13 @@ def _who_applies(record: StoredRecord, oldest: InboxEntry, *, live: bool) -> str
     )
 
 
-def show(store: SQLiteStore, args: argparse.Namespace) -> int:
+def show(store: CliStore, args: argparse.Namespace) -> int:
     """``instances show``: the row and its stored fields, as JSON."""
     record = _workflow_record(store, args)
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(record, snapshot=None)
     )
-    lease_now = store.lease_now_ms()
+    lease_now = _lease_now(store)
     wall_now = time.time_ns() // 1_000_000  # one reading: both say the same time
     view["updated_at"] = iso(record.updated_at_ms)
     view["lease_expires_at"] = (
@@ -367,7 +369,7 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
 
 
 def write_cancellation(
-    store: SQLiteStore,
+    store: CliStore,
     record: StoredRecord,
     *,
     reason: str | None,
@@ -393,7 +395,7 @@ def write_cancellation(
     return True
 
 
-def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
+def cancel(store: CliStore, args: argparse.Namespace) -> int:
     """``instances cancel``: a cancelled revision of a stored instance (not live)."""
     record = _workflow_record(store, args)
     if not write_cancellation(store, record, reason=args.reason, force=args.force):
@@ -405,13 +407,13 @@ def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def migrate(store: SQLiteStore, args: argparse.Namespace) -> int:
+def migrate(store: CliStore, args: argparse.Namespace) -> int:
     """``migrate``: opening the file for writing migrated it; say so."""
     print(f"{safe(args.db)}: schema version {SCHEMA_VERSION}")
     return 0
 
 
-def resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
+def resolve(store: CliStore, args: argparse.Namespace) -> int:
     """``instances resolve``: settle a recovery_required instance."""
     _workflow_record(store, args)
     record = resolve_stored(store, args.id, args.resolution, by="an operator (cli)")

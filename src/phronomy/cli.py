@@ -47,10 +47,12 @@ from phronomy import (
     _cli_schedules as schedules_module,
 )
 from phronomy._cli_commands import safe
+from phronomy._cli_store import CliStore, is_dsn, open_store, shown
 from phronomy._demo import run_demo
 from phronomy.agent._records import RECORD_STATUSES
-from phronomy.errors import PhronomyError, StoreUnavailableError
-from phronomy.storage import MAX_LIMIT, InstanceStatus, SQLiteStore
+from phronomy.errors import PhronomyError
+from phronomy.storage import MAX_LIMIT, InstanceStatus
+from phronomy.storage._postgres_errors import Secrets
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -73,22 +75,16 @@ def _limit(text: str) -> int:
     return number
 
 
-def _open(args: argparse.Namespace) -> SQLiteStore:
-    """The store at ``args.db``, open; only ``migrate`` may migrate it.
-
-    The file must exist: a mistyped path is an error, not a new database.
-    """
-    path: str = args.db
-    if args.write and not os.path.exists(path):
-        raise StoreUnavailableError(
-            f"SQLite database {path!r} does not exist (check the path)", path=path
-        )
-    store = SQLiteStore(path, read_only=not args.write)
-    try:
-        store.open(migrate=args.command == "migrate")
-    except BaseException:
-        store.close()
-        raise
+def _open(args: argparse.Namespace) -> CliStore:
+    """The store ``args.db`` names, open; only ``migrate`` may migrate it. Afterwards
+    ``args.db`` is the text to show (a URI's password masked)."""
+    store = open_store(
+        args.db,
+        read_only=not args.write,
+        migrate=args.command == "migrate",
+        schema=args.schema,
+    )
+    args.db = shown(args.db)
     return store
 
 
@@ -118,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
         group: argparse._SubParsersAction[argparse.ArgumentParser],
         name: str,
         help_text: str,
-        run: Callable[[SQLiteStore, argparse.Namespace], int],
+        run: Callable[[CliStore, argparse.Namespace], int],
         *,
         write: bool = False,
         json_output: bool = False,
@@ -127,9 +123,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--db",
             required=True,
-            metavar="PATH",
-            help="an existing phronomy SQLite database"
+            metavar="PATH_OR_DSN",
+            help="an existing phronomy SQLite database, or a postgresql:// URI"
             + ("" if write else " (opened read-only)"),
+        )
+        sub.add_argument(
+            "--schema",
+            help="the PostgreSQL schema (default: the URI's search_path, else public)",
         )
         if json_output:
             sub.add_argument(
@@ -363,6 +363,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupted.
     """
     args = build_parser().parse_args(argv)
+    secrets = Secrets(args.db) if is_dsn(args.db) else None
     try:
         status = _run(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is reported below
@@ -370,9 +371,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _discard_stdout()
         return EXIT_BROKEN_PIPE
     except PhronomyError as exc:
-        return _error(exc)
+        return _error(exc, secrets)
     except OSError as exc:  # the output failing otherwise (a full disk)
-        return _error(exc)
+        return _error(exc, secrets)
     except KeyboardInterrupt:
         return _error("interrupted", status=130)
     return status
@@ -390,12 +391,13 @@ def _run(args: argparse.Namespace) -> int:
     return status
 
 
-def _error(error: object, *, status: int = 1) -> int:
+def _error(error: object, secrets: Secrets | None = None, *, status: int = 1) -> int:
     try:
         sys.stdout.flush()  # what was printed before comes first
     except OSError:
         _discard_stdout()
-    print(f"phronomy: error: {safe(error)}", file=sys.stderr)
+    text = safe(error) if secrets is None else secrets.redact(safe(error))
+    print(f"phronomy: error: {text}", file=sys.stderr)
     return status
 
 
