@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from phronomy._cli_store import lease_now as _lease_now
+from phronomy._cli_times import moment_ms
 from phronomy.durability import kind_of
 from phronomy.engine import random_hex
 from phronomy.errors import (
@@ -51,7 +52,6 @@ SETTLING_S = 5
 show`` says that no live runtime has taken it."""
 
 __all__ = [
-    "cancel",
     "iso",
     "lease_state",
     "listing",
@@ -186,6 +186,7 @@ def _workflow_page(
     """
     wanted: int = args.limit
     fetch = min(MAX_LIMIT, max(wanted + 1, 500))
+    since, until = _window(store, args)
     found: list[StoredRecord] = []
     after: str | None = args.after
     while True:
@@ -193,13 +194,24 @@ def _workflow_page(
             status=args.status, workflow=args.workflow, limit=fetch, after=after
         )
         for record in page.records:
-            if kind_of(record) == "workflow":
+            if kind_of(record) == "workflow" and since <= record.updated_at_ms < until:
                 found.append(record)
                 if len(found) > wanted:
                     return found[:wanted], found[wanted - 1].workflow_instance_id
         if page.next_after is None:
             return found, None
         after = page.next_after
+
+
+def _window(store: CliStore, args: argparse.Namespace) -> tuple[int | float, ...]:
+    """``--since`` and ``--until`` of ``instances list``, in wall-clock ms."""
+    since = getattr(args, "since", None)
+    until = getattr(args, "until", None)
+    now = store.wall_now_ms()
+    return (
+        -float("inf") if since is None else moment_ms(since, "--since", now),
+        float("inf") if until is None else moment_ms(until, "--until", now),
+    )
 
 
 def listing(store: CliStore, args: argparse.Namespace) -> int:
@@ -393,18 +405,6 @@ def write_cancellation(
     elif not store.run(op):
         raise PhronomyError(f"{iid!r} changed meanwhile; cancel it again")
     return True
-
-
-def cancel(store: CliStore, args: argparse.Namespace) -> int:
-    """``instances cancel``: a cancelled revision of a stored instance (not live)."""
-    record = _workflow_record(store, args)
-    if not write_cancellation(store, record, reason=args.reason, force=args.force):
-        print(f"{safe(args.id)}: already cancelled")
-        return 0
-    saved = store.load(args.id)
-    assert saved is not None
-    print(f"{safe(args.id)}: cancelled at revision {saved.revision}")
-    return 0
 
 
 def migrate(store: CliStore, args: argparse.Namespace) -> int:

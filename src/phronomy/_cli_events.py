@@ -80,6 +80,11 @@ def send(store: CliStore, args: argparse.Namespace) -> int:
         if row.lease_owner
         else f"a runtime serving workflow {safe(row.workflow)!r} applies it"
     )
+    if args.json:
+        view = _event_view(entry)
+        view["duplicate"] = repeat
+        print(json.dumps(view, sort_keys=True))
+        return 0
     print(
         f"{safe(args.id)}: event {safe(entry.event)!r} {what} as seq {entry.seq} "
         f"(event id {safe(entry.event_id)}); {who}"

@@ -47,6 +47,7 @@ from phronomy import (
     _cli_schedules as schedules_module,
 )
 from phronomy._cli_commands import safe
+from phronomy._cli_parser import add_operating, add_time_filters
 from phronomy._cli_store import CliStore, is_dsn, open_store, shown
 from phronomy._demo import run_demo
 from phronomy.agent._records import RECORD_STATUSES
@@ -163,6 +164,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--workflow", help="only instances of this workflow")
     _paging(listing, "instances")
+    add_time_filters(listing)
     listing.add_argument(
         "--after",
         metavar="ID",
@@ -191,6 +193,7 @@ def build_parser() -> argparse.ArgumentParser:
         "workflow applies it, once)",
         events_module.send,
         write=True,
+        json_output=True,
     )
     send.add_argument("id", help="the workflow instance id")
     send.add_argument("event", help="the event's name")
@@ -199,21 +202,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--event-id",
         help="the idempotency key (default: a new UUID); a repeat stores nothing",
     )
-    cancel = command(
-        actions,
-        "cancel",
-        "cancel a stored instance that no runtime runs (a cancelled revision)",
-        commands_module.cancel,
-        write=True,
-    )
-    cancel.add_argument("id", help="the workflow instance id")
-    cancel.add_argument("--reason", help="why (saved with the instance)")
-    cancel.add_argument(
-        "--force",
-        action="store_true",
-        help="cancel a 'running' instance that holds no lease too: only when you know "
-        "no process runs it",
-    )
+    add_operating(actions, command)
     resolve = command(
         actions,
         "resolve",
