@@ -18,6 +18,7 @@ from phronomy._portal import ThreadPortal
 from phronomy.agent import Executions
 from phronomy.agent._table import ExecutionTable
 from phronomy.durability import DurabilityService, LeaseSettings
+from phronomy.durability._retention import Retention, retentions
 from phronomy.engine import open_engine
 from phronomy.errors import InvalidInputError
 from phronomy.storage import (
@@ -26,6 +27,8 @@ from phronomy.storage import (
     SQLiteStore,
     WorkflowStore,
 )
+from phronomy.storage._clock import wall_ms
+from phronomy.storage._retention import check_retention
 from phronomy.workflow import (
     RecoveryClient,
     RetryPolicy,
@@ -264,6 +267,7 @@ async def open_runtime(
     workflows: Iterable[WorkflowDefinition[Any]] = (),
     inbox_poll_interval: float = 0.1,
     retry: RetryPolicy | None = None,
+    retention: float | None = None,
 ) -> AsyncGenerator[Runtime]:
     """Run a phronomy runtime for the duration of the ``async with`` block.
 
@@ -318,6 +322,11 @@ async def open_runtime(
             once). The same pass fires due timers and ticks due schedules: with
             ``0`` no timer fires and no schedule ticks in this runtime.
         retry: the retry policy of effects that name none (default: they run once).
+        retention: seconds a closed (finished or cancelled) instance of a workflow in
+            *workflows* is kept, with its history, inbox and timers, unless its
+            definition says otherwise (``Workflow(retention=...)``); ``None``: kept
+            forever. The recovery sweep purges them in bounded batches; a purged id
+            can be started again (a new instance, whatever ``if_exists`` says).
 
     Yields:
         The :class:`Runtime`.
@@ -368,6 +377,13 @@ async def open_runtime(
                 engine.start_task(gateway.leases.sweep, name="recovery sweep")
             poll = check_interval(inbox_poll_interval, "inbox_poll_interval")
             served = check_served(workflows)
+            kept = retentions(
+                {d.name: d.retention for d in served},
+                check_retention(retention),
+            )
+            if gateway is not None and kept:
+                clock = getattr(store, "wall_now_ms", wall_ms)
+                gateway.leases.retention = Retention(gateway.run, clock, kept)
             given: object = retry  # checked at run time: callers are not typed
             if given is not None and not isinstance(given, RetryPolicy):
                 raise InvalidInputError(f"retry must be a RetryPolicy, got {retry!r}")

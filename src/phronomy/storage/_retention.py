@@ -41,7 +41,7 @@ PURGE_BATCH = 100
 
 
 def check_retention(retention: float | None, what: str = "retention") -> float | None:
-    """*retention* (seconds, ``None``: keep forever) if valid.
+    """*retention* (seconds; ``None`` or ``math.inf``: keep forever) if valid.
 
     Raises:
         InvalidInputError: not a number of seconds >= 0.
@@ -49,12 +49,7 @@ def check_retention(retention: float | None, what: str = "retention") -> float |
     if retention is None:
         return None
     given: object = retention
-    if (
-        isinstance(given, bool)
-        or not isinstance(given, int | float)
-        or not given >= 0
-        or given == float("inf")
-    ):
+    if isinstance(given, bool) or not isinstance(given, int | float) or not given >= 0:
         raise InvalidInputError(
             f"{what} must be a number of seconds >= 0 (or None: keep forever), got "
             f"{retention!r}"
