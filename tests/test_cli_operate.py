@@ -218,3 +218,97 @@ def test_hostile_input_to_new_commands_is_one_line(
     ):
         assert "does not exist" in _refused(capsys, *argv)
     assert not os.path.exists(db)
+
+
+FAST: dict[str, Any] = {
+    "lease_ttl": 0.6,
+    "heartbeat_interval": 0.1,
+    "lease_margin": 0.2,
+    "sweep_interval": 0.1,
+}
+
+
+async def test_cancel_reaches_an_instance_another_runtime_runs(
+    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workflow.helpers import live_flow, start_live
+
+    db, make = target
+    flow = live_flow()
+    store = make()
+    try:
+        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
+            handle = await start_live(rt, flow, "live-1")
+            cancel = ["instances", "cancel", "--db", db, "live-1"]
+            status, out, err = await trio.to_thread.run_sync(
+                _cli, capsys, *cancel, "--no-wait", "--json"
+            )
+            assert (status, json.loads(out)["status"]) == (0, "cancel_requested"), err
+            status, out, err = await trio.to_thread.run_sync(
+                _cli, capsys, *cancel, "--reason", "ops", "--wait", "10"
+            )
+            assert status == 0, err
+            assert out.startswith("live-1: cancelled at revision")
+            with pytest.raises(phronomy.WorkflowCancelledError):
+                await handle.result()
+            row = store.load("live-1")
+            assert (row.status, row.lease_owner) == ("cancelled", None)
+            status, out, _ = await trio.to_thread.run_sync(_cli, capsys, *cancel)
+            assert out == "live-1: already cancelled\n"
+    finally:
+        store.close()
+
+
+FLOWS_MODULE = '''
+import phronomy
+
+
+class Ticket(phronomy.State):
+    title: str = ""
+
+
+flow = (
+    phronomy.Workflow(Ticket, name="tickets")
+    .wait_state("open")
+    .initial("open")
+    .transition("open", phronomy.FINISH, on="close")
+    .build()
+)
+not_a_flow = 3
+'''
+
+
+def test_start_runs_the_first_segment_of_a_definition_in_your_code(
+    target: tuple[str, Callable[[], Any]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    db, make = target
+    home = tmp_path / "app"
+    home.mkdir()
+    (home / f"cli_flows_{secrets.token_hex(4)}.py").write_text(FLOWS_MODULE)
+    module = next(home.glob("cli_flows_*.py")).stem
+    monkeypatch.chdir(home)
+    store = make()
+    store.open()  # a database a runtime created
+    store.close()
+    start = ["instances", "start", "--db", db, f"{module}:flow"]
+    status, out, err = _cli(capsys, *start, "t-1", "--input", '{"title": "x"}')
+    assert status == 0, err
+    assert out == "t-1: started (halted at revision 1, phase open)\n"
+    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "t-1")
+    assert json.loads(out)["fields"] == {"title": "x"}
+    before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
+    for argv, message in (
+        ([*start, "t-1"], "exists and is halted"),
+        ([*start, "t-2", "--input", "{oops"], "--input is not JSON"),
+        ([*start, "t-2", "--input", "[1]"], "must be a JSON object"),
+        ([*start, "t-2", "--input", '{"title": 5}'], "title"),
+        ([*start, "t\n2"], "control characters"),
+        (["instances", "start", "--db", db, "flow", "t-2"], "module:attribute"),
+        (["instances", "start", "--db", db, "no_such_mod:flow", "t-2"], "import"),
+        (["instances", "start", "--db", db, f"{module}:not_a_flow", "t-2"], "not a"),
+    ):
+        assert message in _refused(capsys, *argv), argv
+    assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-from phronomy import _cli_operate as operate
+from phronomy import _cli_operate as operate, _cli_start as start_module
 from phronomy.storage._retention import CLOSED_STATUSES
 
 if TYPE_CHECKING:
@@ -31,6 +31,20 @@ def add_time_filters(listing: argparse.ArgumentParser) -> None:
 
 def add_operating(actions: Any, command: Any) -> None:
     """The operating ``instances`` commands (*command* adds one, with ``--db``)."""
+    start = command(
+        actions,
+        "start",
+        "start an instance: imports the workflow's definition from your code and runs "
+        "its first segment in this process (until it halts or finishes)",
+        start_module.start,
+        write=True,
+    )
+    start.add_argument(
+        "workflow", metavar="WORKFLOW", help="the definition, as module:attribute"
+    )
+    start.add_argument("id", help="the new instance's id")
+    start.add_argument("--input", metavar="JSON", help="the state's fields (an object)")
+    _json(start)
     cancel = command(
         actions,
         "cancel",
