@@ -14,6 +14,7 @@ import trio
 
 import phronomy
 from phronomy.cli import main
+from phronomy.errors import LeaseLostError
 from phronomy.storage import InboxOp
 from polling import until
 
@@ -241,25 +242,33 @@ async def test_cancel_reaches_an_instance_another_runtime_runs(
             handle = await start_live(rt, flow, "live-1")
             cancel = ["instances", "cancel", "--db", db, "live-1"]
             status, out, err = await trio.to_thread.run_sync(
-                _cli, capsys, *cancel, "--no-wait", "--json"
-            )
-            assert (status, json.loads(out)["status"]) == (0, "cancel_requested"), err
-            status, out, err = await trio.to_thread.run_sync(
-                _cli, capsys, *cancel, "--reason", "ops", "--wait", "10"
+                lambda: _cli(capsys, *cancel, "--reason", "ops", "--wait", "10")
             )
             assert status == 0, err
-            assert out.startswith("live-1: cancelled at revision")
+            assert out.startswith("live-1: cancelled at revision"), out
             with pytest.raises(phronomy.WorkflowCancelledError):
                 await handle.result()
+            other = await start_live(rt, flow, "live-3")
+            status, out, err = await trio.to_thread.run_sync(
+                lambda: _cli(
+                    capsys, "instances", "cancel", "--db", db, "live-3", "--no-wait",
+                    "--json",
+                )
+            )  # fmt: skip
+            assert (status, json.loads(out)["status"]) == (0, "cancel_requested"), err
+            with pytest.raises(phronomy.WorkflowCancelledError):
+                await other.result()
             row = store.load("live-1")
             assert (row.status, row.lease_owner) == ("cancelled", None)
-            status, out, _ = await trio.to_thread.run_sync(_cli, capsys, *cancel)
+            status, out, _ = await trio.to_thread.run_sync(
+                lambda: _cli(capsys, *cancel)
+            )
             assert out == "live-1: already cancelled\n"
     finally:
         store.close()
 
 
-FLOWS_MODULE = '''
+FLOWS_MODULE = """
 import phronomy
 
 
@@ -275,7 +284,7 @@ flow = (
     .build()
 )
 not_a_flow = 3
-'''
+"""
 
 
 def test_start_runs_the_first_segment_of_a_definition_in_your_code(
@@ -312,3 +321,48 @@ def test_start_runs_the_first_segment_of_a_definition_in_your_code(
     ):
         assert message in _refused(capsys, *argv), argv
     assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
+
+
+async def test_terminate_closes_a_live_instance_and_fences_its_holder(
+    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workflow.helpers import live_flow, start_live
+
+    db, make = target
+    flow = live_flow()
+    store = make()
+    try:
+        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
+            handle = await start_live(rt, flow, "live-2")
+            held = store.load("live-2")
+            terminate = ["instances", "terminate", "--db", db, "live-2"]
+            status, out, err = await trio.to_thread.run_sync(
+                lambda: _cli(capsys, *terminate, "--reason", "stuck", "--json")
+            )
+            assert status == 0, err
+            view = json.loads(out)
+            assert (view["status"], view["lease_epoch"]) == (
+                "cancelled",
+                held.lease_epoch + 1,
+            )
+            row = store.load("live-2")
+            assert (row.status, row.lease_owner, row.lease_epoch) == (
+                "cancelled",
+                None,
+                held.lease_epoch + 1,
+            )
+            assert row.detail == "terminated by an operator (cli): stuck"
+            # the holder learns it lost the lease; its later writes are refused
+            with pytest.raises(LeaseLostError):
+                with trio.fail_after(5):
+                    await handle.result()
+            after = store.load("live-2")
+            assert (after.status, after.revision) == ("cancelled", row.revision)
+            err = await trio.to_thread.run_sync(lambda: _refused(capsys, *terminate))
+            assert "is cancelled already" in err
+            err = await trio.to_thread.run_sync(
+                lambda: _refused(capsys, "instances", "terminate", "--db", db, "nope")
+            )
+            assert "does not exist" in err
+    finally:
+        store.close()

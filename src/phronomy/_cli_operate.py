@@ -26,6 +26,7 @@ from phronomy.storage import (
     PostOp,
     RequestCancelOp,
     SaveRequest,
+    TerminateOp,
     decode_snapshot_builtins,
     encode_snapshot,
     validate_instance_id,
@@ -39,7 +40,7 @@ if TYPE_CHECKING:
     from phronomy._cli_store import CliStore
     from phronomy.storage import InstanceStatus, StoredRecord
 
-__all__ = ["cancel", "fork", "purge", "retry"]
+__all__ = ["cancel", "fork", "purge", "retry", "terminate"]
 
 
 def _done(args: argparse.Namespace, text: str, **fields: Any) -> int:
@@ -110,6 +111,50 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
             )
         time.sleep(0.05)
         record = _workflow_record(store, args)
+
+
+def terminate(store: CliStore, args: argparse.Namespace) -> int:
+    """``instances terminate``: close an instance now, whoever runs it (dangerous).
+
+    The row becomes ``cancelled`` (or ``failed``) at its revision, its lease released
+    and its epoch incremented: a runtime still running it is not waited for, and its
+    next write is refused (it learns at its next heartbeat that the lease is gone and
+    stops). What that runtime's effects did meanwhile is not undone.
+    """
+    iid = args.id
+    record = _workflow_record(store, args)
+    if record.status in ("finished", "cancelled"):
+        raise InstanceStateError(
+            f"workflow instance {iid!r} is {record.status} already: nothing to "
+            "terminate",
+            instance_id=iid,
+        )
+    detail = f"terminated by an operator (cli): {args.reason or 'no reason given'}"
+    changed = store.run(
+        TerminateOp(
+            workflow_instance_id=iid,
+            expected_revision=record.revision,
+            status=args.status,
+            detail=detail,
+        )
+    )
+    if not changed:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} changed meanwhile; nothing was written (run "
+            "the command again)",
+            instance_id=iid,
+        )
+    held = "" if record.lease_owner is None else f" (held by {record.lease_owner})"
+    return _done(
+        args,
+        f"{safe(iid)}: terminated as {args.status} at revision {record.revision}"
+        f"{safe(held)}",
+        id=iid,
+        status=args.status,
+        revision=record.revision,
+        lease_owner=record.lease_owner,
+        lease_epoch=record.lease_epoch + 1,
+    )
 
 
 # --- retry and fork --------------------------------------------------------------------

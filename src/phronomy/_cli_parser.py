@@ -72,6 +72,24 @@ def add_operating(actions: Any, command: Any) -> None:
         "--no-wait", action="store_true", help="return once its runtime was asked"
     )
     _json(cancel)
+    terminate = command(
+        actions,
+        "terminate",
+        "DANGEROUS: close an instance now, whoever runs it, without waiting (its "
+        "runtime's next write is refused; its effects are not undone)",
+        operate.terminate,
+        write=True,
+    )
+    terminate.add_argument("id", help="the workflow instance id")
+    terminate.add_argument("--reason", help="why (saved with the instance)")
+    terminate.add_argument(
+        "--status",
+        choices=["cancelled", "failed"],
+        default="cancelled",
+        help="the status it ends with (failed: it may be retried; default: "
+        "%(default)s)",
+    )
+    _json(terminate)
     retry = command(
         actions,
         "retry",

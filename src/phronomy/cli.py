@@ -3,27 +3,42 @@
 ::
 
     python -m phronomy demo [--db PATH]
-    python -m phronomy migrate --db PATH
-    python -m phronomy instances list --db PATH [--status S] [--workflow W] [--limit N]
+    python -m phronomy migrate --db PATH_OR_DSN
+    python -m phronomy instances list --db PATH_OR_DSN [--status S] [--workflow W]
+                                      [--limit N] [--since TIME] [--until TIME]
                                       [--after ID] [--json]
-    python -m phronomy instances show --db PATH ID
-    python -m phronomy instances history --db PATH ID [--limit N] [--json]
-    python -m phronomy instances cancel --db PATH ID [--reason TEXT] [--force]
-    python -m phronomy instances resolve --db PATH ID {adopt,release}
-    python -m phronomy executions list --db PATH [--status S] [--agent PREFIX]
+    python -m phronomy instances show --db PATH_OR_DSN ID
+    python -m phronomy instances history --db PATH_OR_DSN ID [--limit N] [--json]
+    python -m phronomy instances start --db PATH_OR_DSN MODULE:ATTR ID [--input JSON]
+    python -m phronomy instances send --db PATH_OR_DSN ID EVENT [--payload JSON]
+    python -m phronomy instances cancel --db PATH_OR_DSN ID [--reason TEXT] [--force]
+                                        [--wait SECONDS | --no-wait]
+    python -m phronomy instances terminate --db PATH_OR_DSN ID [--status S]
+    python -m phronomy instances retry --db PATH_OR_DSN ID
+    python -m phronomy instances fork --db PATH_OR_DSN ID --new-id NEW [--revision N]
+    python -m phronomy instances purge --db PATH_OR_DSN --older-than DURATION
+                                       [--status S] [--workflow W] [--dry-run]
+    python -m phronomy instances resolve --db PATH_OR_DSN ID {adopt,release}
+    python -m phronomy executions list --db PATH_OR_DSN [--status S] [--agent PREFIX]
                                        [--limit N] [--after ID] [--json]
-    python -m phronomy executions show --db PATH AGENT_ID
-    python -m phronomy executions approve|reject --db PATH AGENT_ID [--response JSON]
-    python -m phronomy executions cancel --db PATH AGENT_ID [--reason TEXT]
+    python -m phronomy executions show --db PATH_OR_DSN AGENT_ID
+    python -m phronomy executions approve|reject --db PATH_OR_DSN AGENT_ID
+                                                 [--response JSON]
+    python -m phronomy executions cancel --db PATH_OR_DSN AGENT_ID [--reason TEXT]
                                          [--wait SECONDS | --no-wait]
-    python -m phronomy executions resolve --db PATH AGENT_ID {adopt,release}
+    python -m phronomy executions resolve --db PATH_OR_DSN AGENT_ID {adopt,release}
 
-Inspecting commands open the database read-only; no command ever creates one, and only
-``migrate`` migrates one (the others refuse a database of an earlier release and leave
-it unchanged). ``--db`` must name a regular file. ``instances`` commands never show or
-change supervised executions (``executions`` commands do). Tables have a header
-row and times in ISO 8601 UTC; ``--json`` prints one object per line, with the stored
-milliseconds and their ISO 8601 forms. ``--limit`` is at most 10000.
+``--db`` is an SQLite file or a ``postgresql://`` URI (schema: the URI's
+``search_path`` option, or ``--schema``); a password in it is never printed.
+Inspecting commands open the database read-only (PostgreSQL: read-only sessions); no
+command ever creates one, and only ``migrate`` migrates one (the others refuse a
+database of an earlier release and leave it unchanged). ``instances`` commands never
+show or change supervised executions (``executions`` commands do). Tables have a
+header row and times in ISO 8601 UTC; ``--json`` prints one object per line, with the
+stored milliseconds and their ISO 8601 forms. ``--limit`` is at most 10000 (purge:
+any). TIME is ISO 8601 with an offset or a duration ago (``7d``, ``12h``).
+``terminate`` closes an instance without waiting for the runtime that runs it
+(dangerous: see the reference).
 
 Exit status: 0; 1 for an error, printed as one line ``phronomy: error: ...`` on stderr;
 2 for a usage error (argparse's message); 141 when stdout is closed early (``| head``),

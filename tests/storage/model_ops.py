@@ -44,6 +44,7 @@ from phronomy.storage import (
     SaveRequest,
     StoredRecord,
     StoreOp,
+    TerminateOp,
     TimersOp,
     TimerSpec,
 )
@@ -329,6 +330,22 @@ class Delete:
 
 
 @dataclass(frozen=True)
+class Terminate:
+    iid: str
+    at: int
+    status: str
+
+    def op(self, m: Model) -> StoreOp:
+        expected = m.revision(self.iid, self.at)
+        return TerminateOp(
+            workflow_instance_id=self.iid,
+            expected_revision=expected or 0,
+            status=self.status,  # type: ignore[arg-type]
+            detail="terminated",
+        )
+
+
+@dataclass(frozen=True)
 class Renew:
     owner: str
     iids: tuple[str, ...]
@@ -519,10 +536,11 @@ OPERATIONS = st.one_of(  # claims, saves, posts and sweeps the most: deeper hist
     RECOVERS,
     RECOVERS,
     st.builds(Cancel, ids, st.sampled_from([None, "stop"])),
+    st.builds(Terminate, ids, offsets, st.sampled_from(["cancelled", "failed"])),
     TIMERS,
     TIMERS,
 )  # fmt: skip
 Operation = (
     Load | List | History | FindWrite | Begin | Claim | Save | Segment | Mark | Delete
-    | Renew | Recover | Cancel | Post | Inbox | Entry | Poll | Timers | NextDue | Fire
+    | Terminate | Renew | Recover | Cancel | Post | Inbox | Entry | Poll | Timers | NextDue | Fire
 )  # fmt: skip

@@ -50,7 +50,7 @@ def test_the_table_has_one_rule_for_each_state_of_each_operation() -> None:
             for lease in holders if leased else ("free",):
                 expected.add((operation, status, lease))
     assert set(RULES) == expected
-    assert len(RULES) == 157
+    assert len(RULES) == 168
 
 
 def _save(iid: str, status: str) -> SaveOp:

@@ -43,6 +43,7 @@ Operation = Literal[
     "delete",  # DeleteOp
     "renew",  # RenewOp, for each instance it names
     "request_cancel",  # RequestCancelOp
+    "terminate",  # TerminateOp
     "recover",  # RecoverOp, for each row
     "post",  # PostOp (and a ClaimOp's posting, a FireOp's events)
     "fire",  # FireOp: whether the row's due timers may be fired
@@ -173,6 +174,14 @@ RENEW = Rule(allowed=True, error="left", lease="renewed")
 NO_RENEW = Rule(allowed=False, error="left")
 CANCEL = Rule(allowed=True, error="None", lease="cancel requested")
 NO_CANCEL = Rule(allowed=False, error="None")
+TERMINATE = Rule(
+    allowed=True,
+    error="False",
+    expects=("revision",),
+    lease="taken over",
+    status="written",
+)
+NO_TERMINATE = Rule(allowed=False, error="False")
 SWEEP = Rule(allowed=True, error="left", lease="taken over", status="swept")
 NO_SWEEP = Rule(allowed=False, error="left")
 POST = Rule(allowed=True, error="-")
@@ -305,6 +314,18 @@ RULES: dict[tuple[Operation, RowStatus, Holder], Rule] = {
     ("request_cancel", "recovery_required", "free"): NO_CANCEL,
     ("request_cancel", "recovery_required", "live"): NO_CANCEL,
     ("request_cancel", "recovery_required", "expired"): NO_CANCEL,
+    # an operator's forced stop closes any open row, whoever holds it (epoch + 1)
+    ("terminate", "absent", "free"): NO_TERMINATE,
+    ("terminate", "running", "free"): TERMINATE,
+    ("terminate", "running", "live"): TERMINATE,
+    ("terminate", "running", "expired"): TERMINATE,
+    ("terminate", "halted", "free"): TERMINATE,
+    ("terminate", "finished", "free"): NO_TERMINATE,
+    ("terminate", "failed", "free"): TERMINATE,
+    ("terminate", "cancelled", "free"): NO_TERMINATE,
+    ("terminate", "recovery_required", "free"): TERMINATE,
+    ("terminate", "recovery_required", "live"): TERMINATE,
+    ("terminate", "recovery_required", "expired"): TERMINATE,
     # the sweep takes over running rows whose lease expired
     ("recover", "absent", "free"): NO_SWEEP,
     ("recover", "running", "free"): NO_SWEEP,
