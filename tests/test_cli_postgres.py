@@ -111,3 +111,25 @@ def test_a_password_is_never_printed(
             assert "check that the server is up" in captured.err, captured.err
         else:
             assert "phronomy:***@" in captured.err, captured.err
+
+
+def test_only_migrate_creates_the_schema(
+    open_postgres: Callable[..., phronomy.PostgresStore],
+    postgres_dsn: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from phronomy.storage._postgres_schema import SCHEMA_VERSION
+
+    schema = open_postgres().schema  # not opened: the schema does not exist yet
+    dsn = f"{postgres_dsn}{'&' if '?' in postgres_dsn else '?'}"
+    dsn += f"options=-csearch_path%3D{schema}"
+    for argv in (["instances", "list"], ["schedules", "list"], ["executions", "list"]):
+        assert main([*argv, "--db", dsn]) == 1
+        assert "has no phronomy tables" in capsys.readouterr().err
+    assert main(["instances", "cancel", "--db", dsn, "x"]) == 1
+    assert "has no phronomy tables" in capsys.readouterr().err
+    assert main(["migrate", "--db", dsn]) == 0
+    assert capsys.readouterr().out.endswith(f": schema version {SCHEMA_VERSION}\n")
+    assert main(["schedules", "list", "--db", dsn]) == 0
+    assert main(["instances", "list", "--db", "postgres://x@127.0.0.1:1/y?bad=1"]) == 1
+    assert ONE_ERROR_LINE.fullmatch(capsys.readouterr().err)

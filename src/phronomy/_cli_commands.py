@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy._cli_store import lease_now as _lease_now
+from phronomy._cli_store import is_dsn, lease_now as _lease_now
 from phronomy._cli_times import moment_ms
 from phronomy.durability import kind_of
 from phronomy.engine import random_hex
@@ -409,7 +409,10 @@ def write_cancellation(
 
 def migrate(store: CliStore, args: argparse.Namespace) -> int:
     """``migrate``: opening the file for writing migrated it; say so."""
-    print(f"{safe(args.db)}: schema version {SCHEMA_VERSION}")
+    from phronomy.storage._postgres_schema import SCHEMA_VERSION as POSTGRES_VERSION
+
+    version = POSTGRES_VERSION if is_dsn(args.db) else SCHEMA_VERSION
+    print(f"{safe(args.db)}: schema version {version}")
     return 0
 
 
