@@ -13,8 +13,9 @@ import trio
 
 import phronomy
 from phronomy.durability._retention import Retention, retentions
-from phronomy.errors import DefinitionError
+from phronomy.errors import DefinitionError, InvalidInputError
 from phronomy.storage._clock import wall_ms
+from phronomy.storage._retention import check_retention
 from polling import until
 
 if TYPE_CHECKING:
@@ -82,6 +83,16 @@ def test_retentions_and_bad_values() -> None:
     for bad in (-1, "7d", True, float("nan")):
         with pytest.raises(DefinitionError, match="retention must be a number"):
             phronomy.Workflow(_S, name="x", retention=bad)  # type: ignore[arg-type]
+        with pytest.raises(InvalidInputError, match="retention must be a number"):
+            check_retention(bad)  # type: ignore[arg-type]
+
+
+async def test_open_runtime_refuses_a_bad_retention(tmp_path: Path) -> None:
+    with pytest.raises(InvalidInputError, match="retention must be a number"):
+        async with phronomy.open_runtime(
+            store=phronomy.SQLiteStore(tmp_path / "r.db"), retention=-5
+        ):
+            pass  # pragma: no cover
 
 
 async def test_the_sweep_purges_closed_instances_past_their_retention(

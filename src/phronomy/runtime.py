@@ -342,6 +342,7 @@ async def open_runtime(
         does); the shutdown itself is shielded and bounded by its deadlines.
     """
     store = _store_from(store)
+    kept_by_default = check_retention(retention)  # before anything opens
     engines: list[Engine] = []
     try:
         async with open_engine(
@@ -377,10 +378,7 @@ async def open_runtime(
                 engine.start_task(gateway.leases.sweep, name="recovery sweep")
             poll = check_interval(inbox_poll_interval, "inbox_poll_interval")
             served = check_served(workflows)
-            kept = retentions(
-                {d.name: d.retention for d in served},
-                check_retention(retention),
-            )
+            kept = retentions({d.name: d.retention for d in served}, kept_by_default)
             if gateway is not None and kept:
                 clock = getattr(store, "wall_now_ms", wall_ms)
                 gateway.leases.retention = Retention(gateway.run, clock, kept)
