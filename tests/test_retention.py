@@ -15,7 +15,7 @@ import phronomy
 from phronomy.durability._retention import Retention, retentions
 from phronomy.errors import DefinitionError, InvalidInputError
 from phronomy.storage._clock import wall_ms
-from phronomy.storage._retention import check_retention
+from phronomy.storage._retention import check_retention, purge_ops
 from polling import until
 
 if TYPE_CHECKING:
@@ -168,5 +168,32 @@ async def test_a_sweep_purges_one_bounded_batch_per_workflow_and_status(
         assert (len(first), len(second)) == (30, 100)
         assert sorted(first + second) == [f"m-{n:03d}" for n in range(130)]
         assert store.list_instances(limit=10).records == ()
+    finally:
+        store.close()
+
+
+async def test_a_purge_keeps_an_instance_claimed_again_at_the_same_revision(
+    clocked: tuple[Callable[[], Any], dict[str, int]],
+) -> None:
+    make, _ = clocked
+    store = make()
+    try:
+        async with phronomy.open_runtime(store=store, sweep_interval=0) as rt:
+            await rt.workflows.invoke(SHORT, workflow_instance_id="r-1")
+            await rt.workflows.send_event(SHORT, "done", workflow_instance_id="r-1")
+        listed = store.load("r-1")
+        assert listed.status == "finished"
+        # a restart claims it after the purge listed it: same revision, now running
+        assert store.begin(
+            "r-1",
+            "short",
+            expected_revision=listed.revision,
+            lease_owner="B",
+            ttl_ms=60_000,
+        )
+        (op,) = purge_ops([listed], before_ms=listed.updated_at_ms + 1)
+        with pytest.raises(phronomy.ConflictError):
+            store.run(op)
+        assert store.load("r-1").status == "running"  # kept
     finally:
         store.close()

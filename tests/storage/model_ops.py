@@ -323,10 +323,15 @@ class Mark:
 class Delete:
     iid: str
     at: int
+    closed_only: bool = False
 
     def op(self, m: Model) -> StoreOp:
         expected = m.revision(self.iid, self.at)
-        return DeleteOp(workflow_instance_id=self.iid, expected_revision=expected or 0)
+        return DeleteOp(
+            workflow_instance_id=self.iid,
+            expected_revision=expected or 0,
+            closed_only=self.closed_only,
+        )
 
 
 @dataclass(frozen=True)
@@ -530,7 +535,7 @@ OPERATIONS = st.one_of(  # claims, saves, posts and sweeps the most: deeper hist
     st.builds(Mark, ids, statuses, revisions, details, st.booleans(), workflows, leases,
               consumed),
     st.one_of(  # a delete ends a history: rarer
-        st.builds(Delete, ids, offsets),
+        st.builds(Delete, ids, offsets, st.booleans()),
         st.builds(Renew, owners, st.lists(ids, min_size=1, max_size=3).map(tuple), ttls),
     ),
     RECOVERS,

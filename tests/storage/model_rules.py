@@ -387,7 +387,9 @@ class RuleCheck:
         if not k.known:
             return
         rule, key = self._rule("delete", k.row)
-        goes = goes_ahead(rule, k.row, expected=op.expected_revision)
+        goes = goes_ahead(
+            rule, k.row, expected=op.expected_revision, closed_only=op.closed_only
+        )
         ok = got is None if goes else _raised(got, rule.error)
         self._expect(op, key, rule, ok, f"it gave {got!r}")
         self._note(key, goes)

@@ -224,7 +224,10 @@ class MemoryStore(BaseStore[_Tables]):
             case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
                 row = conn.rows.get(iid)
                 rule = lookup("delete", row, monotonic_ms())
-                if not goes_ahead(rule, row, expected=expected):
+                closed_only = op.closed_only
+                if not goes_ahead(
+                    rule, row, expected=expected, closed_only=closed_only
+                ):
                     raise conflict_error(
                         iid,
                         "delete",

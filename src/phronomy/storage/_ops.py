@@ -345,10 +345,13 @@ class TerminateOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="term
 
 @final
 class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="delete"):
-    """Delete a row at *expected_revision* (a conflict otherwise)."""
+    """Delete a row at *expected_revision* (a conflict otherwise); with *closed_only*,
+    only a finished or cancelled row (a purge: a closed row claimed again meanwhile,
+    at the same revision, is kept)."""
 
     workflow_instance_id: str
     expected_revision: int
+    closed_only: bool = False
 
 
 StoreOp = (

@@ -1,9 +1,10 @@
 """Purging closed instances: the pieces the recovery sweep (retention) and
 ``python -m phronomy instances purge`` share.
 
-A purge is a :class:`~phronomy.storage.DeleteOp` of each closed row found old enough,
-at the revision it was read at: a row that changed meanwhile (started again with
-``if_exists="restart"``) is left alone (the delete conflicts, nothing is written).
+A purge is a :class:`~phronomy.storage.DeleteOp` (``closed_only``) of each closed row
+found old enough, at the revision it was read at: a row that changed meanwhile
+(claimed again by ``if_exists="restart"``, which keeps the revision) is left alone
+(the delete conflicts, nothing is written).
 Deleting a row deletes its save log, its inbox and its timers with it (the stores'
 triggers). A purged id is free again: a new start under it creates a new instance.
 Supervised executions' records are never purged here.
@@ -73,7 +74,9 @@ def purge_ops(records: Iterable[StoredRecord], *, before_ms: int) -> list[Delete
     *before_ms* (wall-clock milliseconds of the store's clock)."""
     return [
         DeleteOp(
-            workflow_instance_id=r.workflow_instance_id, expected_revision=r.revision
+            workflow_instance_id=r.workflow_instance_id,
+            expected_revision=r.revision,
+            closed_only=True,
         )
         for r in records
         if r.status in CLOSED_STATUSES

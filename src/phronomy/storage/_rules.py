@@ -70,12 +70,13 @@ its owner and epoch). ``live``: another runtime (or another epoch), not expired 
 ``expired``: another runtime (or epoch), expired on the store's lease clock.
 """
 
-Expectation = Literal["revision", "revision if given", "create", "served"]
+Expectation = Literal["revision", "revision if given", "create", "served", "closed"]
 """What an allowed operation still checks of itself.
 
 ``revision``: the row is at the expected revision (``None`` counts as 0, no row as
 revision 0). ``revision if given``: the same, unless none is expected. ``create``: it
 asks to create the row. ``served``: the row's workflow is one the operation names.
+``closed``: the row is finished or cancelled, if the operation asks for that.
 """
 
 Refusal = Literal[
@@ -165,7 +166,7 @@ NO_MARK = Rule(allowed=False, error="False")
 DELETE = Rule(
     allowed=True,
     error="ConflictError",
-    expects=("revision",),
+    expects=("revision", "closed"),
     lease="gone",
     revision="gone",
     status="gone",
@@ -450,6 +451,7 @@ def goes_ahead(
     expected: int | None = None,
     create: bool = False,
     served: bool = True,
+    closed_only: bool = False,
 ) -> bool:
     """Whether an operation under *rule* goes ahead on *row*.
 
@@ -459,6 +461,7 @@ def goes_ahead(
         expected: the revision it expects.
         create: whether it asks to create a missing row.
         served: whether the row's workflow is one it names.
+        closed_only: whether it asks for a closed row.
 
     Returns:
         ``True`` when the rule allows it and its expectations hold.
@@ -469,5 +472,7 @@ def goes_ahead(
         "revision if given": expected is None or revision == expected,
         "create": create,
         "served": served,
+        "closed": not closed_only
+        or (row is not None and row.status in ("finished", "cancelled")),
     }
     return rule.allowed and all(checks[e] for e in rule.expects)

@@ -341,7 +341,8 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                 conn.execute(sql.timers.clear, {"id": iid})
             return changed
         case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
-            if conn.execute(sql.delete, (iid, expected)).rowcount != 1:
+            where = (iid, expected, op.closed_only)
+            if conn.execute(sql.delete, where).rowcount != 1:
                 raise _conflict(conn, sql, iid, expected, "delete")
             return None
     raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover
