@@ -13,6 +13,7 @@ import pytest
 import trio
 
 import phronomy
+from phronomy._cli_commands import iso
 from phronomy.cli import main
 from phronomy.errors import LeaseLostError
 from phronomy.storage import InboxOp
@@ -150,12 +151,17 @@ def test_retry_fork_purge_and_time_filters(
     FAILING["on"] = False
     status, out, _ = _cli(capsys, "instances", "retry", "--db", db, "o-1", "--json")
     assert status == 0
-    assert json.loads(out) == {
+    retried = json.loads(out)
+    assert retried["updated_at"] == iso(retried.pop("updated_at_ms"))
+    del retried["updated_at"]
+    assert retried == {
         "event": "approve",
         "id": "o-1",
         "revision": 1,
         "status": "halted",
     }
+    status, out, _ = _cli(capsys, "instances", "retry", "--db", db, "o-1")
+    assert "is halted, not failed" in _  # retried once: halted now
     done = trio.run(lambda: runtime(status_of("o-1", "finished"), serving=True))
     assert done.revision == 2
 
@@ -245,7 +251,8 @@ async def test_cancel_reaches_an_instance_another_runtime_runs(
                 lambda: _cli(capsys, *cancel, "--reason", "ops", "--wait", "10")
             )
             assert status == 0, err
-            assert out.startswith("live-1: cancelled at revision"), out
+            assert out.splitlines()[-1].startswith("live-1: cancelled at revision")
+            assert out.splitlines()[1].split()[:3] == ["live-1", "live", "cancelled"]
             with pytest.raises(phronomy.WorkflowCancelledError):
                 await handle.result()
             other = await start_live(rt, flow, "live-3")
@@ -305,7 +312,13 @@ def test_start_runs_the_first_segment_of_a_definition_in_your_code(
     start = ["instances", "start", "--db", db, f"{module}:flow"]
     status, out, err = _cli(capsys, *start, "t-1", "--input", '{"title": "x"}')
     assert status == 0, err
-    assert out == "t-1: started (halted at revision 1, phase open)\n"
+    header, row, said = out.splitlines()
+    assert header.split() == [
+        "ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "DETAIL"
+    ]  # fmt: skip
+    assert row.split()[:5] == ["t-1", "tickets", "halted", "1", "open"]
+    assert row.split()[5].endswith("Z")
+    assert said == "t-1: started (halted at revision 1, phase open)"
     status, out, _ = _cli(capsys, "instances", "show", "--db", db, "t-1")
     assert json.loads(out)["fields"] == {"title": "x"}
     before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]

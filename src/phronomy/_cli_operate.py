@@ -43,11 +43,45 @@ if TYPE_CHECKING:
 __all__ = ["cancel", "fork", "purge", "retry", "terminate"]
 
 
-def _done(args: argparse.Namespace, text: str, **fields: Any) -> int:
-    if args.json:
-        print(json.dumps(fields, sort_keys=True))
-    else:
+def row_table(row: StoredRecord | None) -> None:
+    """Print an instance's row as a one-row table (nothing for ``None``)."""
+    if row is not None:
+        _table(
+            ("ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "DETAIL"),
+            [
+                (
+                    safe(row.workflow_instance_id),
+                    safe(row.workflow),
+                    row.status,
+                    str(row.revision),
+                    safe(row.phase or ""),
+                    iso(row.updated_at_ms) or "",
+                    safe(row.detail or ""),
+                )
+            ],
+        )
+
+
+def _done(
+    args: argparse.Namespace,
+    text: str,
+    store: CliStore | None = None,
+    **fields: Any,
+) -> int:
+    """Print the outcome: *text* (under the instance's row as a table, if *store*),
+    or *fields* as one JSON object (with the row's update time)."""
+    if not args.json:
+        if store is not None:
+            row_table(store.load(fields["id"]))
         print(text)
+        return 0
+    if store is not None:
+        row = store.load(fields["id"])
+        if row is not None:
+            fields.update(
+                updated_at_ms=row.updated_at_ms, updated_at=iso(row.updated_at_ms)
+            )
+    print(json.dumps(fields, sort_keys=True))
     return 0
 
 
@@ -71,7 +105,12 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                 else "already cancelled"
             )
             return _done(
-                args, text, id=iid, status="cancelled", revision=record.revision
+                args,
+                text,
+                store if asked else None,
+                id=iid,
+                status="cancelled",
+                revision=record.revision,
             )
         if record.status != "running" or record.lease_owner is None:
             if write_cancellation(store, record, reason=args.reason, force=args.force):
@@ -79,6 +118,7 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                 return _done(
                     args,
                     f"{safe(iid)}: cancelled at revision {saved.revision}",
+                    store,
                     id=iid,
                     status="cancelled",
                     revision=saved.revision,
@@ -97,6 +137,7 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                     args,
                     f"{safe(iid)}: cancellation asked of its runtime "
                     f"({safe(record.lease_owner)}); it cancels at its next heartbeat",
+                    store,
                     id=iid,
                     status="cancel_requested",
                     revision=record.revision,
@@ -149,6 +190,7 @@ def terminate(store: CliStore, args: argparse.Namespace) -> int:
         args,
         f"{safe(iid)}: terminated as {args.status} at revision {record.revision}"
         f"{safe(held)}",
+        store,
         id=iid,
         status=args.status,
         revision=record.revision,
@@ -214,6 +256,7 @@ def retry(store: CliStore, args: argparse.Namespace) -> int:
         args,
         f"{safe(iid)}: halted at revision {record.revision}; {what}: a runtime "
         f"serving workflow {safe(record.workflow)!r} applies it",
+        store,
         id=iid,
         status="halted",
         revision=record.revision,
@@ -274,6 +317,7 @@ def fork(store: CliStore, args: argparse.Namespace) -> int:
         args,
         f"{safe(new)}: forked from {safe(iid)} revision {revision} ({status}, "
         f"phase {safe(record.phase or '')})",
+        store,
         id=new,
         source=iid,
         source_revision=revision,

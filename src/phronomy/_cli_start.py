@@ -21,7 +21,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from phronomy._cli_commands import safe
+from phronomy._cli_commands import iso, safe
+from phronomy._cli_operate import row_table
 from phronomy.errors import InvalidInputError
 from phronomy.storage import validate_instance_id
 from phronomy.workflow._definition import WorkflowDefinition
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
     import argparse
 
     from phronomy._cli_store import CliStore
+    from phronomy.storage import StoredRecord
 
 __all__ = ["load_definition", "start"]
 
@@ -80,7 +82,7 @@ def start(store: CliStore, args: argparse.Namespace) -> int:
             f"--input must be a JSON object of the state's fields, got "
             f"{type(given).__name__}"
         )
-    result = trio.run(_invoke, store, definition, iid, given)
+    result, row = trio.run(_invoke, store, definition, iid, given)
     if args.json:
         print(
             json.dumps(
@@ -90,11 +92,13 @@ def start(store: CliStore, args: argparse.Namespace) -> int:
                     "status": result.status,
                     "phase": result.phase,
                     "revision": result.revision,
+                    "updated_at": None if row is None else iso(row.updated_at_ms),
                 },
                 sort_keys=True,
             )
         )
         return 0
+    row_table(row)
     print(
         f"{safe(iid)}: started ({result.status} at revision {result.revision}, phase "
         f"{safe(result.phase)})"
@@ -107,12 +111,14 @@ async def _invoke(
     definition: WorkflowDefinition[Any],
     iid: str,
     given: dict[str, Any],
-) -> Any:
+) -> tuple[Any, StoredRecord | None]:
     from phronomy.runtime import open_runtime  # the runtime only when starting
 
     async with open_runtime(
         store=store, sweep_interval=0, inbox_poll_interval=0
     ) as runtime:
-        return await runtime.workflows.invoke(
+        result = await runtime.workflows.invoke(
             definition, given, workflow_instance_id=iid
         )
+        # read before the runtime closes the store (a reopened one would migrate)
+        return result, await trio.to_thread.run_sync(store.load, iid)
