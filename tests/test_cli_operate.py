@@ -251,8 +251,7 @@ async def test_cancel_reaches_an_instance_another_runtime_runs(
                 lambda: _cli(capsys, *cancel, "--reason", "ops", "--wait", "10")
             )
             assert status == 0, err
-            assert out.splitlines()[-1].startswith("live-1: cancelled at revision")
-            assert out.splitlines()[1].split()[:3] == ["live-1", "live", "cancelled"]
+            assert out.startswith("live-1: cancelled at revision"), out
             with pytest.raises(phronomy.WorkflowCancelledError):
                 await handle.result()
             other = await start_live(rt, flow, "live-3")

@@ -107,7 +107,6 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
             return _done(
                 args,
                 text,
-                store if asked else None,
                 id=iid,
                 status="cancelled",
                 revision=record.revision,
@@ -118,7 +117,6 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                 return _done(
                     args,
                     f"{safe(iid)}: cancelled at revision {saved.revision}",
-                    store,
                     id=iid,
                     status="cancelled",
                     revision=saved.revision,
@@ -137,7 +135,6 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                     args,
                     f"{safe(iid)}: cancellation asked of its runtime "
                     f"({safe(record.lease_owner)}); it cancels at its next heartbeat",
-                    store,
                     id=iid,
                     status="cancel_requested",
                     revision=record.revision,
