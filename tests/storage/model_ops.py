@@ -537,11 +537,11 @@ OPERATIONS = st.one_of(  # claims, saves, posts and sweeps the most: deeper hist
     st.one_of(  # a delete ends a history: rarer
         st.builds(Delete, ids, offsets, st.booleans()),
         st.builds(Renew, owners, st.lists(ids, min_size=1, max_size=3).map(tuple), ttls),
+        st.builds(Terminate, ids, offsets, st.sampled_from(["cancelled", "failed"])),
     ),
     RECOVERS,
     RECOVERS,
     st.builds(Cancel, ids, st.sampled_from([None, "stop"])),
-    st.builds(Terminate, ids, offsets, st.sampled_from(["cancelled", "failed"])),
     TIMERS,
     TIMERS,
 )  # fmt: skip

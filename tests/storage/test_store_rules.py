@@ -21,6 +21,7 @@ from phronomy.storage._rules import (
     CLAIM,
     NO_ROW,
     NO_SWEEP,
+    NO_TERMINATE,
     POST,
     RULES,
     Holder,
@@ -84,6 +85,7 @@ MUTATIONS: list[tuple[tuple[Operation, RowStatus, Holder], Rule]] = [
     (("begin", "running", "live"), CLAIM),  # another runtime's live lease claimed
     (("save_fenced", "running", "free"), NO_ROW),  # a conflict, not a lost lease
     (("recover", "running", "expired"), NO_SWEEP),  # a dead runtime's row left running
+    (("terminate", "running", "live"), NO_TERMINATE),  # a forced stop that stops nothing
 ]
 
 
