@@ -85,7 +85,10 @@ MUTATIONS: list[tuple[tuple[Operation, RowStatus, Holder], Rule]] = [
     (("begin", "running", "live"), CLAIM),  # another runtime's live lease claimed
     (("save_fenced", "running", "free"), NO_ROW),  # a conflict, not a lost lease
     (("recover", "running", "expired"), NO_SWEEP),  # a dead runtime's row left running
-    (("terminate", "running", "live"), NO_TERMINATE),  # a forced stop that stops nothing
+    (
+        ("terminate", "running", "live"),
+        NO_TERMINATE,
+    ),  # a forced stop that stops nothing
 ]
 
 
