@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import re
+import secrets
+import shlex
 import shutil
 import sqlite3
 import subprocess
@@ -20,12 +22,13 @@ import phronomy
 from legacy_records import ExecutionRecord, record_request
 from phronomy import _cli_commands as commands_module
 from phronomy._cli_commands import iso
+from phronomy._cli_store import open_store
 from phronomy.cli import EXIT_BROKEN_PIPE, main
 from phronomy.storage import SaveOp, SaveRequest, encode_snapshot
 from polling import until
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     OpenSQLite = Callable[..., phronomy.SQLiteStore]
 
@@ -76,11 +79,8 @@ def _phronomy(*args: str, timeout: float = 60) -> subprocess.CompletedProcess[st
 # --- supervised executions' records are not workflow instances -------------------------
 
 
-@pytest.fixture
-def mixed_db(open_sqlite: OpenSQLite, tmp_path: Path) -> str:
+def _fill_mixed(store: phronomy.SQLiteStore | phronomy.PostgresStore) -> None:
     """Workflow rows around 600 execution records (they sort between a-* and b-*)."""
-    db = str(tmp_path / "mixed.db")
-    store = open_sqlite(db)
     ops = [_save("a-0"), _save("a-1"), _save("b-0"), _save("b-1", status="failed")]
     ops += [_execution(f"{n:03d}", "completed") for n in range(600)]
     ops += [_execution("crashed")]
@@ -89,6 +89,39 @@ def mixed_db(open_sqlite: OpenSQLite, tmp_path: Path) -> str:
         "agent:stuck", "recovery_required", create=True, workflow="phronomy.execution"
     )
     store.close()
+
+
+def _reader(db: str) -> phronomy.SQLiteStore | phronomy.PostgresStore:
+    return open_store(db, read_only=True)
+
+
+@pytest.fixture
+def mixed_sqlite_db(open_sqlite: OpenSQLite, tmp_path: Path) -> str:
+    """The mixed rows in an SQLite file."""
+    db = str(tmp_path / "mixed.db")
+    _fill_mixed(open_sqlite(db))
+    return db
+
+
+@pytest.fixture(scope="module")
+def mixed_pg_db(postgres_dsn: str) -> Iterator[str]:
+    """The mixed rows in a schema of the PostgreSQL server, shared by this module's
+    tests (they change none of them, except for cancelling b-0)."""
+    import psycopg
+
+    schema = f"test_cli_{secrets.token_hex(6)}"
+    _fill_mixed(phronomy.PostgresStore(postgres_dsn, schema=schema))
+    sep = "&" if "?" in postgres_dsn else "?"
+    yield f"{postgres_dsn}{sep}options=-csearch_path%3D{schema}"
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def mixed_db(request: pytest.FixtureRequest) -> str:
+    """The mixed rows in an SQLite file, or in a schema of the PostgreSQL server."""
+    name = "mixed_sqlite_db" if request.param == "sqlite" else "mixed_pg_db"
+    db: str = request.getfixturevalue(name)
     return db
 
 
@@ -156,17 +189,20 @@ def test_single_instance_commands_refuse_execution_records(
 ) -> None:
     # Before: `instances cancel agent:<id>` wrote a cancelled revision onto the record.
     key = f"agent:{agent}"
-    before = open_sqlite(mixed_db, read_only=True).load(key)
+    reader = _reader(mixed_db)
+    before = reader.load(key)
+    reader.close()
     action, *rest = argv
     assert main(["instances", action, "--db", mixed_db, key, *rest]) == 1
     captured = capsys.readouterr()
     assert captured.out == ""
     assert ONE_ERROR_LINE.fullmatch(captured.err)
     assert "is the record of a supervised execution" in captured.err
-    assert (
-        f"`python -m phronomy executions show --db {mixed_db} {agent}`" in captured.err
-    )
-    assert open_sqlite(mixed_db, read_only=True).load(key) == before
+    shown = shlex.quote(mixed_db)
+    assert f"`python -m phronomy executions show --db {shown} {agent}`" in captured.err
+    reader = _reader(mixed_db)
+    assert reader.load(key) == before
+    reader.close()
 
 
 def test_executions_commands_refuse_a_workflow_instance_under_an_agent_key(
@@ -220,7 +256,8 @@ def test_json_keeps_milliseconds_and_adds_iso_times(
     assert shown["updated_at"] == iso(shown["updated_at_ms"])
 
 
-def test_a_closed_stdout_ends_quietly(mixed_db: str, tmp_path: Path) -> None:
+def test_a_closed_stdout_ends_quietly(mixed_sqlite_db: str, tmp_path: Path) -> None:
+    mixed_db = mixed_sqlite_db
     # Before: a BrokenPipeError traceback (and "Exception ignored ... stdout").
     for argv in (
         ["instances", "show", "--db", mixed_db, "a-0"],
@@ -274,9 +311,10 @@ def test_a_closed_stdout_ends_quietly(mixed_db: str, tmp_path: Path) -> None:
     "limit", ["9223372036854775807", "10001", "0", "-1", "1e3", "x"]
 )
 def test_limits_are_bounded(
-    mixed_db: str, capsys: pytest.CaptureFixture[str], limit: str
+    mixed_sqlite_db: str, capsys: pytest.CaptureFixture[str], limit: str
 ) -> None:
     # Before: --limit 9223372036854775807 printed an OverflowError traceback.
+    mixed_db = mixed_sqlite_db
     for argv in (
         ["instances", "list", "--db", mixed_db, "--limit", limit],
         ["instances", "history", "--db", mixed_db, "a-0", "--limit", limit],
@@ -386,7 +424,7 @@ def test_writing_commands_keep_the_database_s_settings(
             "workflow instance 'nope' does not exist",
         ),
         (["instances", "resolve", "a-0", "adopt"], "does not require recovery"),
-        (["instances", "cancel", "a-0", "--force"], "already cancelled"),
+        (["instances", "cancel", "b-0", "--force"], "already cancelled"),
         (["executions", "show", "nope"], "agent 'nope' has no execution record"),
         (["executions", "resolve", "000", "adopt"], "does not require recovery"),
     ],
@@ -395,14 +433,14 @@ def test_every_error_is_one_line(
     mixed_db: str, capsys: pytest.CaptureFixture[str], argv: list[str], message: str
 ) -> None:
     if message == "already cancelled":  # not an error: said on stdout
-        assert main(["instances", "cancel", "--db", mixed_db, "a-0"]) == 0
+        main(["instances", "cancel", "--db", mixed_db, "b-0"])  # PG: done before
         capsys.readouterr()
     status = main([*argv[:2], "--db", mixed_db, *argv[2:]])
     captured = capsys.readouterr()
     if message == "already cancelled":
         assert (status, captured.out, captured.err) == (
             0,
-            "a-0: already cancelled\n",
+            "b-0: already cancelled\n",
             "",
         )
         return
@@ -412,13 +450,15 @@ def test_every_error_is_one_line(
 
 
 def test_an_interrupt_is_one_line_and_status_130(
-    mixed_db: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+    mixed_sqlite_db: str,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     def interrupted(*_: object) -> int:
         raise KeyboardInterrupt
 
     monkeypatch.setattr(commands_module, "listing", interrupted)
-    assert main(["instances", "list", "--db", mixed_db]) == 130
+    assert main(["instances", "list", "--db", mixed_sqlite_db]) == 130
     assert capsys.readouterr().err == "phronomy: error: interrupted\n"
 
 

@@ -15,6 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from phronomy._cli_store import is_dsn, lease_now as _lease_now
+from phronomy._cli_times import moment_ms
 from phronomy.durability import kind_of
 from phronomy.engine import random_hex
 from phronomy.errors import (
@@ -42,14 +44,14 @@ if TYPE_CHECKING:
     import argparse
     from collections.abc import Sequence
 
-    from phronomy.storage import SQLiteStore, StoredRecord
+    from phronomy._cli_store import CliStore
+    from phronomy.storage import StoredRecord
 
 SETTLING_S = 5
 """Seconds a halted instance's event may wait for a runtime's poll before ``instances
 show`` says that no live runtime has taken it."""
 
 __all__ = [
-    "cancel",
     "iso",
     "lease_state",
     "listing",
@@ -153,7 +155,7 @@ def _live(record: StoredRecord, lease_now_ms: int | None) -> bool:
     return lease_now_ms is not None and (record.lease_expires_at_ms or 0) > lease_now_ms
 
 
-def _workflow_record(store: SQLiteStore, args: argparse.Namespace) -> StoredRecord:
+def _workflow_record(store: CliStore, args: argparse.Namespace) -> StoredRecord:
     """The row of the workflow instance ``args.id``; an execution record is refused.
 
     Raises:
@@ -175,7 +177,7 @@ def _workflow_record(store: SQLiteStore, args: argparse.Namespace) -> StoredReco
 
 
 def _workflow_page(
-    store: SQLiteStore, args: argparse.Namespace
+    store: CliStore, args: argparse.Namespace
 ) -> tuple[list[StoredRecord], str | None]:
     """Up to ``args.limit`` workflow rows after ``args.after``, and the next ``--after``.
 
@@ -184,6 +186,7 @@ def _workflow_page(
     """
     wanted: int = args.limit
     fetch = min(MAX_LIMIT, max(wanted + 1, 500))
+    since, until = _window(store, args)
     found: list[StoredRecord] = []
     after: str | None = args.after
     while True:
@@ -191,7 +194,7 @@ def _workflow_page(
             status=args.status, workflow=args.workflow, limit=fetch, after=after
         )
         for record in page.records:
-            if kind_of(record) == "workflow":
+            if kind_of(record) == "workflow" and since <= record.updated_at_ms < until:
                 found.append(record)
                 if len(found) > wanted:
                     return found[:wanted], found[wanted - 1].workflow_instance_id
@@ -200,7 +203,18 @@ def _workflow_page(
         after = page.next_after
 
 
-def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
+def _window(store: CliStore, args: argparse.Namespace) -> tuple[int | float, ...]:
+    """``--since`` and ``--until`` of ``instances list``, in wall-clock ms."""
+    since = getattr(args, "since", None)
+    until = getattr(args, "until", None)
+    now = store.wall_now_ms()
+    return (
+        -float("inf") if since is None else moment_ms(since, "--since", now),
+        float("inf") if until is None else moment_ms(until, "--until", now),
+    )
+
+
+def listing(store: CliStore, args: argparse.Namespace) -> int:
     """``instances list``: a table (or JSON objects) of instances, then the next page."""
     if args.workflow is not None and is_execution_plan(args.workflow):
         raise InvalidInputError(
@@ -208,7 +222,7 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
             f"instances; use {_command('executions', 'list', '--db', args.db)}"
         )
     records, next_after = _workflow_page(store, args)
-    lease_now = store.lease_now_ms()
+    lease_now = _lease_now(store)
     if args.json:
         for r in records:
             print(
@@ -254,7 +268,7 @@ def listing(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def pending_events(store: SQLiteStore, record: StoredRecord) -> dict[str, Any]:
+def pending_events(store: CliStore, record: StoredRecord) -> dict[str, Any]:
     """The instance's pending events, and (if any) who applies them."""
     pending = store.run(
         InboxOp(workflow_instance_id=record.workflow_instance_id, limit=MAX_LIMIT)
@@ -271,12 +285,12 @@ def pending_events(store: SQLiteStore, record: StoredRecord) -> dict[str, Any]:
         ]
     }
     if pending:
-        live = _live(record, store.lease_now_ms())
+        live = _live(record, _lease_now(store))
         view["pending_events_note"] = _who_applies(record, pending[0], live=live)
     return view
 
 
-def pending_timers(store: SQLiteStore, workflow_instance_id: str) -> list[Any]:
+def pending_timers(store: CliStore, workflow_instance_id: str) -> list[Any]:
     """The instance's armed timers, soonest first."""
     timers = store.run(TimersOp(workflow_instance_id=workflow_instance_id))
     return [timer_view(t) for t in timers]
@@ -334,13 +348,13 @@ def _who_applies(record: StoredRecord, oldest: InboxEntry, *, live: bool) -> str
     )
 
 
-def show(store: SQLiteStore, args: argparse.Namespace) -> int:
+def show(store: CliStore, args: argparse.Namespace) -> int:
     """``instances show``: the row and its stored fields, as JSON."""
     record = _workflow_record(store, args)
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(record, snapshot=None)
     )
-    lease_now = store.lease_now_ms()
+    lease_now = _lease_now(store)
     wall_now = time.time_ns() // 1_000_000  # one reading: both say the same time
     view["updated_at"] = iso(record.updated_at_ms)
     view["lease_expires_at"] = (
@@ -367,7 +381,7 @@ def show(store: SQLiteStore, args: argparse.Namespace) -> int:
 
 
 def write_cancellation(
-    store: SQLiteStore,
+    store: CliStore,
     record: StoredRecord,
     *,
     reason: str | None,
@@ -393,25 +407,16 @@ def write_cancellation(
     return True
 
 
-def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
-    """``instances cancel``: a cancelled revision of a stored instance (not live)."""
-    record = _workflow_record(store, args)
-    if not write_cancellation(store, record, reason=args.reason, force=args.force):
-        print(f"{safe(args.id)}: already cancelled")
-        return 0
-    saved = store.load(args.id)
-    assert saved is not None
-    print(f"{safe(args.id)}: cancelled at revision {saved.revision}")
-    return 0
-
-
-def migrate(store: SQLiteStore, args: argparse.Namespace) -> int:
+def migrate(store: CliStore, args: argparse.Namespace) -> int:
     """``migrate``: opening the file for writing migrated it; say so."""
-    print(f"{safe(args.db)}: schema version {SCHEMA_VERSION}")
+    from phronomy.storage._postgres_schema import SCHEMA_VERSION as POSTGRES_VERSION
+
+    version = POSTGRES_VERSION if is_dsn(args.db) else SCHEMA_VERSION
+    print(f"{safe(args.db)}: schema version {version}")
     return 0
 
 
-def resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
+def resolve(store: CliStore, args: argparse.Namespace) -> int:
     """``instances resolve``: settle a recovery_required instance."""
     _workflow_record(store, args)
     record = resolve_stored(store, args.id, args.resolution, by="an operator (cli)")

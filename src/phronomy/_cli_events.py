@@ -34,12 +34,13 @@ from phronomy.workflow._inbox_client import interleave
 if TYPE_CHECKING:
     import argparse
 
-    from phronomy.storage import SaveLogEntry, SQLiteStore
+    from phronomy._cli_store import CliStore
+    from phronomy.storage import SaveLogEntry
 
 __all__ = ["history", "send"]
 
 
-def send(store: SQLiteStore, args: argparse.Namespace) -> int:
+def send(store: CliStore, args: argparse.Namespace) -> int:
     """``instances send``: store an event in the instance's inbox; the runtime that
     runs the instance, or one that serves its workflow, applies it."""
     record = _workflow_record(store, args)
@@ -79,6 +80,11 @@ def send(store: SQLiteStore, args: argparse.Namespace) -> int:
         if row.lease_owner
         else f"a runtime serving workflow {safe(row.workflow)!r} applies it"
     )
+    if args.json:
+        view = _event_view(entry)
+        view["duplicate"] = repeat
+        print(json.dumps(view, sort_keys=True))
+        return 0
     print(
         f"{safe(args.id)}: event {safe(entry.event)!r} {what} as seq {entry.seq} "
         f"(event id {safe(entry.event_id)}); {who}"
@@ -86,7 +92,7 @@ def send(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def history(store: SQLiteStore, args: argparse.Namespace) -> int:
+def history(store: CliStore, args: argparse.Namespace) -> int:
     """``instances history``: the instance's last saves and events, newest first (an
     event just below the save that consumed it, pending ones on top, a fired timer as
     a ``timer`` event), under its armed timers (due soonest last)."""

@@ -26,6 +26,7 @@ from phronomy._cli_commands import (
     safe,
     write_cancellation,
 )
+from phronomy._cli_store import lease_now as _lease_now
 from phronomy.agent._records import (
     agent_key,
     answer_posting,
@@ -43,13 +44,14 @@ from phronomy.storage import (
 if TYPE_CHECKING:
     import argparse
 
+    from phronomy._cli_store import CliStore
     from phronomy.agent import ExecutionRecord
-    from phronomy.storage import SQLiteStore, StoredRecord
+    from phronomy.storage import StoredRecord
 
 __all__ = ["approve", "cancel", "listing_command", "resolve", "show"]
 
 
-def _row(store: SQLiteStore, agent_id: str) -> tuple[StoredRecord, ExecutionRecord]:
+def _row(store: CliStore, agent_id: str) -> tuple[StoredRecord, ExecutionRecord]:
     """The key's row and its record.
 
     Raises:
@@ -68,7 +70,7 @@ def _view(record: ExecutionRecord) -> dict[str, Any]:
     return view
 
 
-def listing_command(store: SQLiteStore, args: argparse.Namespace) -> int:
+def listing_command(store: CliStore, args: argparse.Namespace) -> int:
     """``executions list``: the executions in the store, by agent id (one page)."""
     page = run_listing(
         listing(
@@ -103,18 +105,18 @@ def listing_command(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def show(store: SQLiteStore, args: argparse.Namespace) -> int:
+def show(store: CliStore, args: argparse.Namespace) -> int:
     """``executions show``: one key's execution, its pending answers and its lease."""
     row, record = _row(store, args.agent_id)
     view = _view(record)
-    view["lease"] = lease_state(row, store.lease_now_ms())
+    view["lease"] = lease_state(row, _lease_now(store))
     view.update(pending_events(store, row))
     view["pending_timers"] = pending_timers(store, row.workflow_instance_id)
     print(json.dumps(view, indent=2, sort_keys=True))
     return 0
 
 
-def approve(store: SQLiteStore, args: argparse.Namespace) -> int:
+def approve(store: CliStore, args: argparse.Namespace) -> int:
     """``executions approve`` / ``reject``: store the answer in the execution's inbox
     (the parser sets ``args.action``)."""
     _, record = _row(store, args.agent_id)
@@ -147,7 +149,7 @@ def approve(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
+def cancel(store: CliStore, args: argparse.Namespace) -> int:
     """``executions cancel``: cancel a suspended execution, or ask the runtime that
     runs one to cancel it (at its next heartbeat, once its threads returned) and wait
     until the row says cancelled (``--no-wait``: return once asked).
@@ -180,7 +182,7 @@ def cancel(store: SQLiteStore, args: argparse.Namespace) -> int:
         row, record = _row(store, args.agent_id)
 
 
-def resolve(store: SQLiteStore, args: argparse.Namespace) -> int:
+def resolve(store: CliStore, args: argparse.Namespace) -> int:
     """``executions resolve``: settle a recovery_required execution."""
     _row(store, args.agent_id)
     resolved = resolve_stored(

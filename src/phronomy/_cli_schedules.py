@@ -26,12 +26,12 @@ from phronomy.workflow._ticks import EDITS, tick_instance_id, ticks_between
 if TYPE_CHECKING:
     import argparse
 
-    from phronomy.storage import SQLiteStore
+    from phronomy._cli_store import CliStore
 
 __all__ = ["schedules_delete", "schedules_edit", "schedules_list", "schedules_show"]
 
 
-def schedules_list(store: SQLiteStore, args: argparse.Namespace) -> int:
+def schedules_list(store: CliStore, args: argparse.Namespace) -> int:
     """``schedules list``: every schedule, by id."""
     _, records = store.run(SchedulesOp(after=args.after, limit=args.limit))
     if args.json:
@@ -58,7 +58,7 @@ def schedules_list(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def schedules_show(store: SQLiteStore, args: argparse.Namespace) -> int:
+def schedules_show(store: CliStore, args: argparse.Namespace) -> int:
     """``schedules show``: one schedule as JSON, with its next ticks and the
     instances it started that the store holds (the last ones first)."""
     record = _load(store, args.id)
@@ -80,7 +80,7 @@ def schedules_show(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def schedules_edit(store: SQLiteStore, args: argparse.Namespace) -> int:
+def schedules_edit(store: CliStore, args: argparse.Namespace) -> int:
     """``schedules pause|resume|trigger|backfill``: the same edits as
     ``runtime.schedules`` (a compare-and-set of the schedule's version)."""
     extra: tuple[Any, ...] = ()
@@ -113,7 +113,7 @@ def schedules_edit(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def schedules_delete(store: SQLiteStore, args: argparse.Namespace) -> int:
+def schedules_delete(store: CliStore, args: argparse.Namespace) -> int:
     """``schedules delete``: delete the schedule (its instances stay)."""
     if not store.run(DeleteScheduleOp(schedule_id=args.id)):
         raise NotFoundError(f"no schedule {args.id!r} in {args.db!r}")
@@ -121,7 +121,7 @@ def schedules_delete(store: SQLiteStore, args: argparse.Namespace) -> int:
     return 0
 
 
-def _load(store: SQLiteStore, schedule_id: str) -> ScheduleRecord:
+def _load(store: CliStore, schedule_id: str) -> ScheduleRecord:
     record: ScheduleRecord | None = store.run(ScheduleOp(schedule_id=schedule_id))
     if record is None:
         raise NotFoundError(f"no schedule {schedule_id!r}")

@@ -3,29 +3,44 @@
 ::
 
     python -m phronomy demo [--db PATH]
-    python -m phronomy migrate --db PATH
-    python -m phronomy instances list --db PATH [--status S] [--workflow W] [--limit N]
+    python -m phronomy migrate --db PATH_OR_DSN
+    python -m phronomy instances list --db PATH_OR_DSN [--status S] [--workflow W]
+                                      [--limit N] [--since TIME] [--until TIME]
                                       [--after ID] [--json]
-    python -m phronomy instances show --db PATH ID
-    python -m phronomy instances history --db PATH ID [--limit N] [--json]
-    python -m phronomy instances cancel --db PATH ID [--reason TEXT] [--force]
-    python -m phronomy instances resolve --db PATH ID {adopt,release}
-    python -m phronomy executions list --db PATH [--status S] [--agent PREFIX]
+    python -m phronomy instances show --db PATH_OR_DSN ID
+    python -m phronomy instances history --db PATH_OR_DSN ID [--limit N] [--json]
+    python -m phronomy instances start --db PATH_OR_DSN MODULE:ATTR ID [--input JSON]
+    python -m phronomy instances send --db PATH_OR_DSN ID EVENT [--payload JSON]
+    python -m phronomy instances cancel --db PATH_OR_DSN ID [--reason TEXT] [--force]
+                                        [--wait SECONDS | --no-wait]
+    python -m phronomy instances terminate --db PATH_OR_DSN ID [--status S]
+    python -m phronomy instances retry --db PATH_OR_DSN ID
+    python -m phronomy instances fork --db PATH_OR_DSN ID --new-id NEW [--revision N]
+    python -m phronomy instances purge --db PATH_OR_DSN --older-than DURATION
+                                       [--status S] [--workflow W] [--dry-run]
+    python -m phronomy instances resolve --db PATH_OR_DSN ID {adopt,release}
+    python -m phronomy executions list --db PATH_OR_DSN [--status S] [--agent PREFIX]
                                        [--limit N] [--after ID] [--json]
-    python -m phronomy executions show --db PATH AGENT_ID
-    python -m phronomy executions approve|reject --db PATH AGENT_ID [--response JSON]
-    python -m phronomy executions cancel --db PATH AGENT_ID [--reason TEXT]
+    python -m phronomy executions show --db PATH_OR_DSN AGENT_ID
+    python -m phronomy executions approve|reject --db PATH_OR_DSN AGENT_ID
+                                                 [--response JSON]
+    python -m phronomy executions cancel --db PATH_OR_DSN AGENT_ID [--reason TEXT]
                                          [--wait SECONDS | --no-wait]
-    python -m phronomy executions resolve --db PATH AGENT_ID {adopt,release}
+    python -m phronomy executions resolve --db PATH_OR_DSN AGENT_ID {adopt,release}
     python -m phronomy console --db PATH_OR_DSN [--host H] [--port N] [--app M:ATTR]
                                [--allow-actions --token TOKEN]
 
-Inspecting commands open the database read-only; no command ever creates one, and only
-``migrate`` migrates one (the others refuse a database of an earlier release and leave
-it unchanged). ``--db`` must name a regular file. ``instances`` commands never show or
-change supervised executions (``executions`` commands do). Tables have a header
-row and times in ISO 8601 UTC; ``--json`` prints one object per line, with the stored
-milliseconds and their ISO 8601 forms. ``--limit`` is at most 10000.
+``--db`` is an SQLite file or a ``postgresql://`` URI (schema: the URI's
+``search_path`` option, or ``--schema``); a password in it is never printed.
+Inspecting commands open the database read-only (PostgreSQL: read-only sessions); no
+command ever creates one, and only ``migrate`` migrates one (the others refuse a
+database of an earlier release and leave it unchanged). ``instances`` commands never
+show or change supervised executions (``executions`` commands do). Tables have a
+header row and times in ISO 8601 UTC; ``--json`` prints one object per line, with the
+stored milliseconds and their ISO 8601 forms. ``--limit`` is at most 10000 (purge:
+any). TIME is ISO 8601 with an offset or a duration ago (``7d``, ``12h``).
+``terminate`` closes an instance without waiting for the runtime that runs it
+(dangerous: see the reference).
 
 Exit status: 0; 1 for an error, printed as one line ``phronomy: error: ...`` on stderr;
 2 for a usage error (argparse's message); 141 when stdout is closed early (``| head``),
@@ -49,10 +64,13 @@ from phronomy import (
     _cli_schedules as schedules_module,
 )
 from phronomy._cli_commands import safe
+from phronomy._cli_parser import add_operating, add_time_filters
+from phronomy._cli_store import CliStore, is_dsn, open_store, shown
 from phronomy._demo import run_demo
 from phronomy.agent._records import RECORD_STATUSES
-from phronomy.errors import PhronomyError, StoreUnavailableError
-from phronomy.storage import MAX_LIMIT, InstanceStatus, SQLiteStore
+from phronomy.errors import PhronomyError
+from phronomy.storage import MAX_LIMIT, InstanceStatus
+from phronomy.storage._postgres_errors import Secrets
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Sequence
@@ -75,22 +93,16 @@ def _limit(text: str) -> int:
     return number
 
 
-def _open(args: argparse.Namespace) -> SQLiteStore:
-    """The store at ``args.db``, open; only ``migrate`` may migrate it.
-
-    The file must exist: a mistyped path is an error, not a new database.
-    """
-    path: str = args.db
-    if args.write and not os.path.exists(path):
-        raise StoreUnavailableError(
-            f"SQLite database {path!r} does not exist (check the path)", path=path
-        )
-    store = SQLiteStore(path, read_only=not args.write)
-    try:
-        store.open(migrate=args.command == "migrate")
-    except BaseException:
-        store.close()
-        raise
+def _open(args: argparse.Namespace) -> CliStore:
+    """The store ``args.db`` names, open; only ``migrate`` may migrate it. Afterwards
+    ``args.db`` is the text to show (a URI's password masked)."""
+    store = open_store(
+        args.db,
+        read_only=not args.write,
+        migrate=args.command == "migrate",
+        schema=args.schema,
+    )
+    args.db = shown(args.db)
     return store
 
 
@@ -120,7 +132,7 @@ def build_parser() -> argparse.ArgumentParser:
         group: argparse._SubParsersAction[argparse.ArgumentParser],
         name: str,
         help_text: str,
-        run: Callable[[SQLiteStore, argparse.Namespace], int],
+        run: Callable[[CliStore, argparse.Namespace], int],
         *,
         write: bool = False,
         json_output: bool = False,
@@ -129,9 +141,13 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument(
             "--db",
             required=True,
-            metavar="PATH",
-            help="an existing phronomy SQLite database"
+            metavar="PATH_OR_DSN",
+            help="an existing phronomy SQLite database, or a postgresql:// URI"
             + ("" if write else " (opened read-only)"),
+        )
+        sub.add_argument(
+            "--schema",
+            help="the PostgreSQL schema (default: the URI's search_path, else public)",
         )
         if json_output:
             sub.add_argument(
@@ -165,6 +181,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     listing.add_argument("--workflow", help="only instances of this workflow")
     _paging(listing, "instances")
+    add_time_filters(listing)
     listing.add_argument(
         "--after",
         metavar="ID",
@@ -193,6 +210,7 @@ def build_parser() -> argparse.ArgumentParser:
         "workflow applies it, once)",
         events_module.send,
         write=True,
+        json_output=True,
     )
     send.add_argument("id", help="the workflow instance id")
     send.add_argument("event", help="the event's name")
@@ -201,21 +219,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--event-id",
         help="the idempotency key (default: a new UUID); a repeat stores nothing",
     )
-    cancel = command(
-        actions,
-        "cancel",
-        "cancel a stored instance that no runtime runs (a cancelled revision)",
-        commands_module.cancel,
-        write=True,
-    )
-    cancel.add_argument("id", help="the workflow instance id")
-    cancel.add_argument("--reason", help="why (saved with the instance)")
-    cancel.add_argument(
-        "--force",
-        action="store_true",
-        help="cancel a 'running' instance that holds no lease too: only when you know "
-        "no process runs it",
-    )
+    add_operating(actions, command)
     resolve = command(
         actions,
         "resolve",
@@ -372,6 +376,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupted.
     """
     args = build_parser().parse_args(argv)
+    secrets = Secrets(args.db) if is_dsn(args.db) else None
     try:
         status = _run(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is reported below
@@ -379,9 +384,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         _discard_stdout()
         return EXIT_BROKEN_PIPE
     except PhronomyError as exc:
-        return _error(exc)
+        return _error(exc, secrets)
     except OSError as exc:  # the output failing otherwise (a full disk)
-        return _error(exc)
+        return _error(exc, secrets)
     except KeyboardInterrupt:
         return _error("interrupted", status=130)
     return status
@@ -401,12 +406,13 @@ def _run(args: argparse.Namespace) -> int:
     return status
 
 
-def _error(error: object, *, status: int = 1) -> int:
+def _error(error: object, secrets: Secrets | None = None, *, status: int = 1) -> int:
     try:
         sys.stdout.flush()  # what was printed before comes first
     except OSError:
         _discard_stdout()
-    print(f"phronomy: error: {safe(error)}", file=sys.stderr)
+    text = safe(error) if secrets is None else secrets.redact(safe(error))
+    print(f"phronomy: error: {text}", file=sys.stderr)
     return status
 
 

@@ -19,6 +19,7 @@ from phronomy._telemetry import TelemetryProviders, resolve as resolve_telemetry
 from phronomy.agent import Executions
 from phronomy.agent._table import ExecutionTable
 from phronomy.durability import DurabilityService, LeaseSettings
+from phronomy.durability._retention import Retention, retentions
 from phronomy.engine import open_engine
 from phronomy.errors import InvalidInputError
 from phronomy.storage import (
@@ -27,6 +28,8 @@ from phronomy.storage import (
     SQLiteStore,
     WorkflowStore,
 )
+from phronomy.storage._clock import wall_ms
+from phronomy.storage._retention import check_retention
 from phronomy.workflow import (
     RecoveryClient,
     RetryPolicy,
@@ -266,6 +269,7 @@ async def open_runtime(
     inbox_poll_interval: float = 0.1,
     retry: RetryPolicy | None = None,
     telemetry: bool | TelemetryProviders | None = None,
+    retention: float | None = None,
 ) -> AsyncGenerator[Runtime]:
     """Run a phronomy runtime for the duration of the ``async with`` block.
 
@@ -327,6 +331,11 @@ async def open_runtime(
             whenever they are set); a :class:`~phronomy.lowlevel.TelemetryProviders`
             with those providers; ``False`` never. Off, nothing of OpenTelemetry
             is imported or called.
+        retention: seconds a closed (finished or cancelled) instance of a workflow in
+            *workflows* is kept, with its history, inbox and timers, unless its
+            definition says otherwise (``Workflow(retention=...)``); ``None``: kept
+            forever. The recovery sweep purges them in bounded batches; a purged id
+            can be started again (a new instance, whatever ``if_exists`` says).
 
     Yields:
         The :class:`Runtime`.
@@ -343,6 +352,7 @@ async def open_runtime(
     """
     store = _store_from(store)
     otel = resolve_telemetry(telemetry)
+    kept_by_default = check_retention(retention)  # before anything opens
     engines: list[Engine] = []
     try:
         async with open_engine(
@@ -380,6 +390,10 @@ async def open_runtime(
                 engine.start_task(gateway.leases.sweep, name="recovery sweep")
             poll = check_interval(inbox_poll_interval, "inbox_poll_interval")
             served = check_served(workflows)
+            kept = retentions({d.name: d.retention for d in served}, kept_by_default)
+            if gateway is not None and kept:
+                clock = getattr(store, "wall_now_ms", wall_ms)
+                gateway.leases.retention = Retention(gateway.run, clock, kept)
             given: object = retry  # checked at run time: callers are not typed
             if given is not None and not isinstance(given, RetryPolicy):
                 raise InvalidInputError(f"retry must be a RetryPolicy, got {retry!r}")

@@ -44,6 +44,7 @@ from phronomy.storage import (
     SaveRequest,
     StoredRecord,
     StoreOp,
+    TerminateOp,
     TimersOp,
     TimerSpec,
 )
@@ -322,10 +323,31 @@ class Mark:
 class Delete:
     iid: str
     at: int
+    closed_only: bool = False
 
     def op(self, m: Model) -> StoreOp:
         expected = m.revision(self.iid, self.at)
-        return DeleteOp(workflow_instance_id=self.iid, expected_revision=expected or 0)
+        return DeleteOp(
+            workflow_instance_id=self.iid,
+            expected_revision=expected or 0,
+            closed_only=self.closed_only,
+        )
+
+
+@dataclass(frozen=True)
+class Terminate:
+    iid: str
+    at: int
+    status: str
+
+    def op(self, m: Model) -> StoreOp:
+        expected = m.revision(self.iid, self.at)
+        return TerminateOp(
+            workflow_instance_id=self.iid,
+            expected_revision=expected or 0,
+            status=self.status,  # type: ignore[arg-type]
+            detail="terminated",
+        )
 
 
 @dataclass(frozen=True)
@@ -513,8 +535,9 @@ OPERATIONS = st.one_of(  # claims, saves, posts and sweeps the most: deeper hist
     st.builds(Mark, ids, statuses, revisions, details, st.booleans(), workflows, leases,
               consumed),
     st.one_of(  # a delete ends a history: rarer
-        st.builds(Delete, ids, offsets),
+        st.builds(Delete, ids, offsets, st.booleans()),
         st.builds(Renew, owners, st.lists(ids, min_size=1, max_size=3).map(tuple), ttls),
+        st.builds(Terminate, ids, offsets, st.sampled_from(["cancelled", "failed"])),
     ),
     RECOVERS,
     RECOVERS,
@@ -524,5 +547,5 @@ OPERATIONS = st.one_of(  # claims, saves, posts and sweeps the most: deeper hist
 )  # fmt: skip
 Operation = (
     Load | List | History | FindWrite | Begin | Claim | Save | Segment | Mark | Delete
-    | Renew | Recover | Cancel | Post | Inbox | Entry | Poll | Timers | NextDue | Fire
+    | Terminate | Renew | Recover | Cancel | Post | Inbox | Entry | Poll | Timers | NextDue | Fire
 )  # fmt: skip

@@ -44,6 +44,7 @@ from phronomy.storage import (
     StoredRecord,
     StoredTimer,
     StoreOp,
+    TerminateOp,
 )
 from phronomy.storage._base import row_order
 from phronomy.storage._rule_effects import lease_after, status_after, swept
@@ -204,6 +205,8 @@ class RuleCheck:
             self._mark(op, got)
         elif isinstance(op, DeleteOp):
             self._delete(op, got)
+        elif isinstance(op, TerminateOp):
+            self._terminate(op, got)
         elif isinstance(op, RenewOp):
             self._renew(op, got)
         elif isinstance(op, RequestCancelOp):
@@ -384,12 +387,34 @@ class RuleCheck:
         if not k.known:
             return
         rule, key = self._rule("delete", k.row)
-        goes = goes_ahead(rule, k.row, expected=op.expected_revision)
+        goes = goes_ahead(
+            rule, k.row, expected=op.expected_revision, closed_only=op.closed_only
+        )
         ok = got is None if goes else _raised(got, rule.error)
         self._expect(op, key, rule, ok, f"it gave {got!r}")
         self._note(key, goes)
         if goes:
             k.row, k.saved, k.pending, k.events = None, None, set(), set()
+
+    def _terminate(self, op: TerminateOp, got: Any) -> None:
+        k = self.rows[op.workflow_instance_id]
+        self.written = True
+        if not k.known:
+            return
+        rule, key = self._rule("terminate", k.row)
+        goes = k.row is not None and goes_ahead(
+            rule, k.row, expected=op.expected_revision
+        )
+        self._expect(op, key, rule, got is goes, f"it gave {got!r}")
+        self._note(key, goes)
+        if k.row is None or not goes:
+            return
+        self._consumed(k, set(), op.status, made=False)
+        k.row = replace(
+            k.row,
+            status=status_after(rule, k.row, op.status),
+            **lease_after(rule, k.row, written=op.status),
+        )
 
     def _renew(self, op: RenewOp, got: Any) -> None:
         self.written = True

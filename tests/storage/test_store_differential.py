@@ -83,6 +83,7 @@ from phronomy.storage import (
     StoredRecord,
     StoredTimer,
     StoreOp,
+    TerminateOp,
     TimersOp,
     WorkflowStore,
     op_name,
@@ -585,6 +586,8 @@ def _written(op: StoreOp, result: outcome.Outcome[Any]) -> SaveRequest | MarkOp 
         return None
     if isinstance(op, SaveOp) and result.value.outcome == "success":
         return op.request
+    if isinstance(op, TerminateOp) and result.value is True:  # a forced mark
+        return MarkOp(workflow_instance_id=op.workflow_instance_id, status=op.status)
     return op if isinstance(op, MarkOp) and result.value is True else None
 
 
@@ -616,7 +619,8 @@ def _may_release(op: StoreOp, iid: str, owner: str | None) -> bool:
         return iid in op.instance_ids and op.owner == owner
     if isinstance(op, (BeginOp, ClaimOp)):
         return op.workflow_instance_id == iid and op.lease_owner == owner
-    return isinstance(op, (SaveOp, MarkOp, DeleteOp)) and _target(op) == iid
+    writes = (SaveOp, MarkOp, DeleteOp, TerminateOp)
+    return isinstance(op, writes) and _target(op) == iid
 
 
 def run_model(

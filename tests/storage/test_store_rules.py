@@ -21,6 +21,7 @@ from phronomy.storage._rules import (
     CLAIM,
     NO_ROW,
     NO_SWEEP,
+    NO_TERMINATE,
     POST,
     RULES,
     Holder,
@@ -50,7 +51,7 @@ def test_the_table_has_one_rule_for_each_state_of_each_operation() -> None:
             for lease in holders if leased else ("free",):
                 expected.add((operation, status, lease))
     assert set(RULES) == expected
-    assert len(RULES) == 157
+    assert len(RULES) == 168
 
 
 def _save(iid: str, status: str) -> SaveOp:
@@ -84,6 +85,10 @@ MUTATIONS: list[tuple[tuple[Operation, RowStatus, Holder], Rule]] = [
     (("begin", "running", "live"), CLAIM),  # another runtime's live lease claimed
     (("save_fenced", "running", "free"), NO_ROW),  # a conflict, not a lost lease
     (("recover", "running", "expired"), NO_SWEEP),  # a dead runtime's row left running
+    (
+        ("terminate", "running", "live"),
+        NO_TERMINATE,
+    ),  # a forced stop that stops nothing
 ]
 
 

@@ -15,8 +15,8 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from phronomy._cli_store import is_dsn, open_store
 from phronomy.errors import InvalidInputError, StoreUnavailableError
-from phronomy.storage import PostgresStore, SQLiteStore
 from phronomy.workflow import WorkflowDefinition
 
 from ._app import LOOPBACK_HOSTS, ConsoleApp
@@ -29,40 +29,22 @@ if TYPE_CHECKING:
 __all__ = ["load_definitions", "open_console_store", "run_console", "serve_console"]
 
 DEFAULT_PORT = 8470
-_DSN_PREFIXES = ("postgresql://", "postgres://")
 
 
 def open_console_store(db: str, *, read_only: bool) -> BaseStore[Any]:
-    """The store named by *db* (an SQLite file or a ``postgresql://`` DSN), open.
-
-    An SQLite file must exist and is never migrated (as the command line's
-    commands); read-only unless *read_only* is false.
+    """The store named by *db* (an SQLite file or a ``postgresql://`` DSN), open, as
+    the command line opens it: never created or migrated; read-only (SQLite: a
+    read-only connection; PostgreSQL: read-only sessions) unless *read_only* is false.
 
     Raises:
         StoreUnavailableError: the file does not exist or cannot be opened, or the
-            server cannot be reached.
+            server cannot be reached (the message shows no password).
     """
-    if db.startswith(_DSN_PREFIXES):
-        # PostgresStore has no read-only mode in this release: the console writes
-        # only through its actions (opening creates the schema if missing)
-        server = PostgresStore(db)
-        try:
-            server.open()
-        except BaseException:
-            server.close()
-            raise
-        return server
-    if not os.path.isfile(db):
+    if not is_dsn(db) and not os.path.isfile(db):  # the actions' store too
         raise StoreUnavailableError(
             f"SQLite database {db!r} does not exist (check the path)", path=db
         )
-    store = SQLiteStore(db, read_only=read_only)
-    try:
-        store.open(migrate=False)
-    except BaseException:
-        store.close()
-        raise
-    return store
+    return open_store(db, read_only=read_only)
 
 
 def load_definitions(specs: Iterable[str]) -> list[WorkflowDefinition[Any]]:

@@ -33,6 +33,8 @@ if TYPE_CHECKING:
     from phronomy._telemetry import Telemetry
     from phronomy.storage import StoreOp
 
+    from ._retention import Retention
+
 __all__ = ["SWEEP_BATCH", "SWEEP_BATCHES", "HeldLease", "LeaseSettings", "Leases"]
 
 logger = logging.getLogger(__name__)
@@ -168,6 +170,9 @@ class Leases:
         self._run = run
         self._held: dict[str, HeldLease] = {}
         self.ttl_ms = round(settings.ttl * 1000)
+        self.retention: Retention | None = None
+        """Set by the runtime when a served workflow keeps closed instances for a
+        limited time: each sweep then purges a batch of them too."""
 
     def hold(
         self,
@@ -273,7 +278,8 @@ class Leases:
 
     async def sweep(self) -> None:
         """Every ``sweep_interval`` seconds, put back the instances whose runtime
-        stopped (see :class:`~phronomy.storage.RecoverOp`).
+        stopped (see :class:`~phronomy.storage.RecoverOp`), and purge a batch of closed
+        instances past their retention (:attr:`retention`).
 
         Cancellation:
             The loop ends (shutdown); a sweep in flight still completes.
@@ -284,6 +290,8 @@ class Leases:
         async with contextlib.aclosing(ticks):
             async for _ in ticks:
                 await self.sweep_once()
+                if self.retention is not None:
+                    await self.retention.purge_once()
 
     async def sweep_once(self) -> None:
         """One recovery pass (its takeovers are logged): batches of

@@ -49,6 +49,7 @@ from ._ops import (
     RequestCancelOp as RequestCancelOp,
     SaveOp as SaveOp,
     StoreOp as StoreOp,
+    TerminateOp as TerminateOp,
     TimersOp as TimersOp,
     op_name as op_name,
 )
@@ -174,6 +175,7 @@ __all__ = [
     "StoreOp",
     "StoredRecord",
     "StoredTimer",
+    "TerminateOp",
     "TickOp",
     "Ticked",
     "TimerKind",

@@ -34,6 +34,7 @@ from ._ops import (
     RenewOp,
     RequestCancelOp,
     SaveOp,
+    TerminateOp,
     TimersOp,
 )
 from ._records import (
@@ -177,6 +178,27 @@ class MemoryStore(BaseStore[_Tables]):
                     if op.status in ("finished", "cancelled"):
                         conn.timers.pop(iid, None)
                 return changed
+            case TerminateOp(workflow_instance_id=iid, expected_revision=expected):
+                row = conn.rows.get(iid)
+                rule = lookup("terminate", row, monotonic_ms())
+                if row is None or not goes_ahead(rule, row, expected=expected):
+                    return False
+                conn.put(
+                    iid,
+                    msgspec.structs.replace(
+                        row,
+                        status=status_after(rule, row, op.status),
+                        detail=op.detail,
+                        updated_at_ms=conn.wall(),
+                        **lease_after(rule, row, written=op.status),
+                    ),
+                    conn.log.get(iid),
+                )
+                closing = MarkOp(workflow_instance_id=iid, status=op.status)
+                self._consume(conn, iid, row.revision, closing)
+                if op.status == "cancelled":
+                    conn.timers.pop(iid, None)
+                return True
             case PostOp(posting=posting):
                 return self._post_in(conn)(posting)
             case InboxOp(workflow_instance_id=iid):
@@ -203,7 +225,10 @@ class MemoryStore(BaseStore[_Tables]):
             case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
                 row = conn.rows.get(iid)
                 rule = lookup("delete", row, monotonic_ms())
-                if not goes_ahead(rule, row, expected=expected):
+                closed_only = op.closed_only
+                if not goes_ahead(
+                    rule, row, expected=expected, closed_only=closed_only
+                ):
                     raise conflict_error(
                         iid,
                         "delete",

@@ -9,7 +9,7 @@ commit), each write still revision-checked on its own. Each backend implements o
 
 from __future__ import annotations
 
-from typing import final
+from typing import Literal, final
 
 import msgspec
 
@@ -44,6 +44,7 @@ __all__ = [
     "RequestCancelOp",
     "SaveOp",
     "StoreOp",
+    "TerminateOp",
     "op_name",
 ]
 
@@ -328,11 +329,29 @@ class TimersOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="timers"
 
 
 @final
-class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="delete"):
-    """Delete a row at *expected_revision* (a conflict otherwise)."""
+class TerminateOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="terminate"):
+    """Close a row at *expected_revision* whoever holds its lease (an operator's
+    forced stop): it gets *status* and *detail*, its lease is released and its epoch
+    incremented, so that a live holder's later writes are refused
+    (:class:`~phronomy.LeaseLostError`). A finished or cancelled row is left alone.
+    Metadata only (the revision is kept). The result says whether the row changed.
+    """
 
     workflow_instance_id: str
     expected_revision: int
+    status: Literal["cancelled", "failed"] = "cancelled"
+    detail: str | None = None
+
+
+@final
+class DeleteOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="delete"):
+    """Delete a row at *expected_revision* (a conflict otherwise); with *closed_only*,
+    only a finished or cancelled row (a purge: a closed row claimed again meanwhile,
+    at the same revision, is kept)."""
+
+    workflow_instance_id: str
+    expected_revision: int
+    closed_only: bool = False
 
 
 StoreOp = (
@@ -344,6 +363,7 @@ StoreOp = (
     | SaveOp
     | MarkOp
     | DeleteOp
+    | TerminateOp
     | RenewOp
     | RecoverOp
     | ClaimOp

@@ -23,6 +23,7 @@ from ._postgres_errors import (
     driver as _driver,
 )
 from ._postgres_notify import PostgresListener
+from ._postgres_open import check_version, parse_dsn, refused_write
 from ._postgres_schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -128,6 +129,8 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         statement_timeout: float = 5.0,
         idle_in_transaction_timeout: float = 5.0,
         save_log_depth: int = SAVE_LOG_DEPTH,
+        read_only: bool = False,
+        migrate: bool = True,
         fault_hook: Callable[[str], None] | None = None,
     ) -> None:
         """Configure a store; the server is reached by :meth:`open` or on first use.
@@ -150,6 +153,11 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             save_log_depth: saves kept per instance in its history (and for
                 reconciling uncertain saves by ``write_id``); at least 2. The setting
                 belongs to the database schema: the last store that opened it sets it.
+            read_only: sessions run with ``default_transaction_read_only = on`` and
+                writes are refused (:class:`~phronomy.StoreUnavailableError`);
+                implies ``migrate=False`` (operators' tools that only read).
+            migrate: create or migrate the schema on opening; ``False`` writes
+                nothing then and refuses a missing or earlier schema.
             fault_hook: test hook called at each fault point (see
                 :class:`~phronomy.storage.BaseStore`); it may raise or delay.
 
@@ -184,7 +192,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             )
         self._secrets = Secrets(dsn)
         self._dsn = dsn
-        params = self._parse(dsn)
+        params = parse_dsn(dsn, self._secrets)
         self._secrets = Secrets(dsn, params)
         self._timeouts = Timeouts(
             lock=lock_timeout,
@@ -195,6 +203,8 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         self._connect_timeout = connect_timeout
         self._fence_timeout = fence_timeout
         self._save_log_depth = save_log_depth
+        self._read_only = bool(read_only)
+        self._migrates = bool(migrate) and not read_only
         self._address = (
             f"{params.get('host') or 'localhost'}:{params.get('port') or 5432}"
             f"/{params.get('dbname') or params.get('user') or ''}"
@@ -214,21 +224,6 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             _no_clock,
             StepWatch(f"the clock of PostgreSQL at {self._address}"),
         )
-
-    def _parse(self, dsn: str) -> dict[str, Any]:
-        """The DSN's parameters; an error that quotes it is redacted first."""
-        driver = _driver()
-        params: dict[str, Any] | None = None
-        error = ""
-        try:
-            params = driver.conninfo.conninfo_to_dict(dsn)
-        except driver.ProgrammingError as exc:
-            error = self._secrets.redact(str(exc).strip())
-        if params is None:  # raised outside the handler: no chained driver error
-            raise StoreUnavailableError(
-                f"cannot parse the PostgreSQL DSN: {error}", path="postgresql:?"
-            )
-        return params
 
     @property
     def timeouts(self) -> Timeouts:
@@ -312,7 +307,8 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             self._dsn,
             autocommit=True,  # transactions are explicit: BEGIN ... COMMIT
             connect_timeout=max(1, round(self._connect_timeout)),
-            options=f"-c search_path={self._schema} {self._timeouts.options()}",
+            options=f"-c search_path={self._schema} {self._timeouts.options()}"
+            + (" -c default_transaction_read_only=on" if self._read_only else ""),
             application_name="phronomy",
         )
         return conn
@@ -352,6 +348,9 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             )
 
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
+        if not self._migrates:  # check only: nothing is written
+            check_version(conn, self._schema, self._address)
+            return
         with conn.transaction():
             # a migration may wait for another one, and build indexes over many rows
             conn.execute(f"SET LOCAL lock_timeout = '{_MIGRATION_LOCK_TIMEOUT}'")
@@ -388,6 +387,8 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         """One transaction on the lane's connection. On the write connection, its id
         is known before it writes (renewals need no fence: a late one only extends
         this runtime's own leases)."""
+        if self._read_only:
+            raise refused_write(self._schema, self._address)
         if lane == "renew":
             with self._renew_lock, self._translated("_renew_conn"):
                 conn = self._lane_connection("_renew_conn")

@@ -441,6 +441,7 @@ The row is returned as it was before the claim (``claimed``), or as it is
 (``current``); ``created`` for a new row."""
 SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = %s AND revision = %s"
+    " AND (NOT %s OR (status IN ('finished', 'cancelled') AND lease_owner IS NULL))"
 )
 SQL_SET_LOG_DEPTH = (
     "UPDATE phronomy_settings SET value = %s WHERE name = 'save_log_depth' "

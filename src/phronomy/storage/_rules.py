@@ -43,6 +43,7 @@ Operation = Literal[
     "delete",  # DeleteOp
     "renew",  # RenewOp, for each instance it names
     "request_cancel",  # RequestCancelOp
+    "terminate",  # TerminateOp
     "recover",  # RecoverOp, for each row
     "post",  # PostOp (and a ClaimOp's posting, a FireOp's events)
     "fire",  # FireOp: whether the row's due timers may be fired
@@ -69,12 +70,13 @@ its owner and epoch). ``live``: another runtime (or another epoch), not expired 
 ``expired``: another runtime (or epoch), expired on the store's lease clock.
 """
 
-Expectation = Literal["revision", "revision if given", "create", "served"]
+Expectation = Literal["revision", "revision if given", "create", "served", "closed"]
 """What an allowed operation still checks of itself.
 
 ``revision``: the row is at the expected revision (``None`` counts as 0, no row as
 revision 0). ``revision if given``: the same, unless none is expected. ``create``: it
 asks to create the row. ``served``: the row's workflow is one the operation names.
+``closed``: the row is finished or cancelled, if the operation asks for that.
 """
 
 Refusal = Literal[
@@ -164,7 +166,7 @@ NO_MARK = Rule(allowed=False, error="False")
 DELETE = Rule(
     allowed=True,
     error="ConflictError",
-    expects=("revision",),
+    expects=("revision", "closed"),
     lease="gone",
     revision="gone",
     status="gone",
@@ -173,6 +175,14 @@ RENEW = Rule(allowed=True, error="left", lease="renewed")
 NO_RENEW = Rule(allowed=False, error="left")
 CANCEL = Rule(allowed=True, error="None", lease="cancel requested")
 NO_CANCEL = Rule(allowed=False, error="None")
+TERMINATE = Rule(
+    allowed=True,
+    error="False",
+    expects=("revision",),
+    lease="taken over",
+    status="written",
+)
+NO_TERMINATE = Rule(allowed=False, error="False")
 SWEEP = Rule(allowed=True, error="left", lease="taken over", status="swept")
 NO_SWEEP = Rule(allowed=False, error="left")
 POST = Rule(allowed=True, error="-")
@@ -305,6 +315,18 @@ RULES: dict[tuple[Operation, RowStatus, Holder], Rule] = {
     ("request_cancel", "recovery_required", "free"): NO_CANCEL,
     ("request_cancel", "recovery_required", "live"): NO_CANCEL,
     ("request_cancel", "recovery_required", "expired"): NO_CANCEL,
+    # an operator's forced stop closes any open row, whoever holds it (epoch + 1)
+    ("terminate", "absent", "free"): NO_TERMINATE,
+    ("terminate", "running", "free"): TERMINATE,
+    ("terminate", "running", "live"): TERMINATE,
+    ("terminate", "running", "expired"): TERMINATE,
+    ("terminate", "halted", "free"): TERMINATE,
+    ("terminate", "finished", "free"): NO_TERMINATE,
+    ("terminate", "failed", "free"): TERMINATE,
+    ("terminate", "cancelled", "free"): NO_TERMINATE,
+    ("terminate", "recovery_required", "free"): TERMINATE,
+    ("terminate", "recovery_required", "live"): TERMINATE,
+    ("terminate", "recovery_required", "expired"): TERMINATE,
     # the sweep takes over running rows whose lease expired
     ("recover", "absent", "free"): NO_SWEEP,
     ("recover", "running", "free"): NO_SWEEP,
@@ -429,6 +451,7 @@ def goes_ahead(
     expected: int | None = None,
     create: bool = False,
     served: bool = True,
+    closed_only: bool = False,
 ) -> bool:
     """Whether an operation under *rule* goes ahead on *row*.
 
@@ -438,6 +461,7 @@ def goes_ahead(
         expected: the revision it expects.
         create: whether it asks to create a missing row.
         served: whether the row's workflow is one it names.
+        closed_only: whether it asks for a closed row.
 
     Returns:
         ``True`` when the rule allows it and its expectations hold.
@@ -448,5 +472,7 @@ def goes_ahead(
         "revision if given": expected is None or revision == expected,
         "create": create,
         "served": served,
+        "closed": not closed_only
+        or (row is not None and row.status in ("finished", "cancelled")),
     }
     return rule.allowed and all(checks[e] for e in rule.expects)

@@ -31,6 +31,7 @@ from ._ops import (
     RenewOp,
     RequestCancelOp,
     SaveOp,
+    TerminateOp,
     TimersOp,
 )
 from ._records import InstancePage, SaveLogEntry, StoredRecord
@@ -41,6 +42,7 @@ from ._sql_schedules import (
     ScheduleStatements,
     schedule_op,
 )
+from ._sql_terminate import SQL_TERMINATE_ROW
 from ._sql_timers import (
     TIMER_STATEMENTS,
     TimerStatements,
@@ -97,6 +99,7 @@ class Statements(NamedTuple):
     claim: str | None = None
     timers: TimerStatements = TIMER_STATEMENTS
     schedules: ScheduleStatements = SCHEDULE_STATEMENTS
+    terminate: str = SQL_TERMINATE_ROW
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
@@ -315,8 +318,31 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                 if closing:
                     conn.execute(sql.timers.clear, {"id": op.workflow_instance_id})
             return changed
+        case TerminateOp(workflow_instance_id=iid, expected_revision=expected):
+            params = {
+                "id": iid,
+                "expected": expected,
+                "status": op.status,
+                "detail": op.detail,
+                "now": clock.wall_ms(),
+            }
+            changed = conn.execute(sql.terminate, params).rowcount == 1
+            closing = op.status if op.status in _CLOSED else None
+            if changed and closing:
+                consume(
+                    conn,
+                    iid,
+                    revision=expected,
+                    consumed=(),
+                    closing=closing,
+                    sql=sql.inbox,
+                    now=clock.wall_ms(),
+                )
+                conn.execute(sql.timers.clear, {"id": iid})
+            return changed
         case DeleteOp(workflow_instance_id=iid, expected_revision=expected):
-            if conn.execute(sql.delete, (iid, expected)).rowcount != 1:
+            where = (iid, expected, op.closed_only)
+            if conn.execute(sql.delete, where).rowcount != 1:
                 raise _conflict(conn, sql, iid, expected, "delete")
             return None
     raise TypeError(f"unknown store operation {op!r}")  # pragma: no cover

@@ -19,6 +19,7 @@ from ._schedules import (
     save_starts,
 )
 from ._sql_inbox import pyformat
+from ._sql_terminate import SQL_TERMINATE_ROW
 from ._sql_timers import POSTGRES_MIGRATION, postgres_timers
 
 if TYPE_CHECKING:
@@ -158,6 +159,7 @@ def postgres_time(now: str) -> dict[str, Any]:
     return {
         "timers": postgres_timers(now),
         "schedules": schedules._replace(now=f"SELECT {now}"),
+        "terminate": pyformat(SQL_TERMINATE_ROW, now=now),
     }
 
 

@@ -397,6 +397,7 @@ SQL_EXPIRE_ALL_LEASES = """
 """Every lease expires now (their times are of another boot or clock)."""
 SQL_DELETE = (
     "DELETE FROM phronomy_workflow_instances WHERE instance_id = ? AND revision = ?"
+    " AND (NOT ? OR (status IN ('finished', 'cancelled') AND lease_owner IS NULL))"
 )
 SQL_FIND_WRITE = (
     "SELECT revision FROM phronomy_save_log WHERE instance_id = ? AND write_id = ?"

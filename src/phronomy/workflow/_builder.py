@@ -12,8 +12,9 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar, final
 
 import msgspec
 
-from phronomy.errors import DefinitionError, DefinitionWarning
+from phronomy.errors import DefinitionError, DefinitionWarning, InvalidInputError
 from phronomy.storage import MAX_DELAY_MS
+from phronomy.storage._retention import check_retention
 
 from ._definition import (
     AUTO_EVENT,
@@ -99,6 +100,7 @@ class Workflow(Generic[S]):
         name: str | None = None,
         version: str | None = None,
         on_unhandled_event: Literal["drop", "fail"] = "drop",
+        retention: float | None = None,
     ) -> None:
         """Start a definition.
 
@@ -112,11 +114,15 @@ class Workflow(Generic[S]):
                 state does not declare: ``"drop"`` it (with a warning, counted in
                 ``runtime.workflows.statistics()``), or ``"fail"`` the segment with
                 :class:`~phronomy.TransitionError`.
+            retention: seconds a closed (finished or cancelled) durable instance is
+                kept, with its history, before a runtime serving this workflow purges
+                it (``math.inf``: forever; ``None``: the runtime's ``retention``).
 
         Raises:
             DefinitionError: *state_type* is not a State subclass, *name* is empty or
                 starts with ``phronomy.`` (reserved), *version* is empty, or
-                *on_unhandled_event* is neither ``"drop"`` nor ``"fail"``.
+                *on_unhandled_event* is neither ``"drop"`` nor ``"fail"``, or
+                *retention* is not a number of seconds >= 0.
         """
         given: object = version  # checked at run time: callers are not typed
         if given is not None and (not isinstance(given, str) or not given):
@@ -128,6 +134,10 @@ class Workflow(Generic[S]):
                 "on_unhandled_event must be 'drop' or 'fail', got "
                 f"{on_unhandled_event!r}"
             )
+        try:
+            self._retention = check_retention(retention)
+        except InvalidInputError as exc:
+            raise DefinitionError(str(exc)) from None
         self._version = version
         self._on_unhandled: Literal["drop", "fail"] = on_unhandled_event
         state_spec(state_type)
@@ -386,6 +396,7 @@ class Workflow(Generic[S]):
                 {k: frozenset(v) for k, v in events_from.items()}
             ),
             on_unhandled_event=self._on_unhandled,
+            retention=self._retention,
             timeouts=MappingProxyType(
                 {k: tuple(sorted(v)) for k, v in timeouts.items()}
             ),

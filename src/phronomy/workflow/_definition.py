@@ -155,6 +155,8 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         on_unhandled_event: ``"drop"`` or ``"fail"`` an event the current state does
             not declare.
         version: the definition's version (given, or a fingerprint).
+        retention: seconds its closed durable instances are kept (``None``: the
+            runtime's default; ``math.inf``: forever).
     """
 
     name: str
@@ -174,6 +176,7 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     timeouts: Mapping[str, tuple[int, ...]] = msgspec.field(default_factory=dict)
     on_unhandled_event: Literal["drop", "fail"] = "drop"
     version: str = ""
+    retention: float | None = None
 
     def has_event(self, event: str) -> bool:
         """Whether *event* is a declared external event (a timeout's is not)."""

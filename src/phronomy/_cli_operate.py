@@ -1,0 +1,387 @@
+"""The command line's operating commands: ``instances cancel`` (also of an instance
+another process runs), ``retry``, ``fork`` and ``purge``."""
+
+from __future__ import annotations
+
+import json
+import time
+from typing import TYPE_CHECKING, Any
+
+import outcome
+
+from phronomy._cli_commands import (
+    _table,
+    _workflow_record,
+    iso,
+    safe,
+    write_cancellation,
+)
+from phronomy._cli_times import duration_ms
+from phronomy.engine import random_hex
+from phronomy.errors import InstanceStateError, InvalidInputError
+from phronomy.storage import (
+    InboxOp,
+    MarkOp,
+    Posting,
+    PostOp,
+    RequestCancelOp,
+    SaveRequest,
+    TerminateOp,
+    decode_snapshot_builtins,
+    encode_snapshot,
+    validate_instance_id,
+)
+from phronomy.storage._retention import CLOSED_STATUSES, closed_listing, purge_ops
+from phronomy.storage._shortcuts import MAX_LIMIT
+
+if TYPE_CHECKING:
+    import argparse
+
+    from phronomy._cli_store import CliStore
+    from phronomy.storage import InstanceStatus, StoredRecord
+
+__all__ = ["cancel", "fork", "purge", "retry", "terminate"]
+
+
+def row_table(row: StoredRecord | None) -> None:
+    """Print an instance's row as a one-row table (nothing for ``None``)."""
+    if row is not None:
+        _table(
+            ("ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "DETAIL"),
+            [
+                (
+                    safe(row.workflow_instance_id),
+                    safe(row.workflow),
+                    row.status,
+                    str(row.revision),
+                    safe(row.phase or ""),
+                    iso(row.updated_at_ms) or "",
+                    safe(row.detail or ""),
+                )
+            ],
+        )
+
+
+def _done(
+    args: argparse.Namespace,
+    text: str,
+    store: CliStore | None = None,
+    **fields: Any,
+) -> int:
+    """Print the outcome: *text* (under the instance's row as a table, if *store*),
+    or *fields* as one JSON object (with the row's update time)."""
+    if not args.json:
+        if store is not None:
+            row_table(store.load(fields["id"]))
+        print(text)
+        return 0
+    if store is not None:
+        row = store.load(fields["id"])
+        if row is not None:
+            fields.update(
+                updated_at_ms=row.updated_at_ms, updated_at=iso(row.updated_at_ms)
+            )
+    print(json.dumps(fields, sort_keys=True))
+    return 0
+
+
+# --- cancel ----------------------------------------------------------------------------
+
+
+def cancel(store: CliStore, args: argparse.Namespace) -> int:
+    """``instances cancel``: a cancelled revision of an instance nobody runs; one that
+    a live runtime runs is asked to cancel (through its row: the holder cancels it at
+    its next heartbeat) and waited for until the row says cancelled, or ``--wait``
+    seconds (``--no-wait``: return once asked)."""
+    iid = args.id
+    record = _workflow_record(store, args)
+    deadline = time.monotonic() + args.wait
+    asked = False
+    while True:
+        if record.status == "cancelled":
+            text = f"{safe(iid)}: " + (
+                f"cancelled at revision {record.revision} by its runtime"
+                if asked
+                else "already cancelled"
+            )
+            return _done(
+                args,
+                text,
+                id=iid,
+                status="cancelled",
+                revision=record.revision,
+            )
+        if record.status != "running" or record.lease_owner is None:
+            if write_cancellation(store, record, reason=args.reason, force=args.force):
+                saved = _workflow_record(store, args)
+                return _done(
+                    args,
+                    f"{safe(iid)}: cancelled at revision {saved.revision}",
+                    id=iid,
+                    status="cancelled",
+                    revision=saved.revision,
+                )
+            return _done(
+                args,
+                f"{safe(iid)}: already cancelled",
+                id=iid,
+                status="cancelled",
+                revision=record.revision,
+            )
+        if record.cancel_requested is None:  # asked again after each new claim
+            store.run(RequestCancelOp(workflow_instance_id=iid, reason=args.reason))
+            if args.no_wait:
+                return _done(
+                    args,
+                    f"{safe(iid)}: cancellation asked of its runtime "
+                    f"({safe(record.lease_owner)}); it cancels at its next heartbeat",
+                    id=iid,
+                    status="cancel_requested",
+                    revision=record.revision,
+                )
+        asked = True
+        if time.monotonic() > deadline:
+            raise InstanceStateError(
+                f"workflow instance {iid!r} is still {record.status} after {args.wait} "
+                "s; its runtime cancels it at its next heartbeat (run the command "
+                "again to wait more)",
+                instance_id=iid,
+            )
+        time.sleep(0.05)
+        record = _workflow_record(store, args)
+
+
+def terminate(store: CliStore, args: argparse.Namespace) -> int:
+    """``instances terminate``: close an instance now, whoever runs it (dangerous).
+
+    The row becomes ``cancelled`` (or ``failed``) at its revision, its lease released
+    and its epoch incremented: a runtime still running it is not waited for, and its
+    next write is refused (it learns at its next heartbeat that the lease is gone and
+    stops). What that runtime's effects did meanwhile is not undone.
+    """
+    iid = args.id
+    record = _workflow_record(store, args)
+    if record.status in ("finished", "cancelled"):
+        raise InstanceStateError(
+            f"workflow instance {iid!r} is {record.status} already: nothing to "
+            "terminate",
+            instance_id=iid,
+        )
+    detail = f"terminated by an operator (cli): {args.reason or 'no reason given'}"
+    changed = store.run(
+        TerminateOp(
+            workflow_instance_id=iid,
+            expected_revision=record.revision,
+            status=args.status,
+            detail=detail,
+        )
+    )
+    if not changed:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} changed meanwhile; nothing was written (run "
+            "the command again)",
+            instance_id=iid,
+        )
+    held = "" if record.lease_owner is None else f" (held by {record.lease_owner})"
+    return _done(
+        args,
+        f"{safe(iid)}: terminated as {args.status} at revision {record.revision}"
+        f"{safe(held)}",
+        store,
+        id=iid,
+        status=args.status,
+        revision=record.revision,
+        lease_owner=record.lease_owner,
+        lease_epoch=record.lease_epoch + 1,
+    )
+
+
+# --- retry and fork --------------------------------------------------------------------
+
+
+def retry(store: CliStore, args: argparse.Namespace) -> int:
+    """``instances retry``: a failed instance back to ``halted`` at its last saved
+    revision (its last good state: a failed segment saves nothing), and the event
+    whose segment failed stored again, so that a runtime serving its workflow applies
+    it anew."""
+    iid = args.id
+    record = _workflow_record(store, args)
+    if record.status != "failed":
+        raise InstanceStateError(
+            f"workflow instance {iid!r} is {record.status}, not failed: only a failed "
+            "instance is retried",
+            instance_id=iid,
+        )
+    if record.snapshot is None or record.revision == 0:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} failed before its first save: there is no "
+            "saved revision to retry from; start it again (if_exists='restart')",
+            instance_id=iid,
+        )
+    entries = store.run(
+        InboxOp(workflow_instance_id=iid, pending_only=False, limit=MAX_LIMIT)
+    )
+    pending = [e for e in entries if e.status == "pending"]
+    failed = [e for e in entries if e.status == "failed"]
+    again = None if pending or not failed else failed[-1]
+    changed = store.run(
+        MarkOp(
+            workflow_instance_id=iid,
+            status="halted",
+            expected_revision=record.revision,
+            detail=f"retried by an operator (cli) at revision {record.revision}",
+        )
+    )
+    if not changed:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} changed meanwhile; nothing was written",
+            instance_id=iid,
+        )
+    event = None
+    if again is not None:
+        posting = Posting(
+            workflow_instance_id=iid,
+            event_id=f"retry:{record.revision}:{again.seq}",
+            event=again.event,
+            payload=again.payload,
+            input=again.input,
+        )
+        store.run(PostOp(posting=posting))
+        event = again.event
+    what = f"event {safe(event)!r} stored again" if event else "its pending events"
+    return _done(
+        args,
+        f"{safe(iid)}: halted at revision {record.revision}; {what}: a runtime "
+        f"serving workflow {safe(record.workflow)!r} applies it",
+        store,
+        id=iid,
+        status="halted",
+        revision=record.revision,
+        event=event,
+    )
+
+
+def fork(store: CliStore, args: argparse.Namespace) -> int:
+    """``instances fork``: a new instance ``--new-id`` with the state and phase of a
+    stored revision of ``ID`` (halted, or finished if that revision finished)."""
+    iid = args.id
+    record = _workflow_record(store, args)
+    try:
+        new = validate_instance_id(args.new_id, workflow=record.workflow)
+    except InvalidInputError as exc:
+        raise InvalidInputError(f"--new-id: {exc}") from None
+    revision = record.revision if args.revision is None else args.revision
+    if record.snapshot is None or record.revision == 0:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} has no saved revision to fork", instance_id=iid
+        )
+    if revision != record.revision:
+        known = {s.revision for s in store.history(iid, limit=MAX_LIMIT)}
+        said = "is in its history, but" if revision in known else "does not exist;"
+        raise InvalidInputError(
+            f"revision {revision} of {iid!r} {said} the store keeps the state of the "
+            f"current revision only ({record.revision}); fork that one"
+        )
+    if store.load(new) is not None:
+        raise InstanceStateError(
+            f"workflow instance {new!r} exists already; choose another --new-id",
+            instance_id=new,
+        )
+    stored = decode_snapshot_builtins(
+        record.snapshot, workflow_instance_id=iid, revision=record.revision
+    )
+    status: InstanceStatus = "finished" if record.status == "finished" else "halted"
+    snapshot = encode_snapshot(
+        stored.fields,
+        workflow_instance_id=new,
+        revision=1,
+        phase=record.phase,
+        workflow=record.workflow,
+    )
+    request = SaveRequest(
+        workflow_instance_id=new,
+        expected_revision=None,
+        snapshot=snapshot,
+        write_id=random_hex(),
+        status=status,
+        phase=record.phase,
+        workflow=record.workflow,
+        definition_version=record.definition_version,
+        detail=f"forked from {iid} revision {revision}",
+    )
+    store.save(request)
+    return _done(
+        args,
+        f"{safe(new)}: forked from {safe(iid)} revision {revision} ({status}, "
+        f"phase {safe(record.phase or '')})",
+        store,
+        id=new,
+        source=iid,
+        source_revision=revision,
+        status=status,
+        revision=1,
+    )
+
+
+# --- purge -----------------------------------------------------------------------------
+
+
+def purge(store: CliStore, args: argparse.Namespace) -> int:
+    """``instances purge``: delete closed (finished, cancelled) instances last changed
+    more than ``--older-than`` ago, with their history, inbox and timers, in batches;
+    ``--dry-run`` lists them only."""
+    now = store.wall_now_ms()
+    before = now - duration_ms(args.older_than, "--older-than")
+    statuses = CLOSED_STATUSES if args.status is None else (args.status,)
+    found: list[StoredRecord] = []
+    deleted: list[str] = []
+    for status in statuses:
+        after: str | None = None
+        while len(found) < args.limit:
+            page = store.run(
+                closed_listing(status, workflow=args.workflow, after=after)
+            )
+            ops = purge_ops(page.records, before_ms=before)[: args.limit - len(found)]
+            chosen = {op.workflow_instance_id for op in ops}
+            found += [r for r in page.records if r.workflow_instance_id in chosen]
+            if ops and not args.dry_run:
+                results = store.execute(ops)
+                deleted += [
+                    op.workflow_instance_id
+                    for op, result in zip(ops, results, strict=True)
+                    if isinstance(result, outcome.Value)  # else it changed: kept
+                ]
+            after = page.next_after
+            if after is None:
+                break
+    if args.json:
+        for r in found:
+            print(
+                json.dumps(
+                    {
+                        "id": r.workflow_instance_id,
+                        "workflow": r.workflow,
+                        "status": r.status,
+                        "updated_at": iso(r.updated_at_ms),
+                        "deleted": r.workflow_instance_id in deleted,
+                    },
+                    sort_keys=True,
+                )
+            )
+        return 0
+    _table(
+        ("ID", "WORKFLOW", "STATUS", "UPDATED", "DELETED"),
+        [
+            (
+                safe(r.workflow_instance_id),
+                safe(r.workflow),
+                r.status,
+                iso(r.updated_at_ms) or "",
+                "yes" if r.workflow_instance_id in deleted else "no",
+            )
+            for r in found
+        ],
+    )
+    what = "would be deleted (dry run)" if args.dry_run else "deleted"
+    print(f"{len(found) if args.dry_run else len(deleted)} instances {what}")
+    return 0

@@ -1,0 +1,108 @@
+"""How the command line (and other operators' tools) opens a store named by ``--db``.
+
+``--db`` is an SQLite file's path or a PostgreSQL URI (``postgresql://`` or
+``postgres://``). The PostgreSQL schema is ``public``, or the one the URI's
+``options`` set (``?options=-csearch_path%3Dmyschema``), or *schema*. A password in
+the URI is never shown: :func:`shown` is the text to print instead of *db*.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import urllib.parse
+
+from phronomy.errors import StoreUnavailableError
+from phronomy.storage import PostgresStore, SQLiteStore
+from phronomy.storage._postgres_errors import Secrets
+
+__all__ = ["CliStore", "is_dsn", "lease_now", "open_store", "shown"]
+
+CliStore = SQLiteStore | PostgresStore
+"""A store the command line opens."""
+
+_SCHEMES = ("postgresql://", "postgres://")
+_SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*([A-Za-z0-9_]+)")
+
+
+def is_dsn(db: str) -> bool:
+    """Whether *db* names a PostgreSQL database (a ``postgresql://`` URI)."""
+    return db.startswith(_SCHEMES)
+
+
+def shown(db: str) -> str:
+    """*db* as it may be printed: a URI's password replaced by ``***``."""
+    return Secrets(db).redact(db) if is_dsn(db) else db
+
+
+def _schema(dsn: str) -> str:
+    query = urllib.parse.urlsplit(dsn).query
+    for value in urllib.parse.parse_qs(query).get("options", []):
+        found = _SEARCH_PATH.search(value)
+        if found:
+            return found.group(1)
+    return "public"
+
+
+def open_store(
+    db: str, *, read_only: bool, migrate: bool = False, schema: str | None = None
+) -> CliStore:
+    """The store *db* names, open (blocking).
+
+    Args:
+        db: an SQLite file's path (it must exist: a mistyped path is an error, not a
+            new database) or a ``postgresql://`` URI.
+        read_only: open it for reading only (SQLite: a read-only connection;
+            PostgreSQL: read-only sessions, writes refused).
+        migrate: create or migrate the schema (``migrate`` only); otherwise a
+            database of an earlier release is refused and left unchanged.
+        schema: the PostgreSQL schema (default: the URI's ``search_path``, else
+            ``public``).
+
+    Returns:
+        The open store (close it when done).
+
+    Raises:
+        StoreUnavailableError: the database cannot be opened (the message shows
+            *db* without its password).
+        InvalidInputError: an invalid schema name.
+    """
+    store: CliStore
+    if is_dsn(db):
+        store = PostgresStore(
+            db,
+            schema=schema or _schema(db),
+            read_only=read_only,
+            migrate=migrate,
+            connect_timeout=5.0,
+        )
+        try:
+            store.open()
+        except BaseException:
+            store.close()
+            raise
+        return store
+    _check_file(db, must_exist=not read_only)
+    store = SQLiteStore(db, read_only=read_only)
+    try:
+        store.open(migrate=migrate)
+    except BaseException:
+        store.close()
+        raise
+    return store
+
+
+def _check_file(path: str, *, must_exist: bool) -> None:
+    if must_exist and not os.path.exists(path):
+        raise StoreUnavailableError(
+            f"SQLite database {path!r} does not exist (check the path)", path=path
+        )
+
+
+def lease_now(store: CliStore) -> int | None:
+    """Now on the clock of *store*'s lease expiries (``None``: SQLite leases of another
+    boot, all expired). PostgreSQL keeps them on the database's wall clock, read here
+    as this machine's (a skew between the two moves the expiries shown)."""
+    if isinstance(store, SQLiteStore):
+        return store.lease_now_ms()
+    return store.wall_now_ms()

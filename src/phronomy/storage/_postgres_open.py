@@ -1,0 +1,74 @@
+"""Opening the PostgreSQL store: its DSN parsed, and the checks of a store opened
+without migrating, or read-only (operators' tools)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from phronomy.errors import StoreUnavailableError
+
+from ._postgres_errors import Secrets, driver
+from ._postgres_schema import SCHEMA_VERSION, SQL_SCHEMA_VERSION
+
+if TYPE_CHECKING:
+    import psycopg
+
+__all__ = ["check_version", "parse_dsn", "refused_write"]
+
+
+def check_version(conn: psycopg.Connection[Any], schema: str, address: str) -> None:
+    """Raise unless *schema* holds this release's tables (nothing is written).
+
+    Raises:
+        StoreUnavailableError: no phronomy tables, or another schema version.
+    """
+    row = conn.execute(
+        "SELECT to_regclass(%s) IS NOT NULL", (f'"{schema}".phronomy_schema',)
+    ).fetchone()
+    found = row is not None and bool(row[0])
+    version = 0
+    if found:
+        row = conn.execute(SQL_SCHEMA_VERSION).fetchone()
+        version = int(row[0]) if row and row[0] is not None else 0
+    if version == SCHEMA_VERSION:
+        return
+    what = (
+        f"has phronomy schema version {version}; this release uses {SCHEMA_VERSION}"
+        if found
+        else "has no phronomy tables"
+    )
+    raise StoreUnavailableError(
+        f"PostgreSQL schema {schema!r} at {address} {what}; a store opened without "
+        "migrating changes nothing (migrate it with `python -m phronomy migrate`, or "
+        "open a runtime on it)",
+        path=f"postgresql:{address}",
+    )
+
+
+def refused_write(schema: str, address: str) -> StoreUnavailableError:
+    """The error of a write to a store opened read-only."""
+    return StoreUnavailableError(
+        f"PostgreSQL at {address} (schema {schema!r}) was opened read-only: nothing "
+        "was written",
+        path=f"postgresql:{address}",
+    )
+
+
+def parse_dsn(dsn: str, secrets: Secrets) -> dict[str, Any]:
+    """The DSN's parameters; an error that quotes it is redacted first.
+
+    Raises:
+        StoreUnavailableError: psycopg is not installed, or *dsn* cannot be parsed.
+    """
+    found = driver()
+    params: dict[str, Any] | None = None
+    error = ""
+    try:
+        params = found.conninfo.conninfo_to_dict(dsn)
+    except found.ProgrammingError as exc:
+        error = secrets.redact(str(exc).strip())
+    if params is None:  # raised outside the handler: no chained driver error
+        raise StoreUnavailableError(
+            f"cannot parse the PostgreSQL DSN: {error}", path="postgresql:?"
+        )
+    return params

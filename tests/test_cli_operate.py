@@ -1,0 +1,380 @@
+"""The operating commands on both stores: retry, fork, purge, cancel of an instance
+another runtime runs, and the list's time filters; bad input changes nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+from typing import TYPE_CHECKING, Any
+
+import pytest
+import trio
+
+import phronomy
+from phronomy._cli_commands import iso
+from phronomy.cli import main
+from phronomy.errors import LeaseLostError
+from phronomy.storage import InboxOp
+from polling import until
+
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterator
+    from pathlib import Path
+
+ONE_ERROR_LINE = re.compile(r"phronomy: error: [^\n]+\n")
+FAILING = {"on": True}
+
+
+class _Order(phronomy.State):
+    by: str = ""
+
+
+def _approve(state: _Order, event: Any) -> _Order:
+    if FAILING["on"]:
+        raise RuntimeError("the approval service is down")
+    return state.merge(by=event.payload["by"])
+
+
+FLOW = (
+    phronomy.Workflow(_Order, name="orders")
+    .wait_state("awaiting")
+    .initial("awaiting")
+    .transition("awaiting", phronomy.FINISH, on="approve", action=_approve)
+    .build()
+)
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def target(
+    request: pytest.FixtureRequest, tmp_path: Path
+) -> Iterator[tuple[str, Callable[[], Any]]]:
+    """``--db`` of a new database, and a function that opens a runtime's store on it."""
+    if request.param == "sqlite":
+        db = str(tmp_path / "ops.db")
+        yield db, lambda: phronomy.SQLiteStore(db)
+        return
+    import psycopg
+
+    dsn: str = request.getfixturevalue("postgres_dsn")
+    schema = f"test_ops_{secrets.token_hex(6)}"
+    sep = "&" if "?" in dsn else "?"
+    yield (
+        f"{dsn}{sep}options=-csearch_path%3D{schema}",
+        lambda: phronomy.PostgresStore(dsn, schema=schema),
+    )
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+
+
+def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    status = main(list(argv))
+    captured = capsys.readouterr()
+    return status, captured.out, captured.err
+
+
+def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
+    status, out, err = _cli(capsys, *argv)
+    assert status == 1, (out, err)
+    assert ONE_ERROR_LINE.fullmatch(err), err
+    return err
+
+
+def test_retry_fork_purge_and_time_filters(
+    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    db, make = target
+
+    async def runtime(body: Callable[[Any, Any], Any], *, serving: bool) -> Any:
+        store = make()
+        try:
+            async with phronomy.open_runtime(
+                store=store, workflows=[FLOW] if serving else (), sweep_interval=0
+            ) as rt:
+                return await body(rt, store)
+        finally:
+            store.close()
+
+    async def setup(rt: Any, store: Any) -> None:
+        for iid in ("o-1", "o-2"):
+            await rt.workflows.invoke(FLOW, workflow_instance_id=iid)
+
+    def status_of(iid: str, wanted: str) -> Callable[[Any, Any], Any]:
+        async def wait(rt: Any, store: Any) -> Any:
+            def done() -> bool:
+                row = store.load(iid)
+                return row is not None and row.status == wanted
+
+            await until(done, limit=10)
+            return store.load(iid)
+
+        return wait
+
+    trio.run(lambda: runtime(setup, serving=False))
+    assert _cli(capsys, "instances", "list", "--db", db, "--since", "1h")[0] == 0
+    FAILING["on"] = True
+    send = ["instances", "send", "--db", db, "o-1", "approve", "--json"]
+    status, out, _ = _cli(capsys, *send, "--payload", '{"by": "ops"}')
+    assert status == 0
+    assert json.loads(out)["status"] == "pending"
+    failed = trio.run(lambda: runtime(status_of("o-1", "failed"), serving=True))
+    assert failed.revision == 1
+
+    # bad input to retry and fork: one line, exit 1, nothing changes
+    before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
+    assert "is halted, not failed" in _refused(
+        capsys, "instances", "retry", "--db", db, "o-2"
+    )
+    assert "does not exist" in _refused(capsys, "instances", "retry", "--db", db, "x")
+    fork = ["instances", "fork", "--db", db, "o-2", "--new-id"]
+    assert "exists already" in _refused(capsys, *fork, "o-1")
+    assert "revision 7 of 'o-2' does not exist" in _refused(
+        capsys, *fork, "o-3", "--revision", "7"
+    )
+    assert "--new-id: workflow_instance_id is required" in _refused(capsys, *fork, "")
+    assert "reserved" in _refused(capsys, *fork, "agent:x")
+    assert "does not exist" in _refused(
+        capsys, "instances", "fork", "--db", db, "../x", "--new-id", "y"
+    )
+    purge = ["instances", "purge", "--db", db, "--older-than"]
+    assert "is not a duration" in _refused(capsys, *purge, "7 days")
+    assert "--since 'yesterday' is neither" in _refused(
+        capsys, "instances", "list", "--db", db, "--since", "yesterday"
+    )
+    assert "has no UTC offset" in _refused(
+        capsys, "instances", "list", "--db", db, "--until", "2026-01-01T00:00:00"
+    )
+    assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
+
+    # retry: halted at its last good revision, the failed event stored again
+    FAILING["on"] = False
+    status, out, _ = _cli(capsys, "instances", "retry", "--db", db, "o-1", "--json")
+    assert status == 0
+    retried = json.loads(out)
+    assert retried["updated_at"] == iso(retried.pop("updated_at_ms"))
+    del retried["updated_at"]
+    assert retried == {
+        "event": "approve",
+        "id": "o-1",
+        "revision": 1,
+        "status": "halted",
+    }
+    status, out, _ = _cli(capsys, "instances", "retry", "--db", db, "o-1")
+    assert "is halted, not failed" in _  # retried once: halted now
+    done = trio.run(lambda: runtime(status_of("o-1", "finished"), serving=True))
+    assert done.revision == 2
+
+    # fork: a new instance at the state and phase of o-2's current revision
+    status, out, _ = _cli(capsys, *fork, "o-3", "--revision", "1", "--json")
+    assert status == 0
+    assert json.loads(out)["status"] == "halted"
+    send3 = ["instances", "send", "--db", db, "o-3", "approve"]
+    assert _cli(capsys, *send3, "--payload", '{"by": "fork"}')[0] == 0
+    forked = trio.run(lambda: runtime(status_of("o-3", "finished"), serving=True))
+    assert forked.revision == 2
+
+    # list's time filters (ISO times and durations)
+    status, out, _ = _cli(capsys, "instances", "list", "--db", db, "--since", "1h")
+    assert [line.split()[0] for line in out.splitlines()] == ["ID", "o-1", "o-2", "o-3"]
+    status, out, _ = _cli(
+        capsys, "instances", "list", "--db", db, "--until", "2000-01-01T00:00:00Z"
+    )
+    assert out.splitlines() == [out.splitlines()[0]]  # only the header
+    status, out, _ = _cli(capsys, "instances", "list", "--db", db, "--until", "1h")
+    assert len(out.splitlines()) == 1
+
+    # purge: the closed ones older than the cutoff, with their history and inbox
+    status, out, _ = _cli(capsys, *purge, "1d")
+    assert status == 0
+    assert out.splitlines()[-1] == "0 instances deleted"
+    status, out, _ = _cli(capsys, *purge, "0s", "--dry-run", "--json")
+    assert sorted(json.loads(x)["id"] for x in out.splitlines()) == ["o-1", "o-3"]
+    status, out, _ = _cli(capsys, *purge, "0s")
+    assert out.splitlines()[-1] == "2 instances deleted"
+    store = make()
+    try:
+        assert store.load("o-1") is None
+        assert store.history("o-1") == []
+        assert store.run(InboxOp(workflow_instance_id="o-1", pending_only=False)) == ()
+        assert store.load("o-2") is not None  # halted: kept
+    finally:
+        store.close()
+    assert "does not exist" in _refused(
+        capsys, "instances", "history", "--db", db, "o-1"
+    )
+
+    # a purged id can be started again: a new instance
+    async def again(rt: Any, store: Any) -> Any:
+        return await rt.workflows.invoke(FLOW, workflow_instance_id="o-1")
+
+    trio.run(lambda: runtime(again, serving=False))
+    status, out, _ = _cli(capsys, "instances", "history", "--db", db, "o-1", "--json")
+    assert [json.loads(x)["revision"] for x in out.splitlines()] == [1]
+
+
+def test_hostile_input_to_new_commands_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    db = str(tmp_path / "none.db")
+    for argv in (
+        ["instances", "retry", "--db", db, "x"],
+        ["instances", "fork", "--db", db, "x", "--new-id", "y"],
+        ["instances", "purge", "--db", db, "--older-than", "1d"],
+        ["instances", "cancel", "--db", db, "x"],
+    ):
+        assert "does not exist" in _refused(capsys, *argv)
+    assert not os.path.exists(db)
+
+
+FAST: dict[str, Any] = {
+    "lease_ttl": 0.6,
+    "heartbeat_interval": 0.1,
+    "lease_margin": 0.2,
+    "sweep_interval": 0.1,
+}
+
+
+async def test_cancel_reaches_an_instance_another_runtime_runs(
+    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workflow.helpers import live_flow, start_live
+
+    db, make = target
+    flow = live_flow()
+    store = make()
+    try:
+        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
+            handle = await start_live(rt, flow, "live-1")
+            cancel = ["instances", "cancel", "--db", db, "live-1"]
+            status, out, err = await trio.to_thread.run_sync(
+                lambda: _cli(capsys, *cancel, "--reason", "ops", "--wait", "10")
+            )
+            assert status == 0, err
+            assert out.startswith("live-1: cancelled at revision"), out
+            with pytest.raises(phronomy.WorkflowCancelledError):
+                await handle.result()
+            other = await start_live(rt, flow, "live-3")
+            status, out, err = await trio.to_thread.run_sync(
+                lambda: _cli(
+                    capsys, "instances", "cancel", "--db", db, "live-3", "--no-wait",
+                    "--json",
+                )
+            )  # fmt: skip
+            assert (status, json.loads(out)["status"]) == (0, "cancel_requested"), err
+            with pytest.raises(phronomy.WorkflowCancelledError):
+                await other.result()
+            row = store.load("live-1")
+            assert (row.status, row.lease_owner) == ("cancelled", None)
+            status, out, _ = await trio.to_thread.run_sync(
+                lambda: _cli(capsys, *cancel)
+            )
+            assert out == "live-1: already cancelled\n"
+    finally:
+        store.close()
+
+
+FLOWS_MODULE = """
+import phronomy
+
+
+class Ticket(phronomy.State):
+    title: str = ""
+
+
+flow = (
+    phronomy.Workflow(Ticket, name="tickets")
+    .wait_state("open")
+    .initial("open")
+    .transition("open", phronomy.FINISH, on="close")
+    .build()
+)
+not_a_flow = 3
+"""
+
+
+def test_start_runs_the_first_segment_of_a_definition_in_your_code(
+    target: tuple[str, Callable[[], Any]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    db, make = target
+    home = tmp_path / "app"
+    home.mkdir()
+    (home / f"cli_flows_{secrets.token_hex(4)}.py").write_text(FLOWS_MODULE)
+    module = next(home.glob("cli_flows_*.py")).stem
+    monkeypatch.chdir(home)
+    store = make()
+    store.open()  # a database a runtime created
+    store.close()
+    start = ["instances", "start", "--db", db, f"{module}:flow"]
+    status, out, err = _cli(capsys, *start, "t-1", "--input", '{"title": "x"}')
+    assert status == 0, err
+    header, row, said = out.splitlines()
+    assert header.split() == [
+        "ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "DETAIL"
+    ]  # fmt: skip
+    assert row.split()[:5] == ["t-1", "tickets", "halted", "1", "open"]
+    assert row.split()[5].endswith("Z")
+    assert said == "t-1: started (halted at revision 1, phase open)"
+    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "t-1")
+    assert json.loads(out)["fields"] == {"title": "x"}
+    before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
+    for argv, message in (
+        ([*start, "t-1"], "exists and is halted"),
+        ([*start, "t-2", "--input", "{oops"], "--input is not JSON"),
+        ([*start, "t-2", "--input", "[1]"], "must be a JSON object"),
+        ([*start, "t-2", "--input", '{"title": 5}'], "title"),
+        ([*start, "t\n2"], "control characters"),
+        (["instances", "start", "--db", db, "flow", "t-2"], "module:attribute"),
+        (["instances", "start", "--db", db, "no_such_mod:flow", "t-2"], "import"),
+        (["instances", "start", "--db", db, f"{module}:not_a_flow", "t-2"], "not a"),
+    ):
+        assert message in _refused(capsys, *argv), argv
+    assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
+
+
+async def test_terminate_closes_a_live_instance_and_fences_its_holder(
+    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from workflow.helpers import live_flow, start_live
+
+    db, make = target
+    flow = live_flow()
+    store = make()
+    try:
+        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
+            handle = await start_live(rt, flow, "live-2")
+            held = store.load("live-2")
+            terminate = ["instances", "terminate", "--db", db, "live-2"]
+            status, out, err = await trio.to_thread.run_sync(
+                lambda: _cli(capsys, *terminate, "--reason", "stuck", "--json")
+            )
+            assert status == 0, err
+            view = json.loads(out)
+            assert (view["status"], view["lease_epoch"]) == (
+                "cancelled",
+                held.lease_epoch + 1,
+            )
+            row = store.load("live-2")
+            assert (row.status, row.lease_owner, row.lease_epoch) == (
+                "cancelled",
+                None,
+                held.lease_epoch + 1,
+            )
+            assert row.detail == "terminated by an operator (cli): stuck"
+            # the holder learns it lost the lease; its later writes are refused
+            with pytest.raises(LeaseLostError):
+                with trio.fail_after(5):
+                    await handle.result()
+            after = store.load("live-2")
+            assert (after.status, after.revision) == ("cancelled", row.revision)
+            err = await trio.to_thread.run_sync(lambda: _refused(capsys, *terminate))
+            assert "is cancelled already" in err
+            err = await trio.to_thread.run_sync(
+                lambda: _refused(capsys, "instances", "terminate", "--db", db, "nope")
+            )
+            assert "does not exist" in err
+    finally:
+        store.close()
