@@ -81,7 +81,7 @@ class Statements(NamedTuple):
 
     load: str
     revision: str
-    list: str
+    list: tuple[str, ...]
     history: str
     find_write: str
     begin: str
@@ -144,10 +144,11 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             params = {
                 "status": status,
                 "workflow": workflow,
-                "after": after,
+                "after": after or "",  # every id is longer
                 "limit": limit + 1,
             }
-            rows = conn.execute(sql.list, params).fetchall()
+            statement = sql.list[2 * (status is not None) + (workflow is not None)]
+            rows = conn.execute(statement, params).fetchall()
             records = tuple(record_from_row(row) for row in rows[:limit])
             more = len(rows) > limit
             return InstancePage(
