@@ -384,9 +384,8 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
 
     @contextlib.contextmanager
     def _writing(self, lane: Lane = "write") -> Iterator[psycopg.Connection[Any]]:
-        """One transaction on the lane's connection. On the write connection, its id
-        is known before it writes (renewals need no fence: a late one only extends
-        this runtime's own leases)."""
+        """One transaction on the lane's connection; on the write connection, its id is
+        known before it writes (a renewal, late, only extends this runtime's leases)."""
         if self._read_only:
             raise refused_write(self._schema, self._address)
         if lane == "renew":

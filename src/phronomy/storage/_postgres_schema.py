@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from ._postgres_notify import SQL_NOTIFY
 from ._sql_inbox import INBOX_STATEMENTS, ROW, InboxStatements, pyformat
+from ._sql_list import LIST_STATEMENTS
 from ._sql_ops import Statements
 from ._sql_schedules import POSTGRES_TIME, postgres_time
 
@@ -189,24 +190,7 @@ SQL_REVISION = (
     "WHERE instance_id = %s"
 )
 SQL_LOAD = f"SELECT {COLUMNS} FROM phronomy_workflow_instances WHERE instance_id = %s"  # noqa: S608 - constant
-_LIST_COLUMNS = """instance_id, workflow, revision, status, phase, NULL, last_write_id,
-    detail, updated_at_ms, definition_version, lease_owner, lease_epoch,
-    lease_expires_at_ms, takeovers, cancel_requested"""
-
-
-def _list(status: bool, workflow: bool) -> str:
-    where = ["instance_id > %(after)s"]
-    where += ["status = %(status)s"] * status + ["workflow = %(workflow)s"] * workflow
-    return (
-        f"SELECT {_LIST_COLUMNS} FROM phronomy_workflow_instances "  # noqa: S608
-        f"WHERE {' AND '.join(where)} ORDER BY instance_id LIMIT %(limit)s"
-    )
-
-
-SQL_LIST = tuple(_list(s, w) for s in (False, True) for w in (False, True))
-"""A page of rows, by (status filter?, workflow filter?): each filter a condition of
-its own, so that a prepared statement's generic plan can use the status or workflow
-index (``%(status)s IS NULL OR ...`` cannot)."""
+SQL_LIST = tuple(pyformat(s, now="") for s in LIST_STATEMENTS)
 SQL_HISTORY = """
     SELECT revision, status, phase, write_id, committed_at_ms, definition_version, detail
     FROM phronomy_save_log WHERE instance_id = %s ORDER BY revision DESC LIMIT %s

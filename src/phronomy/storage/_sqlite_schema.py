@@ -9,13 +9,13 @@ from __future__ import annotations
 import os
 
 from ._sql_inbox import INBOX_STATEMENTS
+from ._sql_list import LIST_STATEMENTS
 from ._sql_ops import Statements
 from ._sql_schedules import SQLITE_SCHEDULES
 from ._sql_timers import SQLITE_MIGRATION
 
 __all__ = [
     "COLUMNS",
-    "LIST_COLUMNS",
     "MIGRATIONS",
     "NETWORK_FILESYSTEMS",
     "SCHEMA_VERSION",
@@ -215,11 +215,6 @@ COLUMNS = (
     "updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms, "
     "takeovers, cancel_requested"
 )
-LIST_COLUMNS = (
-    "instance_id, workflow, revision, status, phase, NULL, last_write_id, detail, "
-    "updated_at_ms, definition_version, lease_owner, lease_epoch, lease_expires_at_ms, "
-    "takeovers, cancel_requested"
-)
 
 SQL_FOREIGN_TABLES = (
     "SELECT count(*) FROM sqlite_master WHERE name NOT LIKE 'sqlite_%' "
@@ -403,20 +398,7 @@ SQL_FIND_WRITE = (
     "SELECT revision FROM phronomy_save_log WHERE instance_id = ? AND write_id = ?"
 )
 
-
-def _list(status: bool, workflow: bool) -> str:
-    where = ["instance_id > :after"]  # a seek in the index, not a filter on every row
-    where += ["status = :status"] * status + ["workflow = :workflow"] * workflow
-    return (
-        f"SELECT {LIST_COLUMNS} FROM phronomy_workflow_instances "  # noqa: S608
-        f"WHERE {' AND '.join(where)} ORDER BY instance_id LIMIT :limit"
-    )
-
-
-SQL_LIST = tuple(_list(s, w) for s in (False, True) for w in (False, True))
-"""A page of rows, by (status filter?, workflow filter?): each filter a condition of
-its own, which the status or workflow index serves in id order (a test written as
-``:status IS NULL OR status = :status`` made SQLite walk the whole table)."""
+SQL_LIST = LIST_STATEMENTS
 
 STATEMENTS = Statements(
     load=SQL_LOAD,
