@@ -11,11 +11,25 @@ from phronomy.storage._retention import CLOSED_STATUSES
 if TYPE_CHECKING:
     import argparse
 
-__all__ = ["add_operating", "add_time_filters"]
+__all__ = ["add_operating", "add_time_filters", "add_wait"]
 
 
 def _json(sub: argparse.ArgumentParser) -> None:
     sub.add_argument("--json", action="store_true", help="one JSON object per line")
+
+
+def add_wait(cancel: argparse.ArgumentParser) -> None:
+    """A cancel command's ``--wait SECONDS`` and ``--no-wait``."""
+    cancel.add_argument(
+        "--wait",
+        type=float,
+        default=60.0,
+        metavar="SECONDS",
+        help="how long to wait for a running one (default: %(default)s)",
+    )
+    cancel.add_argument(
+        "--no-wait", action="store_true", help="return once its runtime was asked"
+    )
 
 
 def add_time_filters(listing: argparse.ArgumentParser) -> None:
@@ -61,16 +75,7 @@ def add_operating(actions: Any, command: Any) -> None:
         help="cancel a 'running' instance that holds no lease too: only when you know "
         "no process runs it",
     )
-    cancel.add_argument(
-        "--wait",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long to wait for a running one (default: %(default)s)",
-    )
-    cancel.add_argument(
-        "--no-wait", action="store_true", help="return once its runtime was asked"
-    )
+    add_wait(cancel)
     _json(cancel)
     terminate = command(
         actions,

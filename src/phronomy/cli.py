@@ -64,7 +64,7 @@ from phronomy import (
     _cli_schedules as schedules_module,
 )
 from phronomy._cli_commands import safe
-from phronomy._cli_parser import add_operating, add_time_filters
+from phronomy._cli_parser import add_operating, add_time_filters, add_wait
 from phronomy._cli_store import CliStore, is_dsn, open_store, shown
 from phronomy._demo import run_demo
 from phronomy.agent._records import RECORD_STATUSES
@@ -285,16 +285,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cancel.add_argument("agent_id", help="the agent id (the execution's key)")
     cancel.add_argument("--reason", help="saved with the execution")
-    cancel.add_argument(
-        "--wait",
-        type=float,
-        default=60.0,
-        metavar="SECONDS",
-        help="how long to wait for a running one (default: %(default)s)",
-    )
-    cancel.add_argument(
-        "--no-wait", action="store_true", help="return once its runtime was asked"
-    )
+    add_wait(cancel)
     resolve = command(
         actions,
         "resolve",
