@@ -299,7 +299,7 @@ async def test_get_never_lists_an_event_its_state_applied_while_events_arrive(
     # events are posted (and applied, saved) while two readers get the instance: the
     # n-th ``inc`` is inbox entry n, so a description at count n lists none <= n
     flow = _counter_flow()
-    total = 60
+    total = 40
     seen: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
     async with runtime_on(make_store()) as rt:
         await rt.workflows.invoke(flow, workflow_instance_id="c-1")
