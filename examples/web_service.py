@@ -2,7 +2,8 @@
 
     POST /orders/{id}                  start an order (JSON {"item": ..., "quantity": ...});
                                        201 created, 200 the same order again, 409 the id
-                                       names another order
+                                       names another order, 503 (Retry-After) another
+                                       request is creating it right now
     POST /orders/{id}/events/{event}   a webhook: 202 once the event is durably stored
                                        (JSON payload; ``Idempotency-Key`` names the event)
     GET  /orders/{id}                  the order as the store says it is (404 unknown)
@@ -13,7 +14,8 @@ each serves every request, and an event posted to one replica reaches an order a
 replica runs. SIGTERM (or Ctrl-C) stops accepting connections, lets requests in flight
 finish, then drains the runtime within its shutdown timeout; the process exits 0.
 
-Run (``pip install hypercorn``; the demo also needs ``httpx``)::
+Run (``pip install hypercorn``, and ``'phronomy[postgres]'`` for PostgreSQL; the demo
+also needs ``httpx``)::
 
     python examples/web_service.py --db orders.db --port 8000   # serve until SIGTERM
     python examples/web_service.py                              # a demo on a free port
@@ -203,7 +205,8 @@ class OrderService:
             current = await self.runtime.workflows.get(self.flow, oid)
         except errors.NotFoundError:  # busy: another replica is creating it now
             raise Reply(503, f"order {oid!r} is being created: retry") from None
-        assert current.state is not None
+        if current.state is None:  # revision 0: created, not saved yet (elsewhere)
+            raise Reply(503, f"order {oid!r} is being created: retry")
         if not created and (current.state.item, current.state.quantity) != (
             order.item,
             order.quantity,

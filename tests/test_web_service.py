@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import concurrent.futures
 import importlib.util
+import json
 import os
 import re
 import secrets
@@ -10,6 +12,7 @@ import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -181,8 +184,38 @@ def test_one_replica_starts_orders_takes_webhooks_and_refuses_bad_input(
     assert _stored_ids(db) == {"o-1"}  # nothing else was stored
 
 
+def _race_to_create(a: Replica, b: Replica, oid: str) -> None:
+    """Concurrent POSTs of one id to both replicas, the same order and another one:
+    each is answered 201 (exactly one), 200, 409 or 503, as the stored order says."""
+    other = {"item": "sofa", "quantity": 1}
+    posts = [(a, ORDER), (b, ORDER)] * 3 + [(b, other)]
+    ready = threading.Barrier(len(posts))
+
+    def post(replica: Replica, order: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        with httpx.Client(base_url=replica.url, timeout=10) as http:
+            ready.wait(10)
+            return http.post(f"/orders/{oid}", json=order).status_code, order
+
+    with concurrent.futures.ThreadPoolExecutor(len(posts)) as pool:
+        answers = list(pool.map(lambda p: post(*p), posts))
+    stored = _until(
+        lambda: a.http.get(f"/orders/{oid}").json(), lambda o: o["revision"] >= 1
+    )
+    won = {k: stored["state"][k] for k in ("item", "quantity")}
+    assert b.http.get(f"/orders/{oid}").json() == stored
+    assert [code for code, _ in answers].count(201) == 1, answers
+    for code, order in answers:
+        assert code in ((200, 201, 503) if order == won else (409, 503)), answers
+    for code, order in answers:  # a retry after a 503 is answered for good
+        if code == 503:
+            again = a.http.post(f"/orders/{oid}", json=order).status_code
+            assert again == (200 if order == won else 409)
+
+
 def _two_replicas_share_the_store(start: Callable[[], Replica]) -> None:
     a, b = start(), start()
+    for n in range(3):
+        _race_to_create(a, b, f"race-{n}")
     assert b.http.post("/orders/o-7", json=ORDER).status_code == 201
     assert a.http.post("/orders/o-7", json=ORDER).status_code == 200  # the same one
     assert a.http.post("/orders/o-7/events/pay", json={"amount": 30}).status_code == 202
@@ -307,3 +340,50 @@ def test_the_guide_maps_every_error_class_as_the_example_does() -> None:
         if status.isdigit():  # one status: the example's table answers it
             error = getattr(phronomy.errors, name)
             assert status_of(error.__new__(error)) == int(status), name
+
+
+async def _asgi(app: Any, method: str, path: str, body: bytes = b"") -> Any:
+    """One request through the example's ASGI application, in this process."""
+    sent: list[Any] = []
+    requests = [{"type": "http.request", "body": body, "more_body": False}]
+
+    async def receive() -> Any:
+        return requests.pop(0) if requests else {"type": "http.disconnect"}
+
+    async def send(message: Any) -> None:
+        sent.append(message)
+
+    headers = [(b"content-length", str(len(body)).encode())]
+    scope = {"type": "http", "method": method, "path": path, "headers": headers}
+    await app(scope, receive, send)
+    start, reply = sent
+    return start["status"], dict(start["headers"]), json.loads(reply["body"])
+
+
+async def test_a_post_that_finds_the_order_being_created_answers_503() -> None:
+    # Before: a 500 (an assertion): another request's start of the order had made its
+    # row (revision 0, no state yet) and not saved it
+    example = _example()
+    flow = example.build()
+    store = phronomy.MemoryStore()
+    begin = phronomy.storage.BeginOp(
+        workflow_instance_id="o-0",
+        workflow=flow.name,
+        lease_owner="another-replica",
+        ttl_ms=60_000,
+    )
+    (began,) = store.execute([begin])
+    assert began.unwrap() is not None
+    async with phronomy.open_runtime(store=store, workflows=[flow]) as runtime:
+        app = example.OrderService(runtime, flow)
+        body = json.dumps(ORDER).encode()
+        status, headers, reply = await _asgi(app, "POST", "/orders/o-0", body)
+        assert (status, headers.get(b"retry-after")) == (503, b"1"), reply
+        assert "being created" in reply["error"]
+        status, _, order = await _asgi(app, "GET", "/orders/o-0")
+        assert (status, order["revision"], order["state"]) == (200, 0, None)
+        # once saved, the same POST is answered as usual
+        status, _, made = await _asgi(app, "POST", "/orders/o-1", body)
+        assert (status, made["state"]["item"]) == (201, "lamp")
+    (row,) = store.execute([phronomy.storage.LoadOp(workflow_instance_id="o-0")])
+    assert row.unwrap().revision == 0  # nothing was changed

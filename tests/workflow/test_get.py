@@ -14,6 +14,8 @@ import trio
 import phronomy
 from phronomy.storage import (
     ClaimOp,
+    InboxOp,
+    LoadOp,
     Posting,
     PostOp,
     RenewOp,
@@ -223,19 +225,20 @@ async def test_an_executions_record_judges_its_lease_on_the_store_clock(
     assert (expired.lease.owner, expired.lease.live) == ("ghost", False)
 
 
-async def test_a_save_between_the_reads_makes_get_read_the_inbox_again(
+async def test_a_save_while_get_reads_is_not_seen_get_reads_one_snapshot(
     open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
 ) -> None:
-    # the inbox and timers are read between two loads of the row: a save committed
-    # in between (here: right after the first inbox read) reads them again
+    # the row, the inbox and the timers are read in one batch, one snapshot: a save
+    # and a post committed between the reads (here: right after the row's) are not
+    # seen, and nothing is read twice
     flow = approval_flow()
     reads: list[str] = []
     saved: list[int] = []
 
     def hook(point: str) -> None:
-        if point in ("inbox.after", "load.after"):
+        if point in ("inbox.after", "load.after", "timers.after"):
             reads.append(point)
-        if point == "inbox.after" and not saved:
+        if point == "load.after" and not saved:
             saved.append(1)
             snapshot = encode_snapshot(
                 Value(value="saved elsewhere"),
@@ -254,23 +257,100 @@ async def test_a_save_between_the_reads_makes_get_read_the_inbox_again(
                 workflow="approval",
                 definition_version=flow.version,
             )
-            (done,) = store.execute([SaveOp(request=request)])
-            assert done.unwrap().outcome == "success"
+            posting = Posting(
+                workflow_instance_id="c-1",
+                event_id="e-9",
+                event="approve",
+                payload=b"1",
+            )
+            done = store.execute([SaveOp(request=request), PostOp(posting=posting)])
+            assert done[0].unwrap().outcome == "success"
+            assert done[1].unwrap().entry is not None
 
     store = open_sqlite(tmp_path / "reads.db")
-    async with runtime_on(store) as rt:
+    async with runtime_on(store, inbox_poll_interval=0) as rt:
         await rt.workflows.invoke(flow, workflow_instance_id="c-1")
         store.fault_hook = hook
         got = await rt.workflows.get(flow, "c-1")
         store.fault_hook = None
-    assert (got.revision, got.state.value if got.state else None) == (
+        again = await rt.workflows.get(flow, "c-1")
+    assert reads == ["load.after", "inbox.after", "timers.after"]
+    assert (got.revision, got.state.value if got.state else None) == (1, ":prepared")
+    assert got.pending_events == ()
+    assert (again.revision, again.state.value if again.state else None) == (
         2,
         "saved elsewhere",
     )
-    assert reads == [
-        "load.after",
-        "inbox.after",
-        "load.after",
-        "inbox.after",
-        "load.after",
-    ]
+    assert [e.event_id for e in again.pending_events] == ["e-9"]
+
+
+def _counter_flow() -> phronomy.WorkflowDefinition[Value]:
+    """waiting (wait; each ``inc`` adds one to ``count``; a 1-hour timeout)."""
+    wf = phronomy.Workflow(Value, name="counter")
+    wf.wait_state("w")
+    wf.transition("w", "w", on="inc", action=lambda s: s.merge(count=s.count + 1))
+    wf.transition("w", phronomy.FINISH, after=timedelta(hours=1))
+    return wf.build()
+
+
+async def test_get_never_lists_an_event_its_state_applied_while_events_arrive(
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
+) -> None:
+    # events are posted (and applied, saved) while two readers get the instance: the
+    # n-th ``inc`` is inbox entry n, so a description at count n lists none <= n
+    flow = _counter_flow()
+    total = 40
+    seen: list[tuple[int, int, tuple[int, ...], tuple[int, ...]]] = []
+    async with runtime_on(make_store()) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="c-1")
+
+        async def read() -> None:  # until it reads every event applied
+            count = -1
+            while count < total:
+                got = await rt.workflows.get(flow, "c-1", limit=1000)
+                assert got.state is not None
+                count = got.state.count
+                seen.append(
+                    (
+                        count,
+                        got.revision,
+                        tuple(e.seq for e in got.pending_events),
+                        tuple(t.armed_revision for t in got.pending_timers),
+                    )
+                )
+
+        with trio.fail_after(30):
+            async with trio.open_nursery() as nursery:
+                nursery.start_soon(read)
+                nursery.start_soon(read)
+                for _ in range(total):
+                    await rt.workflows.post(flow, "c-1", "inc", None)
+    stale = [s for s in seen if any(seq <= s[0] for seq in s[2])]
+    assert stale == []
+    assert all(revision == count + 1 for count, revision, _, _ in seen)
+    assert all(armed <= s[1] for s in seen for armed in s[3])
+    # the reads ran while events were pending and applied: they could have failed
+    assert any(pending for _, _, pending, _ in seen)
+    assert len({count for count, _, _, _ in seen}) > 2
+
+
+async def test_reads_run_together_and_writes_are_refused() -> None:
+    store = phronomy.MemoryStore()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(approval_flow(), workflow_instance_id="c-1")
+        gateway: Any = rt.workflows._coordinator.gateway
+        row, inbox = await gateway.read_together(
+            [LoadOp(workflow_instance_id="c-1"), InboxOp(workflow_instance_id="c-1")]
+        )
+        assert (row.revision, inbox) == (1, ())
+        missing = await gateway.read_together(
+            [LoadOp(workflow_instance_id="nope")], finish=lambda rows: rows[0] is None
+        )
+        assert missing is True
+        posting = Posting(
+            workflow_instance_id="c-1", event_id="e-1", event="approve", payload=b"1"
+        )
+        for bad in ([], [LoadOp(workflow_instance_id="c-1"), PostOp(posting=posting)]):
+            with pytest.raises(phronomy.InvalidInputError, match="reads only"):
+                await gateway.read_together(bad)
+        assert (await rt.workflows.get(approval_flow(), "c-1")).pending_events == ()

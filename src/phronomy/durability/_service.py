@@ -8,14 +8,14 @@ typed record kinds (a workflow instance's row, or an execution key's record).
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal, final
 
 import msgspec
 import outcome
 
 from phronomy.engine import Batcher, ResultHandle
-from phronomy.errors import BackpressureError, RuntimeShutdownError
+from phronomy.errors import BackpressureError, InvalidInputError, RuntimeShutdownError
 from phronomy.storage import (
     READ_OPS,
     ListOp,
@@ -76,10 +76,18 @@ class DurabilityStatistics(msgspec.Struct, frozen=True, kw_only=True):
 
 @final
 class _Request(msgspec.Struct, frozen=True, kw_only=True):
-    """One store operation, with an optional step run in the worker on its result."""
+    """One store operation, with an optional step run in the worker on its result, or
+    (*together*) reads run in the same store batch, whose result is the tuple of
+    theirs."""
 
     op: StoreOp
     finish: Callable[[Any], Any] | None = None
+    together: tuple[StoreOp, ...] = ()
+
+    @property
+    def ops(self) -> tuple[StoreOp, ...]:
+        """The operations the store runs for this request."""
+        return self.together or (self.op,)
 
 
 @final
@@ -213,6 +221,36 @@ class DurabilityService:
         )
         batcher.submit(_Request(op=op, finish=finish), callback)
 
+    async def read_together(
+        self, ops: Sequence[StoreOp], finish: Callable[[Any], Any] | None = None
+    ) -> Any:
+        """Run the reads *ops* in one store batch, so they read one snapshot of the
+        store (a store runs a batch of reads in one read transaction): the tuple of
+        their results, mapped by *finish* in the worker thread.
+
+        Raises:
+            InvalidInputError: an operation of *ops* writes, or *ops* is empty.
+            Exception: the error of the first operation that failed (or of the batch).
+
+        Cancellation:
+            Safe: nothing is changed (cancelling stops the wait only).
+        """
+        together = tuple(ops)
+        if not together or not all(isinstance(op, READ_OPS) for op in together):
+            raise InvalidInputError("read_together runs one or more reads only")
+        done: ResultHandle[Any] = ResultHandle("store:read_together")
+
+        def settle(result: outcome.Outcome[Any]) -> None:
+            if isinstance(result, outcome.Error):
+                done.fail(result.error)
+            else:
+                assert isinstance(result, outcome.Value)
+                done.complete(result.value)
+
+        request = _Request(op=together[0], finish=finish, together=together)
+        self._reads.submit(request, settle)
+        return await done.result()
+
     def submit_quietly(self, op: StoreOp, what: str) -> None:
         """Queue a best-effort metadata write; a failure is only logged."""
 
@@ -246,12 +284,22 @@ class DurabilityService:
             return self._run_batch(requests)
 
     def _run_batch(self, requests: list[_Request]) -> list[outcome.Outcome[Any]]:
-        results = self.store.execute([r.op for r in requests])
-        for index, request in enumerate(requests):
-            result = results[index]
+        results = iter(self.store.execute([op for r in requests for op in r.ops]))
+        done: list[outcome.Outcome[Any]] = []
+        for request in requests:
+            result = next(results)
+            if request.together:  # one outcome for them all: the first error, if any
+                mine = [result, *(next(results) for _ in request.together[1:])]
+                failed = [r for r in mine if isinstance(r, outcome.Error)]
+                result = (
+                    failed[0]
+                    if failed
+                    else outcome.Value(tuple(r.unwrap() for r in mine))
+                )
             if request.finish is not None and isinstance(result, outcome.Value):
-                results[index] = outcome.capture(request.finish, result.value)
-        return results
+                result = outcome.capture(request.finish, result.value)
+            done.append(result)
+        return done
 
 
 def queued(

@@ -58,19 +58,20 @@ _stores = itertools.count(1)
 class BaseStore(OneAtATime, Generic[C]):
     """A store: the batch logic of the contract around one backend ``apply``.
 
-    A backend implements ``_reading`` (a connection that sees committed data),
+    A backend implements ``_reading`` (a connection that sees committed data, the
+    block in one read transaction: its reads see one snapshot of the store),
     ``_writing`` (one transaction on the ``Lane``'s connection: committed when the
     block ends, rolled back when it raises), ``_read_errors`` (its errors as store
     errors, around each read) and :meth:`apply` (one operation on that connection), and
     may override :meth:`open`, :meth:`close`, :meth:`fence`, ``_claim``,
     ``_reconnected`` and :attr:`identity`.
 
-    :meth:`execute` runs a batch: reads on the read connection; writes in one
-    transaction, where a conflict fails only its own operation; the writes run in the
-    order of the rows they lock (``row_order``: by instance id, each instance's in
-    the batch's order, then those of many rows), the same on every backend, so no two
-    transactions wait for each other, and results come back in the batch's order. A
-    batch of renewals
+    :meth:`execute` runs a batch: reads on the read connection, in one snapshot (none
+    sees what committed after the first one read); writes in one transaction, where a
+    conflict fails only its own operation; the writes run in the order of the rows
+    they lock (``row_order``: by instance id, each instance's in the batch's order,
+    then those of many rows), the same on every backend, so no two transactions wait
+    for each other, and results come back in the batch's order. A batch of renewals
     only runs on the ``renew`` lane. If the transaction fails before it began, nothing
     was written (on a connection found broken, it is run once more on a new one, and
     so is a batch of reads). If it fails later, or an error arrives after its commit,
@@ -169,13 +170,16 @@ class BaseStore(OneAtATime, Generic[C]):
         """See :meth:`~phronomy.storage.WorkflowStore.execute`."""
         if all(isinstance(op, READ_OPS) for op in ops):
             values: list[outcome.Outcome[Any]] = []
-            for _ in range(2):  # reads change nothing: once more on a new connection
-                with self._reading() as conn:
-                    values = [outcome.capture(self._read, conn, op) for op in ops]
-                if not any(
-                    isinstance(v, outcome.Error) and self._reconnected(v.error)
-                    for v in values
-                ):
+            for attempt in range(2):  # reads change nothing: again on a new connection
+                try:
+                    with self._reading() as conn:  # one snapshot
+                        values = [outcome.capture(self._read, conn, op) for op in ops]
+                except Exception as exc:  # the snapshot's begin or end: as its reads'
+                    if attempt or not self._reconnected(exc):
+                        raise
+                    continue
+                errors = (v.error for v in values if isinstance(v, outcome.Error))
+                if not any(self._reconnected(error) for error in errors):
                     break
             _settle_rows(self.identity, values)
             return values

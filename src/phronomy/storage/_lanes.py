@@ -13,7 +13,7 @@ if TYPE_CHECKING:
 
     from ._ops import StoreOp
 
-__all__ = ["Lane", "immediate", "lane_of"]
+__all__ = ["Lane", "immediate", "lane_of", "snapshot"]
 
 Lane = Literal["write", "lease", "renew"]
 """Where a write batch runs: ``renew`` for a batch of lease renewals only (a
@@ -56,3 +56,16 @@ def immediate(conn: sqlite3.Connection, lane: Lane = "write") -> Iterator[None]:
     finally:
         if not durable:
             conn.execute("PRAGMA synchronous = FULL")
+
+
+@contextlib.contextmanager
+def snapshot(conn: sqlite3.Connection) -> Iterator[None]:
+    """One SQLite read transaction (a deferred ``BEGIN``): in WAL mode, every statement
+    of the block reads the database as of its first one, whatever commits meanwhile.
+    Ended at the end of the block (it wrote nothing)."""
+    conn.execute("BEGIN")
+    try:
+        yield
+    finally:
+        if conn.in_transaction:
+            conn.execute("COMMIT")

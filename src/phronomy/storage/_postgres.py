@@ -23,7 +23,13 @@ from ._postgres_errors import (
     driver as _driver,
 )
 from ._postgres_notify import PostgresListener
-from ._postgres_open import check_version, parse_dsn, refused_write
+from ._postgres_open import (
+    check_server,
+    check_version,
+    parse_dsn,
+    read_snapshot,
+    refused_write,
+)
 from ._postgres_schema import (
     MIGRATIONS,
     SCHEMA_VERSION,
@@ -317,7 +323,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         if self._conn is None:
             conn = self._connect()
             try:
-                self._check_server(conn)
+                check_server(conn, self._address)
                 self._migrate(conn)
             except BaseException:
                 conn.close()
@@ -336,16 +342,6 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             conn = self._connect()
             setattr(self, attribute, conn)
         return conn
-
-    def _check_server(self, conn: psycopg.Connection[Any]) -> None:
-        setting = conn.execute("SHOW synchronous_commit").fetchone()
-        if setting is not None and setting[0] == "off":
-            raise StoreUnavailableError(
-                f"PostgreSQL at {self._address} runs with synchronous_commit = off: a "
-                "commit it acknowledges can still be lost, so phronomy refuses it; set "
-                "synchronous_commit = on (or local) for the database or the user",
-                path=f"postgresql:{self._address}",
-            )
 
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
         if not self._migrates:  # check only: nothing is written
@@ -378,9 +374,12 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[psycopg.Connection[Any]]:
-        """The read connection (autocommit: each statement sees the latest commit)."""
+        """The read connection, in one read transaction: the block reads one snapshot
+        (``REPEATABLE READ``), the latest commit when its first statement ran."""
         with self._read_lock, self._translated("_read_conn"):
-            yield self._lane_connection("_read_conn")
+            conn = self._lane_connection("_read_conn")
+            with read_snapshot(conn):
+                yield conn
 
     @contextlib.contextmanager
     def _writing(self, lane: Lane = "write") -> Iterator[psycopg.Connection[Any]]:

@@ -3,6 +3,7 @@ without migrating, or read-only (operators' tools)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any
 
 from phronomy.errors import StoreUnavailableError
@@ -11,9 +12,50 @@ from ._postgres_errors import Secrets, driver
 from ._postgres_schema import SCHEMA_VERSION, SQL_SCHEMA_VERSION
 
 if TYPE_CHECKING:
+    from collections.abc import Iterator
+
     import psycopg
 
-__all__ = ["check_version", "parse_dsn", "refused_write"]
+__all__ = [
+    "check_server",
+    "check_version",
+    "parse_dsn",
+    "read_snapshot",
+    "refused_write",
+]
+
+
+def check_server(conn: psycopg.Connection[Any], address: str) -> None:
+    """Raise unless the server confirms a commit only once it is durable.
+
+    Raises:
+        StoreUnavailableError: it runs with ``synchronous_commit = off``.
+    """
+    setting = conn.execute("SHOW synchronous_commit").fetchone()
+    if setting is not None and setting[0] == "off":
+        raise StoreUnavailableError(
+            f"PostgreSQL at {address} runs with synchronous_commit = off: a "
+            "commit it acknowledges can still be lost, so phronomy refuses it; set "
+            "synchronous_commit = on (or local) for the database or the user",
+            path=f"postgresql:{address}",
+        )
+
+
+@contextlib.contextmanager
+def read_snapshot(conn: psycopg.Connection[Any]) -> Iterator[None]:
+    """One ``REPEATABLE READ READ ONLY`` transaction on *conn* (autocommit): every
+    statement of the block reads the database as of its first one, whatever commits
+    meanwhile. Rolled back at the end (it wrote nothing), unless the connection broke
+    (its reads failed, and it is replaced)."""
+    conn.execute("BEGIN ISOLATION LEVEL REPEATABLE READ READ ONLY")
+    try:
+        yield
+    finally:
+        if not conn.closed and conn.info.transaction_status.name in (
+            "INTRANS",
+            "INERROR",
+        ):
+            conn.execute("ROLLBACK")
 
 
 def check_version(conn: psycopg.Connection[Any], schema: str, address: str) -> None:

@@ -19,7 +19,7 @@ from phronomy.errors import InvalidInputError, StoreUnavailableError
 from . import _clock
 from ._base import BaseStore
 from ._clock import StepWatch, StoreClock
-from ._lanes import Lane, immediate
+from ._lanes import Lane, immediate, snapshot
 from ._sql_ops import apply_op
 from ._sqlite_errors import translate
 from ._sqlite_schema import (
@@ -204,9 +204,10 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[sqlite3.Connection]:
-        """The read connection (autocommit: each statement sees the latest commit)."""
+        """The read connection, in one read transaction: the block reads one snapshot
+        (WAL mode), the latest commit when it began."""
         if self._path == ":memory:":  # another connection would be another database
-            with self._lock, self._translated():
+            with self._lock, self._translated():  # no write runs meanwhile
                 yield self._connection()
             return
         if self._read_conn is None and not self._read_only:
@@ -217,7 +218,8 @@ class SQLiteStore(BaseStore[sqlite3.Connection]):
         with self._read_lock, self._translated():
             if self._read_conn is None:
                 self._read_conn = self._open(reader=True)
-            yield self._read_conn
+            with snapshot(self._read_conn):
+                yield self._read_conn
 
     def _open(
         self, *, reader: bool = False, migrate: bool = True

@@ -84,8 +84,12 @@ class WorkflowStore(Protocol):
     def execute(self, ops: Sequence[StoreOp]) -> list[outcome.Outcome[Any]]:
         """Run a batch; one outcome per operation, in order.
 
-        A :class:`~phronomy.storage.SaveOp` always yields a classified
-        :class:`~phronomy.storage.SaveOutcome` (its failures are values, not errors).
+        A batch of reads only reads one snapshot of the store: no operation of it
+        sees a write that committed after its first one read (a read transaction; a
+        store runs one batch at a time on its read connection), so reads of the rows
+        and inboxes of one batch agree. A :class:`~phronomy.storage.SaveOp` always
+        yields a classified :class:`~phronomy.storage.SaveOutcome` (its failures are
+        values, not errors).
         """
         ...
 

@@ -6,7 +6,6 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 import msgspec
 
-from phronomy.durability import queued
 from phronomy.errors import InvalidInputError, NotFoundError
 from phronomy.storage import (
     InboxEntry,
@@ -31,10 +30,6 @@ if TYPE_CHECKING:
 __all__ = ["InstanceDescription", "InstanceLease", "InstanceReader", "describe"]
 
 S = TypeVar("S", bound=State)
-
-READ_ATTEMPTS = 3
-"""Reads of the inbox and timers at most, each between two loads of the row: a save
-committed between the loads reads them again (once they fit, or the last ones)."""
 
 
 @final
@@ -74,8 +69,9 @@ class InstanceDescription(msgspec.Struct, Generic[S], frozen=True, kw_only=True)
             before the first save).
         definition_version: the version of the definition that saved it.
         lease: the lease of the runtime holding it (``None``: no runtime does).
-        pending_events: the inbox entries not applied yet, oldest first (the first
-            ``limit``); their payloads are JSON (``msgspec.json.decode``).
+        pending_events: the inbox entries not applied yet, oldest first, cut at the
+            ``limit`` of the read (holding ``limit`` entries, it may not be all of
+            them); their payloads are JSON (``msgspec.json.decode``).
         pending_timers: its pending timers, soonest first.
         error: the stored diagnostic of a ``failed`` or ``recovery_required``
             instance (else ``None``).
@@ -155,27 +151,31 @@ class InstanceReader:
         dashboard, an operator.
 
         Reads on the store's read lane, the state decoded in the store's worker
-        thread: the trio thread never blocks. The row is loaded, then its pending
-        inbox entries and timers, then the row again: when a save committed in
-        between (the revisions differ), the inbox and timers are read again (up to
-        3 times), so the events and timers fit the revision described (an event
-        posted meanwhile may be listed too). The description is the durable truth:
-        a segment running in some runtime may be ahead of it (an event it applied
-        stays pending until its next save; follow it with
-        :meth:`~phronomy.workflow.WorkflowClient.watch`).
+        thread: the trio thread never blocks. The row, its pending inbox entries and
+        its timers are read in one batch of the read lane, which the store reads as
+        one snapshot (one read transaction): the events and timers are those of the
+        revision described, as it was committed (no event it applied is pending). The
+        description is the durable truth: a segment running in some runtime may be
+        ahead of it (an event it applied stays pending until its next save; follow it
+        with :meth:`~phronomy.workflow.WorkflowClient.watch`).
 
-        Example (a GET handler)::
+        Example (a GET handler; ``state`` is ``None`` while the instance is being
+        created, before its first save: revision 0)::
 
             try:
                 order = await runtime.workflows.get(order_flow, order_id)
             except phronomy.NotFoundError:
                 return 404, {"error": f"no order {order_id!r}"}
+            if order.state is None:  # being created: ask again shortly
+                return 503, {"error": f"order {order_id!r} is being created"}
             return 200, {"phase": order.phase, "total": order.state.total}
 
         Args:
             workflow: the instance's workflow (its state class decodes the state).
             workflow_instance_id: the instance.
-            limit: at most this many pending events (1 to 10000; the oldest).
+            limit: at most this many pending events (1 to 10000; the oldest):
+                ``pending_events`` is cut there (when it holds *limit* entries, more
+                may be pending; ask again with a larger limit).
 
         Returns:
             An :class:`~phronomy.workflow.InstanceDescription`.
@@ -204,31 +204,30 @@ class InstanceReader:
             raise InvalidInputError("get reads the store (open_runtime(store=...))")
         store = gateway.store
 
-        def decode(row: StoredRecord | None) -> tuple[Any, Any, int | None]:
+        def decode(
+            read: tuple[StoredRecord | None, Any, Any],
+        ) -> tuple[StoredRecord | None, Any, Any, Any, int | None]:
             # in the store's worker thread: the state, and the lease clock if needed
+            row, events, armed = read
             _, decoded = decode_stored(workflow, row, resuming=False)
             leased = row is not None and row.lease_owner is not None
-            return row, decoded, lease_now_ms(store) if leased else None
+            now = lease_now_ms(store) if leased else None
+            return row, decoded, events, armed, now
 
-        row: StoredRecord | None = await gateway.run(LoadOp(workflow_instance_id=iid))
-        attempt = 0
-        while True:
-            attempt += 1
-            if row is None:
-                raise NotFoundError(
-                    f"workflow instance {iid!r} does not exist (nothing is stored "
-                    f"under that id for workflow {workflow.name!r})",
-                    instance_id=iid,
-                )
-            base = row.revision
-            # queued together, the two reads mostly share one batch of the read lane
-            pending = queued(gateway, InboxOp(workflow_instance_id=iid, limit=limit))
-            timers = queued(gateway, TimersOp(workflow_instance_id=iid))
-            events, armed = await pending.result(), await timers.result()
-            row, decoded, now_ms = await gateway.run(
-                LoadOp(workflow_instance_id=iid), finish=decode
+        # one batch of reads: one snapshot of the store (the row, its inbox, its timers)
+        row, decoded, events, armed, now_ms = await gateway.read_together(
+            (
+                LoadOp(workflow_instance_id=iid),
+                InboxOp(workflow_instance_id=iid, limit=limit),
+                TimersOp(workflow_instance_id=iid),
+            ),
+            finish=decode,
+        )
+        if row is None:
+            raise NotFoundError(
+                f"workflow instance {iid!r} does not exist (nothing is stored "
+                f"under that id for workflow {workflow.name!r})",
+                instance_id=iid,
             )
-            if row is not None and (row.revision == base or attempt == READ_ATTEMPTS):
-                break  # no save between the two loads: the inbox and timers fit it
         state = None if decoded is None else decoded.fields
         return describe(row, state, events, armed, now_ms)
