@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import logging
 import os
@@ -25,6 +24,8 @@ from phronomy.workflow import WorkflowDefinition
 from ._app import ACTION_WAIT, LOOPBACK_HOSTS, ConsoleApp
 
 if TYPE_CHECKING:
+    import argparse
+
     from phronomy.storage import BaseStore
 
 __all__ = ["load_definitions", "open_console_store", "run_console", "serve_console"]
@@ -168,6 +169,8 @@ def run_console(args: argparse.Namespace) -> int:
         ) from None
     if args.allow_actions and not args.token:
         raise InvalidInputError("--allow-actions needs --token (8 characters or more)")
+    if not 0 <= args.port <= 65535:
+        raise InvalidInputError(f"--port must be from 0 to 65535, got {args.port}")
     if args.token and not args.allow_actions:
         raise InvalidInputError(
             "--token is for actions: give --allow-actions too (or drop --token)"
@@ -223,12 +226,6 @@ def _log_to_stderr() -> None:
         console_log.addHandler(handler)
 
 
-def _port(text: str) -> int:
-    if not (text.isascii() and text.isdigit()) or not 0 <= int(text) <= 65535:
-        raise argparse.ArgumentTypeError(f"must be from 0 to 65535, got {text!r}")
-    return int(text)
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """The ``console`` command's arguments (its ``run_console`` default runs it)."""
     parser.description = (
@@ -249,7 +246,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "--host", default="127.0.0.1", help="the interface (default: %(default)s)"
     )
     parser.add_argument(
-        "--port", type=_port, default=DEFAULT_PORT, help="default: %(default)s"
+        "--port", type=int, default=DEFAULT_PORT, help="default: %(default)s"
     )
     parser.add_argument(
         "--app",
