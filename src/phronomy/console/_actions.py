@@ -197,9 +197,13 @@ def answer(
     )
     if key:
         posting = msgspec.structs.replace(posting, event_id=validate_event_id(key))
-    pending = store.run(
-        InboxOp(workflow_instance_id=agent_key(agent_id), limit=MAX_LIMIT)
-    )
+    pending = [
+        e
+        for e in store.run(
+            InboxOp(workflow_instance_id=agent_key(agent_id), limit=MAX_LIMIT)
+        )
+        if e.event in ("approve", "reject")
+    ]
     if any(e.event_id == posting.event_id for e in pending):
         return f"{posting.event} already stored for execution {record.execution_id}"
     if pending:
