@@ -45,7 +45,12 @@ def _schema(dsn: str) -> str:
 
 
 def open_store(
-    db: str, *, read_only: bool, migrate: bool = False, schema: str | None = None
+    db: str,
+    *,
+    read_only: bool,
+    migrate: bool = False,
+    schema: str | None = None,
+    busy_timeout: float = 30.0,
 ) -> CliStore:
     """The store *db* names, open (blocking).
 
@@ -58,6 +63,8 @@ def open_store(
             database of an earlier release is refused and left unchanged.
         schema: the PostgreSQL schema (default: the URI's ``search_path``, else
             ``public``).
+        busy_timeout: SQLite: seconds a statement waits for a lock another
+            connection holds.
 
     Returns:
         The open store (close it when done).
@@ -83,7 +90,7 @@ def open_store(
             raise
         return store
     _check_file(db, must_exist=not read_only)
-    store = SQLiteStore(db, read_only=read_only)
+    store = SQLiteStore(db, read_only=read_only, busy_timeout=busy_timeout)
     try:
         store.open(migrate=migrate)
     except BaseException:

@@ -27,8 +27,8 @@
     python -m phronomy executions cancel --db PATH_OR_DSN AGENT_ID [--reason TEXT]
                                          [--wait SECONDS | --no-wait]
     python -m phronomy executions resolve --db PATH_OR_DSN AGENT_ID {adopt,release}
-    python -m phronomy console --db PATH_OR_DSN [--host H] [--port N] [--app M:ATTR]
-                               [--allow-actions --token TOKEN]
+    python -m phronomy console --db PATH_OR_DSN [--schema NAME] [--host H] [--port N]
+                               [--app M:ATTR] [--allow-actions --token TOKEN]
 
 ``--db`` is an SQLite file or a ``postgresql://`` URI (schema: the URI's
 ``search_path`` option, or ``--schema``); a password in it is never printed.

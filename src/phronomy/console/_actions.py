@@ -13,21 +13,31 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from phronomy._cli_commands import safe, write_cancellation
 from phronomy.agent._records import agent_key, answer_posting, execution_record
 from phronomy.durability import kind_of
 from phronomy.engine import random_uuid
 from phronomy.errors import InstanceStateError, InvalidInputError, NotFoundError
 from phronomy.storage import (
+    MAX_LIMIT,
+    InboxOp,
     Posting,
     PostOp,
     RequestCancelOp,
+    lease_now_ms,
     validate_event_id,
 )
 from phronomy.workflow._inbox import encode_payload
 
+from ._html import clip
+
 if TYPE_CHECKING:
+    from collections.abc import Mapping
+
     from phronomy.storage import BaseStore, StoredRecord
+    from phronomy.workflow import WorkflowDefinition
 
 __all__ = ["answer", "cancel", "parse_json", "send"]
 
@@ -44,12 +54,14 @@ def parse_json(text: str | None, what: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as exc:
         raise InvalidInputError(f"{what} is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidInputError(f"{what} is not JSON: nested too deeply") from None
 
 
 def _workflow_row(store: BaseStore[Any], iid: str) -> StoredRecord:
     record: StoredRecord | None = store.load(iid)
     if record is None:
-        raise NotFoundError(f"workflow instance {iid!r} does not exist")
+        raise NotFoundError(f"workflow instance {clip(iid)!r} does not exist")
     if kind_of(record) == "execution":
         raise InvalidInputError(f"{iid!r} is a supervised execution's record")
     return record
@@ -62,20 +74,33 @@ def send(
     event: str,
     payload: str | None,
     event_id: str | None,
+    key: str | None = None,
+    definitions: Mapping[str, WorkflowDefinition[Any]] | None = None,
 ) -> str:
     """Store *event* in *iid*'s inbox; returns what happened, in words.
 
+    *key* (the form's idempotency key) is the event id when *event_id* is not given:
+    a form submitted twice stores one event. With the definition of *iid*'s workflow
+    in *definitions*, an event it does not declare is refused.
+
     Raises:
         NotFoundError: no such instance.
-        InvalidInputError: an empty event name, a payload that is not JSON, a bad or
-            reused event id.
+        InvalidInputError: an empty event name, an event the loaded definition does
+            not declare, a payload that is not JSON, a bad or reused event id.
         InstanceStateError: the instance accepts no events.
     """
     record = _workflow_row(store, iid)
     if not event:
         raise InvalidInputError("the event's name must not be empty")
+    definition = (definitions or {}).get(record.workflow)
+    if definition is not None and not definition.has_event(event):
+        raise InvalidInputError(
+            f"workflow {record.workflow!r} declares no event {safe(event)[:100]!r} "
+            f"(its events: {', '.join(definition.external_events) or 'none'}); "
+            "nothing was stored"
+        )
     value = parse_json(payload, "the payload")
-    key = event_id or random_uuid()
+    key = event_id or key or random_uuid()
     posting = Posting(
         workflow_instance_id=iid,
         event_id=validate_event_id(key),
@@ -86,8 +111,9 @@ def send(
     entry = posted.entry
     if posted.outcome == "mismatch":
         raise InvalidInputError(
-            f"event id {key!r} of {iid!r} names another event; an event id names "
-            "one event"
+            f"event id {key[:100]!r} of {iid!r} names another event (an event id "
+            "names one event; a form already submitted: reload the page); nothing "
+            "was stored"
         )
     if posted.outcome in ("closed", "missing") or entry is None:
         row = posted.row or record
@@ -101,7 +127,15 @@ def send(
         if posted.outcome == "duplicate"
         else "stored"
     )
-    return f"event {safe(entry.event)!r} {what} as seq {entry.seq} (event id {entry.event_id})"
+    unchecked = (
+        ""
+        if definition is not None
+        else f" (not checked: the console has no definition of {record.workflow!r})"
+    )
+    return (
+        f"event {safe(entry.event)!r} {what} as seq {entry.seq} (event id "
+        f"{entry.event_id}){unchecked}"
+    )
 
 
 def cancel(store: BaseStore[Any], iid: str, *, reason: str | None) -> str:
@@ -115,6 +149,12 @@ def cancel(store: BaseStore[Any], iid: str, *, reason: str | None) -> str:
     record = _workflow_row(store, iid)
     if record.status == "running" and record.lease_owner is not None:
         store.run(RequestCancelOp(workflow_instance_id=iid, reason=reason))
+        now, expiry = lease_now_ms(store), record.lease_expires_at_ms
+        if now is None or (expiry is not None and expiry <= now):
+            return (
+                "cancellation requested: its lease has expired (its runtime stopped), "
+                "so the runtime whose sweep takes it over cancels it"
+            )
         return "cancellation asked of the runtime that runs it"
     if not write_cancellation(store, record, reason=reason):  # type: ignore[arg-type]
         return "already cancelled"
@@ -123,29 +163,55 @@ def cancel(store: BaseStore[Any], iid: str, *, reason: str | None) -> str:
 
 
 def answer(
-    store: BaseStore[Any], agent_id: str, *, approve: bool, response: str | None
+    store: BaseStore[Any],
+    agent_id: str,
+    *,
+    approve: bool,
+    response: str | None,
+    key: str | None = None,
 ) -> str:
     """Answer the approval *agent_id*'s execution waits for, through its inbox.
 
+    *key* (the form's idempotency key) is the answer's event id: a form submitted
+    twice stores one answer.
+
     Raises:
         NotFoundError: the agent has no execution.
-        InvalidInputError: *response* is not JSON.
-        InstanceStateError: the execution waits for no approval.
+        InvalidInputError: *response* is not JSON, or *key* is not an event id.
+        InstanceStateError: the execution waits for no approval, or an answer to
+            it is already pending.
     """
     row: StoredRecord | None = store.load(agent_key(agent_id))
     if row is None:
-        raise NotFoundError(f"agent {agent_id!r} has no execution record")
+        raise NotFoundError(f"agent {clip(agent_id)!r} has no execution record")
     record = execution_record(row)
-    if record.status != "suspended":
+    if record.status != "suspended" or record.pending_approval is None:
         raise InstanceStateError(
             f"agent {agent_id!r}'s execution is {record.status}, not waiting for an "
-            "approval",
+            "approval; nothing was stored",
             instance_id=agent_key(agent_id),
         )
     value = parse_json(response, "the response")
     posting = answer_posting(
         agent_id, record.execution_id, approve=approve, response=value
     )
+    if key:
+        posting = msgspec.structs.replace(posting, event_id=validate_event_id(key))
+    pending = [
+        e
+        for e in store.run(
+            InboxOp(workflow_instance_id=agent_key(agent_id), limit=MAX_LIMIT)
+        )
+        if e.event in ("approve", "reject")
+    ]
+    if any(e.event_id == posting.event_id for e in pending):
+        return f"{posting.event} already stored for execution {record.execution_id}"
+    if pending:
+        raise InstanceStateError(
+            f"agent {agent_id!r}'s execution already has an answer pending "
+            f"({pending[0].event}); nothing was stored",
+            instance_id=agent_key(agent_id),
+        )
     posted = store.run(PostOp(posting=posting))
     if posted.outcome != "stored":
         raise InstanceStateError(

@@ -1,8 +1,11 @@
 """The console as a raw ASGI application (no framework): routing, input checks and
 the protection of its actions.
 
-Reads run in a worker thread (``trio.to_thread.run_sync``, one at a time per store).
-Actions exist only when the app was made with ``allow_actions=True`` and a token;
+Store calls run in worker threads (``trio.to_thread.run_sync``) in two lanes, one
+call at a time each: reads, and actions (writes). A read never queues behind a write
+(SQLite reads through its read connection, which WAL lets run during a write); an
+action waits at most ``action_wait`` seconds for its lane (then 503, nothing stored).
+The instances list's counts are cached for ``counts_ttl`` seconds. Actions exist only when the app was made with ``allow_actions=True`` and a token;
 each POST must then come from the console's own origin (``Origin`` and
 ``Sec-Fetch-Site`` checked when the browser sends them), carry the token (form field
 ``token`` or ``Authorization: Bearer``) and, when the token comes from a form, the
@@ -13,27 +16,20 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import json
 import logging
 import secrets
 from typing import TYPE_CHECKING, Any, final, get_args
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import urlencode
 
 import trio
 
 from phronomy.agent._records import RECORD_STATUSES
-from phronomy.errors import (
-    ConflictError,
-    InstanceStateError,
-    InvalidInputError,
-    NotFoundError,
-    PhronomyError,
-    StoreUnavailableError,
-)
+from phronomy.errors import InvalidInputError, PhronomyError, StoreUnavailableError
 from phronomy.storage import EXECUTION_KEY_PREFIX, InstanceStatus
 
 from . import _actions, _pages, _reads
-from ._html import CSS, Forms, layout
+from ._html import CSS, Forms, clip, layout
+from ._http import DEFAULT_PAGE, ERRORS, MAX_PAGE, HTTPError, Request, parse_body
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable, Callable, Iterable, Mapping
@@ -41,80 +37,30 @@ if TYPE_CHECKING:
     from phronomy.storage import BaseStore
     from phronomy.workflow import WorkflowDefinition
 
-__all__ = ["DEFAULT_PAGE", "LOOPBACK_HOSTS", "MAX_BODY", "ConsoleApp"]
+__all__ = [
+    "ACTION_WAIT",
+    "COUNTS_TTL",
+    "DEFAULT_PAGE",
+    "LOOPBACK_HOSTS",
+    "MAX_BODY",
+    "MAX_PAGE",
+    "ConsoleApp",
+]
 
-logger = logging.getLogger("phronomy.console")
+logger = logging.getLogger(__name__)
 
 MAX_BODY = 64 * 1024
 """The largest request body an action accepts (larger: 413)."""
-DEFAULT_PAGE = 50
-MAX_PAGE = 500
+ACTION_WAIT = 5.0
+"""Seconds an action waits for the store's write lane (then 503, nothing stored)."""
+COUNTS_TTL = 5.0
+"""Seconds the instances list's counts are reused before they are counted again."""
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})
 """The ``Host`` names a console bound to the loopback interface answers (others are
 refused: a DNS-rebinding page cannot reach it)."""
 SESSION_COOKIE = "phronomy_console_session"
 
 Scope = dict[str, Any]
-
-
-class HTTPError(Exception):
-    """An answer other than 200, with a message for the page."""
-
-    def __init__(self, status: int, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.message = message
-
-
-_ERRORS: tuple[tuple[type[Exception], int], ...] = (
-    (NotFoundError, 404),
-    (InvalidInputError, 400),
-    (InstanceStateError, 409),
-    (ConflictError, 409),
-    (StoreUnavailableError, 503),
-)
-
-
-class _Request:
-    def __init__(self, scope: Scope) -> None:
-        self.method: str = scope["method"]
-        self.path: str = scope["path"]
-        self.scheme: str = scope.get("scheme", "http")
-        raw = scope.get("query_string", b"").decode("latin-1")
-        try:
-            pairs = parse_qsl(raw, keep_blank_values=True, errors="strict")
-        except (UnicodeDecodeError, ValueError):
-            raise HTTPError(400, "the query string is not UTF-8") from None
-        self.query: dict[str, str] = {}
-        for key, value in pairs:
-            self.query.setdefault(key, value)
-        self.headers: dict[str, str] = {}
-        for key, value in scope.get("headers", []):
-            self.headers.setdefault(
-                key.decode("latin-1").lower(), value.decode("latin-1")
-            )
-        self.cookies: dict[str, str] = {}
-        for part in self.headers.get("cookie", "").split(";"):
-            name, _, value = part.strip().partition("=")
-            self.cookies.setdefault(name, value)
-
-    def arg(self, name: str) -> str | None:
-        value = self.query.get(name)
-        return value or None
-
-    def required(self, name: str) -> str:
-        value = self.query.get(name)
-        if not value:
-            raise HTTPError(400, f"the query parameter {name!r} is missing")
-        return value
-
-    def limit(self) -> int:
-        text = self.query.get("limit") or str(DEFAULT_PAGE)
-        if not text.isdigit() or not 1 <= int(text) <= MAX_PAGE:
-            raise HTTPError(
-                400, f"limit must be a whole number from 1 to {MAX_PAGE}, got {text!r}"
-            )
-        return int(text)
 
 
 @final
@@ -129,6 +75,8 @@ class ConsoleApp:
         token: the secret every action must carry (required with *allow_actions*).
         allowed_hosts: the ``Host`` names answered (``None``: any).
         max_body: the largest action body accepted, in bytes.
+        action_wait: seconds an action waits behind another (then 503).
+        counts_ttl: seconds the instances list's counts are reused.
 
     Raises:
         InvalidInputError: actions allowed without a token (or a token of fewer
@@ -144,6 +92,8 @@ class ConsoleApp:
         token: str | None = None,
         allowed_hosts: Iterable[str] | None = None,
         max_body: int = MAX_BODY,
+        action_wait: float = ACTION_WAIT,
+        counts_ttl: float = COUNTS_TTL,
     ) -> None:
         if allow_actions and (token is None or len(token) < 8):
             raise InvalidInputError("actions need a token of at least 8 characters")
@@ -156,13 +106,41 @@ class ConsoleApp:
         self._hosts = None if allowed_hosts is None else frozenset(allowed_hosts)
         self._max_body = max_body
         self._secret = secrets.token_bytes(32)
-        self._limiter = trio.CapacityLimiter(1)
+        self._reads = trio.CapacityLimiter(1)  # the store's read connection
+        self._writes = trio.Lock()  # its write connection
+        self._action_wait = action_wait
+        self._counts_ttl = counts_ttl
+        self._counts: tuple[float, _reads.Counts] | None = None
 
     async def _read(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         def call() -> Any:
             return fn(self.store, *args, **kwargs)
 
-        return await trio.to_thread.run_sync(call, limiter=self._limiter)
+        return await trio.to_thread.run_sync(call, limiter=self._reads)
+
+    async def _write(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run an action in the write lane, waiting at most ``action_wait`` for it."""
+
+        def call() -> Any:
+            return fn(self.store, *args, **kwargs)
+
+        acquired = False
+        with trio.move_on_after(self._action_wait):
+            await self._writes.acquire()
+            acquired = True
+        if not acquired:
+            raise HTTPError(
+                503,
+                "the store is busy (another action is under way); nothing was "
+                "stored: try again",
+            )
+        try:
+            return await trio.to_thread.run_sync(call)
+        except StoreUnavailableError as exc:
+            raise HTTPError(503, f"the store is busy or unavailable: {exc}") from None
+        finally:
+            self._writes.release()
+            self._counts = None  # the action may change them
 
     def _csrf(self, session: str) -> str:
         return hmac.new(self._secret, session.encode(), hashlib.sha256).hexdigest()[:40]
@@ -186,7 +164,7 @@ class ConsoleApp:
             return
         cookies: list[str] = []
         try:
-            request = _Request(scope)
+            request = Request(scope)
             self._check_host(request)
             session = request.cookies.get(SESSION_COOKIE, "")
             if (
@@ -206,7 +184,9 @@ class ConsoleApp:
                 f"{exc.status}", _pages.error_page(exc.status, exc.message)
             )
         except Exception:
-            logger.exception("console: a request failed")
+            logger.exception(
+                "console: %s %s failed", scope.get("method"), clip(scope.get("path"))
+            )
             status, content_type, extra = 500, "text/html; charset=utf-8", {}
             body = self._html(
                 "500", _pages.error_page(500, "internal error (see the log)")
@@ -234,7 +214,7 @@ class ConsoleApp:
         )
         await send({"type": "http.response.body", "body": body})
 
-    def _check_host(self, request: _Request) -> None:
+    def _check_host(self, request: Request) -> None:
         if self._hosts is None:
             return
         host = request.headers.get("host", "")
@@ -247,7 +227,7 @@ class ConsoleApp:
         return layout(title, body, actions=self.allow_actions).encode()
 
     async def _route(
-        self, request: _Request, receive: Any, session: str
+        self, request: Request, receive: Any, session: str
     ) -> tuple[int, str, bytes, dict[str, str]]:
         html = "text/html; charset=utf-8"
         if request.method == "POST":
@@ -279,7 +259,7 @@ class ConsoleApp:
                 )
             title, body = await self._instance(iid, forms)
             return 200, html, self._html(title, body), {}
-        pages: dict[str, Callable[[_Request, Forms], Awaitable[tuple[str, str]]]] = {
+        pages: dict[str, Callable[[Request, Forms], Awaitable[tuple[str, str]]]] = {
             "/instances": self._instances,
             "/executions": self._executions,
             "/execution": self._execution,
@@ -287,7 +267,7 @@ class ConsoleApp:
         }
         page = pages.get(path)
         if page is None:
-            raise HTTPError(404, f"no page {path!r}")
+            raise HTTPError(404, f"no page {clip(path)!r}")
         title, body = await self._guarded(page(request, forms))
         return 200, html, self._html(title, body), {}
 
@@ -296,12 +276,12 @@ class ConsoleApp:
         try:
             return await pending
         except PhronomyError as exc:
-            for kind, status in _ERRORS:
+            for kind, status in ERRORS:
                 if isinstance(exc, kind):
                     raise HTTPError(status, str(exc)) from None
             raise
 
-    async def _instances(self, request: _Request, forms: Forms) -> tuple[str, str]:
+    async def _instances(self, request: Request, forms: Forms) -> tuple[str, str]:
         status = request.arg("status")
         statuses = get_args(InstanceStatus)
         if status is not None and status not in statuses:
@@ -309,13 +289,18 @@ class ConsoleApp:
                 400, f"status must be one of {list(statuses)}, got {status!r}"
             )
         workflow, limit = request.arg("workflow"), request.limit()
+        now = trio.current_time()
+        cached = self._counts
         page = await self._read(
             _reads.instances,
             status=status,
             workflow=workflow,
             after=request.arg("after"),
             limit=limit,
+            counts=cached[1] if cached and now - cached[0] < self._counts_ttl else None,
         )
+        if cached is None or cached[1] is not page.counts:
+            self._counts = (now, page.counts)
         body = _pages.instances_page(
             page, status=status, workflow=workflow, limit=limit, statuses=statuses
         )
@@ -330,7 +315,7 @@ class ConsoleApp:
             view, definition, forms, flash=flash
         )
 
-    async def _executions(self, request: _Request, forms: Forms) -> tuple[str, str]:
+    async def _executions(self, request: Request, forms: Forms) -> tuple[str, str]:
         status = request.arg("status")
         if status is not None and status not in RECORD_STATUSES:
             raise HTTPError(
@@ -343,13 +328,13 @@ class ConsoleApp:
         return "Executions", _pages.executions_page(page, status=status, limit=limit)
 
     async def _execution(
-        self, request: _Request, forms: Forms, flash: str | None = None
+        self, request: Request, forms: Forms, flash: str | None = None
     ) -> tuple[str, str]:
         agent = request.required("agent")
         view = await self._guarded(self._read(_reads.execution, agent))
         return f"Execution {agent}", _pages.execution_page(view, forms, flash=flash)
 
-    async def _schedules(self, request: _Request, forms: Forms) -> tuple[str, str]:
+    async def _schedules(self, request: Request, forms: Forms) -> tuple[str, str]:
         limit = request.limit()
         next_after, records = await self._read(
             _reads.schedules, after=request.arg("after"), limit=limit
@@ -359,7 +344,7 @@ class ConsoleApp:
     # --- actions -----------------------------------------------------------------------
 
     async def _post(
-        self, request: _Request, receive: Any, session: str
+        self, request: Request, receive: Any, session: str
     ) -> tuple[str, str]:
         if not self.allow_actions:
             raise HTTPError(
@@ -371,31 +356,34 @@ class ConsoleApp:
             "/execution/approve",
             "/execution/reject",
         ):
-            raise HTTPError(404, f"no action {request.path!r}")
-        self._check_origin(request)
-        fields = self._parse(request, await self._body(request, receive))
+            raise HTTPError(404, f"no action {clip(request.path)!r}")
+        request.check_origin()
+        fields = parse_body(request, await request.body(receive, self._max_body))
         self._check_token(request, fields)
         forms = Forms(self._csrf(session))
         text = fields.get
         if request.path.startswith("/instance/"):
             iid = text("id") or ""
             if request.path == "/instance/send":
-                action = self._read(
+                action = self._write(
                     _actions.send, iid, event=text("event") or "",
                     payload=text("payload"), event_id=text("event_id") or None,
+                    key=text("key") or None, definitions=self.definitions,
                 )  # fmt: skip
             else:
-                action = self._read(_actions.cancel, iid, reason=text("reason") or None)
+                action = self._write(
+                    _actions.cancel, iid, reason=text("reason") or None
+                )
             done = await self._guarded(action)
             return await self._instance(iid, forms, flash=done)
         agent = text("agent") or ""
         done = await self._guarded(
-            self._read(
+            self._write(
                 _actions.answer, agent, approve=request.path.endswith("approve"),
-                response=text("response"),
+                response=text("response"), key=text("key") or None,
             )
         )  # fmt: skip
-        page = _Request(
+        page = Request(
             {
                 "method": "GET",
                 "path": "/execution",
@@ -404,63 +392,7 @@ class ConsoleApp:
         )
         return await self._execution(page, forms, flash=done)
 
-    def _check_origin(self, request: _Request) -> None:
-        site = request.headers.get("sec-fetch-site")
-        if site is not None and site not in ("same-origin", "none"):
-            raise HTTPError(403, f"cross-site request refused (Sec-Fetch-Site: {site})")
-        origin = request.headers.get("origin")
-        expected = f"{request.scheme}://{request.headers.get('host', '')}"
-        if origin is not None and origin != expected:
-            raise HTTPError(403, f"cross-origin request refused (Origin: {origin})")
-
-    async def _body(self, request: _Request, receive: Any) -> bytes:
-        length = request.headers.get("content-length")
-        if length is not None and (
-            not length.isdigit() or int(length) > self._max_body
-        ):
-            raise HTTPError(413, f"the body is larger than {self._max_body} bytes")
-        chunks: list[bytes] = []
-        size = 0
-        while True:
-            message = await receive()
-            if message["type"] == "http.disconnect":
-                raise HTTPError(400, "the client went away")
-            chunk = message.get("body", b"")
-            size += len(chunk)
-            if size > self._max_body:
-                raise HTTPError(413, f"the body is larger than {self._max_body} bytes")
-            chunks.append(chunk)
-            if not message.get("more_body", False):
-                return b"".join(chunks)
-
-    def _parse(self, request: _Request, body: bytes) -> dict[str, str]:
-        kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
-        try:
-            text = body.decode("utf-8")
-        except UnicodeDecodeError:
-            raise HTTPError(400, "the body is not UTF-8") from None
-        if kind == "application/json":
-            try:
-                value = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise HTTPError(400, f"the body is not JSON: {exc}") from None
-            if not isinstance(value, dict) or not all(
-                isinstance(v, str) for v in value.values()
-            ):
-                raise HTTPError(400, "the JSON body must be an object of strings")
-            return value
-        if kind == "application/x-www-form-urlencoded":
-            try:
-                pairs = parse_qsl(text, keep_blank_values=True, errors="strict")
-            except ValueError:
-                raise HTTPError(400, "the form is not URL-encoded UTF-8") from None
-            fields: dict[str, str] = {}
-            for key, value in pairs:
-                fields.setdefault(key, value)
-            return fields
-        raise HTTPError(415, f"unsupported content type {kind!r} (send a form or JSON)")
-
-    def _check_token(self, request: _Request, fields: dict[str, str]) -> None:
+    def _check_token(self, request: Request, fields: dict[str, str]) -> None:
         assert self._token is not None
         auth = request.headers.get("authorization", "")
         bearer = auth[7:] if auth.lower().startswith("bearer ") else None

@@ -4,6 +4,7 @@ links, tables and the action forms (which carry the session's CSRF token)."""
 from __future__ import annotations
 
 import html
+import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
@@ -16,6 +17,7 @@ __all__ = [
     "CSS",
     "Forms",
     "badge",
+    "clip",
     "field",
     "h",
     "h_block",
@@ -37,7 +39,7 @@ th,td{border:1px solid #ddd;padding:.3em .6em;text-align:left;vertical-align:top
 th{background:#eceff1}td.num{text-align:right}
 .badge{display:inline-block;padding:0 .5em;border-radius:.8em;background:#e0e0e0}
 .running{background:#bbdefb}.halted,.suspended,.pending{background:#fff3cd}.completed{background:#c8e6c9}
-.failed,.recovery_required{background:#ffcdd2}.cancelled{background:#e0e0e0}
+.finished{background:#c8e6c9}.failed,.recovery_required{background:#ffcdd2}.cancelled{background:#e0e0e0}
 .counts a{margin-right:1em}.note{color:#555}.error{color:#b71c1c}
 .flash{background:#e8f5e9;border:1px solid #a5d6a7;padding:.6em}
 .diagram{background:#fff;border:1px solid #ddd;display:inline-block;padding:.5em}
@@ -46,6 +48,12 @@ form.action{background:#fff;border:1px solid #ddd;padding:.6em;margin:.6em 0;
 display:flex;gap:.6em;flex-wrap:wrap;align-items:end}
 form.action label{display:flex;flex-direction:column;font-size:.85em}
 """
+
+
+def clip(value: object, most: int = 200) -> str:
+    """*value* as text of at most *most* characters (longer: cut, marked by …)."""
+    text = str(value)
+    return text if len(text) <= most else text[:most] + "…"
 
 
 def h(value: object) -> str:
@@ -103,6 +111,7 @@ class Forms:
             f'<form class="action" method="post" action="{h(action)}">'
             f"<strong>{h(title)}</strong>{fields}"
             f'<input type="hidden" name="csrf" value="{h(self.csrf)}">'
+            f'<input type="hidden" name="key" value="{uuid.uuid4()}">'
             '<label>token<input type="password" name="token" autocomplete="off">'
             f'</label><button type="submit">{h(title)}</button></form>'
         )

@@ -25,6 +25,7 @@ from ._html import Forms, badge, field, h, h_block, hidden, link, table
 
 __all__ = [
     "error_page",
+    "every",
     "execution_page",
     "executions_page",
     "instance_page",
@@ -350,7 +351,7 @@ def schedules_page(
         (
             h(r.schedule_id),
             h(r.workflow),
-            h(r.cron or f"every {r.every_ms} ms"),
+            h(r.cron or every(r.every_ms)),
             h(r.timezone),
             h(iso(r.next_tick_ms)),
             h(r.overlap),
@@ -392,6 +393,21 @@ def schedules_page(
         )
         + more
     )
+
+
+def every(ms: int | None) -> str:
+    """An interval in words: ``every 1 h``, ``every 1 h 30 min``, ``every 250 ms``."""
+    if ms is None:
+        return "-"
+    parts: list[str] = []
+    rest = ms
+    for unit, size in (("d", 86_400_000), ("h", 3_600_000), ("min", 60_000)):
+        if rest >= size:
+            parts.append(f"{rest // size} {unit}")
+            rest %= size
+    if rest:
+        parts.append(f"{rest / 1000:g} s" if rest >= 1000 else f"{rest} ms")
+    return "every " + " ".join(parts or ["0 ms"])
 
 
 def error_page(status: int, message: str) -> str:

@@ -39,6 +39,8 @@ from phronomy.storage import (
 )
 from phronomy.workflow._inbox_client import interleave
 
+from ._html import clip
+
 if TYPE_CHECKING:
     from phronomy.agent import ExecutionPage
     from phronomy.storage import BaseStore, ScheduleRecord
@@ -146,7 +148,7 @@ def _pending(store: BaseStore[Any], record: StoredRecord) -> dict[str, Any]:
     return view
 
 
-def counts(store: BaseStore[Any]) -> Counts:
+def count(store: BaseStore[Any]) -> Counts:
     """The workflow instances by status and by workflow (up to :data:`COUNT_CAP`)."""
     by_status: dict[str, int] = {}
     by_workflow: dict[str, int] = {}
@@ -173,8 +175,10 @@ def instances(
     workflow: str | None,
     after: str | None,
     limit: int,
+    counts: Counts | None = None,
 ) -> InstancesPage:
-    """One page of workflow instances (the ``instances list`` page) and the counts."""
+    """One page of workflow instances (the ``instances list`` page) and the counts
+    (*counts*, counted again when ``None``)."""
     args = argparse.Namespace(
         status=status, workflow=workflow, after=after, limit=limit
     )
@@ -182,7 +186,7 @@ def instances(
     return InstancesPage(
         records=tuple(records),
         next_after=next_after,
-        counts=counts(store),
+        counts=count(store) if counts is None else counts,
         lease_now_ms=lease_now_ms(store),
     )
 
@@ -196,7 +200,7 @@ def instance(store: BaseStore[Any], iid: str) -> InstanceView:
     """
     record: StoredRecord | None = store.load(iid)
     if record is None:
-        raise NotFoundError(f"workflow instance {iid!r} does not exist")
+        raise NotFoundError(f"workflow instance {clip(iid)!r} does not exist")
     if kind_of(record) == "execution":
         raise InvalidInputError(
             f"{iid!r} is the record of a supervised execution (agent "
@@ -250,7 +254,7 @@ def execution(store: BaseStore[Any], agent_id: str) -> ExecutionView:
     """
     row: StoredRecord | None = store.load(agent_key(agent_id))
     if row is None:
-        raise NotFoundError(f"agent {agent_id!r} has no execution record")
+        raise NotFoundError(f"agent {clip(agent_id)!r} has no execution record")
     record = execution_record(row)
     return ExecutionView(
         record=record,

@@ -1,14 +1,16 @@
 """Serving the console: the store opener, ``--app`` definitions, and hypercorn on trio.
 
-``python -m phronomy console --db PATH_OR_DSN [--host H] [--port N] [--app M:ATTR]...
-[--allow-actions --token TOKEN]``.
+``python -m phronomy console --db PATH_OR_DSN [--schema NAME] [--host H] [--port N]
+[--app M:ATTR]... [--allow-actions --token TOKEN]``.
 """
 
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import signal
+import socket
 import sys
 from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
@@ -19,7 +21,7 @@ from phronomy._cli_store import is_dsn, open_store
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 from phronomy.workflow import WorkflowDefinition
 
-from ._app import LOOPBACK_HOSTS, ConsoleApp
+from ._app import ACTION_WAIT, LOOPBACK_HOSTS, ConsoleApp
 
 if TYPE_CHECKING:
     import argparse
@@ -31,20 +33,32 @@ __all__ = ["load_definitions", "open_console_store", "run_console", "serve_conso
 DEFAULT_PORT = 8470
 
 
-def open_console_store(db: str, *, read_only: bool) -> BaseStore[Any]:
+def open_console_store(
+    db: str, *, read_only: bool, schema: str | None = None
+) -> BaseStore[Any]:
     """The store named by *db* (an SQLite file or a ``postgresql://`` DSN), open, as
     the command line opens it: never created or migrated; read-only (SQLite: a
     read-only connection; PostgreSQL: read-only sessions) unless *read_only* is false.
+    *schema* is the PostgreSQL schema (default: the DSN's ``search_path``, else
+    ``public``). An SQLite write waits at most ``ACTION_WAIT`` seconds for a lock
+    another process holds.
 
     Raises:
-        StoreUnavailableError: the file does not exist or cannot be opened, or the
-            server cannot be reached (the message shows no password).
+        StoreUnavailableError: the file does not exist, is not a file, or cannot be
+            opened, the database holds no phronomy schema, or the server cannot be
+            reached (the message shows no password).
+        InvalidInputError: an invalid schema name.
     """
-    if not is_dsn(db) and not os.path.isfile(db):  # the actions' store too
-        raise StoreUnavailableError(
-            f"SQLite database {db!r} does not exist (check the path)", path=db
-        )
-    return open_store(db, read_only=read_only)
+    if not is_dsn(db):  # the actions' store too
+        if not os.path.exists(db):
+            raise StoreUnavailableError(
+                f"SQLite database {db!r} does not exist (check the path)", path=db
+            )
+        if not os.path.isfile(db):
+            raise StoreUnavailableError(
+                f"SQLite database {db!r} is not a file (check the path)", path=db
+            )
+    return open_store(db, read_only=read_only, schema=schema, busy_timeout=ACTION_WAIT)
 
 
 def load_definitions(specs: Iterable[str]) -> list[WorkflowDefinition[Any]]:
@@ -71,8 +85,19 @@ def load_definitions(specs: Iterable[str]) -> list[WorkflowDefinition[Any]]:
                 value = getattr(value, part)
         except (ImportError, AttributeError) as exc:
             raise InvalidInputError(f"--app {spec!r}: {exc}") from None
+        except Exception as exc:  # noqa: BLE001 - the module fails: one line
+            raise InvalidInputError(
+                f"--app {spec!r}: importing {module_name!r} failed: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
         if callable(value) and not isinstance(value, WorkflowDefinition):
-            value = value()
+            try:
+                value = value()
+            except Exception as exc:  # noqa: BLE001 - one line, not a trace
+                raise InvalidInputError(
+                    f"--app {spec!r}: calling {attr!r} failed: "
+                    f"{type(exc).__name__}: {exc}"
+                ) from None
         if isinstance(value, WorkflowDefinition):
             value = [value]
         elif isinstance(value, Mapping):
@@ -101,7 +126,10 @@ async def serve_console(  # noqa: ASYNC114, ASYNC128 - hypercorn calls started()
 
     Raises:
         ImportError: hypercorn is not installed (``pip install phronomy[console]``).
-        OSError: the address cannot be bound.
+        OSError: the address cannot be bound (a port in use, a host name that does
+            not resolve or is not this machine's), found before serving. Should
+            another process take the port in between, hypercorn's OSError arrives
+            in an ``ExceptionGroup`` (it binds in a nursery of its own).
 
     Cancellation:
         Cancelling it stops the server (requests under way are cut off).
@@ -109,12 +137,25 @@ async def serve_console(  # noqa: ASYNC114, ASYNC128 - hypercorn calls started()
     from hypercorn.config import Config
     from hypercorn.trio import serve
 
+    _check_bind(host, port)
     config = Config()
     config.bind = [f"[{host}]:{port}" if ":" in host else f"{host}:{port}"]
     config.accesslog = None
     config.errorlog = None
     config.graceful_timeout = 1.0
     await serve(app, config, task_status=task_status, mode="asgi")  # type: ignore[arg-type]
+
+
+def _check_bind(host: str, port: int) -> None:
+    """Bind and close a socket as hypercorn will (``SO_REUSEADDR``): an address it
+    cannot bind fails here as one :class:`OSError`, no socket left behind."""
+    for family, kind, proto, _, address in socket.getaddrinfo(
+        host, port, type=socket.SOCK_STREAM
+    ):
+        with socket.socket(family, kind, proto) as probe:
+            probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            probe.bind(address)
+        return
 
 
 def run_console(args: argparse.Namespace) -> int:
@@ -128,8 +169,17 @@ def run_console(args: argparse.Namespace) -> int:
         ) from None
     if args.allow_actions and not args.token:
         raise InvalidInputError("--allow-actions needs --token (8 characters or more)")
+    if not 0 <= args.port <= 65535:
+        raise InvalidInputError(f"--port must be from 0 to 65535, got {args.port}")
+    if args.token and not args.allow_actions:
+        raise InvalidInputError(
+            "--token is for actions: give --allow-actions too (or drop --token)"
+        )
     definitions = load_definitions(args.app or ())
-    store = open_console_store(args.db, read_only=not args.allow_actions)
+    store = open_console_store(
+        args.db, read_only=not args.allow_actions, schema=args.schema
+    )
+    _log_to_stderr()
     try:
         loopback = args.host in LOOPBACK_HOSTS or args.host.startswith("127.")
         app = ConsoleApp(
@@ -153,10 +203,27 @@ def run_console(args: argparse.Namespace) -> int:
                     async for _ in signals:  # stop serving; the store is closed
                         nursery.cancel_scope.cancel()
 
-        trio.run(main)
+        try:
+            trio.run(main)
+        except* OSError as group:
+            first = group.exceptions[0]
+            reason = first.strerror if isinstance(first, OSError) else None
+            raise InvalidInputError(
+                f"cannot listen on {args.host!r} port {args.port}: {reason or first}"
+            ) from None
     finally:
         store.close()
     return 0
+
+
+def _log_to_stderr() -> None:
+    """Let the console's errors (a 500's traceback) reach stderr: the library's own
+    loggers have no handler of their own."""
+    console_log = logging.getLogger("phronomy.console")
+    if not console_log.handlers and not logging.getLogger().handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        console_log.addHandler(handler)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -170,6 +237,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         required=True,
         metavar="PATH_OR_DSN",
         help="an existing SQLite database, or a postgresql:// DSN",
+    )
+    parser.add_argument(
+        "--schema",
+        help="the PostgreSQL schema (default: the DSN's search_path, else public)",
     )
     parser.add_argument(
         "--host", default="127.0.0.1", help="the interface (default: %(default)s)"
