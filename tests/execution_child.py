@@ -5,8 +5,8 @@
 *LEDGER* a file each step appends ``start|end KEY STEP PID TIME`` lines to. Every role
 prints ``ready`` once its runtime is open.
 
-* ``race KEY AT``: at wall time *AT*, start an execution of :data:`LONG` for *KEY*;
-  print ``won`` (it completed here) or ``busy`` (the key was taken).
+* ``race KEY GO``: once the file *GO* exists, start an execution of :data:`LONG` for
+  *KEY*; print ``won`` (it completed here) or ``busy`` (the key was taken).
 * ``serve KEYS [GO]``: once the file *GO* exists, start executions of :data:`PLAN` (even positions) and
   :data:`APPROVED` (odd ones) for the comma-separated *KEYS*, then serve both plans
   until killed: its sweep takes over the executions of a runtime that died, and its
@@ -91,8 +91,8 @@ def _wait_for(path: str) -> None:
         time.sleep(0.01)
 
 
-async def race(rt: phronomy.Runtime, key: str, at: float) -> None:
-    await trio.sleep(max(0.0, at - time.time()))
+async def race(rt: phronomy.Runtime, key: str, go: str) -> None:
+    await trio.to_thread.run_sync(_wait_for, go)
     try:
         await rt.executions.invoke(key, LONG, {"key": key})  # holds the key 3.3 s
     except phronomy.BusyError:
@@ -109,7 +109,7 @@ async def main() -> None:
     ) as rt:
         print("ready", flush=True)
         if role == "race":
-            await race(rt, args[0], float(args[1]))
+            await race(rt, args[0], args[1])
             return
         keys = args[0].split(",") if args and args[0] else []
         if len(args) > 1:  # wait until every process is up (another process says so)

@@ -98,10 +98,13 @@ def _records(store: Any) -> dict[str, Any]:
 def test_racing_processes_run_one_execution_per_key(
     spec: str, store: Any, tmp_path: Path, children: list[Child]
 ) -> None:
-    ledger = tmp_path / "ledger"
-    at = time.time() + 4.0  # after every child opened its runtime
-    racers = [Child(SCRIPT, spec, "race", ledger, "contested", at) for _ in range(6)]
+    ledger, go = tmp_path / "ledger", tmp_path / "go"
+    # each child is ready (its runtime open) before the next starts: they race once
+    # all are (a start that came after the winner's end would start the key anew)
+    racers = [Child(SCRIPT, spec, "race", ledger, "contested", go) for _ in range(6)]
     children.extend(racers)
+    at = time.time()
+    go.touch()
     said = [r.lines() for r in racers]
     print(f"6 racers: {sorted(s[0] for s in said)}")
     assert sorted(s[0] for s in said) == ["busy"] * 5 + ["won"]
