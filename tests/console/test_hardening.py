@@ -4,6 +4,7 @@ strict query checks, logged 500s, and the command's one-line errors."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import socket
@@ -208,7 +209,8 @@ async def test_an_event_the_definition_does_not_declare_is_refused(
 async def test_a_running_row_whose_lease_expired_is_left_to_the_sweep(
     filled_db: Path,
 ) -> None:
-    with sqlite3.connect(filled_db) as conn:  # a runtime that died holding it
+    # a runtime that died holding it
+    with contextlib.closing(sqlite3.connect(filled_db)) as conn, conn:
         conn.execute(
             "UPDATE phronomy_workflow_instances SET status = 'running', "
             "lease_owner = 'gone', lease_expires_at_ms = 1 WHERE instance_id = 'exp-3'"
