@@ -349,3 +349,35 @@ async def test_a_rejection_a_poll_reads_first_names_the_phase_the_instance_is_at
         rejected = caught[0]
         assert (rejected.phase, rejected.revision) == ("awaiting", 1)
         assert admission_state(rt, "g-1") is None
+
+
+async def test_a_poll_begun_before_a_segment_loaded_offers_it_nothing(
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
+) -> None:
+    # Before: a poll whose read predated a restarted segment's claim offered it the
+    # entries the previous segment had consumed; its save then failed ("inbox entries
+    # [1, 2] are not pending"), seen on PostgreSQL in CI (scenario 84's test).
+    flow = live_flow()
+    # (the entry it applies at last is not stored: the runtime does not wait for it)
+    async with runtime_on(
+        make_store(), inbox_poll_interval=0, shutdown_timeout=0.2
+    ) as rt:
+        await start_live(rt, flow, "p-1")
+        coordinator: Any = rt.workflows._coordinator
+        session = coordinator.sessions["p-1"]
+        mine = coordinator.gateway.leases.owner
+        stale = InboxEntry(
+            workflow_instance_id="p-1",
+            seq=2,
+            event_id="old",
+            event="mark",
+            payload=b"null",
+            stored_at_ms=0,
+        )
+        begun = session.feed.polls_before  # the last poll begun before it loaded
+        row = (stale, "running", "live", mine)
+        coordinator.post_message(Polled(pending=(row,), poll=begun))
+        await trio.sleep(0.05)
+        assert session.machine.state.count == 1  # not offered: only its own mark
+        coordinator.post_message(Polled(pending=(row,), poll=begun + 1))
+        await until(lambda: session.machine.state.count == 2)  # a later poll's is

@@ -76,6 +76,8 @@ class Runs(Protocol):
 class Routes(Protocol):
     """What the other parts ask of ``InboxRouter``."""
 
+    polls: int
+
     def offer(
         self,
         session: WorkflowSession[Any],

@@ -200,6 +200,7 @@ class Feed:
         "gap",
         "last_seq",
         "on_record",
+        "polls_before",
         "refilling",
     )
 
@@ -230,6 +231,10 @@ class Feed:
         """Entries may have been stored that the feed was not offered (ask the store
         for those after :attr:`last_seq`)."""
         self.refilling = False
+        self.polls_before = 0
+        """The inbox polls begun before its segment loaded its entries: a later
+        poll's read may predate that load (and list entries consumed before it), so
+        only polls begun after it offer it entries (it loaded those of earlier ones)."""
         """The coordinator is asking the store (one ask at a time)."""
         self.current = current
         """The entry being applied now."""

@@ -80,11 +80,13 @@ class InboxRouter:
     """The workflow coordinator's inbox part: posts, the poll, and who applies a
     stored entry (on the dispatcher)."""
 
-    __slots__ = ("_coordinator",)
+    __slots__ = ("_coordinator", "polls")
 
     def __init__(self, coordinator: Coordination) -> None:
         """Route for *coordinator*."""
         self._coordinator = coordinator
+        self.polls = 0
+        """Inbox polls begun (see :attr:`Feed.polls_before`)."""
 
     # --- resuming from the inbox ------------------------------------------------------
 
@@ -438,7 +440,9 @@ class InboxRouter:
             session = self._coordinator.sessions.get(iid)
             definition = self._coordinator.served.get(workflow)
             if session is not None and owner == mine:
-                self.offer(session, entries, complete=True)
+                assert session.feed is not None
+                if message.poll > session.feed.polls_before:  # read after its load
+                    self.offer(session, entries, complete=True)
             elif owner is None and status == "halted" and definition is not None:
                 self.drain(definition, iid, polled=True)
         self._coordinator.settlement.check_applied(list(message.checked))

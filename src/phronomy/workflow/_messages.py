@@ -180,6 +180,8 @@ class Polled(msgspec.Struct, frozen=True, kw_only=True):
 
     pending: tuple[Any, ...]
     checked: tuple[tuple[tuple[str, str], Any], ...] = ()
+    poll: int = 0
+    """The poll's number (the polls begun in this runtime, this one included)."""
 
 
 @final

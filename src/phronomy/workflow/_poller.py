@@ -150,6 +150,8 @@ async def poll_once(coordinator: WorkflowCoordinator) -> float:
         limit=POLL_LIMIT,
     )
     keys = _awaited_elsewhere(coordinator)
+    coordinator.inbox.polls += 1
+    poll = coordinator.inbox.polls  # before its reads
     checked: list[tuple[tuple[str, str], Any]] = []
 
     async def check(iid: str, event_id: str) -> None:
@@ -190,5 +192,7 @@ async def poll_once(coordinator: WorkflowCoordinator) -> float:
     if (telemetry := coordinator.telemetry) is not None:
         telemetry.events_pending = len(pending)  # entries (up to the poll's limit)
     if pending or checked:
-        coordinator.post_message(Polled(pending=pending, checked=tuple(checked)))
+        coordinator.post_message(
+            Polled(pending=pending, checked=tuple(checked), poll=poll)
+        )
     return math.inf if ms is None else trio.current_time() + max(ms, 0) / 1000

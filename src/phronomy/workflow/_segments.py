@@ -360,6 +360,7 @@ class Segments:
         )
         if feed is not None:
             feed.on_record = self._coordinator.settlement.judged
+            feed.polls_before = self._coordinator.inbox.polls
         session.trace = session.effects.trace = trace
 
         def start(session: WorkflowSession[Any]) -> None:
