@@ -47,6 +47,14 @@ _SAVE = (
 _LOG = "INSERT INTO log VALUES ({p}, {p}, {p}, {p})"
 
 
+def _statements(placeholder: str) -> dict[str, str]:
+    """The claim, save and log statements with the driver's *placeholder*."""
+    return {
+        kind: statement.format(p=placeholder)
+        for kind, statement in (("claim", _CLAIM), ("save", _SAVE), ("log", _LOG))
+    }
+
+
 def group(run: Any) -> Any:
     """``submit(item)``: items that arrive while a batch runs form the next batch, run
     by *run* (a list in, a list of results out) in one worker thread."""
@@ -104,19 +112,21 @@ async def _clients(
     return per * CLIENTS / elapsed, cpu / (per * CLIENTS), statistics.median(batches)
 
 
-def _apply(execute: Any, ops: list[tuple[Any, ...]]) -> list[Any]:
-    """Each op's statements through *execute(sql_kind, params)* (a cursor back)."""
+def _apply(execute: Any, sql: dict[str, str], ops: list[tuple[Any, ...]]) -> list[Any]:
+    """Each op's statements (*sql* by kind) through *execute* (a cursor back)."""
     cursors: list[Any] = []
     for op in ops:
         if op[0] == "claim":
             _, iid, owner, ttl = op
-            cursors.append(execute("claim", (iid, owner, ttl)))
+            cursors.append(execute(sql["claim"], (iid, owner, ttl)))
         else:
             _, iid, blob, write_id, status, owner, epoch, revision = op
             cursors.append(
-                execute("save", (blob, write_id, status, iid, owner, epoch, revision))
+                execute(
+                    sql["save"], (blob, write_id, status, iid, owner, epoch, revision)
+                )
             )
-            execute("log", (iid, revision + 1, write_id, status))
+            execute(sql["log"], (iid, revision + 1, write_id, status))
     return cursors
 
 
@@ -136,16 +146,12 @@ async def sqlite_claim_save_limit(
     conn.execute("PRAGMA synchronous=FULL")
     for table in _TABLES:
         conn.execute(table)
-    sql = {
-        "claim": _CLAIM.format(p="?"),
-        "save": _SAVE.format(p="?"),
-        "log": _LOG.format(p="?"),
-    }
+    sql = _statements("?")
     batches: list[int] = []
 
     def run_batch(ops: list[tuple[Any, ...]]) -> list[Any]:
         conn.execute("BEGIN IMMEDIATE")
-        cursors = _apply(lambda kind, params: conn.execute(sql[kind], params), ops)
+        cursors = _apply(conn.execute, sql, ops)
         results = _results(ops, cursors)
         conn.execute("COMMIT")
         batches.append(len(ops))
@@ -168,16 +174,12 @@ async def postgres_claim_save_limit(
     conn.execute(f"CREATE SCHEMA {schema}")
     for table in _TABLES:
         conn.execute(table)
-    sql = {
-        "claim": _CLAIM.format(p="%s"),
-        "save": _SAVE.format(p="%s"),
-        "log": _LOG.format(p="%s"),
-    }
+    sql = _statements("%s")
     batches: list[int] = []
 
     def run_batch(ops: list[tuple[Any, ...]]) -> list[Any]:
         with conn.transaction(), conn.pipeline() as pipeline:
-            cursors = _apply(lambda kind, params: conn.execute(sql[kind], params), ops)
+            cursors = _apply(conn.execute, sql, ops)
             pipeline.sync()
             results = _results(ops, cursors)
         batches.append(len(ops))

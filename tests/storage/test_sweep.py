@@ -37,6 +37,11 @@ _FILL = """
         'w' || n
     FROM {numbers}
 """
+SQLITE_NUMBERS = (
+    f"(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g "
+    f"WHERE n < {ROWS}) SELECT n FROM g)"
+)
+PG_NUMBERS = f"generate_series(1, {ROWS}) AS g(n)"
 
 
 def test_the_sqlite_sweep_reads_the_lease_index(
@@ -48,11 +53,7 @@ def test_the_sqlite_sweep_reads_the_lease_index(
     store = open_sqlite(path)
     store.open()
     with sqlite3.connect(path) as conn:
-        numbers = (
-            f"(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g "
-            f"WHERE n < {ROWS}) SELECT n FROM g)"
-        )
-        conn.execute(_FILL.format(numbers=numbers))
+        conn.execute(_FILL.format(numbers=SQLITE_NUMBERS))
         params = {"lease_now": 10**15, "limit": 100}
         plan = [
             r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {SQLITE_EXPIRED}", params)
@@ -76,8 +77,7 @@ def test_the_postgres_sweep_reads_the_lease_index(
     store.open()
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"SET search_path = {store.schema}")
-        numbers = f"generate_series(1, {ROWS}) AS g(n)"
-        conn.execute(_FILL.format(numbers=numbers))  # no parameters: % is literal
+        conn.execute(_FILL.format(numbers=PG_NUMBERS))  # no parameters: % is literal
         rows: Any = conn.execute(f"EXPLAIN {PG_EXPIRED}", {"limit": 100})
         plan = [r[0] for r in rows]
     print("postgres sweep plan over", ROWS, "rows:\n" + "\n".join(plan))  # noqa: T201
@@ -99,11 +99,7 @@ def test_the_sqlite_listing_by_status_seeks_the_status_index(
     store = open_sqlite(path)
     store.open()
     with sqlite3.connect(path) as conn:
-        numbers = (
-            f"(WITH RECURSIVE g(n) AS (SELECT 1 UNION ALL SELECT n + 1 FROM g "
-            f"WHERE n < {ROWS}) SELECT n FROM g)"
-        )
-        conn.execute(_FILL.format(numbers=numbers))
+        conn.execute(_FILL.format(numbers=SQLITE_NUMBERS))
         params = {"status": "running", "workflow": "wf", "after": "i5", "limit": 11}
         plans = {
             (status, workflow): [
@@ -141,7 +137,7 @@ def test_the_postgres_listing_by_status_uses_the_status_index_generically(
     store.open()
     with psycopg.connect(postgres_dsn, autocommit=True) as conn:
         conn.execute(f"SET search_path = {store.schema}")
-        conn.execute(_FILL.format(numbers=f"generate_series(1, {ROWS}) AS g(n)"))
+        conn.execute(_FILL.format(numbers=PG_NUMBERS))
         conn.execute("SET plan_cache_mode = force_generic_plan")
         sql = PG_LIST[2].replace("%(after)s", "$1").replace("%(status)s", "$2")
         sql = sql.replace("%(limit)s", "$3")

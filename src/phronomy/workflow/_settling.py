@@ -239,13 +239,13 @@ class Settlement:
                     entry.workflow_instance_id, entry.event_id, exc
                 )
                 return
-            same = row is not None and row.revision == entry.revision
+            at = row is not None and row.revision == entry.revision
             self._coordinator.waiters.settle(
                 Applied(
                     entry=entry,
                     status=entry.status,
                     detail=entry.detail,
-                    phase=row.phase if same and row is not None else None,
+                    phase=row.phase if at and row else None,
                 )
             )
 
