@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 
 import faketime
+import phronomy
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -116,8 +117,14 @@ trio.run(main)
 
 
 @pytest.fixture(autouse=True)
-def _libfaketime() -> None:
-    faketime.require()  # before any child starts
+def _libfaketime(tmp_path: Path) -> None:
+    """libfaketime, and the shared file made in WAL mode before any child starts: two
+    children creating it at once retry the switch to WAL mode with ``time.sleep``,
+    which fails with EINVAL under libfaketime (tests/faketime.py)."""
+    faketime.require()
+    store = phronomy.SQLiteStore(tmp_path / "steps.db")
+    store.open()
+    store.close()
 
 
 class Child:
