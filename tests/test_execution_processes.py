@@ -228,3 +228,32 @@ def test_a_zombie_gets_no_write_accepted(
         zombie.process.pid not in pids
     )  # what was saved after the takeover is not its
     print(f"zombie: 0 of its writes accepted after SIGCONT (revision {revision} stays)")
+
+
+def test_a_kill_after_a_checkpoint_resumes_after_its_step(
+    spec: str, store: Any, tmp_path: Path, children: list[Child]
+) -> None:
+    ledger, go = tmp_path / "ledger", tmp_path / "go"
+    helper = Child(SCRIPT, spec, "serve", ledger, "")
+    victim = Child(SCRIPT, spec, "serve", ledger, "c", go)
+    children.extend([victim, helper])
+    pid = victim.process.pid
+    go.touch()
+    deadline = time.monotonic() + 10
+    # the second step starts only once the first one's checkpoint save is acknowledged
+    while ("start", "c", "second", pid) not in {e[:4] for e in _ledger(ledger)}:
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+    victim.kill()
+    deadline = time.monotonic() + RECOVERY + 10
+    while (record := _records(store)["c"]).status != "completed":
+        assert time.monotonic() < deadline, record
+        time.sleep(0.05)
+    steps = [(what, step, by == pid) for what, _, step, by, _ in _ledger(ledger)]
+    assert steps[:2] == [("start", "first", True), ("end", "first", True)]
+    assert [s for s in steps if s[1] == "first"] == steps[:2]  # run once: not lost
+    assert ("end", "second", True) not in steps  # cut off by the kill
+    assert record.value["done"][0] == ["first", pid]
+    assert [s for s, by in record.value["done"]] == ["first", "second", "third"]
+    assert all(by != pid for _, by in record.value["done"][1:])  # resumed elsewhere
+    print("kill -9 after a checkpoint: resumed after its step, 0 steps lost or rerun")

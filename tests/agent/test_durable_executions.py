@@ -16,6 +16,7 @@ import trio.testing
 
 import phronomy
 from phronomy.cli import main
+from phronomy.storage import TerminateOp
 from phronomy.testing import TestClock
 from polling import until
 
@@ -328,3 +329,71 @@ async def test_answers_and_listing_errors_are_clear(
         with pytest.raises(phronomy.CancellationError, match="changed my mind"):
             await execution.result()
         assert await rt.executions.purge("k")
+
+
+def counted(value: Any) -> Any:
+    ATTEMPTS.append(0)
+    return value
+
+
+CHECKPOINTED = phronomy.agent.execution_plan(
+    [counted, blocked, counted], name="checkpointed"
+)
+
+
+async def test_a_checkpoint_is_one_save_that_keeps_the_lease(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
+    ATTEMPTS.clear()
+    RELEASE.clear()
+    store = open_sqlite(tmp_path / "c.db")
+    async with phronomy.open_runtime(store=store, workflows=[CHECKPOINTED]) as rt:
+        execution = rt.executions.start("k", CHECKPOINTED, "v")
+        await until(lambda: _revision(store) == 1)
+        row = _row(store)  # the first step's result is saved; the segment goes on
+        assert (row.status, row.phase, row.lease_owner is not None) == (
+            "running",
+            "after_0",
+            True,
+        )
+        epoch = row.lease_epoch
+        RELEASE.set()
+        assert (await execution.result()).value == "v"
+        row = _row(store)
+        assert (row.status, row.revision, row.lease_epoch) == ("finished", 3, epoch)
+        assert ATTEMPTS == [0, 0]
+        # one claim: the same lease from start to end (a halt would release it)
+
+
+async def test_a_fenced_off_checkpoint_save_is_refused(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
+    ATTEMPTS.clear()
+    RELEASE.clear()
+    store = open_sqlite(tmp_path / "z.db")
+    async with phronomy.open_runtime(
+        store=store, workflows=[CHECKPOINTED], lease_ttl=30, heartbeat_interval=10
+    ) as rt:
+        execution = rt.executions.start("k", CHECKPOINTED, "v")
+        await until(lambda: _revision(store) == 1)  # in the blocked step
+        # another runtime takes the instance over (an operator's forced stop here)
+        assert store.run(
+            TerminateOp(workflow_instance_id="agent:k", expected_revision=1)
+        )
+        RELEASE.set()  # the step returns before a heartbeat could tell the segment
+        with pytest.raises(phronomy.LeaseLostError, match="cannot save"):
+            await execution.result()
+        row = _row(store)
+        assert (row.status, row.revision) == ("cancelled", 1)  # nothing written
+        assert ATTEMPTS == [0]  # and no step after it ran
+
+
+def _revision(store: phronomy.SQLiteStore) -> int:
+    row = store.load("agent:k")
+    return 0 if row is None else row.revision
+
+
+def _row(store: phronomy.SQLiteStore) -> Any:
+    row = store.load("agent:k")
+    assert row is not None
+    return row

@@ -1,8 +1,9 @@
 """One execution, carried by the runtime that started it from its start to its end.
 
 The execution itself is an instance of its plan's generated workflow (see
-:mod:`phronomy.agent._plan`); the driver only chains its segments: at a checkpoint it
-sends ``continue``, at an approval it waits for a decision, and it turns how the
+:mod:`phronomy.agent._plan`); the driver only chains its segments: at a checkpoint where
+a segment halted (a live one goes on by itself) it sends ``continue``, at an approval
+it waits for a decision, and it turns how the
 instance ended into the caller's :class:`~phronomy.ExecutionResult` or error. When
 the instance moves on elsewhere (a runtime that serves the plan applied an approval
 sent from another process), the driver follows it: updates published here, and a

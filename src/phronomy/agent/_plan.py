@@ -9,10 +9,13 @@ For steps ``s0 .. s(n-1)`` the plan is this workflow (``checkpoints``: with a st
     after_i | approval_i --deadline--> FINISH
     step_(n-1) --step_done--> FINISH
 
-Each ``step_i`` runs its step as an effect when it is entered; ``after_i`` is the
-checkpoint whose save makes the step's result durable (the runtime that started the
-execution continues it at once; the 1 s timeout continues it in whichever runtime
-serves the plan when that one is gone). Without checkpoints ``step_i`` goes to
+Each ``step_i`` runs its step as an effect when it is entered; ``after_i`` is a
+checkpoint wait state (``wait_state(..., checkpoint="continue")``): its save makes the
+step's result durable while the segment keeps its lease, and once it is acknowledged
+the segment fires ``continue`` itself. A segment that halts there instead (it applied
+inbox entries since its last save) is continued by the runtime that started the
+execution at once, and by the 1 s timeout in whichever runtime serves the plan when
+that one is gone (also after a crash: the sweep puts the row back there). Without checkpoints ``step_i`` goes to
 ``step_(i+1)`` directly. So an execution gets the workflow machinery whole: one live
 segment per key (its ``agent:<id>`` instance), leases and fencing, the terminal
 barrier, quiescent cancellation, the inbox (approvals from any process), durable
@@ -63,8 +66,8 @@ Plan = WorkflowDefinition["ExecutionState"]
 """An execution plan: the generated workflow of a list of steps."""
 
 CONTINUE_AFTER = 1.0
-"""Seconds after a checkpoint when any runtime serving the plan continues it (the one
-that started the execution continues it at once)."""
+"""Seconds after a checkpoint's save when any runtime serving the plan continues an
+instance halted there (a live segment continues at once)."""
 
 _LOCAL = "local-"
 
@@ -212,7 +215,7 @@ def execution_plan(
         )
         wf.transition(f"approval_{index}", FINISH, on="deadline", action=_deadline)
         if checkpoints and not last:
-            wf.wait_state(after)
+            wf.wait_state(after, checkpoint="continue")
             wf.transition(after, nxt, on="continue")
             wf.transition(after, nxt, after=CONTINUE_AFTER)
             wf.transition(after, FINISH, on="deadline", action=_deadline)

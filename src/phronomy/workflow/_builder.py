@@ -154,6 +154,7 @@ class Workflow(Generic[S]):
         self._declared: list[str] = []  # every state, in declaration order
         self._states: list[str] = []
         self._wait_states: list[str] = []
+        self._checkpoints: dict[str, str] = {}
         self._entry: dict[str, list[Callback]] = {}
         self._exit: dict[str, list[Callback]] = {}
         self._transitions: list[Transition] = []
@@ -203,13 +204,27 @@ class Workflow(Generic[S]):
         )
         return self
 
-    def wait_state(self, name: str) -> Self:
+    def wait_state(self, name: str, *, checkpoint: str | None = None) -> Self:
         """Declare a wait state: reaching it halts the segment until an event resumes it.
 
         A workflow whose entry point is a wait state halts at once (after the state's
         entry actions) and waits for its first event.
+
+        Args:
+            name: the state.
+            checkpoint: a *checkpoint*: a durable segment saves the state here, keeps
+                its lease and fires this event (declared from the state) once the save
+                is acknowledged (events that came meanwhile first). A crash after the
+                acknowledgement resumes the instance here (its timeouts are armed), one
+                before it where the previous save left it. Without a store, when
+                cancelling, or with inbox entries applied, it halts here as usual.
+
+        Raises:
+            DefinitionError: a bad name, or one already declared as a normal state.
         """
         _check_name(name)
+        if checkpoint is not None:
+            self._checkpoints[name] = checkpoint
         if name in self._states:
             raise DefinitionError(f"{name!r} is already declared as a normal state")
         if name not in self._wait_states:
@@ -376,6 +391,11 @@ class Workflow(Generic[S]):
                 events_from.setdefault(t.source, set()).add(t.event)
                 if t.event not in external:
                     external.append(t.event)
+        for state, event in self._checkpoints.items():
+            if event not in events_from.get(state, ()):
+                raise DefinitionError(
+                    f"checkpoint {state!r} fires {event!r}, which it does not declare"
+                )
         definition = WorkflowDefinition(
             name=self._name,
             state_type=self._state_type,
@@ -397,6 +417,7 @@ class Workflow(Generic[S]):
             ),
             on_unhandled_event=self._on_unhandled,
             retention=self._retention,
+            checkpoints=MappingProxyType(dict(self._checkpoints)),
             timeouts=MappingProxyType(
                 {k: tuple(sorted(v)) for k, v in timeouts.items()}
             ),

@@ -157,6 +157,9 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         version: the definition's version (given, or a fingerprint).
         retention: seconds its closed durable instances are kept (``None``: the
             runtime's default; ``math.inf``: forever).
+        checkpoints: checkpoint wait state → the event a durable segment fires there
+            once its save of the state is acknowledged (see
+            :meth:`~phronomy.Workflow.wait_state`).
     """
 
     name: str
@@ -177,6 +180,7 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     on_unhandled_event: Literal["drop", "fail"] = "drop"
     version: str = ""
     retention: float | None = None
+    checkpoints: Mapping[str, str] = msgspec.field(default_factory=dict)
 
     def has_event(self, event: str) -> bool:
         """Whether *event* is a declared external event (a timeout's is not)."""

@@ -24,7 +24,9 @@ if TYPE_CHECKING:
 
     from phronomy.durability import DurabilityService
     from phronomy.engine import EventSink, TerminalType
-    from phronomy.storage import InstanceStatus, Lease
+    from phronomy.storage import Consumption, InstanceStatus, Lease
+
+    from ._timeouts import TimerChanges
 
 __all__ = ["TERMINAL_RESULT", "TerminalPersistence"]
 
@@ -85,35 +87,10 @@ class TerminalPersistence:
             SerializationError: the state holds values outside the JSON domain (the
                 session fails with it; nothing is written).
         """
-        state, phase, detail, consumed, (arm, disarm) = value
-        iid = self._instance_id
+        state, phase, detail, consumed, timers = value
         self._on_persisting()
-        revision = (self._expected or 0) + 1
-        snapshot = encode_snapshot(
-            state,
-            workflow_instance_id=iid,
-            revision=revision,
-            phase=phase,
-            workflow=self._workflow,
-            max_bytes=self._max_bytes,
-            trace=self._trace,
-        )
-        status: InstanceStatus = terminal_type
-        request = SaveRequest(
-            workflow_instance_id=iid,
-            expected_revision=self._expected,
-            snapshot=snapshot,
-            write_id=random_hex(),
-            status=status,
-            phase=phase,
-            workflow=self._workflow,
-            definition_version=self._version,
-            detail=detail,
-            lease=self._lease,
-            consumed=consumed,
-            arm=arm,
-            disarm=disarm,
-        )
+        request = self._request(state, phase, terminal_type, detail, consumed, timers)
+        iid = self._instance_id
 
         def deliver(saved: outcome.Outcome[Any]) -> None:
             result = save_outcome(saved)
@@ -126,6 +103,65 @@ class TerminalPersistence:
                 )
 
         self._gateway.submit(SaveOp(request=request), deliver)
+
+    def checkpoint(
+        self,
+        state: Any,
+        phase: str,
+        timers: TimerChanges,
+        deliver: Callable[[SaveOutcome], object],
+    ) -> None:
+        """Submit a mid-segment save of *state* at the checkpoint *phase*: status
+        ``running``, so the row keeps the segment's lease; *deliver* gets its
+        classified outcome (after ``success``, see :meth:`saved`).
+
+        Raises:
+            SerializationError: the state holds values outside the JSON domain.
+        """
+        request = self._request(state, phase, "running", None, (), timers)
+        self._gateway.submit(
+            SaveOp(request=request), lambda saved: deliver(save_outcome(saved))
+        )
+
+    def saved(self, revision: int) -> None:
+        """A checkpoint saved *revision*: the segment's next save expects it."""
+        self._expected = revision
+
+    def _request(
+        self,
+        state: Any,
+        phase: str | None,
+        status: InstanceStatus,
+        detail: str | None,
+        consumed: tuple[Consumption, ...],
+        timers: TimerChanges,
+    ) -> SaveRequest:
+        iid = self._instance_id
+        revision = (self._expected or 0) + 1
+        snapshot = encode_snapshot(
+            state,
+            workflow_instance_id=iid,
+            revision=revision,
+            phase=phase,
+            workflow=self._workflow,
+            max_bytes=self._max_bytes,
+            trace=self._trace,
+        )
+        return SaveRequest(
+            workflow_instance_id=iid,
+            expected_revision=self._expected,
+            snapshot=snapshot,
+            write_id=random_hex(),
+            status=status,
+            phase=phase,
+            workflow=self._workflow,
+            definition_version=self._version,
+            detail=detail,
+            lease=self._lease,
+            consumed=consumed,
+            arm=timers[0],
+            disarm=timers[1],
+        )
 
     def handles(self, event: Event) -> bool:
         """Whether *event* is this policy's terminal result."""

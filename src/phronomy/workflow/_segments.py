@@ -30,6 +30,7 @@ from phronomy.storage import (
     check_startable,
 )
 
+from ._checkpoint import rebase
 from ._claims import (
     UNCHANGED,
     Command,
@@ -389,6 +390,7 @@ class Segments:
         # The protocol releases before settling the caller: a caller that immediately
         # starts the same instance again is admitted.
         iid = cmd.workflow_instance_id
+        base = rebase(base, session)  # a checkpoint saved since the segment began
         if session.trace is not None:
             session.trace.ended(done)
         inbox = isinstance(cmd, ResumeCommand) and session.feed is not None

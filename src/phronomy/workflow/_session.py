@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, Generic, TypeVar
 from phronomy.engine import Event, GatedSession
 from phronomy.errors import EventRejectedError
 
+from ._checkpoint import intercept
 from ._definition import AFTER_PREFIX, FINISH, START_EVENT
 from ._effects import CANCEL_READY, EFFECT_FAILED, RETRY_WAIT, EffectRunner
 from ._events import rejected
@@ -31,6 +32,7 @@ if TYPE_CHECKING:
     from phronomy.engine import Host, TerminalPolicy, TerminalType
     from phronomy.storage import InboxEntry
 
+    from ._checkpoint import Checkpoint
     from ._definition import WorkflowDefinition
     from ._effects import RetryWait
     from ._inbox import Feed
@@ -121,6 +123,8 @@ class WorkflowSession(GatedSession, Generic[S]):
         self._started = False
         self._retry_wait: RetryWait | None = None  # halted until an effect's next try
         self.trace: SegmentTrace | None = None  # the segment's span (telemetry on)
+        self.persistence = policy
+        self.checkpoint: Checkpoint | None = None  # a checkpoint save in flight
         self.steps = Steps(self)
         """Carries out the machine's steps (effects, automatic transitions, the feed)."""
 
@@ -226,7 +230,10 @@ class WorkflowSession(GatedSession, Generic[S]):
 
     def handle_live(self, event: Event) -> None:
         """Handle an event: an effect's failure fails the segment, others go to the
-        machine (the state's hook, then the transition)."""
+        machine (the state's hook, then the transition); none while a checkpoint
+        save is in flight (they wait for it)."""
+        if self.checkpoint is not None and intercept(self, event):
+            return
         if event.type == CANCEL_READY:
             self.request_terminal("cancelled", notify_stable=False)
             return

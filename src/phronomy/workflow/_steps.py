@@ -5,13 +5,14 @@ the state it waits in, and the inbox entries it applies while it waits."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol, final
+from typing import TYPE_CHECKING, Any, Protocol, cast, final
 
 import msgspec
 
 from phronomy.engine import Event
 from phronomy.errors import PhronomyError
 
+from ._checkpoint import try_checkpoint
 from ._definition import AUTO_EVENT, after_event
 from ._events import resolve_event
 from ._hydration import resume_state
@@ -28,11 +29,13 @@ if TYPE_CHECKING:
     from phronomy.engine import TerminalType
     from phronomy.storage import InboxEntry
 
+    from ._checkpoint import Checkpoint
     from ._definition import WorkflowDefinition
     from ._effects import EffectRunner
     from ._inbox import Feed
     from ._machine import WorkflowMachine
     from ._messages import EventStatus
+    from ._session import WorkflowSession
     from ._watch import Watchers
 
 __all__ = ["Steps"]
@@ -71,6 +74,8 @@ class Stepped(Protocol):
     def observer(self) -> Callable[[Step[Any]], object] | None: ...
     @property
     def trace(self) -> SegmentTrace | None: ...
+    @property
+    def checkpoint(self) -> Checkpoint | None: ...
 
     def lapsed(self) -> bool: ...
 
@@ -112,7 +117,11 @@ class Steps:
                 case "finish":
                     session.request_terminal("finished", notify_stable=False)
                 case "halt":
-                    session.request_terminal("halted", notify_stable=True)
+                    if not (
+                        session.definition.checkpoints
+                        and try_checkpoint(cast("WorkflowSession[Any]", session))
+                    ):
+                        session.request_terminal("halted", notify_stable=True)
                 case "leaf":
                     session.request_terminal("finished", notify_stable=True)
                 case "consumed" | "rejected" | "dropped":
@@ -180,6 +189,7 @@ class Steps:
                 session.lifecycle == "running"
                 and not session.done
                 and not session.cancelling
+                and session.checkpoint is None
                 and not session.lapsed()
                 and (entry := feed.take()) is not None
             ):
