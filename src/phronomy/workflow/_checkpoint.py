@@ -28,9 +28,12 @@ if TYPE_CHECKING:
     from phronomy.storage import SaveOutcome
 
     from ._hydration import DurableBase
-    from ._session import WorkflowSession
 
 __all__ = ["CHECKPOINT_RESULT", "Checkpoint", "intercept", "rebase", "try_checkpoint"]
+
+Session = Any
+"""A :class:`~phronomy.workflow._session.WorkflowSession` (not imported: it imports
+this module)."""
 
 CHECKPOINT_RESULT = "__phronomy.checkpoint_result__"
 """The event that carries a checkpoint save's classified outcome back to its session."""
@@ -49,7 +52,7 @@ class Checkpoint:
         self.deferred: list[Event] = []
 
 
-def try_checkpoint(session: WorkflowSession[Any]) -> bool:
+def try_checkpoint(session: Session) -> bool:
     """At a wait state: save there and go on (``True``), or halt as usual (``False``:
     not a checkpoint, no store, cancelling, or inbox entries applied since the last
     save, which a halt consumes and settles).
@@ -93,7 +96,7 @@ def try_checkpoint(session: WorkflowSession[Any]) -> bool:
     return True
 
 
-def intercept(session: WorkflowSession[Any], event: Event) -> bool:
+def intercept(session: Session, event: Event) -> bool:
     """While a checkpoint save is in flight: keep *event* for later, or act on the
     save's outcome (``False``: no save in flight).
 
@@ -118,7 +121,7 @@ def intercept(session: WorkflowSession[Any], event: Event) -> bool:
     return True
 
 
-def _saved(session: WorkflowSession[Any], pending: Checkpoint, revision: int) -> None:
+def _saved(session: Session, pending: Checkpoint, revision: int) -> None:
     assert isinstance(session.persistence, TerminalPersistence)
     session.persistence.saved(revision)
     session.revision = revision
@@ -140,9 +143,7 @@ def _saved(session: WorkflowSession[Any], pending: Checkpoint, revision: int) ->
         session.handle(Event(type=pending.event, target_id=session.id))
 
 
-def rebase(
-    base: DurableBase | None, session: WorkflowSession[Any]
-) -> DurableBase | None:
+def rebase(base: DurableBase | None, session: Session) -> DurableBase | None:
     """What a durable segment's end writes against: the revision its last checkpoint
     saved (halted at that state), else *base*."""
     if base is None or session.revision == base.expected:

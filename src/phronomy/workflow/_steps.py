@@ -5,7 +5,7 @@ the state it waits in, and the inbox entries it applies while it waits."""
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, Protocol, cast, final
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import msgspec
 
@@ -35,7 +35,6 @@ if TYPE_CHECKING:
     from ._inbox import Feed
     from ._machine import WorkflowMachine
     from ._messages import EventStatus
-    from ._session import WorkflowSession
     from ._watch import Watchers
 
 __all__ = ["Steps"]
@@ -117,10 +116,7 @@ class Steps:
                 case "finish":
                     session.request_terminal("finished", notify_stable=False)
                 case "halt":
-                    if not (
-                        session.definition.checkpoints
-                        and try_checkpoint(cast("WorkflowSession[Any]", session))
-                    ):
+                    if not (session.definition.checkpoints and try_checkpoint(session)):
                         session.request_terminal("halted", notify_stable=True)
                 case "leaf":
                     session.request_terminal("finished", notify_stable=True)
