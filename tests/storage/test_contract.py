@@ -383,6 +383,28 @@ def test_the_recovery_sweep_puts_expired_instances_back(store: Store) -> None:
     assert "2 times in a row" in (row.detail or "")
 
 
+def test_the_sweep_halts_a_revision_a_checkpoint_saved_running(store: Store) -> None:
+    # Before: the sweep put a row back at the status its revision was saved with, so a
+    # checkpoint's save (status running, under the lease) came back running without a
+    # lease, and nothing ever resumed it.
+    assert store.begin("c", "wf", lease_owner="A", ttl_ms=0) == 1
+    held = Lease(owner="A", epoch=1)
+    assert store.save(leased("c", None, held, status="running")) == 1
+    row = store.load("c")
+    assert row is not None
+    assert (row.status, row.lease_owner) == ("running", "A")  # the checkpoint kept it
+    assert store.run(RecoverOp(limit=10, max_takeovers=5)) == [("c", "halted")]
+    row = store.load("c")
+    assert row is not None
+    assert (row.status, row.revision, row.phase, row.lease_owner) == (
+        "halted",
+        1,
+        "p",
+        None,
+    )
+    assert store.begin("c", "wf", expected_revision=1, lease_owner="B", ttl_ms=60_000)
+
+
 def test_a_save_resets_the_takeover_count(store: Store) -> None:
     store.save(request("t", None))
     store.begin("t", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)

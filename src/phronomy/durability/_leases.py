@@ -25,7 +25,7 @@ import trio
 import trio_util
 
 from phronomy.errors import InvalidInputError, LeaseLostError
-from phronomy.storage import Lease, LoadOp, MarkOp, RecoverOp, RenewOp
+from phronomy.storage import Lease, RecoverOp, RenewOp
 
 if TYPE_CHECKING:
     from collections.abc import Awaitable
@@ -309,8 +309,6 @@ class Leases:
                 logger.warning("the recovery sweep failed: %r", exc)
                 return
             for iid, status in recovered:
-                if status == "running":
-                    status = await self._halt_checkpointed(iid)
                 if self.telemetry is not None:
                     self.telemetry.took_over(iid, status)
                 logger.warning(
@@ -321,27 +319,3 @@ class Leases:
                 )
             if len(recovered) < op.limit:
                 return
-
-    async def _halt_checkpointed(self, iid: str) -> str:
-        """A row put back at a revision a checkpoint saved (status ``running``, see
-        ``Workflow.wait_state(checkpoint=...)``): halted at that state, where its
-        timers resume it, unless someone claimed or saved it meanwhile.
-
-        Returns:
-            The status it has now (as far as this sweep knows).
-        """
-        try:
-            row = await self._run(LoadOp(workflow_instance_id=iid))
-            if row is None or row.status != "running" or row.lease_owner is not None:
-                return "running" if row is None else str(row.status)
-            mark = MarkOp(
-                workflow_instance_id=iid,
-                status="halted",
-                expected_revision=row.revision,
-                detail=row.detail,
-            )
-            if await self._run(mark):
-                return "halted"
-        except Exception as exc:  # noqa: BLE001 - the instance stays as the sweep left it
-            logger.warning("could not halt checkpointed instance %r: %r", iid, exc)
-        return "running"

@@ -365,7 +365,8 @@ SQL_RECOVER = f"""
         status = CASE
             WHEN t.revision = 0 THEN 'failed'
             WHEN t.takeovers + 1 >= %(max)s THEN 'recovery_required'
-            ELSE coalesce((SELECT l.status FROM phronomy_save_log AS l
+            ELSE coalesce((SELECT CASE l.status WHEN 'running' THEN 'halted'
+                                  ELSE l.status END FROM phronomy_save_log AS l
                            WHERE l.instance_id = t.instance_id
                              AND l.revision = t.revision), 'halted')
         END,

@@ -106,7 +106,8 @@ def swept(
     Returns:
         ``failed`` for a row that never saved, ``recovery_required`` once
         *max_takeovers* takeovers in a row were reached, else the saved status
-        (``halted`` if unknown); and why.
+        (``halted`` if unknown, and for a revision a checkpoint saved ``running``:
+        halted at its wait state, whose timers resume it); and why.
     """
     if revision == 0:
         return "failed", (
@@ -118,7 +119,7 @@ def swept(
             f"its runtime stopped {takeovers + 1} times in a row while running it "
             "(lease expired)"
         )
-    return saved or "halted", (
+    return "halted" if saved in (None, "running") else saved, (
         f"its runtime stopped while running it (lease expired); back at revision "
         f"{revision}"
     )
