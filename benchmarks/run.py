@@ -16,8 +16,10 @@
                psycopg loop, one pipelined transaction per batch
 * processes    durable runs/s of 1, 2 and 4 processes sharing one SQLite file (and one
                PostgreSQL schema when configured): leases keep their instances apart
-* executions   1,000 trivial supervised executions vs 1,000 raw trio.to_thread round trips;
-               time from cancel to settlement with a 0.5 s blocking tool
+* executions   durable 3-step executions/s (SQLite, a checkpoint per step) vs durable runs
+               at the same store writes; 1,000 trivial supervised executions vs 1,000 raw
+               trio.to_thread round trips; time from cancel to settlement with a 0.5 s
+               blocking tool
 * inbox        durable posts/s (64 posters, SQLite) vs the raw insert limit (the same
                numbering and insert in a raw trio + sqlite3 group-commit loop); post to
                application p50/p99 in this process, from another process on SQLite (the
@@ -814,7 +816,52 @@ async def _executions(total: int) -> tuple[float, float, float]:
         return ours, raw, latency
 
 
-def bench_executions() -> None:
+def _step(value: int) -> int:
+    return value + 1
+
+
+async def _durable_executions(path: str, total: int) -> float:
+    """Durable 3-step executions/s on SQLite, 64 concurrent callers (one claim and
+    one fenced save per step: each step's result is durable before the next runs)."""
+    async with phronomy.open_runtime(store=phronomy.SQLiteStore(path)) as runtime:
+        numbers = iter(range(total))
+
+        async def worker() -> None:
+            for i in numbers:
+                result = await runtime.executions.invoke(f"agent-{i}", [_step] * 3, 0)
+                assert result.value == 3, result
+
+        started = time.perf_counter()
+        async with trio.open_nursery() as nursery:
+            for _ in range(64):
+                nursery.start_soon(worker)
+        return total / (time.perf_counter() - started)
+
+
+def bench_executions(directory: Path) -> None:
+    total = _n(3_000, 500)
+    durable, runs = (
+        statistics.median(results)
+        for results in zip(
+            *(
+                (
+                    trio.run(
+                        _durable_executions, str(directory / f"exec{i}.db"), total
+                    ),
+                    trio.run(_durable_runs, str(directory / f"execr{i}.db"), total)[0],
+                )
+                for i in range(3)
+            ),
+            strict=True,
+        )
+    )
+    _report(
+        "durable 3-step executions/s (SQLite)",
+        durable,
+        "exec/s",
+        runs / 2,
+        "durable runs/s x 2 writes / 4 writes (1 claim + 3 saves per execution)",
+    )
     ours, raw, latency = trio.run(_executions, 1000)
     _report(
         "trivial executions/s (1,000)", ours, "exec/s", raw, "raw to_thread round trips"
@@ -929,7 +976,7 @@ def main(argv: list[str] | None = None) -> int:
             "resume": lambda: bench_resume(directory),
             "postgres": bench_postgres,
             "processes": lambda: bench_processes(directory),
-            "executions": bench_executions,
+            "executions": lambda: bench_executions(directory),
             "inbox": lambda: bench_inbox(directory),
             "timers": lambda: bench_timers(directory),
             "retries": lambda: bench_retries(directory),
