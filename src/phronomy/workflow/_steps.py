@@ -5,6 +5,7 @@ the state it waits in, and the inbox entries it applies while it waits."""
 from __future__ import annotations
 
 import logging
+import weakref
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 import msgspec
@@ -87,13 +88,21 @@ class Stepped(Protocol):
 class Steps:
     """Carries out the machine's steps for one session (on the dispatcher)."""
 
-    __slots__ = ("_auto", "_feeding", "_session")
+    __slots__ = ("_auto", "_feeding", "_of")
 
     def __init__(self, session: Stepped) -> None:
-        """Carry out for *session*."""
-        self._session = session
+        """Carry out for *session*, which holds this object: the reference back is
+        weak, so that a segment's objects are freed when it ends, not by the cyclic
+        garbage collector (a cycle per segment cost a collection's work per run)."""
+        self._of = weakref.ref(session)
         self._feeding = False
         self._auto = Event(type=AUTO_EVENT, target_id=session.id)
+
+    @property
+    def _session(self) -> Stepped:
+        session = self._of()
+        assert session is not None  # it holds this object
+        return session
 
     def carry_out(self, step: MachineStep) -> None:
         """Launch the step's effects and follow it (automatic transitions inline)."""
