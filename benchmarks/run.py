@@ -9,13 +9,16 @@
                run's store work (the claim and the fenced save, both group-committed, 64
                clients; see _limits.py); CPU per run and the median write batch beside
                it; the fair limit of earlier releases (one load, one write) beside that
+               and, in passes of their own (_profile.py), CPU per run on the trio and
+               the store threads, Python calls and cyclic GC per run, beside the limit's
 * resume       durable halt + resume-by-id pairs/s, 64 concurrent, vs the same loop with
                two claim + save pairs per instance
 * postgres     the durable runs on PostgresStore (a server from PHRONOMY_BENCH_POSTGRES_DSN
                or PHRONOMY_TEST_POSTGRES_DSN) vs the same store work in a raw trio +
-               psycopg loop, one pipelined transaction per batch
+               psycopg loop, one pipelined transaction per batch; the same profile
 * processes    durable runs/s of 1, 2 and 4 processes sharing one SQLite file (and one
-               PostgreSQL schema when configured): leases keep their instances apart
+               PostgreSQL schema when configured): leases keep their instances apart;
+               what limits them (the children's CPU, their time in write batches)
 * executions   1,000 trivial supervised executions vs 1,000 raw trio.to_thread round trips;
                time from cancel to settlement with a 0.5 s blocking tool
 * inbox        durable posts/s (64 posters, SQLite) vs the raw insert limit (the same
