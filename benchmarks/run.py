@@ -9,13 +9,16 @@
                run's store work (the claim and the fenced save, both group-committed, 64
                clients; see _limits.py); CPU per run and the median write batch beside
                it; the fair limit of earlier releases (one load, one write) beside that
+               and, in passes of their own (_profile.py), CPU per run on the trio and
+               the store threads, Python calls and cyclic GC per run, beside the limit's
 * resume       durable halt + resume-by-id pairs/s, 64 concurrent, vs the same loop with
                two claim + save pairs per instance
 * postgres     the durable runs on PostgresStore (a server from PHRONOMY_BENCH_POSTGRES_DSN
                or PHRONOMY_TEST_POSTGRES_DSN) vs the same store work in a raw trio +
-               psycopg loop, one pipelined transaction per batch
+               psycopg loop, one pipelined transaction per batch; the same profile
 * processes    durable runs/s of 1, 2 and 4 processes sharing one SQLite file (and one
-               PostgreSQL schema when configured): leases keep their instances apart
+               PostgreSQL schema when configured): leases keep their instances apart;
+               what limits them (the children's CPU, their time in write batches)
 * executions   durable 3-step executions/s (SQLite, a checkpoint per step) vs durable runs
                at the same store writes; 1,000 trivial supervised executions vs 1,000 raw
                trio.to_thread round trips; time from cancel to settlement with a 0.5 s
@@ -36,6 +39,9 @@
                provider, and with an SDK provider (batch span processor, in-memory
                exporter and metric reader; every trace, and 1% of them, sampled),
                interleaved three times
+* memory       100,000 live durable instances (SQLite; 5,000 with --quick, per instance
+               extrapolated): RSS and Python bytes per instance vs 600 MB; the latency
+               of new durable runs and saves while their leases are renewed
 * lifecycle    the cost of a watcher per stable state (1,000-step runs with and without
                one); thread-portal calls vs raw trio.from_thread.run_sync
 """
@@ -56,8 +62,10 @@ from typing import TYPE_CHECKING, Any
 
 import _inbox
 import _limits
+import _memory
 import _otel
 import _processes
+import _profile
 import _timers
 import trio
 import trio.lowlevel
@@ -437,6 +445,21 @@ def bench_durable(directory: Path) -> None:
         "durable runs/s (SQLite, FULL)", "runs/s", runs, limit, HONEST, 0.65
     )
     _report_old_limit(runs, old, "fair limit (load + write)")
+    each = total // 2  # the profile's own passes, after the timed ones
+    _profile.report(
+        "run",
+        _profile.measure(
+            lambda i: trio.run(_durable_runs, str(directory / f"prof{i}.db"), each),
+            each,
+        ),
+        _profile.measure(
+            lambda i: trio.run(
+                _limits.sqlite_claim_save_limit, str(directory / f"profl{i}.db"), each
+            ),
+            each,
+        ),
+        "limit",
+    )
 
 
 def bench_resume(directory: Path) -> None:
@@ -577,6 +600,21 @@ def bench_postgres() -> None:
         "honest limit (pipelined claim + fenced save)",
     )
     _report_old_limit(runs, old, "fair limit (load + write)")
+    each = total // 2  # the profile's own passes, after the timed ones
+    _profile.report(
+        "run",
+        _profile.measure(
+            lambda i: trio.run(_postgres_runs, dsn, f"bench_prof_{tag}_{i}", each),
+            each,
+        ),
+        _profile.measure(
+            lambda i: trio.run(
+                _limits.postgres_claim_save_limit, dsn, f"bench_profl_{tag}_{i}", each
+            ),
+            each,
+        ),
+        "limit",
+    )
 
 
 # --- several processes -------------------------------------------------------------------------
@@ -588,7 +626,9 @@ def bench_processes(directory: Path) -> None:
     total = _n(8_000, 800)
     limit = _median_run(
         [
-            trio.run(_fair_limit, str(directory / f"rawm{i}.db"), total, 1)
+            trio.run(
+                _limits.sqlite_claim_save_limit, str(directory / f"rawm{i}.db"), total
+            )
             for i in range(3)
         ]
     )
@@ -598,18 +638,19 @@ def bench_processes(directory: Path) -> None:
         )
         _report(
             f"durable runs/s, {processes} process(es), SQLite",
-            ours,
+            ours.rate,
             "runs/s",
             limit[0],
-            "fair limit (raw trio + sqlite3, 1 process)",
+            "honest limit (raw trio + sqlite3, 1 process)",
         )
+        print(ours.limits(), flush=True)
     dsn = _postgres_dsn()
     if dsn is None:
         return
     import psycopg
 
     tag = f"{os.getpid()}_{time.monotonic_ns()}"
-    raw = trio.run(_postgres_limit, dsn, f"bench_rawm_{tag}", total)
+    raw = trio.run(_limits.postgres_claim_save_limit, dsn, f"bench_rawm_{tag}", total)
     for processes in (1, 2, 4):
         schema = f"bench_procs_{tag}_{processes}"
         try:
@@ -619,11 +660,12 @@ def bench_processes(directory: Path) -> None:
                 conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
         _report(
             f"durable runs/s, {processes} process(es), PostgreSQL",
-            ours,
+            ours.rate,
             "runs/s",
             raw[0],
-            "fair limit (raw pipelined psycopg, 1 process)",
+            "honest limit (pipelined psycopg, 1 process)",
         )
+        print(ours.limits(), flush=True)
 
 
 # --- inbox -------------------------------------------------------------------------------------
@@ -982,6 +1024,7 @@ def main(argv: list[str] | None = None) -> int:
             "retries": lambda: bench_retries(directory),
             "lifecycle": bench_lifecycle,
             "telemetry": lambda: _otel.bench(directory, three_steps(), _n(5_000, 500)),
+            "memory": lambda: _memory.bench(directory, QUICK),
         }
         for name, bench in benches.items():
             if args.only is None or name in args.only:
