@@ -125,15 +125,9 @@ class Carrier:
     def _hold(self, instance: WorkflowInstance, epoch: int, claimed_at: float) -> Any:
         coordinator = self._coordinator
         assert coordinator.gateway is not None
-
-        def lost(error: LeaseLostError) -> None:
-            coordinator.post_message(LeaseLost(instance=instance, error=error))
-
-        def cancel(reason: str | None) -> None:  # asked for by another runtime
-            coordinator.post_message(CancelAsked(instance=instance, reason=reason))
-
+        tell = _LeaseNews(coordinator, instance)
         return coordinator.gateway.leases.hold(
-            instance.key, epoch, lost, cancel, claimed_at=claimed_at
+            instance.key, epoch, tell.lost, tell.cancel, claimed_at=claimed_at
         )
 
     def _submit(
@@ -179,3 +173,24 @@ class Carrier:
             caller.fail(recovery)
         elif output.error is not None:
             caller.fail(output.error)
+
+
+@final
+class _LeaseNews:
+    """What the lease service tells a held lease's segment, as messages to the
+    coordinator (one small object per live segment: 100k of them wait at once)."""
+
+    __slots__ = ("_coordinator", "_instance")
+
+    def __init__(self, coordinator: Coordination, instance: WorkflowInstance) -> None:
+        self._coordinator = coordinator
+        self._instance = instance
+
+    def lost(self, error: LeaseLostError) -> None:
+        """The lease could not be renewed, or another runtime took it."""
+        self._coordinator.post_message(LeaseLost(instance=self._instance, error=error))
+
+    def cancel(self, reason: str | None) -> None:
+        """Another runtime asked for the instance to be cancelled."""
+        message = CancelAsked(instance=self._instance, reason=reason)
+        self._coordinator.post_message(message)

@@ -118,10 +118,12 @@ class EffectRunner:
         self._retrying: dict[object, Timer] = {}  # waits between attempts, here
         self._timeouts: dict[int, Timer] = {}  # ms -> of the visit it waits in
         self._timeout_visit: int | None = -1
-        self._handles: set[ResultHandle[Any]] = set()
-        self._running: set[ResultHandle[Any]] = set()  # not physically finished
+        # Ordered sets as dicts (an empty dict is a third of an empty set's size, and
+        # a live segment holds these for as long as it waits).
+        self._handles: dict[ResultHandle[Any], None] = {}
+        self._running: dict[ResultHandle[Any], None] = {}  # not physically finished
         self._timers: dict[object, tuple[Timer, Schedule]] = {}  # key (or serial)
-        self.touched: set[str] = set()
+        self.touched: dict[str, None] = {}
         """Keys of timers scheduled or cancelled in this segment: a timer an
         earlier save stored under one of them is replaced (or cancelled)."""
         self._closed = False
@@ -156,7 +158,7 @@ class EffectRunner:
                 case Schedule():
                     self._schedule(intent)
                 case CancelTimer(key=key):
-                    self.touched.add(key)
+                    self.touched[key] = None
                     cancelled = self._timers.pop(key, None)
                     if cancelled is not None:
                         cancelled[0].cancel()
@@ -249,7 +251,7 @@ class EffectRunner:
     def _schedule(self, intent: Schedule) -> None:
         name: object = intent.key if intent.key is not None else object()
         if intent.key is not None:
-            self.touched.add(intent.key)
+            self.touched[intent.key] = None
             replaced = self._timers.pop(intent.key, None)
             if replaced is not None:
                 replaced[0].cancel()
@@ -283,12 +285,12 @@ class EffectRunner:
             pool = intent.pool or self._host.default_pool
             fn = fn if span is None else span.wrap(fn)
             handle = pool.submit_nowait(fn, *intent.args)
-        self._handles.add(handle)
-        self._running.add(handle)
+        self._handles[handle] = None
+        self._running[handle] = None
         handle.on_physical_complete(self._physically_finished)
 
         def settled(done: ResultHandle[Any]) -> None:
-            self._handles.discard(done)
+            self._handles.pop(done, None)
             if span is not None:
                 span.settled(done)
             if done.status == "cancelled" and self._closed:
@@ -347,7 +349,7 @@ class EffectRunner:
         self._retrying[key] = self._host.timers.schedule(delay, again)
 
     def _physically_finished(self, handle: ResultHandle[Any]) -> None:
-        self._running.discard(handle)
+        self._running.pop(handle, None)
         callback = self._on_quiescent
         if callback is not None and not self._running:
             self._on_quiescent = None

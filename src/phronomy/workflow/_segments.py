@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, cast, final
 
@@ -335,7 +336,7 @@ class Segments:
             instances = self._coordinator.instances
             policy = TerminalPersistence(
                 gateway=gateway,
-                on_persisting=lambda: instances.handle(instance, Persist()),
+                on_persisting=functools.partial(instances.handle, instance, Persist()),
                 instance_id=iid,
                 workflow=cmd.definition.name,
                 version=cmd.definition.version,
@@ -369,8 +370,10 @@ class Segments:
             waiter = self._coordinator.engine.register_session(
                 session, receiver=coordinator
             )
-            waiter.on_complete(
-                lambda done: self._finalize(cmd, instance, base, session, done, claim)
+            waiter.on_complete(  # a partial: smaller than a closure of six cells
+                functools.partial(
+                    self._finalize, cmd, instance, base, session, claim=claim
+                )
             )
 
         outputs = self._coordinator.instances.handle(

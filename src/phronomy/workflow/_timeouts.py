@@ -24,6 +24,8 @@ from ._inbox import encode_payload
 from ._retries import RETRY_EVENT
 
 if TYPE_CHECKING:
+    from collections.abc import Collection
+
     from phronomy.storage import InboxEntry
 
     from ._definition import WorkflowDefinition
@@ -46,7 +48,7 @@ def halt_timers(
     resumed_from: str | None,
     moved: bool,
     pending: list[PendingTimer],
-    touched: set[str],
+    touched: Collection[str],
     instance: str,
     timeouts_left: dict[int, float] | None = None,
     retry: tuple[bytes, float] | None = None,
@@ -144,7 +146,7 @@ def stale_timer(
     phase: str,
     revision: int | None,
     moved: bool,
-    touched: set[str] | frozenset[str] = frozenset(),
+    touched: Collection[str] = frozenset(),
 ) -> str | None:
     """Why the fired timer *entry* no longer applies to a segment at *phase*, which
     resumed from *revision* and *moved* on since or not (``None``: it applies, or it
