@@ -20,10 +20,14 @@ from ._events import (
     Buffer,
     Cancel,
     CancelAsked,
+    CancelAwait,
     CancelDone,
+    CancelReload,
     Claim,
     End,
     LeaseLost,
+    Load,
+    Persist,
     Refuse,
     Resolve,
     Retire,
@@ -65,6 +69,9 @@ if TYPE_CHECKING:
     from ._events import InstanceEvent
 
 __all__ = ["Instance"]
+
+_MOVES = frozenset({Load, Persist, CancelAwait, CancelReload})
+"""Events that only move the instance (their outputs are none)."""
 
 C = TypeVar("C")
 S = TypeVar("S")
@@ -166,7 +173,9 @@ class Instance(Generic[C, S, O, E, Q]):
     def _outputs(
         self, state: str, event: InstanceEvent[C, S, O, Q, E]
     ) -> list[InstanceOutput[S, E, C, O, Q]]:
-        match event:
+        if type(event) in _MOVES:
+            return []
+        match event:  # the frequent events first: a match tries its cases in order
             case Admit() | AdmitCancel():
                 self.owner, self.label = event.owner, event.label
                 self.caller = event.caller
@@ -176,6 +185,13 @@ class Instance(Generic[C, S, O, E, Q]):
                 return []
             case Run():
                 return self._run(event)
+            case End():
+                return self._end(state, event)
+            case Withdraw():
+                return self._withdraw(state, event)
+            case Answer(value=value):
+                done = Complete(caller=self._caller(event), value=value)
+                return [Released(), done, *self._reruns()]
             case Refuse(error=error, write=write):
                 self._check_give_back(state, event, write)
                 caller = self._caller(event)
@@ -196,13 +212,6 @@ class Instance(Generic[C, S, O, E, Q]):
                     Released(),
                     *self._release_then((Fail(caller=caller, error=error),), write),
                 ]
-            case Answer(value=value):
-                done = Complete(caller=self._caller(event), value=value)
-                return [Released(), done, *self._reruns()]
-            case Withdraw():
-                return self._withdraw(state, event)
-            case End():
-                return self._end(state, event)
             case Retire(error=error, write=write):
                 self.error, self.session, self.holder = error, None, None
                 outputs: list[InstanceOutput[S, E, C, O, Q]] = self._drop()
@@ -242,7 +251,7 @@ class Instance(Generic[C, S, O, E, Q]):
                 return []
             case Shutdown(error=error):
                 return self._shutdown(state, error)
-            case _:  # Load, Persist, CancelAwait, CancelReload: a move only
+            case _:  # a move only (_MOVES)
                 return []
 
     def _run(self, event: Run[S]) -> list[InstanceOutput[S, E, C, O, Q]]:

@@ -75,15 +75,12 @@ class Carrier:
     ) -> None:
         coordinator = self._coordinator
         session = instance.session
-        match output:
+        match output:  # the frequent outputs first: a match tries its cases in order
             case Released():
                 pass
             case HoldLease(epoch=epoch, claimed_at=claimed_at):
                 assert session is not None
                 session.lease = self._hold(instance, epoch, claimed_at)
-            case DropLease():
-                assert coordinator.gateway is not None
-                coordinator.gateway.leases.drop(instance.key)
             case Offer(items=items):
                 assert session is not None
                 if session.feed is not None and (session.feed.gap or items):
@@ -91,24 +88,27 @@ class Carrier:
             case StartSession(session=started):
                 assert start is not None
                 start(started)
+            case Submit(op=op, then=then, quiet=quiet):
+                self._submit(instance, op, then, quiet=quiet)
+            case Complete(caller=caller, value=value):
+                caller.complete(value)
+            case DropLease():
+                assert coordinator.gateway is not None
+                coordinator.gateway.leases.drop(instance.key)
+            case Publish(update=update):
+                assert isinstance(update, InstanceUpdate)
+                if coordinator.watchers.watched(instance.key):
+                    coordinator.watchers.publish(update)
             case CancelSession(reason=reason):
                 if session is not None:
                     session.cancel(reason)
             case FailSession(error=error):
                 if session is not None and session.lifecycle == "running":
                     session.finish_with_error(error)
-            case Complete(caller=caller, value=value):
-                caller.complete(value)
             case Fail(caller=caller, error=error):
                 caller.fail(error)
             case FollowUp(call=call):
                 call()
-            case Submit(op=op, then=then, quiet=quiet):
-                self._submit(instance, op, then, quiet=quiet)
-            case Publish(update=update):
-                assert isinstance(update, InstanceUpdate)
-                if coordinator.watchers.watched(instance.key):
-                    coordinator.watchers.publish(update)
             case Rerun(command=command):
                 coordinator.cancels.cancel(command)
             case Refused(command=command):
