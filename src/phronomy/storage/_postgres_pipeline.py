@@ -23,6 +23,7 @@ from . import _base
 from ._batch import instance_of
 from ._inbox import Claimed
 from ._ops import ClaimOp, SaveOp, op_name
+from ._postgres_schema import STATEMENTS
 from ._sql_inbox import (
     consumption,
     entry_from_row,
@@ -162,28 +163,61 @@ def _claim(op: ClaimOp, sql: Statements, clock: StoreClock) -> Steps:
     return Claimed(row=row, epoch=epoch, pending=pending, posted=None)
 
 
+_SAVED = "jsonb_build_array({id}, {write_id})::text"
+"""A save's mark: the instance and the write."""
+_MARK = (
+    f" RETURNING set_config('phronomy.saved', "
+    f"{_SAVED.format(id='t.instance_id', write_id='t.last_write_id')}, true)"
+)
+"""A save that changed its row marks the transaction (a setting of its own)."""
+_IF_SAVED = " AND current_setting('phronomy.saved', true) = " + _SAVED.format(
+    id="%(id)s::text", write_id="%(write_id)s::text"
+)
+"""A statement sent with a save, before its outcome is known, changes nothing unless
+that save changed its row: the transaction carries its mark (an instance has one
+pipelined operation in a batch, and each save its own write id)."""
+SQL_CREATE_MARKED = STATEMENTS.create + _MARK
+SQL_UPDATE_MARKED = STATEMENTS.update + _MARK
+SQL_CLOSE = f"""
+    WITH refused AS ({STATEMENTS.inbox.refuse_pending} {_IF_SAVED} RETURNING 1),
+    cleared AS ({STATEMENTS.timers.clear} {_IF_SAVED})
+    SELECT count(*) FROM refused
+"""  # noqa: S608 - constant
+"""What a closing save without consumed entries changes besides its row: its
+pending entries refused, its timers dropped (each with its own snapshot, after the
+save's, as one statement after another would); the number refused."""
+
+
 def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     """A save (as :func:`~phronomy.storage._sql_ops.apply_op`): the check of the
     entries it consumes, its conditional statement (no row changed: refused, with the
     row as it is), then its inbox and timer changes, which wait for nothing but the
-    count of a closing save's refused entries (it says whether to prune)."""
+    count of a closing save's refused entries (it says whether to prune). A closing
+    save without consumed entries sends them with its statement (:data:`SQL_CLOSE`)."""
     iid = request.workflow_instance_id
     consumed = request.consumed
     if consumed:
         (found,) = yield [pending_query(iid, consumed, sql.inbox)], True
         refuse_unless_pending(iid, consumed, found)
-    (saved,) = yield [save_statement(request, sql, clock)], True
-    if saved.rowcount != 1:
-        (row,) = yield [(sql.revision, (iid,))], True
-        raise save_refused(request, row.fetchone())
+    statement, params = save_statement(request, sql, clock)
     revision = (request.expected_revision or 0) + 1
     closing = request.status if request.status in _CLOSED else None
     now = clock.wall_ms()
-    inbox = (
-        consumption(iid, revision, consumed, closing, sql.inbox, now)
-        if consumed or closing
-        else []
-    )
+    if closing is not None and not consumed:
+        marked = SQL_UPDATE_MARKED if statement is sql.update else SQL_CREATE_MARKED
+        ((_, refusal),) = consumption(iid, revision, (), closing, sql.inbox, now)
+        refusal["write_id"] = request.write_id
+        saved, closed = yield [(marked, params), (SQL_CLOSE, refusal)], True
+        if saved.rowcount == 1:
+            if closed.fetchone()[0]:
+                yield pruning(iid, sql.inbox), False
+            return revision
+    else:
+        (saved,) = yield [(statement, params)], True
+    if saved.rowcount != 1:
+        (row,) = yield [(sql.revision, (iid,))], True
+        raise save_refused(request, row.fetchone())
+    inbox = consumption(iid, revision, consumed, closing, sql.inbox, now)
     timers = (
         timer_changes(
             iid,
@@ -199,12 +233,6 @@ def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     )
     if consumed:
         yield inbox + pruning(iid, sql.inbox) + timers, False
-    elif closing is not None:
-        # the timers' statement (another table) is sent before the pruning, which
-        # only follows entries refused now
-        cursors = yield inbox + timers, True
-        if cursors[0].rowcount > 0:
-            yield pruning(iid, sql.inbox), False
     elif timers:
         yield timers, False
     return revision
