@@ -87,7 +87,7 @@ def claim_params(op: ClaimOp, clock: StoreClock) -> dict[str, Any]:
         "ttl": op.ttl_ms,
         "now": clock.wall_ms(),
         "lease_now": clock.lease_ms(),
-        "statuses": list(op.statuses),
+        "statuses": ",".join(op.statuses),  # status names have no comma
         "create": op.create,
         "placeholders": op.placeholders,
     }
