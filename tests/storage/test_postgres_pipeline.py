@@ -21,6 +21,7 @@ from phronomy.storage import (
     SaveOp,
     TimerSpec,
     _postgres_pipeline,
+    _postgres_wire,
 )
 
 from .test_contract import leased, request
@@ -48,7 +49,8 @@ def _round_trips(
     store: PostgresStore, monkeypatch: pytest.MonkeyPatch
 ) -> Callable[[], int]:
     """Count the times the store's write connection waits for the server: each sync
-    of a pipeline (its end syncs too) and each statement outside one."""
+    of a pipeline (psycopg's, whose end syncs too, or the store's own) and each
+    statement outside one."""
     count = [0]
     sync, leave, execute = (
         psycopg.Pipeline.sync,
@@ -68,6 +70,13 @@ def _round_trips(
         count[0] += self is store._conn and self._pipeline is None
         return execute(self, *args, **kw)
 
+    wire_sync = _postgres_wire.Pipeline.sync
+
+    def counted_wire_sync(self: _postgres_wire.Pipeline) -> None:
+        count[0] += self._conn is store._conn
+        wire_sync(self)
+
+    monkeypatch.setattr(_postgres_wire.Pipeline, "sync", counted_wire_sync)
     monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
     monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
     monkeypatch.setattr(psycopg.Connection, "execute", counted_execute)

@@ -24,6 +24,7 @@ from ._batch import instance_of
 from ._inbox import Claimed
 from ._ops import ClaimOp, SaveOp, op_name
 from ._postgres_schema import STATEMENTS
+from ._postgres_wire import Pipeline
 from ._sql_inbox import (
     consumption,
     entry_from_row,
@@ -105,24 +106,28 @@ def _pipeline(
     server has run them all."""
     if not run:
         return
-    with conn.pipeline() as pipeline:
+    pipeline = Pipeline(conn)
+    try:
         waiting: list[tuple[int, Steps, list[Cursor]]] = []
         for i, steps in run:
             if hook is not None:
                 hook(f"{op_name(ops[i])}.before")
-            _advance(conn, ops[i], steps, None, i, waiting, results)
+            _advance(pipeline, ops[i], steps, None, i, waiting, results)
         while waiting:
             pipeline.sync()
             current, waiting = waiting, []
             for i, steps, cursors in current:
-                _advance(conn, ops[i], steps, cursors, i, waiting, results)
-    if hook is not None:  # the pipeline's end synced: every statement has run
+                _advance(pipeline, ops[i], steps, cursors, i, waiting, results)
+        pipeline.finish()
+    finally:
+        pipeline.close()
+    if hook is not None:  # the last sync read every result: every statement ran
         for i, _ in run:
             hook(f"{op_name(ops[i])}.applied")
 
 
 def _advance(
-    conn: psycopg.Connection[Any],
+    pipeline: Pipeline,
     op: StoreOp,
     steps: Steps,
     cursors: list[Cursor] | None,
@@ -142,7 +147,7 @@ def _advance(
         except KNOWN_FAILURES as exc:
             results[index] = _base.refused(op, exc)
             return
-        sent: list[Cursor] = [conn.execute(s, p) for s, p in statements]
+        sent: list[Cursor] = [pipeline.execute(s, p) for s, p in statements]
         if wait:
             waiting.append((index, steps, sent))
             return
