@@ -183,11 +183,12 @@ class BaseStore(OneAtATime, Generic[C]):
             done = self._transaction(ops, lane)  # nothing was sent: once more
         if isinstance(done, Exception):  # it never began: nothing was written
             return [not_written(op, done) for op in ops]
-        for i, op in enumerate(ops):
-            try:
-                self._hook(f"{op_name(op)}.after")
-            except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
-                done[i] = self._uncertain(op, exc, done[i], None)
+        if self.fault_hook is not None:  # (no point's name is built without one)
+            for i, op in enumerate(ops):
+                try:
+                    self._hook(f"{op_name(op)}.after")
+                except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
+                    done[i] = self._uncertain(op, exc, done[i], None)
         settle_rows(self.identity, done)
         return done
 
@@ -220,11 +221,13 @@ class BaseStore(OneAtATime, Generic[C]):
         return False
 
     def _read(self, conn: C, op: StoreOp) -> Any:
-        name = op_name(op)
-        self._hook(f"{name}.before")
+        hook = self.fault_hook
+        if hook is not None:
+            hook(f"{op_name(op)}.before")
         with self._read_errors():  # captured per operation: translated here
             value = self.apply(conn, op)
-        self._hook(f"{name}.after")
+        if hook is not None:
+            hook(f"{op_name(op)}.after")
         return value
 
     def _writes(

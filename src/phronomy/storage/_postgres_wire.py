@@ -63,16 +63,22 @@ def _converted(statement: str) -> tuple[bytes, bytes, tuple[str, ...] | None]:
     return converted
 
 
-def _encoded(value: object, encoding: str) -> bytes | None:
-    if value is None:
-        return None
-    if isinstance(value, str):
-        return value.encode(encoding)
-    if isinstance(value, bool):
-        return b"t" if value else b"f"
-    if isinstance(value, int):
-        return str(value).encode()
-    raise TypeError(f"no encoding for a {type(value).__name__} parameter")
+def _encoded(values: Sequence[object], encoding: str) -> list[bytes | None]:
+    """Parameters in the text format, but bytes (sent as they are: binary)."""
+    encoded: list[bytes | None] = []
+    for value in values:
+        kind = type(value)
+        if kind is str:
+            encoded.append(value.encode(encoding))  # type: ignore[attr-defined]
+        elif value is None or kind is bytes:
+            encoded.append(value)  # type: ignore[arg-type]
+        elif kind is bool:
+            encoded.append(b"t" if value else b"f")
+        elif kind is int:
+            encoded.append(str(value).encode())
+        else:
+            raise TypeError(f"no encoding for a {kind.__name__} parameter")
+    return encoded
 
 
 class Result:
@@ -121,15 +127,8 @@ class Pipeline:
         values: Sequence[object] = (
             params if names is None else [params[n] for n in names]
         )
-        encoded: list[bytes | None] = []
-        formats: list[int] = []
-        for value in values:
-            if isinstance(value, bytes):
-                encoded.append(value)
-                formats.append(1)  # binary: the bytes as they are
-            else:
-                encoded.append(_encoded(value, self._encoding))
-                formats.append(0)
+        encoded = _encoded(values, self._encoding)
+        formats = [type(value) is bytes for value in values]
         pgconn.send_query_prepared(name, encoded, param_formats=formats)
         result = Result()
         self._expected.append((result, name))
