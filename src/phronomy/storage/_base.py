@@ -57,8 +57,9 @@ class BaseStore(OneAtATime, Generic[C]):
     ``_writing`` (one transaction on the ``Lane``'s connection: committed when the
     block ends, rolled back when it raises), ``_read_errors`` (its errors as store
     errors, around each read) and :meth:`apply` (one operation on that connection), and
-    may override :meth:`open`, :meth:`close`, :meth:`fence`, ``_claim``,
-    ``_reconnected`` and :attr:`identity`.
+    may override :meth:`open`, :meth:`close`, :meth:`fence`, ``_claim``, ``_writes``
+    (a batch's writes: PostgreSQL pipelines them), ``_reconnected`` and
+    :attr:`identity`.
 
     :meth:`execute` runs a batch: reads on the read connection, in one snapshot (none
     sees what committed after the first one read); writes in one transaction, where a

@@ -484,7 +484,7 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         def alone(op: StoreOp) -> outcome.Outcome[Any]:
             return write_op(self.apply, self._claim, hook, conn, op)
 
-        pipelined_writes(conn, ops, results, STATEMENTS, self._clock, hook, alone)
+        pipelined_writes(conn, ops, results, self._clock, hook, alone)
 
     def apply(self, conn: psycopg.Connection[Any], op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""

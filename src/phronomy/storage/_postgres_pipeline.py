@@ -62,7 +62,6 @@ def pipelined_writes(
     conn: psycopg.Connection[Any],
     ops: Sequence[StoreOp],
     results: list[outcome.Outcome[Any] | None],
-    sql: Statements,
     clock: StoreClock,
     hook: Callable[[str], None] | None,
     alone: Callable[[StoreOp], outcome.Outcome[Any]],
@@ -75,7 +74,8 @@ def pipelined_writes(
     run: list[tuple[int, Steps]] = []
     for i in _base.row_order(ops):
         op = ops[i]
-        steps = _steps(op, sql, clock) if per_instance[instance_of(op)] == 1 else None
+        unique = per_instance[instance_of(op)] == 1
+        steps = _steps(op, STATEMENTS, clock) if unique else None
         if steps is None:
             _pipeline(conn, ops, run, results, hook)
             run = []

@@ -187,8 +187,9 @@ class Pipeline:
         self._pgconn.exit_pipeline_mode()
 
     def close(self) -> None:
-        """Leave pipeline mode after a failure, reading what is left; a broken
-        connection is left as it is (the store replaces it)."""
+        """Leave pipeline mode after a failure, reading what is left; a connection
+        that cannot be brought back to its normal mode is closed (the store replaces
+        it, and the fence settles its transaction)."""
         pgconn = self._pgconn
         if pgconn.status == pq.ConnStatus.BAD or (
             pgconn.pipeline_status == pq.PipelineStatus.OFF
@@ -199,4 +200,4 @@ class Pipeline:
                 self.sync()
             pgconn.exit_pipeline_mode()
         except e.Error:  # the store's error is the one raised: this one follows it
-            return
+            self._conn.close()

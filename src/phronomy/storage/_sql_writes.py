@@ -18,6 +18,16 @@ if TYPE_CHECKING:
     from ._records import SaveRequest
 
 
+__all__ = [
+    "claim_op",
+    "claim_params",
+    "claimed",
+    "record_from_row",
+    "save_refused",
+    "save_statement",
+]
+
+
 class Statements(Protocol):
     """The statements these writes use (of :class:`~phronomy.storage._sql_ops.Statements`)."""
 
@@ -29,16 +39,6 @@ class Statements(Protocol):
 
     @property
     def update(self) -> str: ...
-
-
-__all__ = [
-    "claim_op",
-    "claim_params",
-    "claimed",
-    "record_from_row",
-    "save_refused",
-    "save_statement",
-]
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
