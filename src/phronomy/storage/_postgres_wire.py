@@ -11,6 +11,7 @@ statement that fails aborts the rest until the sync, whose reading raises its er
 
 from __future__ import annotations
 
+import hashlib
 import re
 import select
 import weakref
@@ -54,8 +55,9 @@ def _converted(statement: str) -> tuple[bytes, bytes, tuple[str, ...] | None]:
         return f"${names.index(name) + 1}"
 
     text = _PLACEHOLDER.sub(number, statement)
-    converted = (
-        f"phronomy_{len(_statements)}".encode(),
+    digest = hashlib.blake2b(text.encode(), digest_size=12).hexdigest()
+    converted = (  # named by its text: the same name in every thread
+        f"phronomy_{digest}".encode(),
         text.encode(),
         tuple(names) if names else None,
     )
@@ -79,6 +81,17 @@ def _encoded(values: Sequence[object], encoding: str) -> list[bytes | None]:
         else:
             raise TypeError(f"no encoding for a {kind.__name__} parameter")
     return encoded
+
+
+def _wait(socket: int, write: bool = False) -> None:
+    """Until *socket* can be read (or written, with *write*): ``poll`` (any
+    descriptor number), ``select`` where there is none (Windows)."""
+    if hasattr(select, "poll"):
+        poll = select.poll()
+        poll.register(socket, select.POLLIN | (select.POLLOUT if write else 0))
+        poll.poll()
+    else:  # pragma: no cover - Windows
+        select.select([socket], [socket] if write else [], [])
 
 
 class Result:
@@ -145,14 +158,14 @@ class Pipeline:
         pgconn.pipeline_sync()
         expected, self._expected = self._expected, []
         while pgconn.flush():  # the rest once the socket takes it
-            select.select([pgconn.socket], [pgconn.socket], [])
+            _wait(pgconn.socket, write=True)
             pgconn.consume_input()
         failure: e.Error | None = None
         position = 0
         encoding = self._encoding
         while True:
             while pgconn.is_busy():
-                select.select([pgconn.socket], [], [])
+                _wait(pgconn.socket)
                 pgconn.consume_input()
             result = pgconn.get_result()
             if result is None:
