@@ -280,6 +280,8 @@ class RuleCheck:
         if goes:
             iid = op.workflow_instance_id
             self._claimed(k, rule, iid, op.workflow, op.lease_owner, op.ttl_ms)
+            if op.post is not None:  # a new row's inbox holds what the claim posted
+                k.pending = k.events = None
 
     def _inbox_refused(self, k: Known, consumed: set[int], got: Any) -> bool:
         """Whether a write that consumes *consumed* was refused by the inbox before

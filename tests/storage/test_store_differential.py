@@ -101,11 +101,13 @@ from .model_ops import (
     OWNERS,
     Arm,
     Begin,
+    Claim,
     Consume,
     Delete,
     Event,
     Fire,
     Held,
+    Load,
     Operation,
     Post,
     Save,
@@ -647,6 +649,31 @@ def test_memory_sqlite_and_postgres_agree(
         f"{time.perf_counter() - started:.1f} s;",
         ", ".join(f"{kind}: {count}" for kind, count in sorted(TALLY.items())),
     )
+
+
+@pytest.mark.parametrize(
+    "then",
+    [
+        Segment("c", "halted", (Consume(0, 0, "rejected", "why"),)),
+        Post("c", Event("e2", 0)),
+    ],
+    ids=["a save consuming the posted entry", "the same event posted again"],
+)
+def test_a_claim_that_makes_a_row_and_posts_leaves_its_entry_pending(
+    tmp_path: Path, open_postgres: Callable[..., WorkflowStore], then: Operation
+) -> None:
+    # Before (found by hypothesis): the rules check took the inbox of a row a posting
+    # claim had just made for empty, so it said a save consuming that entry must be
+    # refused for the inbox and a second post of the event must be accepted.
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        model = DifferentialModel(
+            {"sqlite": sqlite, "postgres": open_postgres(save_log_depth=DEPTH)}
+        )
+        model.seed(saved=["running", "running"])
+        model.batch_of([Load("a"), Load("a")])
+        claim = Claim("c", "wf", "A", 0, (), True, False, Event("e2", 0), 0)
+        model.batch_of([claim, then])
+        model.teardown()
 
 
 # --- the model can fail ----------------------------------------------------------------
