@@ -223,10 +223,10 @@ class Workflow(Generic[S]):
             DefinitionError: a bad name, or one already declared as a normal state.
         """
         _check_name(name)
-        if checkpoint is not None:
-            self._checkpoints[name] = checkpoint
         if name in self._states:
             raise DefinitionError(f"{name!r} is already declared as a normal state")
+        if checkpoint is not None:
+            self._checkpoints[name] = checkpoint
         if name not in self._wait_states:
             self._wait_states.append(name)
             self._declared.append(name)
