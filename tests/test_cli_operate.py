@@ -245,16 +245,18 @@ async def test_cancel_reaches_an_instance_another_runtime_runs(
     store = make()
     try:
         async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
-            handle = await start_live(rt, flow, "live-1")
+            with trio.fail_after(10):
+                handle = await start_live(rt, flow, "live-1")
             cancel = ["instances", "cancel", "--db", db, "live-1"]
             status, out, err = await trio.to_thread.run_sync(
                 lambda: _cli(capsys, *cancel, "--reason", "ops", "--wait", "10")
             )
             assert status == 0, err
             assert out.startswith("live-1: cancelled at revision"), out
-            with pytest.raises(phronomy.WorkflowCancelledError):
+            with pytest.raises(phronomy.WorkflowCancelledError), trio.fail_after(10):
                 await handle.result()
-            other = await start_live(rt, flow, "live-3")
+            with trio.fail_after(10):
+                other = await start_live(rt, flow, "live-3")
             status, out, err = await trio.to_thread.run_sync(
                 lambda: _cli(
                     capsys, "instances", "cancel", "--db", db, "live-3", "--no-wait",
@@ -262,8 +264,8 @@ async def test_cancel_reaches_an_instance_another_runtime_runs(
                 )
             )  # fmt: skip
             assert (status, json.loads(out)["status"]) == (0, "cancel_requested"), err
-            with pytest.raises(phronomy.WorkflowCancelledError):
-                await other.result()
+            with pytest.raises(phronomy.WorkflowCancelledError), trio.fail_after(10):
+                await other.result()  # the heartbeat sees the request
             row = store.load("live-1")
             assert (row.status, row.lease_owner) == ("cancelled", None)
             status, out, _ = await trio.to_thread.run_sync(
