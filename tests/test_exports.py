@@ -10,6 +10,8 @@ from __future__ import annotations
 import importlib
 import inspect
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -178,3 +180,46 @@ def test_public_structs_still_decode_after_their_module_changed() -> None:
     assert (
         repr(phronomy.storage.StoredRecord) == "<class 'phronomy.storage.StoredRecord'>"
     )
+
+
+EXTRAS_BLOCKED = r"""
+import sys
+
+class Blocked:  # the optional extras are not installed
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("psycopg", "hypercorn", "opentelemetry"):
+            raise ModuleNotFoundError(f"No module named {name!r}")
+        return None
+
+sys.meta_path.insert(0, Blocked())
+import trio
+import phronomy
+
+class Count(phronomy.State):
+    n: int = 0
+
+wf = phronomy.Workflow(Count, name="no-extras")
+wf.state("a", entry=lambda s: s.merge(n=s.n + 1))
+wf.transition("a", phronomy.FINISH)
+
+async def main():
+    async with phronomy.open_runtime(store=phronomy.SQLiteStore(sys.argv[1])) as rt:
+        result = await rt.workflows.invoke(wf.build(), workflow_instance_id="x")
+    print(result.state.n, "psycopg" in sys.modules)
+
+trio.run(main)
+"""
+
+
+def test_the_package_runs_on_sqlite_without_its_extras(tmp_path: Path) -> None:
+    # Before: the PostgreSQL pipeline's wire module imported psycopg with the package,
+    # so `import phronomy` failed where the postgres extra was not installed.
+    done = subprocess.run(
+        [sys.executable, "-c", EXTRAS_BLOCKED, str(tmp_path / "x.db")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == ["1", "False"]

@@ -24,7 +24,6 @@ from ._batch import instance_of
 from ._inbox import Claimed
 from ._ops import ClaimOp, SaveOp, op_name
 from ._postgres_schema import STATEMENTS
-from ._postgres_wire import Pipeline
 from ._sql_inbox import (
     consumption,
     entry_from_row,
@@ -45,6 +44,7 @@ if TYPE_CHECKING:
     from ._clock import StoreClock
     from ._dbapi import Cursor
     from ._ops import StoreOp
+    from ._postgres_wire import Pipeline
     from ._records import SaveRequest
     from ._sql_ops import Statements
 
@@ -106,6 +106,8 @@ def _pipeline(
     server has run them all."""
     if not run:
         return
+    from ._postgres_wire import Pipeline  # psycopg: an extra, imported with the store
+
     pipeline = Pipeline(conn)
     try:
         waiting: list[tuple[int, Steps, list[Cursor]]] = []
