@@ -7,12 +7,10 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Connection", "Cursor"]
+__all__ = ["Connection"]
 
 
-class Cursor(Protocol):
-    """The part of a DB-API cursor the operations use."""
-
+class _Cursor(Protocol):
     @property
     def rowcount(self) -> int: ...
 
@@ -26,6 +24,6 @@ class Cursor(Protocol):
 class Connection(Protocol):
     """The part of a DB-API connection the operations use."""
 
-    def execute(self, sql: str, params: Any = ..., /) -> Cursor:
+    def execute(self, sql: str, params: Any = ..., /) -> _Cursor:
         """Run one statement; return its cursor."""
         ...
