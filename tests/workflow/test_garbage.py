@@ -38,6 +38,19 @@ def _step(value: int) -> int:
     return value + 1
 
 
+def _at_once(
+    work: Callable[..., Awaitable[object]], *args: object, times: int
+) -> Callable[[], Awaitable[None]]:
+    """*work(*args)* run *times* at once."""
+
+    async def many() -> None:
+        async with trio.open_nursery() as nursery:
+            for _ in range(times):
+                nursery.start_soon(work, *args)
+
+    return many
+
+
 async def _garbage_of(work: Callable[[], Awaitable[object]]) -> Counter[str]:
     """The runtime's objects only the cyclic collector would have freed after *work*."""
     await work()  # warm: caches, lazily built tables
@@ -75,12 +88,7 @@ async def test_durable_runs_halts_and_executions_leave_no_cycles(
             )
             await runtime.executions.invoke(f"e-{i}", [_step] * 2, 0)
 
-        async def many() -> None:
-            async with trio.open_nursery() as nursery:
-                for _ in range(8):
-                    nursery.start_soon(work)
-
-        garbage = await _garbage_of(many)
+        garbage = await _garbage_of(_at_once(work, times=8))
     assert not garbage, garbage
 
 
@@ -124,23 +132,12 @@ async def test_effects_signals_and_streams_leave_no_cycles(
                         assert runtime.workflows.signal(flow, iid, signals[step.phase])
             assert (await steps.result()).state.n == 1
 
-        async def many() -> None:
-            async with trio.open_nursery() as nursery:
-                for _ in range(4):
-                    nursery.start_soon(work)
-
-        garbage = await _garbage_of(many)
+        garbage = await _garbage_of(_at_once(work, times=4))
     assert not garbage, garbage
 
 
 async def test_in_memory_runs_leave_no_cycles() -> None:
     steps, _ = _flows()
     async with phronomy.open_runtime() as runtime:
-
-        async def many() -> None:
-            async with trio.open_nursery() as nursery:
-                for _ in range(8):
-                    nursery.start_soon(runtime.workflows.invoke, steps)
-
-        garbage = await _garbage_of(many)
+        garbage = await _garbage_of(_at_once(runtime.workflows.invoke, steps, times=8))
     assert not garbage, garbage
