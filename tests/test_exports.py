@@ -212,8 +212,8 @@ trio.run(main)
 
 
 def test_the_package_runs_on_sqlite_without_its_extras(tmp_path: Path) -> None:
-    # A module importing psycopg (an extra) with the package made `import phronomy` fail
-    # where the postgres extra was not installed (a pipelined store, since reverted).
+    # Before: the PostgreSQL pipeline's wire module imported psycopg with the package,
+    # so `import phronomy` failed where the postgres extra was not installed.
     done = subprocess.run(
         [sys.executable, "-c", EXTRAS_BLOCKED, str(tmp_path / "x.db")],
         capture_output=True,

@@ -6,13 +6,14 @@ import contextlib
 import itertools
 import logging
 import time
-from typing import TYPE_CHECKING, Any, Generic, Literal, Self, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Self, TypeVar
 
 import msgspec
 import outcome
 
 from phronomy.errors import ConflictError
 
+from ._batch import Verdict, fenced, not_written, row_order, settle_rows, unknown
 from ._claiming import claim_and_post, inbox_of, load_and_claim
 from ._clock import wall_ms
 from ._inbox import Claimed, InboxEntry
@@ -24,12 +25,10 @@ from ._ops import (
     FindWriteOp,
     HistoryOp,
     LoadOp,
-    PostOp,
     SaveOp,
     op_name,
 )
-from ._quarantine import note_unknown, settle
-from ._records import InstancePage, SaveOutcome, StoredRecord
+from ._records import SaveOutcome, StoredRecord
 from ._shortcuts import OneAtATime
 from ._store import KNOWN_FAILURES, classify_uncertain_save, conflict_error
 
@@ -39,17 +38,12 @@ if TYPE_CHECKING:
     from ._ops import StoreOp
     from ._records import SaveLogEntry, SaveRequest
 
-__all__ = ["BaseStore", "Verdict", "row_order"]
+__all__ = ["BaseStore", "Verdict", "applied", "refused", "row_order", "write_op"]
 
 logger = logging.getLogger(__name__)
 
 C = TypeVar("C")
 T = TypeVar("T")
-
-Verdict = Literal["committed", "aborted", "unsettled"] | None
-"""What became of a failed write transaction: the backend knows it committed or
-aborted, cannot tell once it can no longer commit (``None``: read back), or could not
-make sure it can no longer commit (``unsettled``)."""
 
 _stores = itertools.count(1)
 """Numbers the store objects of the process (their default identities)."""
@@ -63,8 +57,9 @@ class BaseStore(OneAtATime, Generic[C]):
     ``_writing`` (one transaction on the ``Lane``'s connection: committed when the
     block ends, rolled back when it raises), ``_read_errors`` (its errors as store
     errors, around each read) and :meth:`apply` (one operation on that connection), and
-    may override :meth:`open`, :meth:`close`, :meth:`fence`, ``_claim``,
-    ``_reconnected`` and :attr:`identity`.
+    may override :meth:`open`, :meth:`close`, :meth:`fence`, ``_claim``, ``_writes``
+    (a batch's writes: PostgreSQL pipelines them), ``_reconnected`` and
+    :attr:`identity`.
 
     :meth:`execute` runs a batch: reads on the read connection, in one snapshot (none
     sees what committed after the first one read); writes in one transaction, where a
@@ -181,20 +176,21 @@ class BaseStore(OneAtATime, Generic[C]):
                 errors = (v.error for v in values if isinstance(v, outcome.Error))
                 if not any(self._reconnected(error) for error in errors):
                     break
-            _settle_rows(self.identity, values)
+            settle_rows(self.identity, values)
             return values
         lane = lane_of(ops)
         done = self._transaction(ops, lane)
         if isinstance(done, Exception) and self._reconnected(done):
             done = self._transaction(ops, lane)  # nothing was sent: once more
         if isinstance(done, Exception):  # it never began: nothing was written
-            return [_not_written(op, done) for op in ops]
-        for i, op in enumerate(ops):
-            try:
-                self._hook(f"{op_name(op)}.after")
-            except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
-                done[i] = self._uncertain(op, exc, done[i], None)
-        _settle_rows(self.identity, done)
+            return [not_written(op, done) for op in ops]
+        if self.fault_hook is not None:  # (no point's name is built without one)
+            for i, op in enumerate(ops):
+                try:
+                    self._hook(f"{op_name(op)}.after")
+                except Exception as exc:  # noqa: BLE001 - it landed, but its caller hears an error
+                    done[i] = self._uncertain(op, exc, done[i], None)
+        settle_rows(self.identity, done)
         return done
 
     def _transaction(
@@ -207,14 +203,13 @@ class BaseStore(OneAtATime, Generic[C]):
         try:
             with self._writing(lane) as conn:
                 started = True
-                for i in row_order(ops):
-                    results[i] = self._write(conn, ops[i])
+                self._writes(conn, ops, results)
                 self._hook("commit.before")
             self._hook("commit.after")
         except Exception as exc:  # noqa: BLE001 - the transaction's outcome is unknown
             if not started:
                 return exc
-            verdict = _fenced(self)
+            verdict = fenced(self.fence)
             return [
                 self._uncertain(op, exc, results[i], verdict)
                 for i, op in enumerate(ops)
@@ -227,36 +222,28 @@ class BaseStore(OneAtATime, Generic[C]):
         return False
 
     def _read(self, conn: C, op: StoreOp) -> Any:
-        name = op_name(op)
-        self._hook(f"{name}.before")
+        hook = self.fault_hook
+        if hook is not None:
+            hook(f"{op_name(op)}.before")
         with self._read_errors():  # captured per operation: translated here
             value = self.apply(conn, op)
-        self._hook(f"{name}.after")
+        if hook is not None:
+            hook(f"{op_name(op)}.after")
         return value
 
-    def _write(self, conn: C, op: StoreOp) -> outcome.Outcome[Any]:
-        """Apply one operation inside the batch's transaction.
-
-        A known failure (a conflict) is that operation's result; any other error
-        abandons the whole transaction.
-        """
-        name = op_name(op)
-        self._hook(f"{name}.before")
-        value: Any
-        try:
-            if isinstance(op, ClaimOp):
-                value = claim_and_post(self.apply, conn, op, self._claim)
-            else:
-                value = self.apply(conn, op)
-        except KNOWN_FAILURES as exc:
-            self._hook(f"{name}.applied")
-            if isinstance(op, SaveOp):
-                return outcome.Value(SaveOutcome(outcome="known_failure", error=exc))
-            return outcome.Error(exc)
-        self._hook(f"{name}.applied")
-        if isinstance(op, SaveOp):
-            return outcome.Value(SaveOutcome(outcome="success", revision=value))
-        return outcome.Value(value)
+    def _writes(
+        self,
+        conn: C,
+        ops: Sequence[StoreOp],
+        results: list[outcome.Outcome[Any] | None],
+    ) -> None:
+        """Apply a write batch's operations inside its transaction, in the order of
+        the rows they lock (:func:`row_order`), each outcome in *results* (backend; by
+        default one operation after another, see :func:`write_op`)."""
+        for i in row_order(ops):
+            results[i] = write_op(
+                self.apply, self._claim, self.fault_hook, conn, ops[i]
+            )
 
     def _uncertain(
         self,
@@ -271,13 +258,13 @@ class BaseStore(OneAtATime, Generic[C]):
         if verdict == "committed" and result is not None:
             return result  # every operation ran, and the transaction committed
         if verdict == "aborted":
-            return _not_written(op, error)
+            return not_written(op, error)
         claim = isinstance(op, ClaimOp) or (
             isinstance(op, BeginOp) and op.lease_owner is not None
         )
         if isinstance(op, SaveOp):
             if verdict == "unsettled":
-                return outcome.Value(_unknown(self.identity, op.request, error))
+                return outcome.Value(unknown(self.identity, op.request, error))
             return outcome.Value(self._classify(op.request, error))
         if claim and verdict is None:
             return self._reconcile_claim(op, error)  # type: ignore[arg-type]
@@ -351,11 +338,11 @@ class BaseStore(OneAtATime, Generic[C]):
             the original *error* (pre-state, or the transaction aborted), or
             ``outcome_unknown`` (neither, or it could not be settled or read back).
         """
-        verdict = _fenced(self)
+        verdict = fenced(self.fence)
         if verdict == "aborted":
             return SaveOutcome(outcome="known_failure", error=error)
         if verdict == "unsettled":
-            return _unknown(self.identity, request, error)
+            return unknown(self.identity, request, error)
         return self._classify(request, error)
 
     def _classify(self, request: SaveRequest, error: BaseException) -> SaveOutcome:
@@ -386,7 +373,7 @@ class BaseStore(OneAtATime, Generic[C]):
             record, logged, taken = self._read_back(read)
         except Exception as read_error:  # noqa: BLE001 - reported as the unknown outcome
             logger.warning("reconciliation read of %r failed: %r", iid, read_error)
-            return _unknown(self.identity, request, read_error)
+            return unknown(self.identity, request, read_error)
         verdict = classify_uncertain_save(record, logged, request)
         if verdict == "neither" and taken is not None and record is not None:
             # A revision is produced by one write only: ours never committed (and,
@@ -419,7 +406,7 @@ class BaseStore(OneAtATime, Generic[C]):
             f"{request.expected_revision}, found {record.revision if record else None})"
         )
         conflict.__cause__ = error
-        return _unknown(self.identity, request, conflict)
+        return unknown(self.identity, request, conflict)
 
     def _read_back(self, read: Callable[[C], T]) -> T:
         """*read* on the read connection, tried again on a fresh one (the backend drops
@@ -439,61 +426,46 @@ class BaseStore(OneAtATime, Generic[C]):
             self.fault_hook(point)
 
 
-def _not_written(op: StoreOp, error: Exception) -> outcome.Outcome[Any]:
-    """The outcome of an operation whose transaction never began or aborted."""
+def write_op(
+    apply: Callable[[C, StoreOp], Any],
+    claim: Callable[[C, ClaimOp], tuple[StoredRecord | None, int | None]],
+    hook: Callable[[str], None] | None,
+    conn: C,
+    op: StoreOp,
+) -> outcome.Outcome[Any]:
+    """Apply one operation inside a batch's transaction with the backend's *apply* and
+    *claim* (:class:`~phronomy.storage.BaseStore`), calling the fault *hook* around it.
+
+    A known failure (a conflict) is that operation's result; any other error
+    abandons the whole transaction.
+    """
+    name = op_name(op)
+    if hook is not None:
+        hook(f"{name}.before")
+    value: Any
+    try:
+        if isinstance(op, ClaimOp):
+            value = claim_and_post(apply, conn, op, claim)
+        else:
+            value = apply(conn, op)
+    except KNOWN_FAILURES as exc:
+        if hook is not None:
+            hook(f"{name}.applied")
+        return refused(op, exc)
+    if hook is not None:
+        hook(f"{name}.applied")
+    return applied(op, value)
+
+
+def applied(op: StoreOp, value: Any) -> outcome.Outcome[Any]:
+    """The outcome of an operation that ran (a save's: its revision)."""
+    if isinstance(op, SaveOp):
+        return outcome.Value(SaveOutcome(outcome="success", revision=value))
+    return outcome.Value(value)
+
+
+def refused(op: StoreOp, error: Exception) -> outcome.Outcome[Any]:
+    """The outcome of an operation refused with a known failure (*error*)."""
     if isinstance(op, SaveOp):
         return outcome.Value(SaveOutcome(outcome="known_failure", error=error))
     return outcome.Error(error)
-
-
-def row_order(ops: Sequence[StoreOp]) -> list[int]:
-    """A write batch's operations in the order of the rows they lock: by instance id
-    (each instance's operations in the batch's order), then those of many rows.
-
-    When every transaction locks rows in one order, no two can wait for each other.
-    """
-
-    def key(index: int) -> tuple[int, str]:
-        op = ops[index]
-        of: object = op
-        if isinstance(op, SaveOp):
-            of = op.request
-        elif isinstance(op, PostOp):
-            of = op.posting
-        iid = getattr(of, "workflow_instance_id", None)
-        return (0, iid) if isinstance(iid, str) else (1, "")
-
-    return sorted(range(len(ops)), key=key)
-
-
-def _fenced(store: BaseStore[Any]) -> Verdict:
-    """What became of a write transaction that failed once it had begun: fenced
-    (:meth:`BaseStore.fence`) so that it can no longer commit, then the backend's
-    verdict; ``unsettled`` if the fence failed."""
-    try:
-        return store.fence()
-    except Exception as exc:  # noqa: BLE001 - it may still commit: nothing is read
-        logger.warning("could not settle a failed write transaction: %r", exc)
-        return "unsettled"
-
-
-def _unknown(identity: str, request: SaveRequest, error: BaseException) -> SaveOutcome:
-    """``outcome_unknown``; the lease epoch of the save is noted, so that the
-    instance's quarantine ends once another runtime settled it."""
-    if request.lease is not None:
-        note_unknown(identity, request.workflow_instance_id, request.lease.epoch)
-    return SaveOutcome(outcome="outcome_unknown", error=error)
-
-
-def _settle_rows(identity: str, results: list[outcome.Outcome[Any]]) -> None:
-    """Lift the quarantine of every row read that another runtime settled."""
-    for result in results:
-        if not isinstance(result, outcome.Value):
-            continue
-        value = result.value
-        if isinstance(value, Claimed):
-            value = value.row
-        rows = value.records if isinstance(value, InstancePage) else (value,)
-        for row in rows:
-            if isinstance(row, StoredRecord):
-                settle(identity, row)

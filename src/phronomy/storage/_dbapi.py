@@ -7,10 +7,12 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Iterator
 
-__all__ = ["Connection"]
+__all__ = ["Connection", "Cursor"]
 
 
-class _Cursor(Protocol):
+class Cursor(Protocol):
+    """The part of a DB-API cursor the operations use."""
+
     @property
     def rowcount(self) -> int: ...
 
@@ -24,6 +26,6 @@ class _Cursor(Protocol):
 class Connection(Protocol):
     """The part of a DB-API connection the operations use."""
 
-    def execute(self, sql: str, params: Any = ..., /) -> _Cursor:
+    def execute(self, sql: str, params: Any = ..., /) -> Cursor:
         """Run one statement; return its cursor."""
         ...

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, final
 
 from phronomy.errors import InvalidInputError, StoreUnavailableError
 
-from ._base import BaseStore, Verdict
+from ._base import BaseStore, Verdict, write_op
 from ._clock import StepWatch, StoreClock
 from ._postgres_errors import (
     Reconnect,
@@ -26,31 +26,27 @@ from ._postgres_notify import PostgresListener
 from ._postgres_open import (
     check_server,
     check_version,
+    migrate,
     parse_dsn,
     read_snapshot,
     refused_write,
 )
+from ._postgres_pipeline import pipelined_writes
 from ._postgres_schema import (
-    MIGRATIONS,
-    SCHEMA_VERSION,
-    SQL_CLEAR_VERSION,
-    SQL_CREATE_VERSION_TABLE,
-    SQL_LOCK_SCHEMA,
-    SQL_SCHEMA_VERSION,
     SQL_SERVER_STARTED,
-    SQL_SET_LOG_DEPTH,
-    SQL_SET_VERSION,
     SQL_TERMINATE,
     SQL_XACT,
     SQL_XACT_STATUS,
     STATEMENTS,
 )
-from ._sql_ops import apply_op, claim_op
+from ._sql_ops import apply_op
+from ._sql_writes import claim_op
 from ._store import SAVE_LOG_DEPTH
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable, Iterator, Sequence
 
+    import outcome
     import psycopg
 
     from ._lanes import Lane
@@ -62,8 +58,6 @@ __all__ = ["PostgresStore"]
 logger = logging.getLogger(__name__)
 
 _SCHEMA_NAME = re.compile(r"[a-z_][a-z0-9_]{0,62}")
-_MIGRATION_LOCK_TIMEOUT = "60s"
-"""How long a store that opens waits for another one migrating the schema."""
 
 
 def _no_clock() -> int:  # PostgreSQL statements read the database's clock
@@ -346,31 +340,8 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
     def _migrate(self, conn: psycopg.Connection[Any]) -> None:
         if not self._migrates:  # check only: nothing is written
             check_version(conn, self._schema, self._address)
-            return
-        with conn.transaction():
-            # a migration may wait for another one, and build indexes over many rows
-            conn.execute(f"SET LOCAL lock_timeout = '{_MIGRATION_LOCK_TIMEOUT}'")
-            conn.execute("SET LOCAL statement_timeout = 0")
-            conn.execute(SQL_LOCK_SCHEMA)  # one migrator at a time, across machines
-            conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{self._schema}"')
-            conn.execute(SQL_CREATE_VERSION_TABLE)
-            row = conn.execute(SQL_SCHEMA_VERSION).fetchone()
-            version = int(row[0]) if row and row[0] is not None else 0
-            if version > SCHEMA_VERSION:
-                raise StoreUnavailableError(
-                    f"PostgreSQL schema {self._schema!r} at {self._address} has phronomy "
-                    f"schema version {version}; this release understands up to "
-                    f"{SCHEMA_VERSION} (upgrade phronomy to use it)",
-                    path=f"postgresql:{self._address}",
-                )
-            for step in range(version, SCHEMA_VERSION):
-                for statement in MIGRATIONS[step]:
-                    conn.execute(statement)
-            if version != SCHEMA_VERSION:
-                conn.execute(SQL_CLEAR_VERSION)
-                conn.execute(SQL_SET_VERSION, (SCHEMA_VERSION,))
-            depth = self._save_log_depth
-            conn.execute(SQL_SET_LOG_DEPTH, (depth, depth))
+        else:
+            migrate(conn, self._schema, self._address, self._save_log_depth)
 
     @contextlib.contextmanager
     def _reading(self) -> Iterator[psycopg.Connection[Any]]:
@@ -397,9 +368,16 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
             if self._pending is not None:
                 self.fence()  # an earlier transaction must be settled first
             conn = self._connection()
-            conn.execute("BEGIN")
             try:
-                row = conn.execute(SQL_XACT).fetchone()
+                with conn.pipeline():  # one round trip, that writes nothing
+                    conn.execute("BEGIN")
+                    xact = conn.execute(SQL_XACT)
+            except Exception:
+                if not conn.broken:  # (a broken one is replaced, the batch sent again)
+                    conn.execute("ROLLBACK")
+                raise
+            try:
+                row = xact.fetchone()
                 assert row is not None
                 self._pending = (row[0], row[1], row[2])
                 yield conn
@@ -493,6 +471,20 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         return PostgresListener(self._connect, self._translated, self._schema)
 
     # --- operations ----------------------------------------------------------------
+
+    def _writes(
+        self,
+        conn: psycopg.Connection[Any],
+        ops: Sequence[StoreOp],
+        results: list[outcome.Outcome[Any] | None],
+    ) -> None:
+        """Pipelined: see :mod:`~phronomy.storage._postgres_pipeline`."""
+        hook = self.fault_hook
+
+        def alone(op: StoreOp) -> outcome.Outcome[Any]:
+            return write_op(self.apply, self._claim, hook, conn, op)
+
+        pipelined_writes(conn, ops, results, self._clock, hook, alone)
 
     def apply(self, conn: psycopg.Connection[Any], op: StoreOp) -> Any:
         """Run one operation (see :class:`~phronomy.storage.BaseStore`)."""

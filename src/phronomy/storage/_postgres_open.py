@@ -9,7 +9,16 @@ from typing import TYPE_CHECKING, Any
 from phronomy.errors import StoreUnavailableError
 
 from ._postgres_errors import Secrets, driver
-from ._postgres_schema import SCHEMA_VERSION, SQL_SCHEMA_VERSION
+from ._postgres_schema import (
+    MIGRATIONS,
+    SCHEMA_VERSION,
+    SQL_CLEAR_VERSION,
+    SQL_CREATE_VERSION_TABLE,
+    SQL_LOCK_SCHEMA,
+    SQL_SCHEMA_VERSION,
+    SQL_SET_LOG_DEPTH,
+    SQL_SET_VERSION,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Iterator
@@ -19,6 +28,7 @@ if TYPE_CHECKING:
 __all__ = [
     "check_server",
     "check_version",
+    "migrate",
     "parse_dsn",
     "read_snapshot",
     "refused_write",
@@ -114,3 +124,41 @@ def parse_dsn(dsn: str, secrets: Secrets) -> dict[str, Any]:
             f"cannot parse the PostgreSQL DSN: {error}", path="postgresql:?"
         )
     return params
+
+
+_MIGRATION_LOCK_TIMEOUT = "60s"
+"""How long a store that opens waits for another one migrating the schema."""
+
+
+def migrate(
+    conn: psycopg.Connection[Any], schema: str, address: str, depth: int
+) -> None:
+    """Create or migrate the schema (in one transaction, under an advisory lock: one
+    migrator at a time, across machines) and set the save log's *depth*.
+
+    Raises:
+        StoreUnavailableError: the schema is newer than this release.
+    """
+    with conn.transaction():
+        # a migration may wait for another one, and build indexes over many rows
+        conn.execute(f"SET LOCAL lock_timeout = '{_MIGRATION_LOCK_TIMEOUT}'")
+        conn.execute("SET LOCAL statement_timeout = 0")
+        conn.execute(SQL_LOCK_SCHEMA)  # one migrator at a time, across machines
+        conn.execute(f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
+        conn.execute(SQL_CREATE_VERSION_TABLE)
+        row = conn.execute(SQL_SCHEMA_VERSION).fetchone()
+        version = int(row[0]) if row and row[0] is not None else 0
+        if version > SCHEMA_VERSION:
+            raise StoreUnavailableError(
+                f"PostgreSQL schema {schema!r} at {address} has phronomy "
+                f"schema version {version}; this release understands up to "
+                f"{SCHEMA_VERSION} (upgrade phronomy to use it)",
+                path=f"postgresql:{address}",
+            )
+        for step in range(version, SCHEMA_VERSION):
+            for statement in MIGRATIONS[step]:
+                conn.execute(statement)
+        if version != SCHEMA_VERSION:
+            conn.execute(SQL_CLEAR_VERSION)
+            conn.execute(SQL_SET_VERSION, (SCHEMA_VERSION,))
+        conn.execute(SQL_SET_LOG_DEPTH, (depth, depth))

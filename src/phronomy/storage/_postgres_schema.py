@@ -386,9 +386,10 @@ SQL_RECOVER = f"""
 """  # noqa: S608 - constant
 """The recovery sweep: up to ``limit`` expired leases taken over in one statement (a
 row locked by :data:`SQL_EXPIRED` is re-checked against the latest version)."""
-_WANTED = """(t.status = ANY(%(statuses)s::text[])
+_WANTED = """(t.status = ANY(string_to_array(%(statuses)s, ','))
             OR (%(placeholders)s AND t.revision = 0 AND t.status = 'failed'))"""
-"""The statuses a claim runs on (see :func:`~phronomy.storage.claimable`)."""
+"""The statuses a claim runs on (see :func:`~phronomy.storage.claimable`), joined by
+commas (a list parameter costs the driver about as much as the rest of the claim)."""
 SQL_CLAIM = f"""
     WITH free AS (
         SELECT %(create)s AND pg_try_advisory_xact_lock(

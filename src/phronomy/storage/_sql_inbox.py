@@ -11,7 +11,7 @@ from phronomy.errors import BusyError
 from ._inbox import InboxEntry, Posting, PostOutcome, not_pending
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterable
 
     from ._dbapi import Connection
     from ._records import Consumption, StoredRecord
@@ -22,9 +22,13 @@ __all__ = [
     "InboxStatements",
     "check_pending",
     "consume",
+    "consumption",
     "entry_from_row",
+    "pending_query",
     "post",
+    "pruning",
     "pyformat",
+    "refuse_unless_pending",
 ]
 
 _COLUMNS = (
@@ -242,11 +246,37 @@ def check_pending(
     Raises:
         ConflictError: naming the entries.
     """
-    if not consumed:
-        return
+    if consumed:
+        statement, params = pending_query(workflow_instance_id, consumed, sql)
+        refuse_unless_pending(
+            workflow_instance_id, consumed, conn.execute(statement, params)
+        )
+
+
+def pending_query(
+    workflow_instance_id: str, consumed: tuple[Consumption, ...], sql: InboxStatements
+) -> tuple[str, dict[str, Any]]:
+    """The query :func:`check_pending` runs (*consumed* is not empty)."""
+    seqs = [c.seq for c in consumed]
+    return sql.pending_seqs, {
+        "id": workflow_instance_id,
+        "low": min(seqs),
+        "high": max(seqs),
+    }
+
+
+def refuse_unless_pending(
+    workflow_instance_id: str,
+    consumed: tuple[Consumption, ...],
+    rows: Iterable[tuple[Any, ...]],
+) -> None:
+    """Raise unless every entry of *consumed* is among the pending *rows*.
+
+    Raises:
+        ConflictError: naming the entries that are not pending.
+    """
     seqs = {c.seq for c in consumed}
-    params = {"id": workflow_instance_id, "low": min(seqs), "high": max(seqs)}
-    pending = {int(row[0]) for row in conn.execute(sql.pending_seqs, params)}
+    pending = {int(row[0]) for row in rows}
     if not seqs <= pending:
         raise not_pending(workflow_instance_id, sorted(seqs - pending))
 
@@ -263,18 +293,46 @@ def consume(
 ) -> None:
     """Record the outcomes of *consumed* entries (in the write that consumes them); a
     *closing* write (its status) refuses every entry still pending."""
-    base = {"id": workflow_instance_id, "revision": revision, "now": now}
-    for c in consumed:
-        conn.execute(
-            sql.consume, {**base, "seq": c.seq, "status": c.status, "detail": c.detail}
-        )
+    statements = consumption(
+        workflow_instance_id, revision, consumed, closing, sql, now
+    )
     refused = 0
+    for statement, params in statements:
+        refused = conn.execute(statement, params).rowcount
+    if consumed or (closing is not None and refused > 0):
+        for statement, params in pruning(workflow_instance_id, sql):
+            conn.execute(statement, params)
+
+
+def consumption(
+    workflow_instance_id: str,
+    revision: int,
+    consumed: tuple[Consumption, ...],
+    closing: str | None,
+    sql: InboxStatements,
+    now: int,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The statements of :func:`consume` before the pruning: each consumed entry's
+    outcome, then (a *closing* write) the refusal of the pending ones, last."""
+    base = {"id": workflow_instance_id, "revision": revision, "now": now}
+    statements: list[tuple[str, dict[str, Any]]] = [
+        (sql.consume, {**base, "seq": c.seq, "status": c.status, "detail": c.detail})
+        for c in consumed
+    ]
     if closing is not None:
         detail = (
             f"the instance was {closing} at revision {revision} before it was applied"
         )
-        refused = conn.execute(sql.refuse_pending, {**base, "detail": detail}).rowcount
-    if consumed or refused > 0:  # entries left the pending ones: keep the last few
-        conn.execute(sql.prune, {"id": workflow_instance_id})
-        if sql.notify:  # for waiters in other runtimes
-            conn.execute(sql.notify, {"kind": "consumed"})
+        statements.append((sql.refuse_pending, {**base, "detail": detail}))
+    return statements
+
+
+def pruning(
+    workflow_instance_id: str, sql: InboxStatements
+) -> list[tuple[str, dict[str, Any]]]:
+    """What follows a write whose entries left the pending ones: the last few kept,
+    and (for waiters in other runtimes) a notification."""
+    statements = [(sql.prune, {"id": workflow_instance_id})]
+    if sql.notify:
+        statements.append((sql.notify, {"kind": "consumed"}))
+    return statements

@@ -14,7 +14,6 @@ from msgspec.structs import replace
 from ._dbapi import Connection
 from ._ops import (
     BeginOp,
-    ClaimOp,
     DeleteOp,
     EntryOp,
     FindWriteOp,
@@ -51,6 +50,7 @@ from ._sql_timers import (
     next_due,
     timers_of,
 )
+from ._sql_writes import record_from_row, save_refused, save_statement
 from ._store import conflict_error
 
 if TYPE_CHECKING:
@@ -61,7 +61,7 @@ if TYPE_CHECKING:
     from ._ops import StoreOp
     from ._records import Lease, SaveRequest
 
-__all__ = ["Connection", "Statements", "apply_op", "claim_op", "record_from_row"]
+__all__ = ["Connection", "Statements", "apply_op", "record_from_row"]
 
 
 class Statements(NamedTuple):
@@ -100,28 +100,6 @@ class Statements(NamedTuple):
     timers: TimerStatements = TIMER_STATEMENTS
     schedules: ScheduleStatements = SCHEDULE_STATEMENTS
     terminate: str = SQL_TERMINATE_ROW
-
-
-def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
-    """A row of the instances table (its load columns, in order) as a record."""
-    snapshot = row[5]
-    return StoredRecord(
-        workflow_instance_id=row[0],
-        workflow=row[1],
-        revision=row[2],
-        status=row[3],
-        phase=row[4],
-        snapshot=None if snapshot is None else bytes(snapshot),
-        write_id=row[6],
-        detail=row[7],
-        updated_at_ms=row[8],
-        definition_version=row[9],
-        lease_owner=row[10],
-        lease_epoch=row[11],
-        lease_expires_at_ms=row[12],
-        takeovers=row[13],
-        cancel_requested=row[14],
-    )
 
 
 def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) -> Any:
@@ -369,38 +347,6 @@ def _renew(
     return {row[0]: (int(row[1]), row[2], bool(row[3])) for row in rows}
 
 
-def claim_op(
-    conn: Connection, op: ClaimOp, sql: Statements, clock: StoreClock
-) -> tuple[StoredRecord | None, int | None]:
-    """Run a :class:`ClaimOp` with the backend's one ``claim`` statement.
-
-    The statement returns at most one row: a kind (``created``, ``claimed`` or
-    ``current``), the instance's load columns and the new epoch. ``created``: no row
-    existed, the claim made one. ``claimed``: the row as it was before the claim.
-    ``current``: the row was not claimed (its status or another runtime's lease, or
-    another transaction was writing it: never waited for).
-    """
-    params = {
-        "id": op.workflow_instance_id,
-        "workflow": op.workflow,
-        "owner": op.lease_owner,
-        "ttl": op.ttl_ms,
-        "now": clock.wall_ms(),
-        "lease_now": clock.lease_ms(),
-        "statuses": list(op.statuses),
-        "create": op.create,
-        "placeholders": op.placeholders,
-    }
-    assert sql.claim is not None
-    row = conn.execute(sql.claim, params).fetchone()
-    if row is None:
-        return None, None
-    kind, epoch = row[0], row[-1]
-    if kind == "created":
-        return None, int(epoch)
-    return record_from_row(row[1:-1]), None if epoch is None else int(epoch)
-
-
 _CLOSED = frozenset({"finished", "cancelled"})
 """Statuses whose write refuses the instance's pending inbox entries."""
 
@@ -435,29 +381,12 @@ def _post(
 def _save(
     conn: Connection, request: SaveRequest, sql: Statements, clock: StoreClock
 ) -> int:
-    expected = request.expected_revision
-    params = {
-        "id": request.workflow_instance_id,
-        "workflow": request.workflow,
-        "status": request.status,
-        "phase": request.phase,
-        "snapshot": request.snapshot,
-        "write_id": request.write_id,
-        "detail": request.detail,
-        "version": request.definition_version,
-        "now": clock.wall_ms(),
-        "expected": expected or 0,
-        "owner": None if request.lease is None else request.lease.owner,
-        "epoch": None if request.lease is None else request.lease.epoch,
-    }
-    # A leased instance has its row (its claim made it): revision 0 is updated too.
-    leased = request.lease is not None
-    cursor = conn.execute(sql.update if expected or leased else sql.create, params)
-    if cursor.rowcount != 1:
-        raise _conflict(
-            conn, sql, request.workflow_instance_id, expected, "save", request.lease
-        )
-    return (expected or 0) + 1
+    statement, params = save_statement(request, sql, clock)
+    if conn.execute(statement, params).rowcount != 1:
+        iid = request.workflow_instance_id
+        row = conn.execute(sql.revision, (iid,)).fetchone()
+        raise save_refused(request, row)
+    return (request.expected_revision or 0) + 1
 
 
 def _revision_of(conn: Connection, sql: Statements, workflow_instance_id: str) -> int:

@@ -26,6 +26,7 @@ __all__ = [
     "fire_due",
     "next_due",
     "postgres_timers",
+    "timer_changes",
     "timers_of",
 ]
 
@@ -206,28 +207,47 @@ def arm_and_disarm(
     *closing* save drops every timer; otherwise the *disarm* names go, and *arm* is
     armed (an armed name replaces its timer); the fired, unapplied entries of both
     are refused (an instance's first save has none)."""
+    changes = timer_changes(
+        workflow_instance_id, revision, arm, disarm, closing, sql, now
+    )
+    for statement, params in changes:
+        conn.execute(statement, params)
+
+
+def timer_changes(
+    workflow_instance_id: str,
+    revision: int,
+    arm: tuple[TimerSpec, ...],
+    disarm: tuple[str, ...],
+    closing: bool,
+    sql: TimerStatements,
+    now: int,
+) -> list[tuple[str, dict[str, Any]]]:
+    """The statements of :func:`arm_and_disarm`, in order (none reads a result)."""
     iid = workflow_instance_id
     if closing:
-        conn.execute(sql.clear, {"id": iid})
-        return
-    for name in disarm:
-        statement = sql.clear if name == ALL_TIMERS else sql.disarm
-        conn.execute(statement, {"id": iid, "name": name})
+        return [(sql.clear, {"id": iid})]
+    statements: list[tuple[str, dict[str, Any]]] = [
+        (sql.clear if name == ALL_TIMERS else sql.disarm, {"id": iid, "name": name})
+        for name in disarm
+    ]
     for name in (*disarm, *(spec.name for spec in arm)) if revision > 1 else ():
         prefix = disarm_prefix(name)
-        conn.execute(
-            sql.refuse_fired,
-            {
-                "id": iid,
-                "revision": revision,
-                "now": now,
-                "detail": f"timer {name!r} was disarmed before it was applied",
-                "length": len(prefix),
-                "prefix": prefix,
-            },
+        statements.append(
+            (
+                sql.refuse_fired,
+                {
+                    "id": iid,
+                    "revision": revision,
+                    "now": now,
+                    "detail": f"timer {name!r} was disarmed before it was applied",
+                    "length": len(prefix),
+                    "prefix": prefix,
+                },
+            )
         )
-    for spec in arm:
-        conn.execute(
+    statements.extend(
+        (
             sql.arm,
             {
                 "id": iid,
@@ -241,6 +261,9 @@ def arm_and_disarm(
                 "revision": revision,
             },
         )
+        for spec in arm
+    )
+    return statements
 
 
 def _served(owner: str, workflows: tuple[str, ...], now: int) -> dict[str, Any]:

@@ -1,0 +1,328 @@
+"""PostgresStore's pipelined write batches: one round trip per step of the batch, the
+same outcomes as one statement after another (refusals, a server that dies)."""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import TYPE_CHECKING, Any
+
+import msgspec
+import outcome
+import psycopg
+import pytest
+
+from phronomy import PostgresStore, errors
+from phronomy.storage import (
+    ClaimOp,
+    Lease,
+    Posting,
+    PostOp,
+    SaveOp,
+    TimerSpec,
+    _postgres_pipeline,
+    _postgres_wire,
+)
+
+from .test_contract import leased, request
+
+if TYPE_CHECKING:
+    from collections.abc import Callable
+
+    from phronomy.storage import StoreOp
+
+    OpenPostgres = Callable[..., PostgresStore]
+
+
+@pytest.fixture
+def one_at_a_time(monkeypatch: pytest.MonkeyPatch) -> Callable[[], None]:
+    """Switch the store to one statement after another (the path before pipelining,
+    still taken by every operation that is not pipelined)."""
+
+    def switch() -> None:
+        monkeypatch.setattr(_postgres_pipeline, "_steps", lambda *args: None)
+
+    return switch
+
+
+def _round_trips(
+    store: PostgresStore, monkeypatch: pytest.MonkeyPatch
+) -> Callable[[], int]:
+    """Count the times the store's write connection waits for the server: each sync
+    of a pipeline (psycopg's, whose end syncs too, or the store's own) and each
+    statement outside one."""
+    count = [0]
+    sync, leave, execute = (
+        psycopg.Pipeline.sync,
+        psycopg.Pipeline.__exit__,
+        psycopg.Connection.execute,
+    )
+
+    def counted_sync(self: psycopg.Pipeline) -> None:
+        count[0] += self._conn is store._conn
+        sync(self)
+
+    def counted_exit(self: psycopg.Pipeline, *exc: Any) -> None:
+        count[0] += self._conn is store._conn
+        leave(self, *exc)
+
+    def counted_execute(self: psycopg.Connection[Any], *args: Any, **kw: Any) -> Any:
+        count[0] += self is store._conn and self._pipeline is None
+        return execute(self, *args, **kw)
+
+    wire_sync = _postgres_wire.Pipeline.sync
+
+    def counted_wire_sync(self: _postgres_wire.Pipeline) -> None:
+        count[0] += self._conn is store._conn
+        wire_sync(self)
+
+    monkeypatch.setattr(_postgres_wire.Pipeline, "sync", counted_wire_sync)
+    monkeypatch.setattr(psycopg.Pipeline, "sync", counted_sync)
+    monkeypatch.setattr(psycopg.Pipeline, "__exit__", counted_exit)
+    monkeypatch.setattr(psycopg.Connection, "execute", counted_execute)
+
+    def taken() -> int:
+        n, count[0] = count[0], 0
+        return n
+
+    return taken
+
+
+def _claims(prefix: str, n: int) -> list[StoreOp]:
+    return [
+        ClaimOp(
+            workflow_instance_id=f"{prefix}{i}",
+            workflow="wf",
+            lease_owner="A",
+            ttl_ms=60_000,
+            create=True,
+        )
+        for i in range(n)
+    ]
+
+
+def _finishing(prefix: str, n: int) -> list[StoreOp]:
+    return [
+        SaveOp(
+            request=leased(f"{prefix}{i}", None, Lease(owner="A", epoch=1), "finished")
+        )
+        for i in range(n)
+    ]
+
+
+def test_a_write_batch_takes_as_many_round_trips_whatever_its_size(
+    open_postgres: OpenPostgres,
+    monkeypatch: pytest.MonkeyPatch,
+    one_at_a_time: Callable[[], None],
+) -> None:
+    """Claims of new instances and their closing saves: the round trips of a batch of
+    32 are those of a batch of 1 (the transaction's begin, one per step, the commit).
+    Before: one per statement, 2 + 32 x 3 for 32 closing saves."""
+    store = open_postgres()
+    store.open()
+    trips = _round_trips(store, monkeypatch)
+    sizes: dict[str, list[int]] = {"claims": [], "saves": []}
+    for n in (1, 32):
+        assert all(r.unwrap().epoch == 1 for r in store.execute(_claims(f"n{n}-", n)))
+        sizes["claims"].append(trips())
+        saved = store.execute(_finishing(f"n{n}-", n))
+        assert {r.unwrap().outcome for r in saved} == {"success"}
+        sizes["saves"].append(trips())
+    print(f"round trips per write batch of 1 and 32 ops: {sizes}")  # noqa: T201
+    assert sizes["claims"][0] == sizes["claims"][1] <= 5
+    assert sizes["saves"][0] == sizes["saves"][1] <= 5
+    one_at_a_time()  # the negative control: one statement after another
+    store.execute(_claims("s-", 32))
+    assert trips() >= 32
+    store.execute(_finishing("s-", 32))
+    assert trips() >= 3 * 32
+
+
+def _scenario(store: PostgresStore, p: str) -> list[StoreOp]:
+    """A batch whose middle operations are refused: a stale lease and a revision
+    conflict among saves that land, a claim of another runtime's instance among
+    claims that succeed. The refused closing save's instance has a pending entry and
+    a timer (they must stay), the accepted one's too (refused, dropped)."""
+    for iid in (f"{p}b", f"{p}c", f"{p}f"):
+        owner = "B" if iid == f"{p}f" else "A"
+        assert store.begin(iid, "wf", lease_owner=owner, ttl_ms=60_000) == 1
+    for iid in (f"{p}b", f"{p}c"):
+        timer = TimerSpec(name="t", delay_ms=600_000, event="tick", payload=b"{}")
+        armed = msgspec.structs.replace(
+            leased(iid, None, Lease(owner="A", epoch=1), "running"), arm=(timer,)
+        )
+        assert store.save(armed) == 1
+        posting = Posting(
+            workflow_instance_id=iid, event_id="e", event="go", payload=b"1"
+        )
+        assert store.run(PostOp(posting=posting)).outcome == "stored"
+    return [
+        ClaimOp(
+            workflow_instance_id=f"{p}a", workflow="wf", lease_owner="A", ttl_ms=60_000
+        ),
+        SaveOp(request=leased(f"{p}b", 1, Lease(owner="A", epoch=0), "finished")),
+        SaveOp(request=leased(f"{p}c", 1, Lease(owner="A", epoch=1), "finished")),
+        SaveOp(request=request(f"{p}d", 5)),
+        ClaimOp(
+            workflow_instance_id=f"{p}e",
+            workflow="wf",
+            lease_owner="A",
+            ttl_ms=60_000,
+            create=True,
+        ),
+        ClaimOp(
+            workflow_instance_id=f"{p}f",
+            workflow="wf",
+            lease_owner="A",
+            ttl_ms=60_000,
+            statuses=("running", "halted"),
+        ),
+        SaveOp(request=request(f"{p}g", None)),
+    ]
+
+
+def _seen(store: PostgresStore, p: str, values: list[Any]) -> list[str]:
+    """The outcomes and what the database holds, the instances' prefix taken out."""
+    seen: list[Any] = []
+    for value in values:
+        if hasattr(value, "outcome"):
+            error = value.error
+            seen.append((value.outcome, value.revision, type(error), str(error)))
+        else:
+            row = value.row
+            seen.append(
+                (value.epoch, None if row is None else (row.status, row.lease_owner))
+            )
+    with psycopg.connect(store._dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path = {store.schema}")
+        for table in ("phronomy_workflow_instances", "phronomy_inbox"):
+            key = "instance_id"
+            rows = conn.execute(
+                f"SELECT * FROM {table} WHERE {key} LIKE %s ORDER BY {key}",
+                (f"{p}%",),
+            )
+            names = [c.name for c in rows.description or ()]
+            seen += [
+                {
+                    n: v
+                    for n, v in zip(names, row, strict=True)
+                    if "_ms" not in n and "write_id" not in n
+                }
+                for row in rows
+            ]
+        timers = conn.execute(
+            "SELECT instance_id, name FROM phronomy_timers WHERE instance_id LIKE %s"
+            " ORDER BY instance_id",
+            (f"{p}%",),
+        )
+        seen += list(timers)
+    return [repr(item).replace(p, "<p>") for item in seen]
+
+
+def test_a_refused_op_inside_a_pipelined_batch_fails_alone_as_before(
+    open_postgres: OpenPostgres, one_at_a_time: Callable[[], None]
+) -> None:
+    store = open_postgres()
+    results = store.execute(_scenario(store, "p-"))
+    outcomes = [r.unwrap() for r in results]
+    assert [getattr(o, "outcome", None) for o in outcomes[1:4]] == [
+        "known_failure",
+        "success",
+        "known_failure",
+    ]
+    assert isinstance(outcomes[1].error, errors.LeaseLostError)
+    assert isinstance(outcomes[3].error, errors.ConflictError)
+    assert outcomes[5].epoch is None  # another runtime's lease: not claimed
+    pipelined = _seen(store, "p-", outcomes)
+    one_at_a_time()
+    alone = [r.unwrap() for r in store.execute(_scenario(store, "s-"))]
+    assert _seen(store, "s-", alone) == pipelined
+    # the refused save changed nothing: its entry is pending, its timer armed
+    assert any("'pending'" in item and "<p>b" in item for item in pipelined)
+    assert "('<p>b', 't')" in pipelined
+    assert "('<p>c', 't')" not in pipelined
+
+
+def _writer_backend(store: PostgresStore) -> int:
+    conn = store._conn
+    assert conn is not None
+    return conn.info.backend_pid
+
+
+@pytest.mark.parametrize("point", ["save.before", "save.applied", "commit.before"])
+def test_a_backend_that_dies_mid_pipeline_leaves_the_outcomes_of_single_statements(
+    open_postgres: OpenPostgres,
+    postgres_dsn: str,
+    one_at_a_time: Callable[[], None],
+    point: str,
+) -> None:
+    """The write connection's backend is killed once a batch's first save is queued
+    (at the second's ``.before``), once the second ran (``.applied``), or before the
+    commit: nothing landed, and every operation says so, as when each statement ran
+    on its own."""
+
+    def run(prefix: str) -> list[Any]:
+        calls: list[str] = []
+        armed: list[bool] = []
+
+        def kill(at: str) -> None:
+            calls.extend([at] * bool(armed))
+            if at == point and calls.count(point) == (1 if "commit" in at else 2):
+                with psycopg.connect(postgres_dsn, autocommit=True) as admin:
+                    admin.execute(
+                        "SELECT pg_terminate_backend(%s)", (_writer_backend(store),)
+                    )
+
+        store = open_postgres(fault_hook=kill)
+        store.open()
+        for iid in (f"{prefix}0", f"{prefix}1", f"{prefix}2"):
+            assert store.begin(iid, "wf", lease_owner="A", ttl_ms=60_000) == 1
+        batch = [*_finishing(prefix, 3), *_claims(f"{prefix}new", 2)]
+        armed.append(True)
+        results = store.execute(batch)
+        assert point in calls
+        seen: list[tuple[str, type[BaseException] | None]] = []
+        for result in results:
+            if isinstance(result, outcome.Error):
+                seen.append(("error", type(result.error)))
+            else:
+                verdict = result.unwrap()
+                seen.append((verdict.outcome, type(verdict.error)))
+        store.fault_hook = None
+        rows = [store.load(f"{prefix}{i}") for i in range(3)]
+        assert all(row is not None and row.revision == 0 for row in rows)
+        assert store.load(f"{prefix}new0") is None
+        return seen
+
+    pipelined = run("p")
+    assert pipelined[:3] == [("known_failure", errors.StoreUnavailableError)] * 3
+    assert pipelined[3:] == [("error", errors.StoreUnavailableError)] * 2
+    one_at_a_time()
+    assert run("s") == pipelined
+
+
+def test_a_batch_whose_commit_reply_is_lost_is_settled_by_the_server(
+    open_postgres: OpenPostgres,
+) -> None:
+    """The COMMIT of a pipelined batch is sent and its reply lost: the fence learns
+    the transaction committed, and every operation reports what it did."""
+    lost: list[str] = []
+
+    def lose_reply(point: str) -> None:
+        if point == "commit.before" and not lost:
+            lost.append(point)
+            conn = store._conn
+            assert conn is not None
+            with socket.socket(fileno=os.dup(conn.pgconn.socket)) as sock:
+                sock.shutdown(socket.SHUT_RD)
+
+    store = open_postgres(fault_hook=lose_reply)
+    store.open()
+    assert store.begin("c0", "wf", lease_owner="A", ttl_ms=60_000) == 1
+    results = store.execute([*_finishing("c", 1), *_claims("cnew", 2)])
+    assert lost
+    assert results[0].unwrap().outcome == "success"
+    assert [r.unwrap().epoch for r in results[1:]] == [1, 1]
+    row = store.load("c0")
+    assert row is not None
+    assert (row.status, row.revision) == ("finished", 1)
