@@ -40,8 +40,9 @@ class Tick(phronomy.State):
     n: int = 0
 
 def act(state, event, effects):
+    began = time.monotonic()  # an action begun before the pause may end after it
     with open(sys.argv[2], "a") as log:
-        log.write(f"{os.getpid()} {time.monotonic():.6f}\n")
+        log.write(f"{os.getpid()} {began:.6f}\n")
     effects.schedule(0.02, "tick")
     return state.merge(n=state.n + 1)
 
@@ -77,7 +78,7 @@ trio.run(main)
 
 
 def _actions(log: Path, pid: int, after: float) -> int:
-    """Actions process *pid* logged after *after* (monotonic seconds)."""
+    """Actions process *pid* began after *after* (monotonic seconds)."""
     if not log.exists():
         return 0
     count = 0

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -15,6 +16,7 @@ import pytest
 from phronomy import PostgresStore, errors
 from phronomy.storage import (
     ClaimOp,
+    Consumption,
     Lease,
     Posting,
     PostOp,
@@ -23,6 +25,7 @@ from phronomy.storage import (
     _postgres_pipeline,
     _postgres_wire,
 )
+from phronomy.storage._postgres_schema import STATEMENTS
 
 from .test_contract import leased, request
 
@@ -326,3 +329,110 @@ def test_a_batch_whose_commit_reply_is_lost_is_settled_by_the_server(
     row = store.load("c0")
     assert row is not None
     assert (row.status, row.revision) == ("finished", 1)
+
+
+def test_two_batches_lock_their_rows_in_one_order_and_never_deadlock(
+    open_postgres: OpenPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Two runtimes' batches save instances ``a`` and ``b``, one consuming an entry of
+    ``a``, the other one of ``b``; both pause once their first round trip is done.
+    Each batch locks ``a`` before ``b``: one waits for the other, whose saves land (and
+    release the lease), and its own are refused (the lease is lost). Before, a save's check of its entries
+    was a round trip that the other save of its batch did not wait for, which locked
+    its row first: the batches locked the rows in opposite orders, deadlocked, and the
+    server rolled one back (``StoreUnavailableError``: a deadlock)."""
+    stores = [open_postgres(), open_postgres()]
+    for store in stores:
+        store.open()
+    for iid in ("a", "b"):
+        assert stores[0].begin(iid, "wf", lease_owner="A", ttl_ms=60_000) == 1
+        posting = Posting(
+            workflow_instance_id=iid, event_id="e", event="go", payload=b"1"
+        )
+        assert stores[0].run(PostOp(posting=posting)).outcome == "stored"
+
+    def save(iid: str, *, consume: bool) -> StoreOp:
+        saved = leased(iid, None, Lease(owner="A", epoch=1))
+        done = (Consumption(seq=1, status="transitioned"),) if consume else ()
+        return SaveOp(request=msgspec.structs.replace(saved, consumed=done))
+
+    batches = [
+        [save("a", consume=True), save("b", consume=False)],
+        [save("a", consume=False), save("b", consume=True)],
+    ]
+    both_done_one = threading.Barrier(2, timeout=10)
+    synced = threading.local()
+    sync = _postgres_wire.Pipeline.sync
+
+    def paused_sync(self: _postgres_wire.Pipeline) -> None:
+        sync(self)
+        if not getattr(synced, "once", False):
+            synced.once = True
+            both_done_one.wait()
+
+    monkeypatch.setattr(_postgres_wire.Pipeline, "sync", paused_sync)
+    results: list[list[Any]] = [[], []]
+
+    def run(k: int) -> None:
+        results[k] = [r.unwrap() for r in stores[k].execute(batches[k])]
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in (0, 1)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=30)
+    seen = sorted(
+        [(v.outcome, type(v.error).__name__) for v in batch] for batch in results
+    )
+    assert seen == [
+        [("known_failure", "LeaseLostError")] * 2,
+        [("success", "NoneType")] * 2,
+    ], seen
+
+
+def test_a_batch_sends_the_statements_that_lock_its_rows_in_one_round_trip_in_order(
+    open_postgres: OpenPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Whatever an operation reads first (a save's check of the entries it consumes),
+    the statements that lock the batch's instance rows go in one round trip, by
+    instance id: the order of every write transaction."""
+    store = open_postgres()
+    store.open()
+    for iid in ("a", "b"):
+        assert store.begin(iid, "wf", lease_owner="A", ttl_ms=60_000) == 1
+    posting = Posting(workflow_instance_id="a", event_id="e", event="go", payload=b"1")
+    assert store.run(PostOp(posting=posting)).outcome == "stored"
+    consuming = msgspec.structs.replace(
+        leased("a", None, Lease(owner="A", epoch=1)),
+        consumed=(Consumption(seq=1, status="transitioned"),),
+    )
+    batch = [
+        SaveOp(request=consuming),
+        SaveOp(request=leased("b", None, Lease(owner="A", epoch=1))),
+        *_claims("c", 1),
+    ]
+    locking = {
+        STATEMENTS.update,
+        STATEMENTS.create,
+        _postgres_pipeline.SQL_UPDATE_MARKED,
+        _postgres_pipeline.SQL_CREATE_MARKED,
+        STATEMENTS.claim,
+    }
+    trips: list[list[str]] = [[]]
+    execute, sync = _postgres_wire.Pipeline.execute, _postgres_wire.Pipeline.sync
+
+    def recorded_execute(
+        self: _postgres_wire.Pipeline, statement: str, params: Any
+    ) -> _postgres_wire.Result:
+        if statement in locking:
+            trips[-1].append(params["id"])
+        return execute(self, statement, params)
+
+    def recorded_sync(self: _postgres_wire.Pipeline) -> None:
+        trips.append([])
+        sync(self)
+
+    monkeypatch.setattr(_postgres_wire.Pipeline, "execute", recorded_execute)
+    monkeypatch.setattr(_postgres_wire.Pipeline, "sync", recorded_sync)
+    assert [r.unwrap().epoch for r in store.execute(batch)[2:]] == [1]
+    assert [ids for ids in trips if ids] == [["a", "b", "c0"]], trips

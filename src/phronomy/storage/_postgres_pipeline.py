@@ -11,6 +11,14 @@ touches only the rows of its own instance, which no other operation of the batch
 touches (an instance with more than one operation in the batch, and every other kind
 of operation, runs alone, one statement after another, as on SQLite: the pipelined
 operations before it have all finished then).
+
+The batch still locks its instances' rows in one order (by instance id, as every
+write transaction does: no two wait for each other). An operation's first step is
+what it reads before it locks its row (a save's check of the entries it consumes;
+nothing for the others), so every operation sends the statement that locks its row
+in the same round trip, the second, in that order. (Were a check a round trip of its
+own for one save only, the others would lock their rows one round trip earlier, out
+of order: two runtimes' batches deadlocked, and the server rolled one back.)
 """
 
 from __future__ import annotations
@@ -53,7 +61,8 @@ __all__ = ["pipelined_writes"]
 Statement = tuple[str, Any]
 Steps = Generator[tuple[list[Statement], bool], "list[Cursor]", Any]
 """An operation's steps: each yields its statements and whether it waits for their
-cursors (sent back after the sync; none to one that does not wait)."""
+cursors (sent back after the sync; none to one that does not wait). The first yields
+what is read before the operation locks its row (maybe nothing), and waits."""
 
 _CLOSED = frozenset({"finished", "cancelled"})
 
@@ -116,7 +125,8 @@ def _pipeline(
                 hook(f"{op_name(ops[i])}.before")
             _advance(pipeline, ops[i], steps, None, i, waiting, results)
         while waiting:
-            pipeline.sync()
+            if any(sent for _, _, sent in waiting):  # not a first step of nothing
+                pipeline.sync()
             current, waiting = waiting, []
             for i, steps, cursors in current:
                 _advance(pipeline, ops[i], steps, cursors, i, waiting, results)
@@ -160,6 +170,7 @@ def _claim(op: ClaimOp, sql: Statements, clock: StoreClock) -> Steps:
     """A claim without a posting: its one statement, then (an existing row) its
     pending inbox entries (as :func:`~phronomy.storage._claiming.claim_and_post`)."""
     assert sql.claim is not None
+    yield [], True  # nothing to read before it locks its row
     (cursor,) = yield [(sql.claim, claim_params(op, clock))], True
     row, epoch = claimed(cursor.fetchone())
     pending: tuple[Any, ...] = ()
@@ -206,6 +217,8 @@ def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     if consumed:
         (found,) = yield [pending_query(iid, consumed, sql.inbox)], True
         refuse_unless_pending(iid, consumed, found)
+    else:
+        yield [], True  # nothing to read before it locks its row
     statement, params = save_statement(request, sql, clock)
     revision = (request.expected_revision or 0) + 1
     closing = request.status if request.status in _CLOSED else None
