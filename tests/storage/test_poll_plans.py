@@ -198,14 +198,6 @@ def test_a_postgres_poll_that_scans_a_table_is_caught(postgres_polls: Any) -> No
     assert "phronomy_inbox i" in postgres_table_scans(plan)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the PostgreSQL inbox poll reads every instance (Seq Scan on "
-    "phronomy_workflow_instances r, then a nested loop into the pending index; 14 ms "
-    "at 20k instances, 60 ms at 200k, also after ANALYZE at 20k): joining the row "
-    "through CROSS JOIN LATERAL (SELECT ... WHERE r.instance_id = i.instance_id "
-    "LIMIT 1) makes it walk the pending index in order instead (0.4 ms, 0.8 ms)",
-)
 def test_the_postgres_inbox_poll_reads_the_pending_index(postgres_polls: Any) -> None:
     plan = postgres_polls(PG.inbox.poll)
     print("postgres inbox poll plan:\n" + "\n".join(plan))  # noqa: T201

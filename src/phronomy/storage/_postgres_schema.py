@@ -4,7 +4,7 @@ the same tables and rules as the SQLite store (one conditional statement per wri
 from __future__ import annotations
 
 from ._postgres_notify import SQL_NOTIFY
-from ._sql_inbox import INBOX_STATEMENTS, ROW, InboxStatements, pyformat
+from ._sql_inbox import INBOX_STATEMENTS, POSTGRES_POLL, ROW, InboxStatements, pyformat
 from ._sql_list import LIST_STATEMENTS
 from ._sql_ops import Statements
 from ._sql_schedules import POSTGRES_TIME, postgres_time
@@ -487,7 +487,10 @@ STATEMENTS = Statements(
     recover=SQL_RECOVER,
     claim=SQL_CLAIM,
     inbox=InboxStatements(
-        *(pyformat(q, now=_NOW_MS) for q in INBOX_STATEMENTS)
+        *(
+            pyformat(q, now=_NOW_MS)
+            for q in INBOX_STATEMENTS._replace(poll=POSTGRES_POLL)
+        )
     )._replace(next_seq_nowait=SQL_NEXT_SEQ_NOWAIT, notify=SQL_NOTIFY),
     **postgres_time(_NOW_MS),
 )

@@ -145,6 +145,20 @@ INBOX_STATEMENTS = InboxStatements(
 )
 """The inbox's statements (SQLite's parameter style)."""
 
+POSTGRES_POLL = INBOX_STATEMENTS.poll.replace(
+    "JOIN phronomy_workflow_instances AS r ON r.instance_id = i.instance_id",
+    """CROSS JOIN LATERAL (
+            SELECT r.status, r.workflow, r.lease_owner
+            FROM phronomy_workflow_instances AS r
+            WHERE r.instance_id = i.instance_id LIMIT 1) AS r""",
+)
+"""The poll for PostgreSQL (SQLite's parameter style): a plain join of each entry to its
+row makes PostgreSQL's planner read every instance and sort (60 ms a poll at 200k
+instances, also after ``ANALYZE``); a lateral lookup it cannot flatten (``LIMIT 1``)
+walks the pending entries' partial index in order, one primary-key lookup each (0.8
+ms at 200k). SQLite's planner walks that index with the plain join."""
+
+
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
 
 
