@@ -3,7 +3,9 @@
 A durable run of a new id does no read and two group-committed writes: the claim (a
 row created under a lease: owner, epoch, expiry) and the fenced terminal save (the
 update checked against the lease and the revision, with its log row). A halt +
-resume pair does that twice, the second claim taking the halted row over. These loops
+resume pair does that twice, the second claim taking the halted row over; its event is
+durable too (the inbox): the resuming claim stores it (an entry numbered in the row's
+inbox), and the save that applies it marks it consumed. These loops
 do exactly that, 64 clients, their writes group-committed by one writer: on SQLite one
 ``BEGIN IMMEDIATE`` ... ``COMMIT`` per batch (WAL, ``synchronous=FULL``), on
 PostgreSQL one pipelined transaction per batch. Nothing else: no snapshots encoded,
@@ -31,6 +33,8 @@ _TABLES = (
     "BIGINT)",
     "CREATE TABLE log (id TEXT, revision BIGINT, write_id TEXT, status TEXT, "
     "PRIMARY KEY (id, revision))",
+    "CREATE TABLE inbox (id TEXT, seq BIGINT, event_id TEXT, status TEXT NOT NULL, "
+    "revision BIGINT, PRIMARY KEY (id, seq))",
 )
 _CLAIM = (
     "INSERT INTO t (id, status, revision, owner, epoch, expires) "
@@ -45,13 +49,24 @@ _SAVE = (
     "WHERE id = {p} AND owner = {p} AND epoch = {p} AND revision = {p}"
 )
 _LOG = "INSERT INTO log VALUES ({p}, {p}, {p}, {p})"
+_POST = "INSERT INTO inbox VALUES ({p}, 1, {p}, 'pending', NULL)"
+_CONSUME = (
+    "UPDATE inbox SET status = 'transitioned', revision = {p} "
+    "WHERE id = {p} AND seq = 1 AND status = 'pending'"
+)
 
 
 def _statements(placeholder: str) -> dict[str, str]:
-    """The claim, save and log statements with the driver's *placeholder*."""
+    """The statements by kind with the driver's *placeholder*."""
     return {
         kind: statement.format(p=placeholder)
-        for kind, statement in (("claim", _CLAIM), ("save", _SAVE), ("log", _LOG))
+        for kind, statement in (
+            ("claim", _CLAIM),
+            ("save", _SAVE),
+            ("log", _LOG),
+            ("post", _POST),
+            ("consume", _CONSUME),
+        )
     }
 
 
@@ -87,19 +102,31 @@ def group(run: Any) -> Any:
 
 
 async def _clients(
-    write: Any, total: int, rounds: int, batches: list[int]
+    write: Any, total: int, rounds: int, batches: list[int], events: bool
 ) -> tuple[float, float, float]:
     """*total* instances, *rounds* claim + save pairs each (the last one finishes, the
-    others halt), from 64 clients; runs/s, CPU seconds per run, the median batch."""
+    others halt; with *events*, each claim after the first stores an event that its
+    save consumes), from 64 clients; runs/s, CPU seconds per run, the median batch."""
 
     async def client(ids: range) -> None:
         for i in ids:
             iid = f"raw-{i}"
             for r in range(rounds):
-                epoch, revision = await write(("claim", iid, "me", TTL_MS))
+                event = f"e{i}-{r}" if events and r else None
+                epoch, revision = await write(("claim", iid, "me", TTL_MS, event))
                 status = "finished" if r == rounds - 1 else "halted"
                 saved = await write(
-                    ("save", iid, SNAPSHOT, f"w{i}-{r}", status, "me", epoch, revision)
+                    (
+                        "save",
+                        iid,
+                        SNAPSHOT,
+                        f"w{i}-{r}",
+                        status,
+                        "me",
+                        epoch,
+                        revision,
+                        event,
+                    )
                 )
                 assert saved == 1, (iid, r)
 
@@ -117,16 +144,20 @@ def _apply(execute: Any, sql: dict[str, str], ops: list[tuple[Any, ...]]) -> lis
     cursors: list[Any] = []
     for op in ops:
         if op[0] == "claim":
-            _, iid, owner, ttl = op
+            _, iid, owner, ttl, event = op
+            if event is not None:
+                execute(sql["post"], (iid, event))
             cursors.append(execute(sql["claim"], (iid, owner, ttl)))
         else:
-            _, iid, blob, write_id, status, owner, epoch, revision = op
+            _, iid, blob, write_id, status, owner, epoch, revision, event = op
             cursors.append(
                 execute(
                     sql["save"], (blob, write_id, status, iid, owner, epoch, revision)
                 )
             )
             execute(sql["log"], (iid, revision + 1, write_id, status))
+            if event is not None:
+                execute(sql["consume"], (revision + 1, iid))
     return cursors
 
 
@@ -138,9 +169,10 @@ def _results(ops: list[tuple[Any, ...]], cursors: list[Any]) -> list[Any]:
 
 
 async def sqlite_claim_save_limit(
-    path: str, total: int, rounds: int = 1
+    path: str, total: int, rounds: int = 1, *, events: bool = False
 ) -> tuple[float, float, float]:
-    """The SQLite limit (WAL, FULL): runs/s, CPU s per run, the median write batch."""
+    """The SQLite limit (WAL, FULL): runs/s, CPU s per run, the median write batch
+    (*events*: the resuming claims store an event, their saves consume it)."""
     conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
     conn.execute("PRAGMA journal_mode=WAL")
     conn.execute("PRAGMA synchronous=FULL")
@@ -158,13 +190,13 @@ async def sqlite_claim_save_limit(
         return results
 
     try:
-        return await _clients(group(run_batch), total, rounds, batches)
+        return await _clients(group(run_batch), total, rounds, batches, events)
     finally:
         conn.close()
 
 
 async def postgres_claim_save_limit(
-    dsn: str, schema: str, total: int, rounds: int = 1
+    dsn: str, schema: str, total: int, rounds: int = 1, *, events: bool = False
 ) -> tuple[float, float, float]:
     """The PostgreSQL limit: the same statements, one pipelined transaction per batch
     (the claims' rows are read once the pipeline is synced)."""
@@ -186,7 +218,7 @@ async def postgres_claim_save_limit(
         return results
 
     try:
-        return await _clients(group(run_batch), total, rounds, batches)
+        return await _clients(group(run_batch), total, rounds, batches, events)
     finally:
         conn.execute(f"DROP SCHEMA {schema} CASCADE")
         conn.close()
