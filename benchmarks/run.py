@@ -425,10 +425,15 @@ def _interleaved(*runs: Any) -> list[tuple[float, float, float]]:
     return [_median_run(results) for results in rounds]
 
 
-def _report_old_limit(ours: tuple[float, float, float], old: Any, name: str) -> None:
+def _report_old_limit(
+    ours: tuple[float, float, float],
+    old: Any,
+    name: str,
+    what: str = "the limit of earlier releases: one load and one write per run",
+) -> None:
     print(
         f"{'  ' + name:<34} {old[0]:>14,.0f}       | ratio {ours[0] / old[0]:.2f} "
-        "(the limit of earlier releases: one load and one write per run)",
+        f"({what})",
         flush=True,
     )
 
@@ -488,11 +493,12 @@ def bench_resume(directory: Path) -> None:
         limit,
         "honest limit (+ the event stored, consumed)",
     )
-    print(
-        f"{'  limit without the event':<34} {no_event[0]:>14,.0f}       | ratio "
-        f"{pairs[0] / no_event[0]:.2f} (the honest limit of the last release: claims "
-        "and saves only, the event not stored)",
-        flush=True,
+    _report_old_limit(
+        pairs,
+        no_event,
+        "limit without the event",
+        "the honest limit of the last release: claims and saves only, the event not "
+        "stored",
     )
     _report_old_limit(pairs, old, "fair limit (2 x load + write)")
 

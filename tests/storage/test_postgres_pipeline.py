@@ -340,7 +340,9 @@ def test_two_batches_lock_their_rows_in_one_order_and_never_deadlock(
     release the lease), and its own are refused (the lease is lost). Before, a save's check of its entries
     was a round trip that the other save of its batch did not wait for, which locked
     its row first: the batches locked the rows in opposite orders, deadlocked, and the
-    server rolled one back (``StoreUnavailableError``: a deadlock)."""
+    server rolled one back (``StoreUnavailableError``: a deadlock, when the server
+    chose the batch that would have landed; the test below checks the order itself,
+    whatever the server chooses)."""
     stores = [open_postgres(), open_postgres()]
     for store in stores:
         store.open()

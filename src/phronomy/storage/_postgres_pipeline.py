@@ -125,7 +125,7 @@ def _pipeline(
                 hook(f"{op_name(ops[i])}.before")
             _advance(pipeline, ops[i], steps, None, i, waiting, results)
         while waiting:
-            if any(sent for _, _, sent in waiting):  # not a first step of nothing
+            if pipeline.queued:  # (none after first steps that read nothing)
                 pipeline.sync()
             current, waiting = waiting, []
             for i, steps, cursors in current:

@@ -147,6 +147,11 @@ class Pipeline:
         self._expected.append((result, name))
         return result
 
+    @property
+    def queued(self) -> bool:
+        """Whether statements were queued since the last :meth:`sync`."""
+        return bool(self._expected)
+
     def sync(self) -> None:
         """Send the queued statements and read their results.
 
@@ -195,7 +200,7 @@ class Pipeline:
         Raises:
             psycopg.Error: as :meth:`sync`.
         """
-        if self._expected:
+        if self.queued:
             self.sync()
         self._pgconn.exit_pipeline_mode()
 
@@ -209,7 +214,7 @@ class Pipeline:
         ):
             return
         try:
-            if self._expected:
+            if self.queued:
                 self.sync()
             pgconn.exit_pipeline_mode()
         except e.Error:  # the store's error is the one raised: this one follows it
