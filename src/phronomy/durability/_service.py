@@ -141,6 +141,7 @@ class DurabilityService:
             self._run_batch,
             defer=defer,
         )
+        self._lanes: dict[type[Any], Batcher[_Request, Any]] = {}
 
     async def open(self) -> None:
         """Open the store and check it (in the write lane), before anything else runs.
@@ -212,13 +213,16 @@ class DurabilityService:
     ) -> None:
         """Queue *op*; *finish* (if any) maps its result in the worker thread, then
         ``callback(outcome)`` runs on the trio thread."""
-        batcher = (
-            self._reads
-            if isinstance(op, READ_OPS)
-            else self._renewals
-            if isinstance(op, RenewOp)
-            else self._writes
-        )
+        batcher = self._lanes.get(type(op))
+        if batcher is None:  # the first of its type (by type: isinstance is slower)
+            batcher = (
+                self._reads
+                if isinstance(op, READ_OPS)
+                else self._renewals
+                if isinstance(op, RenewOp)
+                else self._writes
+            )
+            self._lanes[type(op)] = batcher
         batcher.submit(_Request(op=op, finish=finish), callback)
 
     async def read_together(

@@ -124,7 +124,10 @@ class Dispatcher:
     def at_batch_end(self, callback: Callable[[], object]) -> None:
         """Run *callback* once the current batch is dispatched (at once off the
         dispatcher task, or when the dispatcher has stopped)."""
-        if self._lifecycle.is_dispatcher() and not self.exited.is_set():
+        if (
+            trio.lowlevel.current_task() is self._lifecycle.task
+            and not self.exited.is_set()
+        ):
             self._batch_end.append(callback)
         else:
             callback()

@@ -142,7 +142,9 @@ class Engine:
         Raises:
             ReentrancyError: called from another task.
         """
-        self._lifecycle.assert_dispatcher()
+        lifecycle = self._lifecycle
+        if trio.lowlevel.current_task() is not lifecycle.task:
+            lifecycle.assert_dispatcher()  # raises, unless in exclusive teardown
 
     def refusal(self, what: str) -> RuntimeShutdownError:
         """The error for a request (*what*) the engine no longer takes: it says
@@ -158,7 +160,8 @@ class Engine:
         Raises:
             ReentrancyError: called from another thread.
         """
-        self._lifecycle.check_thread(what)
+        if threading.get_ident() != self._lifecycle.thread_id:
+            raise foreign_thread_error(what)
 
     # --- posting: the one verb -------------------------------------------------------
 
@@ -207,7 +210,7 @@ class Engine:
         settles after the events already queued (at the end of the dispatcher's
         current batch, or through the queue when called from elsewhere)."""
         self._admitted.discard(ended.session_id)
-        if self._lifecycle.is_dispatcher():
+        if trio.lowlevel.current_task() is self._lifecycle.task:
             self._dispatcher.at_batch_end(lambda: self._sessions.end(ended))
         else:
             self._dispatcher.enqueue(ended)

@@ -163,7 +163,8 @@ class ResultHandle(Generic[T]):
         Cancellation:
             Cancelling the waiter leaves the handle untouched.
         """
-        self._check_thread("wait")
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.wait()")
         if self._status != "pending":
             await trio.lowlevel.checkpoint()
             return
@@ -193,7 +194,8 @@ class ResultHandle(Generic[T]):
         Cancellation:
             Cancelling the waiter leaves the handle and the work untouched.
         """
-        self._check_thread("wait_physical")
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.wait_physical()")
         if not self._tracks_physical:
             await self.wait()
             return
@@ -208,7 +210,8 @@ class ResultHandle(Generic[T]):
 
     def complete(self, value: T) -> bool:
         """Complete with *value*; returns whether this call settled the handle."""
-        self._check_thread("complete")
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.complete()")
         if self._status != "pending":
             return False
         self._value = value
@@ -223,7 +226,8 @@ class ResultHandle(Generic[T]):
         """
         if not isinstance(error, BaseException):
             raise TypeError(f"error is required (got {error!r})")
-        self._check_thread("fail")
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.fail()")
         if self._status != "pending":
             return False
         self._error = error
@@ -239,7 +243,8 @@ class ResultHandle(Generic[T]):
         Returns:
             Whether this call settled the handle.
         """
-        self._check_thread("cancel")
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.cancel()")
         if self._status != "pending":
             return False
         self._error = error or CancellationError(f"{self._name} cancelled")
@@ -264,7 +269,8 @@ class ResultHandle(Generic[T]):
 
     def on_complete(self, callback: Callable[[ResultHandle[T]], object]) -> None:
         """Run ``callback(handle)`` once the handle is settled (at once if it is)."""
-        self._check_thread("on_complete")
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.on_complete()")
         if self._callbacks is None:
             _run_callback(callback, self)
         else:
@@ -274,7 +280,8 @@ class ResultHandle(Generic[T]):
         self, callback: Callable[[ResultHandle[T]], object]
     ) -> None:
         """Run ``callback(handle)`` once the work has physically finished."""
-        self._check_thread("on_physical_complete")
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.on_physical_complete()")
         if not self._tracks_physical:
             self.on_complete(callback)
         elif self._physical_callbacks is None:
@@ -284,7 +291,8 @@ class ResultHandle(Generic[T]):
 
     def mark_physically_complete(self) -> None:
         """Record that the work behind the handle has physically finished (pool use)."""
-        self._check_thread("mark_physically_complete")
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.mark_physically_complete()")
         if self._physical_done or not self._tracks_physical:
             return
         self._physical_done = True
@@ -295,10 +303,6 @@ class ResultHandle(Generic[T]):
             _run_callback(callback, self)
 
     # --- internals -----------------------------------------------------------------
-
-    def _check_thread(self, what: str) -> None:
-        if threading.get_ident() != self._thread:
-            raise foreign_thread_error(f"ResultHandle.{what}()")
 
     def _add_child(self, child: ResultHandle[Any]) -> None:
         if self._status == "cancelled":

@@ -81,10 +81,10 @@ class EventSink:
 
     __slots__ = ("_host", "_session_id")
 
-    def __init__(self, host: Host) -> None:
-        """Create an unbound sink for *host*."""
+    def __init__(self, host: Host, session_id: str | None = None) -> None:
+        """Create a sink for *host*, bound to *session_id* when given."""
         self._host = host
-        self._session_id: str | None = None
+        self._session_id = session_id
 
     def bind(self, session_id: str) -> None:
         """Bind the sink to *session_id* (once).
@@ -132,8 +132,7 @@ class GatedSession:
         """Create a session with a fresh UUID id and a sink bound to it."""
         self._host = host
         self._id = random_uuid()  # fresh per incarnation; never from domain objects
-        self.sink = EventSink(host)
-        self.sink.bind(self._id)
+        self.sink = EventSink(host, self._id)
         self._policy = terminal_policy
         self.lifecycle: SessionLifecycle = "running"
         self.done = False

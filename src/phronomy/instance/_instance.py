@@ -164,7 +164,7 @@ class Instance(Generic[C, S, O, E, Q]):
         following = _table.TRANSITIONS.get((state, type(event)))
         if following is None:
             raise self._violation(event, "the table allows no such event here")
-        outputs = self._outputs(state, event)
+        outputs = [] if type(event) in _MOVES else self._outputs(state, event)
         self.state = following
         return outputs
 
@@ -173,8 +173,6 @@ class Instance(Generic[C, S, O, E, Q]):
     def _outputs(
         self, state: str, event: InstanceEvent[C, S, O, Q, E]
     ) -> list[InstanceOutput[S, E, C, O, Q]]:
-        if type(event) in _MOVES:
-            return []
         match event:  # the frequent events first: a match tries its cases in order
             case Admit() | AdmitCancel():
                 self.owner, self.label = event.owner, event.label

@@ -20,7 +20,6 @@ from phronomy.instance import (
     Offer,
     Publish,
     Refused,
-    Released,
     Rerun,
     ShutDown,
     StartSession,
@@ -35,10 +34,11 @@ if TYPE_CHECKING:
 
     from phronomy.engine import ResultHandle
     from phronomy.errors import LeaseLostError
-    from phronomy.storage import DeleteOp, MarkOp
+    from phronomy.storage import DeleteOp, InboxEntry, MarkOp
 
     from ._context import Coordination
     from ._continuations import WorkflowInstance, WorkflowOutput
+    from ._messages import CancelCommand
     from ._session import WorkflowSession
 
 __all__ = ["Carrier"]
@@ -73,54 +73,95 @@ class Carrier:
         output: WorkflowOutput,
         start: Callable[[WorkflowSession[Any]], object] | None,
     ) -> None:
-        coordinator = self._coordinator
+        # by the output's type (one lookup; a match would try its cases in turn)
+        carry_out = _BY_TYPE.get(type(output))
+        if carry_out is not None:
+            carry_out(self, instance, output, start)
+
+    def _hold_lease(
+        self, instance: WorkflowInstance, output: HoldLease, _: Any
+    ) -> None:
+        assert instance.session is not None
+        instance.session.lease = self._hold(instance, output.epoch, output.claimed_at)
+
+    def _offer(
+        self, instance: WorkflowInstance, output: Offer[InboxEntry], _: Any
+    ) -> None:
         session = instance.session
-        match output:  # the frequent outputs first: a match tries its cases in order
-            case Released():
-                pass
-            case HoldLease(epoch=epoch, claimed_at=claimed_at):
-                assert session is not None
-                session.lease = self._hold(instance, epoch, claimed_at)
-            case Offer(items=items):
-                assert session is not None
-                if session.feed is not None and (session.feed.gap or items):
-                    coordinator.inbox.offer(session, list(items))
-            case StartSession(session=started):
-                assert start is not None
-                start(started)
-            case Submit(op=op, then=then, quiet=quiet):
-                self._submit(instance, op, then, quiet=quiet)
-            case Complete(caller=caller, value=value):
-                caller.complete(value)
-            case DropLease():
-                assert coordinator.gateway is not None
-                coordinator.gateway.leases.drop(instance.key)
-            case Publish(update=update):
-                assert isinstance(update, InstanceUpdate)
-                if coordinator.watchers.watched(instance.key):
-                    coordinator.watchers.publish(update)
-            case CancelSession(reason=reason):
-                if session is not None:
-                    session.cancel(reason)
-            case FailSession(error=error):
-                if session is not None and session.lifecycle == "running":
-                    session.finish_with_error(error)
-            case Fail(caller=caller, error=error):
-                caller.fail(error)
-            case FollowUp(call=call):
-                call()
-            case Rerun(command=command):
-                coordinator.cancels.cancel(command)
-            case Refused(command=command):
-                command.done.fail(
-                    RecoveryRequiredError(
-                        f"workflow instance {instance.key!r} requires recovery; "
-                        "resolve it before cancelling it",
-                        instance_id=instance.key,
-                    )
-                )
-            case ShutDown():
-                self._shut_down(output)
+        assert session is not None
+        if session.feed is not None and (session.feed.gap or output.items):
+            self._coordinator.inbox.offer(session, list(output.items))
+
+    def _start(
+        self,
+        _: WorkflowInstance,
+        output: StartSession[WorkflowSession[Any]],
+        start: Callable[[WorkflowSession[Any]], object] | None,
+    ) -> None:
+        assert start is not None
+        start(output.session)
+
+    def _submit_output(
+        self, instance: WorkflowInstance, output: Submit[Any, Any], _: Any
+    ) -> None:
+        self._submit(instance, output.op, output.then, quiet=output.quiet)
+
+    def _complete(
+        self, _: WorkflowInstance, output: Complete[ResultHandle[Any]], __: Any
+    ) -> None:
+        output.caller.complete(output.value)
+
+    def _drop_lease(self, instance: WorkflowInstance, _: DropLease, __: Any) -> None:
+        assert self._coordinator.gateway is not None
+        self._coordinator.gateway.leases.drop(instance.key)
+
+    def _publish(self, instance: WorkflowInstance, output: Publish, _: Any) -> None:
+        assert isinstance(output.update, InstanceUpdate)
+        watchers = self._coordinator.watchers
+        if watchers.watched(instance.key):
+            watchers.publish(output.update)
+
+    def _cancel_session(
+        self, instance: WorkflowInstance, output: CancelSession, _: Any
+    ) -> None:
+        if instance.session is not None:
+            instance.session.cancel(output.reason)
+
+    def _fail_session(
+        self, instance: WorkflowInstance, output: FailSession, _: Any
+    ) -> None:
+        session = instance.session
+        if session is not None and session.lifecycle == "running":
+            session.finish_with_error(output.error)
+
+    def _fail(
+        self, _: WorkflowInstance, output: Fail[ResultHandle[Any]], __: Any
+    ) -> None:
+        output.caller.fail(output.error)
+
+    def _follow_up(self, _: WorkflowInstance, output: FollowUp, __: Any) -> None:
+        output.call()
+
+    def _rerun(
+        self, _: WorkflowInstance, output: Rerun[CancelCommand], __: Any
+    ) -> None:
+        self._coordinator.cancels.cancel(output.command)
+
+    def _refused(
+        self, instance: WorkflowInstance, output: Refused[CancelCommand], _: Any
+    ) -> None:
+        output.command.done.fail(
+            RecoveryRequiredError(
+                f"workflow instance {instance.key!r} requires recovery; "
+                "resolve it before cancelling it",
+                instance_id=instance.key,
+            )
+        )
+
+    def _shut_down_output(
+        self, _: WorkflowInstance, output: ShutDown[ResultHandle[Any]], __: Any
+    ) -> None:
+        self._shut_down(output)
 
     def _hold(self, instance: WorkflowInstance, epoch: int, claimed_at: float) -> Any:
         coordinator = self._coordinator
@@ -173,6 +214,25 @@ class Carrier:
             caller.fail(recovery)
         elif output.error is not None:
             caller.fail(output.error)
+
+
+_BY_TYPE: dict[type[Any], Callable[[Carrier, WorkflowInstance, Any, Any], None]] = {
+    HoldLease: Carrier._hold_lease,  # noqa: SLF001 - the class's own table
+    Offer: Carrier._offer,  # noqa: SLF001
+    StartSession: Carrier._start,  # noqa: SLF001
+    Submit: Carrier._submit_output,  # noqa: SLF001
+    Complete: Carrier._complete,  # noqa: SLF001
+    DropLease: Carrier._drop_lease,  # noqa: SLF001
+    Publish: Carrier._publish,  # noqa: SLF001
+    CancelSession: Carrier._cancel_session,  # noqa: SLF001
+    FailSession: Carrier._fail_session,  # noqa: SLF001
+    Fail: Carrier._fail,  # noqa: SLF001
+    FollowUp: Carrier._follow_up,  # noqa: SLF001
+    Rerun: Carrier._rerun,  # noqa: SLF001
+    Refused: Carrier._refused,  # noqa: SLF001
+    ShutDown: Carrier._shut_down_output,  # noqa: SLF001
+}
+"""How each output is carried out (``Released`` needs nothing)."""
 
 
 @final

@@ -167,7 +167,7 @@ def select(
         if guard is None:
             return transition
         verdict = invoke(definition, guard, state, event, None)
-        if is_async_result(verdict):
+        if type(verdict) is not bool and is_async_result(verdict):
             if inspect.iscoroutine(verdict):
                 verdict.close()
             raise InvalidActionResultError(

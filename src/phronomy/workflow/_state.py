@@ -164,6 +164,10 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
                     values[name] = _copied(cls, name, current)
                 continue
             update = updates[name]
+            kind = type(update)
+            if kind is spec.types[name] and kind in _PLAIN:  # already what it must be
+                values[name] = update  # (a reducer or a constraint annotates the type)
+                continue
             match spec.reducers[name]:
                 case "append":
                     if update is None:
@@ -288,6 +292,8 @@ def _copied(cls: type[Any], name: str, value: Any) -> Any:
 
 
 _IMMUTABLE = (str, int, float, bool, bytes, type(None), frozenset)
+_PLAIN = frozenset({str, int, float, bool})
+"""Types whose values a field of exactly that (unconstrained) type takes as they are."""
 
 
 def copy_value(value: Any) -> Any:

@@ -98,7 +98,6 @@ class Steps:
         self._feeding = False
         self._auto = Event(type=AUTO_EVENT, target_id=session.id)
 
-    @property
     def _session(self) -> Stepped:
         session = self._of()
         assert session is not None  # it holds this object
@@ -106,12 +105,12 @@ class Steps:
 
     def carry_out(self, step: MachineStep) -> None:
         """Launch the step's effects and follow it (automatic transitions inline)."""
-        session = self._session
+        session = self._session()
         while True:
             session.effects.launch(step.intents)
             match step.next:
                 case "auto":
-                    self.publish()
+                    self.publish(session)
                     if (trace := session.trace) is not None:
                         trace.before(AUTO_EVENT, session.machine.current)
                     step = session.machine.advance(self._auto)
@@ -119,7 +118,7 @@ class Steps:
                         trace.after(step.next, step.current)
                     continue
                 case "wait":
-                    self.publish()
+                    self.publish(session)
                     self._run_timeouts()
                     self.apply_feed()
                 case "finish":
@@ -135,7 +134,7 @@ class Steps:
 
     def apply(self, event: Event) -> EventStatus:
         """Hand *event* to the machine, carry the step out, and say what it did."""
-        session = self._session
+        session = self._session()
         if (trace := session.trace) is not None:
             trace.before(event.type, session.machine.current)
         step = session.machine.handle(event)
@@ -166,7 +165,7 @@ class Steps:
 
     def _run_timeouts(self) -> None:
         """Run the timeouts of the state the segment waits in (a new visit's)."""
-        session = self._session
+        session = self._session()
         machine = session.machine
         delays = session.definition.timeouts.get(machine.current, ())
         session.effects.run_timeouts(machine.entered, delays, after_event)
@@ -174,7 +173,7 @@ class Steps:
     def relaunch(self, payload: Any) -> None:
         """Run the next attempt of an effect a retry timer stored, and wait at its
         state as the segment that started it did (its stored timeouts run)."""
-        session = self._session
+        session = self._session()
         session.effects.run_timeouts(session.machine.entered, ())  # its stored ones run
         session.effects.relaunch(msgspec.convert(payload, StoredEffect))
         current = session.machine.current
@@ -184,7 +183,7 @@ class Steps:
 
     def apply_feed(self) -> None:
         """Apply the feed's entries in order while the segment waits for events."""
-        session = self._session
+        session = self._session()
         feed = session.feed
         if feed is None or self._feeding:
             return  # an outer call goes on with the next entry
@@ -207,7 +206,7 @@ class Steps:
             self._feeding = False
 
     def _apply_entry(self, feed: Feed, entry: InboxEntry) -> None:
-        session = self._session
+        session = self._session()
         machine = session.machine
         stale = stale_timer(
             entry,
@@ -252,9 +251,10 @@ class Steps:
         status = self.apply(event)
         feed.record("dropped" if status == "not_live" else status)
 
-    def publish(self) -> None:
+    def publish(self, session: Stepped | None = None) -> None:
         """A stable state on the way (automatic, or waiting for an event)."""
-        session = self._session
+        if session is None:
+            session = self._session()
         watchers = session.watchers
         iid = session.workflow_instance_id
         if watchers is not None and watchers.watched(iid):
@@ -267,11 +267,13 @@ class Steps:
                     revision=session.revision,
                 )
             )
-        self.notify_observer()
+        if session.observer is not None:
+            self.notify_observer(session)
 
-    def notify_observer(self) -> None:
+    def notify_observer(self, session: Stepped | None = None) -> None:
         """Call the session's ``on_step`` observer with the stable state."""
-        session = self._session
+        if session is None:
+            session = self._session()
         if session.observer is None:
             return
         current = session.machine.current
