@@ -107,7 +107,8 @@ class Steps:
         """Launch the step's effects and follow it (automatic transitions inline)."""
         session = self._session()
         while True:
-            session.effects.launch(step.intents)
+            if step.intents:
+                session.effects.launch(step.intents)
             match step.next:
                 case "auto":
                     self.publish(session)
