@@ -228,8 +228,38 @@ def encode_snapshot(
             f"snapshot of workflow instance {workflow_instance_id!r} is {len(blob)} bytes; "
             f"the limit is {max_bytes} bytes (max_snapshot_bytes)"
         )
-    _check_round_trip(blob, fields, where)
+    if not _survives(fields):
+        _check_round_trip(blob, fields, where)
     return blob
+
+
+_PLAIN = frozenset({str, int, bool})
+_plain_fields: dict[type[Any], tuple[tuple[str, type[Any]], ...] | None] = {}
+
+
+def _survives(fields: Any) -> bool:
+    """Whether *fields* is a Struct whose every field is declared ``str``, ``int`` or
+    ``bool`` and holds a value of exactly that type (a round trip cannot change such
+    values: the check by decoding again is skipped)."""
+    cls = type(fields)
+    layout = _plain_fields.get(cls, ())
+    if layout == ():
+        layout = None
+        if isinstance(fields, msgspec.Struct):
+            declared = tuple((f.name, f.type) for f in msgspec.structs.fields(cls))
+            if all(kind in _PLAIN for _, kind in declared):
+                layout = declared
+        _plain_fields[cls] = layout  # (a race stores the same value twice)
+    if layout is None:
+        return False
+    for name, kind in layout:
+        value = getattr(fields, name)
+        if type(value) is not kind or (kind is int and not _INT64 <= value < _UINT64):
+            return False
+    return True
+
+
+_INT64, _UINT64 = -(2**63), 2**64
 
 
 def _too_deep(where: str) -> SerializationError:
