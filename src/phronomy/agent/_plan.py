@@ -25,7 +25,7 @@ timers (deadlines, retries) and the recovery sweep.
 from __future__ import annotations
 
 import hashlib
-import secrets
+import random
 from collections.abc import Callable, Sequence
 from typing import Any, Literal, final
 
@@ -122,7 +122,7 @@ def plan_name(steps: Sequence[Step], refs: Sequence[str | None]) -> str:
         if len(joined) <= 120:
             return joined
         return f"{refs[0]}+{len(refs) - 1}-{hashlib.sha256(joined.encode()).hexdigest()[:16]}"
-    return f"{_LOCAL}{secrets.token_hex(8)}"
+    return f"{_LOCAL}{random.getrandbits(64):016x}"
 
 
 def execution_plan(
@@ -305,7 +305,9 @@ def _launcher(
     asynchronous = is_async(step)
 
     def launch(state: ExecutionState, event: Any, effects: Any) -> ExecutionState:
-        step_id = f"{state.execution_id}:{index}:{secrets.token_hex(6)}"
+        # the module's generator: reseeded after fork, and no system call (os.urandom
+        # releases the GIL on the dispatcher)
+        step_id = f"{state.execution_id}:{index}:{random.getrandbits(48):012x}"
         ident = [state.execution_id, state.agent_id, index]
         if index == 0 and state.steps_completed == 0 and state.timeout is not None:
             effects.schedule(state.timeout, "deadline", key="deadline")
