@@ -134,8 +134,21 @@ class OrderService:
             return
         if scope["type"] != "http":
             return
+        request = dict(scope["headers"])
+        body_left = (  # the request has a body the app has not read to its end
+            request.get(b"content-length", b"0") != b"0"
+            or b"transfer-encoding" in request
+        )
+
+        async def read() -> Any:
+            nonlocal body_left
+            message = await receive()
+            if not message.get("more_body"):
+                body_left = False
+            return message
+
         try:
-            status, body = await self.route(scope, receive)
+            status, body = await self.route(scope, read)
         except Reply as reply:
             status, body = reply.status, {"error": str(reply)}
         except errors.PhronomyError as exc:
@@ -149,7 +162,9 @@ class OrderService:
         headers = [(b"content-type", b"application/json")]
         if status == 503:
             headers.append((b"retry-after", b"1"))
-        if status == 413:
+        if body_left:  # answered before its body was read (405, 413, a bad id):
+            # the connection cannot carry another request; say so, or a client that
+            # reuses it sends its next request into a closing connection
             headers.append((b"connection", b"close"))
         await send(
             {"type": "http.response.start", "status": status, "headers": headers}

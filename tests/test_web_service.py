@@ -145,7 +145,12 @@ def test_one_replica_starts_orders_takes_webhooks_and_refuses_bad_input(
     assert "'nobody' does not exist" in unknown.json()["error"]
     assert unknown.json()["kind"] == "NotFoundError"
     assert http.get("/orders/o-2").status_code == 404
-    assert http.put("/orders/o-1", json=ORDER).status_code == 405
+    put = http.put("/orders/o-1", json=ORDER)
+    assert put.status_code == 405
+    # answered with its body unread: the server ends the connection and says so
+    # (else the client's next request may go into the closing connection)
+    assert put.headers.get("connection") == "close"
+    assert "connection" not in unknown.headers  # a GET has no body: kept alive
     assert http.get("/orders/o-1/events/pay").status_code == 405
     assert http.get("/nothing/here").status_code == 404
     # the webhook answers 202 once the event is stored; a repeat of its key is one event
