@@ -155,7 +155,9 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
                 message names the field).
         """
         cls = type(self)
-        spec = _known_fields(cls, updates)
+        spec = _specs.get(cls)
+        if spec is None or not updates.keys() <= spec.field_set:  # (else: as known)
+            spec = _known_fields(cls, updates)
         values: dict[str, Any] = {}
         for name in spec.fields:
             current = getattr(self, name)
