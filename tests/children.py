@@ -4,6 +4,7 @@ and the stores they share: each test module names its script."""
 from __future__ import annotations
 
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -22,10 +23,16 @@ __all__ = ["Child", "children", "spec", "store"]
 
 class Child:
     """A child process running *script* (a file next to this one), once it said
-    ``ready``."""
+    ``ready`` (or at once with ``wait=False``: then :meth:`is_ready` says when)."""
 
     def __init__(
-        self, script: str, spec: str, role: str, *args: object, poll: float = 0.1
+        self,
+        script: str,
+        spec: str,
+        role: str,
+        *args: object,
+        poll: float = 0.1,
+        wait: bool = True,
     ) -> None:
         env = {**os.environ, "PHRONOMY_CHILD_POLL": str(poll)}
         self.process = subprocess.Popen(
@@ -37,7 +44,19 @@ class Child:
         )
         assert self.process.stdout is not None
         self.stdout = self.process.stdout
+        self.ready = False
+        if wait:
+            self._read_ready()
+
+    def _read_ready(self) -> None:
         assert self.stdout.readline().strip() == "ready"
+        self.ready = True
+
+    def is_ready(self) -> bool:
+        """Whether it said ``ready`` (without waiting for it)."""
+        if not self.ready and select.select([self.stdout], [], [], 0)[0]:
+            self._read_ready()
+        return self.ready
 
     def lines(self) -> list[str]:
         """What it printed after ``ready`` until it ended (waits for the end)."""
