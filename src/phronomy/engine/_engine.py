@@ -210,7 +210,7 @@ class Engine:
         settles after the events already queued (at the end of the dispatcher's
         current batch, or through the queue when called from elsewhere)."""
         self._admitted.discard(ended.session_id)
-        if trio.lowlevel.current_task() is self._lifecycle.task:
+        if self._lifecycle.is_dispatcher():
             self._dispatcher.at_batch_end(lambda: self._sessions.end(ended))
         else:
             self._dispatcher.enqueue(ended)

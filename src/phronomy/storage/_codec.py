@@ -234,7 +234,9 @@ def encode_snapshot(
 
 
 _PLAIN = frozenset({str, int, bool})
+_INT64, _UINT64 = -(2**63), 2**64
 _plain_fields: dict[type[Any], tuple[tuple[str, type[Any]], ...] | None] = {}
+"""By state type: its fields and their types when every one is plain, else ``None``."""
 
 
 def _survives(fields: Any) -> bool:
@@ -242,14 +244,10 @@ def _survives(fields: Any) -> bool:
     ``bool`` and holds a value of exactly that type (a round trip cannot change such
     values: the check by decoding again is skipped)."""
     cls = type(fields)
-    layout = _plain_fields.get(cls, ())
-    if layout == ():
-        layout = None
-        if isinstance(fields, msgspec.Struct):
-            declared = tuple((f.name, f.type) for f in msgspec.structs.fields(cls))
-            if all(kind in _PLAIN for _, kind in declared):
-                layout = declared
-        _plain_fields[cls] = layout  # (a race stores the same value twice)
+    try:
+        layout = _plain_fields[cls]
+    except KeyError:
+        layout = _plain_fields[cls] = _plain_layout(fields)  # a race: the same twice
     if layout is None:
         return False
     for name, kind in layout:
@@ -259,7 +257,11 @@ def _survives(fields: Any) -> bool:
     return True
 
 
-_INT64, _UINT64 = -(2**63), 2**64
+def _plain_layout(fields: Any) -> tuple[tuple[str, type[Any]], ...] | None:
+    if not isinstance(fields, msgspec.Struct):
+        return None
+    declared = tuple((f.name, f.type) for f in msgspec.structs.fields(type(fields)))
+    return declared if all(kind in _PLAIN for _, kind in declared) else None
 
 
 def _too_deep(where: str) -> SerializationError:

@@ -81,8 +81,17 @@ class Carrier:
     def _hold_lease(
         self, instance: WorkflowInstance, output: HoldLease, _: Any
     ) -> None:
+        coordinator = self._coordinator
+        assert coordinator.gateway is not None
         assert instance.session is not None
-        instance.session.lease = self._hold(instance, output.epoch, output.claimed_at)
+        tell = _LeaseNews(coordinator, instance)
+        instance.session.lease = coordinator.gateway.leases.hold(
+            instance.key,
+            output.epoch,
+            tell.lost,
+            tell.cancel,
+            claimed_at=output.claimed_at,
+        )
 
     def _offer(
         self, instance: WorkflowInstance, output: Offer[InboxEntry], _: Any
@@ -100,11 +109,6 @@ class Carrier:
     ) -> None:
         assert start is not None
         start(output.session)
-
-    def _submit_output(
-        self, instance: WorkflowInstance, output: Submit[Any, Any], _: Any
-    ) -> None:
-        self._submit(instance, output.op, output.then, quiet=output.quiet)
 
     def _complete(
         self, _: WorkflowInstance, output: Complete[ResultHandle[Any]], __: Any
@@ -158,31 +162,17 @@ class Carrier:
             )
         )
 
-    def _shut_down_output(
-        self, _: WorkflowInstance, output: ShutDown[ResultHandle[Any]], __: Any
-    ) -> None:
-        self._shut_down(output)
-
-    def _hold(self, instance: WorkflowInstance, epoch: int, claimed_at: float) -> Any:
-        coordinator = self._coordinator
-        assert coordinator.gateway is not None
-        tell = _LeaseNews(coordinator, instance)
-        return coordinator.gateway.leases.hold(
-            instance.key, epoch, tell.lost, tell.cancel, claimed_at=claimed_at
-        )
-
     def _submit(
         self,
         instance: WorkflowInstance,
-        op: MarkOp | DeleteOp,
-        then: tuple[Any, ...],
-        *,
-        quiet: bool,
+        output: Submit[MarkOp | DeleteOp, Any],
+        _: Any,
     ) -> None:
         gateway = self._coordinator.gateway
         assert gateway is not None
+        op, then = output.op, output.then
         what = f"write the status of workflow instance {op.workflow_instance_id!r}"
-        if quiet:
+        if output.quiet:
             gateway.submit_quietly(op, what)
             self.carry(instance, list(then))
             return
@@ -194,7 +184,9 @@ class Carrier:
 
         gateway.submit(op, written)
 
-    def _shut_down(self, output: ShutDown[ResultHandle[Any]]) -> None:
+    def _shut_down(
+        self, _: WorkflowInstance, output: ShutDown[ResultHandle[Any]], __: Any
+    ) -> None:
         key, caller = output.key, output.caller
         if output.what == "remote_cancel":
             caller.fail(
@@ -220,7 +212,7 @@ _BY_TYPE: dict[type[Any], Callable[[Carrier, WorkflowInstance, Any, Any], None]]
     HoldLease: Carrier._hold_lease,  # noqa: SLF001 - the class's own table
     Offer: Carrier._offer,  # noqa: SLF001
     StartSession: Carrier._start,  # noqa: SLF001
-    Submit: Carrier._submit_output,  # noqa: SLF001
+    Submit: Carrier._submit,  # noqa: SLF001
     Complete: Carrier._complete,  # noqa: SLF001
     DropLease: Carrier._drop_lease,  # noqa: SLF001
     Publish: Carrier._publish,  # noqa: SLF001
@@ -230,7 +222,7 @@ _BY_TYPE: dict[type[Any], Callable[[Carrier, WorkflowInstance, Any, Any], None]]
     FollowUp: Carrier._follow_up,  # noqa: SLF001
     Rerun: Carrier._rerun,  # noqa: SLF001
     Refused: Carrier._refused,  # noqa: SLF001
-    ShutDown: Carrier._shut_down_output,  # noqa: SLF001
+    ShutDown: Carrier._shut_down,  # noqa: SLF001
 }
 """How each output is carried out (``Released`` needs nothing)."""
 

@@ -155,9 +155,7 @@ class State(msgspec.Struct, metaclass=_StateMeta, frozen=True, kw_only=True):
                 message names the field).
         """
         cls = type(self)
-        spec = _specs.get(cls)
-        if spec is None or not updates.keys() <= spec.field_set:  # (else: as known)
-            spec = _known_fields(cls, updates)
+        spec = _known_fields(cls, updates)
         values: dict[str, Any] = {}
         for name in spec.fields:
             current = getattr(self, name)
@@ -263,7 +261,7 @@ def build_state(cls: type[S], fields: Mapping[str, Any], base: S | None = None) 
 
 def _known_fields(cls: type[State], values: Mapping[str, Any]) -> StateSpec:
     """The spec of *cls*, once every key of *values* is known to be one of its fields."""
-    spec = state_spec(cls)
+    spec = _specs.get(cls) or state_spec(cls)  # (the lookup inline: once per merge)
     if values.keys() <= spec.field_set:
         return spec
     unknown = sorted(set(values) - spec.field_set)
