@@ -334,8 +334,10 @@ def test_a_batch_whose_commit_reply_is_lost_is_settled_by_the_server(
 def test_two_batches_lock_their_rows_in_one_order_and_never_deadlock(
     open_postgres: OpenPostgres, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """Two runtimes' batches save instances ``a`` and ``b``, one consuming an entry of
-    ``a``, the other one of ``b``; both pause once their first round trip is done.
+    """Two runtimes' batches save instances ``a`` and ``b``, one consuming entries of
+    ``a``, the other of ``b`` (numbers 1 and 3: a check of their own, which a save of
+    entries without a gap makes in its statement); both pause once their first round
+    trip is done.
     Each batch locks ``a`` before ``b``: one waits for the other, whose saves land (and
     release the lease), and its own are refused (the lease is lost). Before, a save's check of its entries
     was a round trip that the other save of its batch did not wait for, which locked
@@ -348,14 +350,22 @@ def test_two_batches_lock_their_rows_in_one_order_and_never_deadlock(
         store.open()
     for iid in ("a", "b"):
         assert stores[0].begin(iid, "wf", lease_owner="A", ttl_ms=60_000) == 1
-        posting = Posting(
-            workflow_instance_id=iid, event_id="e", event="go", payload=b"1"
-        )
-        assert stores[0].run(PostOp(posting=posting)).outcome == "stored"
+        for k in (1, 2, 3):
+            posting = Posting(
+                workflow_instance_id=iid, event_id=f"e{k}", event="go", payload=b"1"
+            )
+            assert stores[0].run(PostOp(posting=posting)).outcome == "stored"
 
     def save(iid: str, *, consume: bool) -> StoreOp:
         saved = leased(iid, None, Lease(owner="A", epoch=1))
-        done = (Consumption(seq=1, status="transitioned"),) if consume else ()
+        done = (
+            (
+                Consumption(seq=1, status="transitioned"),
+                Consumption(seq=3, status="transitioned"),
+            )
+            if consume
+            else ()
+        )
         return SaveOp(request=msgspec.structs.replace(saved, consumed=done))
 
     batches = [
@@ -402,11 +412,17 @@ def test_a_batch_sends_the_statements_that_lock_its_rows_in_one_round_trip_in_or
     store.open()
     for iid in ("a", "b"):
         assert store.begin(iid, "wf", lease_owner="A", ttl_ms=60_000) == 1
-    posting = Posting(workflow_instance_id="a", event_id="e", event="go", payload=b"1")
-    assert store.run(PostOp(posting=posting)).outcome == "stored"
-    consuming = msgspec.structs.replace(
+    for k in (1, 2, 3):
+        posting = Posting(
+            workflow_instance_id="a", event_id=f"e{k}", event="go", payload=b"1"
+        )
+        assert store.run(PostOp(posting=posting)).outcome == "stored"
+    consuming = msgspec.structs.replace(  # numbers with a gap: checked first
         leased("a", None, Lease(owner="A", epoch=1)),
-        consumed=(Consumption(seq=1, status="transitioned"),),
+        consumed=(
+            Consumption(seq=1, status="transitioned"),
+            Consumption(seq=3, status="transitioned"),
+        ),
     )
     batch = [
         SaveOp(request=consuming),
@@ -415,6 +431,7 @@ def test_a_batch_sends_the_statements_that_lock_its_rows_in_one_round_trip_in_or
     ]
     locking = {
         STATEMENTS.update,
+        STATEMENTS.update_consuming,
         STATEMENTS.create,
         _postgres_pipeline.SQL_UPDATE_MARKED,
         _postgres_pipeline.SQL_CREATE_MARKED,

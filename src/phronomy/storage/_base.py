@@ -14,7 +14,7 @@ import outcome
 from phronomy.errors import ConflictError
 
 from ._batch import Verdict, fenced, not_written, row_order, settle_rows, unknown
-from ._claiming import claim_and_post, inbox_of, load_and_claim
+from ._claiming import Claim, claim_and_post, inbox_of, load_and_claim
 from ._clock import wall_ms
 from ._inbox import Claimed, InboxEntry
 from ._lanes import Lane, lane_of
@@ -272,10 +272,13 @@ class BaseStore(OneAtATime, Generic[C]):
             return result  # a read that already completed stays valid
         return outcome.Error(error)
 
-    def _claim(self, conn: C, op: ClaimOp) -> tuple[StoredRecord | None, int | None]:
+    def _claim(
+        self, conn: C, op: ClaimOp, known: StoredRecord | None = None
+    ) -> tuple[StoredRecord | None, int | None]:
         """Run a :class:`ClaimOp` without its inbox part (backend; by default a load,
-        then a claim at the revision it read)."""
-        return load_and_claim(self.apply, conn, op)
+        then a claim at the revision it read; *known*: the row its posting's numbering
+        returned, see :func:`~phronomy.storage._claiming.load_and_claim`)."""
+        return load_and_claim(self.apply, conn, op, known)
 
     def _reconcile_claim(
         self, op: BeginOp | ClaimOp, error: Exception
@@ -428,7 +431,7 @@ class BaseStore(OneAtATime, Generic[C]):
 
 def write_op(
     apply: Callable[[C, StoreOp], Any],
-    claim: Callable[[C, ClaimOp], tuple[StoredRecord | None, int | None]],
+    claim: Claim[C],
     hook: Callable[[str], None] | None,
     conn: C,
     op: StoreOp,

@@ -6,6 +6,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from msgspec.structs import replace
+
 from ._inbox import Claimed, InboxEntry, PostOutcome
 from ._ops import BeginOp, EntryOp, InboxOp, LoadOp, PostOp
 from ._store import claimable
@@ -14,19 +16,29 @@ if TYPE_CHECKING:
     from ._ops import ClaimOp, StoreOp
     from ._records import StoredRecord
 
-__all__ = ["claim_and_post", "inbox_of", "load_and_claim"]
+__all__ = ["Claim", "claim_and_post", "inbox_of", "load_and_claim"]
 
 C = TypeVar("C")
 
 Apply = Callable[[C, "StoreOp"], Any]
+Claim = Callable[
+    [C, "ClaimOp", "StoredRecord | None"], "tuple[StoredRecord | None, int | None]"
+]
+"""A backend's claim without the inbox part (``BaseStore._claim``): its connection,
+the operation and the row its posting's numbering returned, if any."""
 
 
 def load_and_claim(
-    apply: Apply[C], conn: C, op: ClaimOp
+    apply: Apply[C], conn: C, op: ClaimOp, known: StoredRecord | None = None
 ) -> tuple[StoredRecord | None, int | None]:
     """A :class:`~phronomy.storage.ClaimOp` as a load, then a claim at the revision it
-    read (a new instance: one statement that creates and claims it)."""
+    read (a new instance: one statement that creates and claims it). *known*: the row
+    as this transaction already read it under its write lock (a posting's numbering
+    returns it): no load then, if it holds its snapshot (a row at revision 0 has
+    none)."""
     iid = op.workflow_instance_id
+    if known is not None and (known.snapshot is not None or not known.revision):
+        return _claim_row(apply, conn, op, known)
     if op.create:  # the common case, a new instance: one statement
         new = BeginOp(
             workflow_instance_id=iid,
@@ -38,7 +50,14 @@ def load_and_claim(
         created: int | None = apply(conn, new)
         if created is not None:
             return None, created
-    row: StoredRecord | None = apply(conn, LoadOp(workflow_instance_id=iid))
+    return _claim_row(apply, conn, op, apply(conn, LoadOp(workflow_instance_id=iid)))
+
+
+def _claim_row(
+    apply: Apply[C], conn: C, op: ClaimOp, row: StoredRecord | None
+) -> tuple[StoredRecord | None, int | None]:
+    """Claim the instance of *op*, whose *row* this transaction read."""
+    iid = op.workflow_instance_id
     if not claimable(op, row):
         return row, None
     begin = BeginOp(
@@ -56,7 +75,7 @@ def claim_and_post(
     apply: Apply[C],
     conn: C,
     op: ClaimOp,
-    claim: Callable[[C, ClaimOp], tuple[StoredRecord | None, int | None]],
+    claim: Claim[C],
 ) -> Claimed:
     """Run *op* with its posting (first, under the instance's row; a new instance's
     once *claim* made its row) and its pending entries, in one transaction."""
@@ -64,12 +83,20 @@ def claim_and_post(
     posted: PostOutcome | None = None
     if posting is not None:
         posted = apply(conn, PostOp(posting=posting, wait=False))
-    row, epoch = claim(conn, op)
+    known = posted.row if posted is not None and posted.outcome == "stored" else None
+    row, epoch = claim(conn, op, known)
+    if posted is not None and known is not None and known.snapshot is not None:
+        posted = replace(posted, row=replace(known, snapshot=None))  # as a post's row
     made = epoch is not None and posted is not None and posted.outcome == "missing"
     if posting is not None and made:  # the claim made the row: store it now
         posted = apply(conn, PostOp(posting=posting))
+    stored = posted.entry if posted is not None and posted.outcome == "stored" else None
     pending: tuple[InboxEntry, ...] = ()
-    if op.pending and (row is not None or posting is not None):  # a new row has none
+    if not op.pending or (row is None and posting is None):  # a new row has none
+        pass
+    elif stored is not None and stored.seq == 1:  # numbers start at 1, without gaps:
+        pending = (stored,)  # the inbox's first entry is its only one
+    else:
         inbox = InboxOp(workflow_instance_id=op.workflow_instance_id, limit=op.pending)
         pending = apply(conn, inbox)
     return Claimed(row=row, epoch=epoch, pending=pending, posted=posted)

@@ -396,7 +396,10 @@ class PostgresStore(BaseStore["psycopg.Connection[Any]"]):
         return isinstance(error, Reconnect)
 
     def _claim(
-        self, conn: psycopg.Connection[Any], op: ClaimOp
+        self,
+        conn: psycopg.Connection[Any],
+        op: ClaimOp,
+        known: StoredRecord | None = None,
     ) -> tuple[StoredRecord | None, int | None]:
         return claim_op(conn, op, STATEMENTS, self._clock)  # one statement, no waits
 

@@ -208,18 +208,20 @@ save's, as one statement after another would); the number refused."""
 
 def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     """A save (as :func:`~phronomy.storage._sql_ops.apply_op`): the check of the
-    entries it consumes, its conditional statement (no row changed: refused, with the
+    entries it consumes (in its statement when it can: :func:`folds_check`), its
+    conditional statement (no row changed: refused, with the
     row as it is), then its inbox and timer changes, which wait for nothing but the
     count of a closing save's refused entries (it says whether to prune). A closing
     save without consumed entries sends them with its statement (:data:`SQL_CLOSE`)."""
     iid = request.workflow_instance_id
     consumed = request.consumed
-    if consumed:
+    statement, params = save_statement(request, sql, clock)
+    folded = statement is sql.update_consuming  # it checks its consumed entries
+    if consumed and not folded:
         (found,) = yield [pending_query(iid, consumed, sql.inbox)], True
         refuse_unless_pending(iid, consumed, found)
     else:
         yield [], True  # nothing to read before it locks its row
-    statement, params = save_statement(request, sql, clock)
     revision = (request.expected_revision or 0) + 1
     closing = request.status if request.status in _CLOSED else None
     now = clock.wall_ms()
@@ -235,6 +237,9 @@ def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     else:
         (saved,) = yield [(statement, params)], True
     if saved.rowcount != 1:
+        if folded:  # refused for an entry that is no longer pending?
+            (found,) = yield [pending_query(iid, consumed, sql.inbox)], True
+            refuse_unless_pending(iid, consumed, found)
         (row,) = yield [(sql.revision, (iid,))], True
         raise save_refused(request, row.fetchone())
     inbox = consumption(iid, revision, consumed, closing, sql.inbox, now)

@@ -4,7 +4,14 @@ the same tables and rules as the SQLite store (one conditional statement per wri
 from __future__ import annotations
 
 from ._postgres_notify import SQL_NOTIFY
-from ._sql_inbox import INBOX_STATEMENTS, POSTGRES_POLL, ROW, InboxStatements, pyformat
+from ._sql_inbox import (
+    CONSUMED_PENDING,
+    INBOX_STATEMENTS,
+    POSTGRES_NEXT_SEQ_NOWAIT,
+    POSTGRES_POLL,
+    InboxStatements,
+    pyformat,
+)
 from ._sql_list import LIST_STATEMENTS
 from ._sql_ops import Statements
 from ._sql_schedules import POSTGRES_TIME, postgres_time
@@ -456,18 +463,6 @@ SQL_SERVER_STARTED = "SELECT pg_postmaster_start_time()::text"
 SQL_XACT_STATUS = "SELECT pg_xact_status(%s::xid8)"
 """``committed``, ``aborted``, ``in progress`` or NULL (too old to tell)."""
 
-SQL_NEXT_SEQ_NOWAIT = f"""
-    UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
-    WHERE instance_id = (
-        SELECT instance_id FROM phronomy_workflow_instances
-        WHERE instance_id = %(id)s AND status NOT IN ('finished', 'cancelled')
-        FOR UPDATE SKIP LOCKED)
-    RETURNING {ROW}
-"""  # noqa: S608 - constant
-"""The next inbox number for a claim's posting, under the instance's row lock; a row
-another transaction has locked (a stalled client, say) is skipped, not waited for:
-the claim is refused as busy at once, as a claim of a locked row is."""
-
 STATEMENTS = Statements(
     load=SQL_LOAD,
     revision=SQL_REVISION,
@@ -479,6 +474,7 @@ STATEMENTS = Statements(
     resume=SQL_RESUME,
     create=SQL_CREATE,
     update=SQL_UPDATE,
+    update_consuming=SQL_UPDATE + pyformat(CONSUMED_PENDING, now=_NOW_MS),
     mark=SQL_MARK,
     mark_or_create=SQL_MARK_OR_CREATE,
     delete=SQL_DELETE,
@@ -489,8 +485,10 @@ STATEMENTS = Statements(
     inbox=InboxStatements(
         *(
             pyformat(q, now=_NOW_MS)
-            for q in INBOX_STATEMENTS._replace(poll=POSTGRES_POLL)
+            for q in INBOX_STATEMENTS._replace(
+                poll=POSTGRES_POLL, next_seq_nowait=POSTGRES_NEXT_SEQ_NOWAIT
+            )
         )
-    )._replace(next_seq_nowait=SQL_NEXT_SEQ_NOWAIT, notify=SQL_NOTIFY),
+    )._replace(notify=SQL_NOTIFY),
     **postgres_time(_NOW_MS),
 )

@@ -17,7 +17,10 @@ if TYPE_CHECKING:
     from ._records import Consumption, StoredRecord
 
 __all__ = [
+    "CONSUMED_PENDING",
     "INBOX_STATEMENTS",
+    "POSTGRES_NEXT_SEQ_NOWAIT",
+    "POSTGRES_POLL",
     "ROW",
     "InboxStatements",
     "check_pending",
@@ -36,6 +39,14 @@ _COLUMNS = (
     "stored_at_ms, status, revision, consumed_at_ms, detail"
 )
 
+
+CONSUMED_PENDING = """
+    AND (SELECT count(*) FROM phronomy_inbox WHERE instance_id = :id
+         AND status = 'pending' AND seq BETWEEN :low AND :high) = :consuming
+"""
+"""The condition a save's statement adds when it consumes entries numbered without a
+gap (:func:`consuming`): all of them are still pending (one statement where a check
+and then the save would be two)."""
 
 ROW = (
     "inbox_seq, instance_id, workflow, revision, status, phase, NULL, last_write_id, "
@@ -59,6 +70,7 @@ class InboxStatements(NamedTuple):
     recent: str
     consume: str
     refuse_pending: str
+    close_consuming: str
     prune: str
     poll: str
     notify: str = ""
@@ -73,11 +85,12 @@ INBOX_STATEMENTS = InboxStatements(
         WHERE instance_id = :id AND status NOT IN ('finished', 'cancelled')
         RETURNING {ROW}
     """,  # noqa: S608 - constant
-    # a claim's posting (SQLite locks the whole database: the same statement)
+    # a claim's posting (SQLite locks the whole database: no wait to skip), with the
+    # row's snapshot: the claim then reads no row of its own (see load_and_claim)
     next_seq_nowait=f"""
         UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
         WHERE instance_id = :id AND status NOT IN ('finished', 'cancelled')
-        RETURNING {ROW}
+        RETURNING {ROW.replace(", NULL, ", ", snapshot, ")}
     """,  # noqa: S608 - constant
     # a repeat stored nothing: its number goes back (the row is still locked), so an
     # inbox's numbers have no gaps (a segment knows it has seen every entry)
@@ -120,6 +133,15 @@ INBOX_STATEMENTS = InboxStatements(
             consumed_at_ms = :now, detail = :detail
         WHERE instance_id = :id AND status = 'pending'
     """,
+    # a closing write that consumes one entry: that entry's outcome, the refusal of
+    # every other pending one
+    close_consuming="""
+        UPDATE phronomy_inbox SET
+            status = CASE WHEN seq = :seq THEN :status ELSE 'refused' END,
+            detail = CASE WHEN seq = :seq THEN :detail ELSE :refusal END,
+            revision = :revision, consumed_at_ms = :now
+        WHERE instance_id = :id AND status = 'pending'
+    """,
     # the last save_log_depth consumed entries of the instance are kept (its history)
     prune="""
         DELETE FROM phronomy_inbox
@@ -157,6 +179,20 @@ row makes PostgreSQL's planner read every instance and sort (60 ms a poll at 200
 instances, also after ``ANALYZE``); a lateral lookup it cannot flatten (``LIMIT 1``)
 walks the pending entries' partial index in order, one primary-key lookup each (0.8
 ms at 200k). SQLite's planner walks that index with the plain join."""
+
+
+POSTGRES_NEXT_SEQ_NOWAIT = f"""
+    UPDATE phronomy_workflow_instances SET inbox_seq = inbox_seq + 1
+    WHERE instance_id = (
+        SELECT instance_id FROM phronomy_workflow_instances
+        WHERE instance_id = :id AND status NOT IN ('finished', 'cancelled')
+        FOR UPDATE SKIP LOCKED)
+    RETURNING {ROW}
+"""  # noqa: S608 - constant
+"""The next inbox number for a claim's posting on PostgreSQL (SQLite's parameter
+style), under the instance's row lock; a row another transaction has locked (a
+stalled client, say) is skipped, not waited for: the claim is refused as busy at once,
+as a claim of a locked row is."""
 
 
 _NAMED = re.compile(r"(?<![:\w]):(\w+)")
@@ -327,18 +363,21 @@ def consumption(
     now: int,
 ) -> list[tuple[str, dict[str, Any]]]:
     """The statements of :func:`consume` before the pruning: each consumed entry's
-    outcome, then (a *closing* write) the refusal of the pending ones, last."""
+    outcome, then (a *closing* write) the refusal of the pending ones, last (one
+    statement for both when it consumes one entry)."""
     base = {"id": workflow_instance_id, "revision": revision, "now": now}
-    statements: list[tuple[str, dict[str, Any]]] = [
-        (sql.consume, {**base, "seq": c.seq, "status": c.status, "detail": c.detail})
-        for c in consumed
+    outcomes = [
+        {**base, "seq": c.seq, "status": c.status, "detail": c.detail} for c in consumed
     ]
-    if closing is not None:
-        detail = (
-            f"the instance was {closing} at revision {revision} before it was applied"
-        )
-        statements.append((sql.refuse_pending, {**base, "detail": detail}))
-    return statements
+    if closing is None:
+        return [(sql.consume, params) for params in outcomes]
+    refusal = f"the instance was {closing} at revision {revision} before it was applied"
+    if len(outcomes) == 1:
+        return [(sql.close_consuming, {**outcomes[0], "refusal": refusal})]
+    return [
+        *((sql.consume, params) for params in outcomes),
+        (sql.refuse_pending, {**base, "detail": refusal}),
+    ]
 
 
 def pruning(

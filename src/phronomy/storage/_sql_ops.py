@@ -89,6 +89,7 @@ class Statements(NamedTuple):
     resume: str
     create: str
     update: str
+    update_consuming: str
     mark: str
     mark_or_create: str
     delete: str
@@ -194,9 +195,6 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                     conn.execute(sql.timers.clear, {"id": iid})
             return recovered
         case SaveOp(request=request):
-            check_pending(
-                conn, request.workflow_instance_id, request.consumed, sql.inbox
-            )
             revision = _save(conn, request, sql, clock)
             closing = request.status if request.status in _CLOSED else None
             if request.consumed or closing:
@@ -381,9 +379,14 @@ def _post(
 def _save(
     conn: Connection, request: SaveRequest, sql: Statements, clock: StoreClock
 ) -> int:
+    iid = request.workflow_instance_id
     statement, params = save_statement(request, sql, clock)
+    folded = statement is sql.update_consuming  # it checks its consumed entries
+    if request.consumed and not folded:
+        check_pending(conn, iid, request.consumed, sql.inbox)
     if conn.execute(statement, params).rowcount != 1:
-        iid = request.workflow_instance_id
+        if folded:  # refused for an entry that is no longer pending?
+            check_pending(conn, iid, request.consumed, sql.inbox)
         row = conn.execute(sql.revision, (iid,)).fetchone()
         raise save_refused(request, row)
     return (request.expected_revision or 0) + 1

@@ -15,13 +15,14 @@ if TYPE_CHECKING:
     from ._clock import StoreClock
     from ._dbapi import Connection
     from ._ops import ClaimOp
-    from ._records import SaveRequest
+    from ._records import Consumption, SaveRequest
 
 
 __all__ = [
     "claim_op",
     "claim_params",
     "claimed",
+    "folds_check",
     "record_from_row",
     "save_refused",
     "save_statement",
@@ -39,6 +40,9 @@ class Statements(Protocol):
 
     @property
     def update(self) -> str: ...
+
+    @property
+    def update_consuming(self) -> str: ...
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
@@ -124,7 +128,29 @@ def save_statement(
         "epoch": None if lease is None else lease.epoch,
     }
     # A leased instance has its row (its claim made it): revision 0 is updated too.
-    return sql.update if expected or lease is not None else sql.create, params
+    if not (expected or lease is not None):
+        return sql.create, params
+    consumed = request.consumed
+    if consumed and folds_check(consumed):
+        seqs = [c.seq for c in consumed]
+        params["low"], params["high"], params["consuming"] = (
+            min(seqs),
+            max(seqs),
+            len(seqs),
+        )
+        return sql.update_consuming, params
+    return sql.update, params
+
+
+def folds_check(consumed: tuple[Consumption, ...]) -> bool:
+    """Whether a save's statement itself checks that the entries it *consumed* are
+    still pending (their numbers have no gap: a count of the pending ones in their
+    range says so; see ``CONSUMED_PENDING``). Otherwise the check is a statement of
+    its own before the save's (:func:`~phronomy.storage._sql_inbox.check_pending`). A
+    save with a check folded in that changes no row may have been refused for it:
+    the check then runs to say so."""
+    seqs = [c.seq for c in consumed]
+    return max(seqs) - min(seqs) + 1 == len(set(seqs)) == len(seqs)
 
 
 def save_refused(request: SaveRequest, row: tuple[Any, ...] | None) -> ConflictError:

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from ._sql_inbox import INBOX_STATEMENTS
+from ._sql_inbox import CONSUMED_PENDING, INBOX_STATEMENTS
 from ._sql_list import LIST_STATEMENTS
 from ._sql_ops import Statements
 from ._sql_schedules import SQLITE_SCHEDULES
@@ -412,6 +412,7 @@ STATEMENTS = Statements(
     resume=SQL_RESUME,
     create=SQL_CREATE,
     update=SQL_UPDATE,
+    update_consuming=SQL_UPDATE + CONSUMED_PENDING,
     mark=SQL_MARK,
     mark_or_create=SQL_MARK_OR_CREATE,
     delete=SQL_DELETE,
