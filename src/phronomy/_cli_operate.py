@@ -91,7 +91,8 @@ def _done(
 def cancel(store: CliStore, args: argparse.Namespace) -> int:
     """``instances cancel``: a cancelled revision of an instance nobody runs; one that
     a live runtime runs is asked to cancel (through its row: the holder cancels it at
-    its next heartbeat) and waited for until the row says cancelled, or ``--wait``
+    its next heartbeat; if the holder is gone, the recovery sweep of any runtime
+    cancels it once its lease expires) and waited for until the row says cancelled, or ``--wait``
     seconds (``--no-wait``: return once asked)."""
     iid = args.id
     record = _workflow_record(store, args)
@@ -134,7 +135,9 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                 return _done(
                     args,
                     f"{safe(iid)}: cancellation asked of its runtime "
-                    f"({safe(record.lease_owner)}); it cancels at its next heartbeat",
+                    f"({safe(record.lease_owner)}); it cancels at its next heartbeat "
+                    "(if that runtime is gone, a recovery sweep cancels it once its "
+                    "lease expires)",
                     id=iid,
                     status="cancel_requested",
                     revision=record.revision,
@@ -143,7 +146,8 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
         if time.monotonic() > deadline:
             raise InstanceStateError(
                 f"workflow instance {iid!r} is still {record.status} after {args.wait} "
-                "s; its runtime cancels it at its next heartbeat (run the command "
+                "s; its runtime cancels it at its next heartbeat, or, if that runtime "
+                "is gone, a recovery sweep once its lease expires (run the command "
                 "again to wait more)",
                 instance_id=iid,
             )

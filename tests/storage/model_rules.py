@@ -478,7 +478,11 @@ class RuleCheck:
             assert k.row is not None
             rule, key = self._rule("recover", k.row)
             want_status, _ = swept(
-                k.row.revision, k.row.takeovers, op.max_takeovers, k.saved
+                k.row.revision,
+                k.row.takeovers,
+                op.max_takeovers,
+                k.saved,
+                k.row.cancel_requested,
             )
             why = f"{iid} went back to {status!r}, not {want_status!r}"
             self._expect(op, key, rule, status == want_status, why)

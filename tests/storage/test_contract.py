@@ -405,6 +405,52 @@ def test_the_sweep_halts_a_revision_a_checkpoint_saved_running(store: Store) -> 
     assert store.begin("c", "wf", expected_revision=1, lease_owner="B", ttl_ms=60_000)
 
 
+def test_the_sweep_cancels_an_instance_whose_cancellation_its_runtime_never_saw(
+    store: Store,
+) -> None:
+    # Before: the sweep cleared the request with the lease, so an instance whose
+    # runtime died after an operator asked for its cancellation went back to halted,
+    # its pending event resumed it, and its effects ran again.
+    store.save(request("k", None))  # halted at revision 1
+    assert store.begin("k", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)
+    store.run(storage.PostOp(posting=_posting("k", "e1")))
+    store.run(storage.RequestCancelOp(workflow_instance_id="k", reason="by ops"))
+    assert store.begin("n", "wf", lease_owner="A", ttl_ms=0)  # never saved
+    store.run(storage.RequestCancelOp(workflow_instance_id="n"))
+    assert store.begin("h", "wf", lease_owner="A", ttl_ms=0)  # not asked
+    store.save(leased("h", None, Lease(owner="A", epoch=1), status="running"))
+    assert sorted(store.run(RecoverOp(limit=10, max_takeovers=5))) == [
+        ("h", "halted"),
+        ("k", "cancelled"),
+        ("n", "cancelled"),
+    ]
+    row = store.load("k")
+    assert row is not None
+    assert (row.status, row.revision, row.lease_owner, row.cancel_requested) == (
+        "cancelled",
+        1,
+        None,
+        None,
+    )
+    assert "cancelled (by ops) by the recovery sweep at revision 1" in (
+        row.detail or ""
+    )
+    assert "no reason given" in (store.load("n").detail or "")  # type: ignore[union-attr]
+    refused = store.run(storage.EntryOp(workflow_instance_id="k", event_id="e1"))
+    assert (refused.status, refused.revision) == ("refused", 1)
+    assert store.run(storage.PollOp(owner="B", workflows=("wf",))) == ()
+    resume = ClaimOp(
+        workflow_instance_id="k",
+        workflow="wf",
+        lease_owner="B",
+        ttl_ms=60_000,
+        statuses=("halted", "running"),
+    )
+    assert store.run(resume).epoch is None  # closed: nothing resumes it
+    with pytest.raises(errors.LeaseLostError):  # the stopped runtime's late save
+        store.save(leased("k", 1, Lease(owner="A", epoch=1)))
+
+
 def test_a_save_resets_the_takeover_count(store: Store) -> None:
     store.save(request("t", None))
     store.begin("t", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)

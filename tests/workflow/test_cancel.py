@@ -11,7 +11,15 @@ import pytest
 import trio
 
 import phronomy
-from phronomy.storage import BeginOp, InboxEntry, MarkOp, cancellation
+from phronomy.storage import (
+    BeginOp,
+    InboxEntry,
+    MarkOp,
+    Posting,
+    PostOp,
+    RequestCancelOp,
+    cancellation,
+)
 from phronomy.testing import FaultyStore
 from phronomy.workflow import FINISH
 from records import loaded
@@ -85,6 +93,56 @@ async def test_cancel_settles_only_after_the_effects_thread_returned(
             await restarted.result()
     history = [(e.revision, e.status) for e in store.history("c-1")]
     assert history == [(2, "cancelled"), (1, "cancelled")]
+
+
+async def test_a_cancel_its_stopped_runtime_never_saw_is_applied_by_the_sweep(
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
+) -> None:
+    # Before: the sweep cleared the request with the stopped runtime's lease; the
+    # instance went back to halted, its pending event resumed it and its confirm step
+    # ran, although an operator had asked for its cancellation.
+    store = make_store()
+    flow = approval_flow()
+    async with runtime_on(store) as rt:
+        await rt.workflows.invoke(flow, workflow_instance_id="k")  # halted, awaiting
+
+    def a_runtime_claims_it_and_stops_then_an_operator_cancels() -> None:
+        row = store.load("k")
+        assert row is not None
+        claim = BeginOp(
+            workflow_instance_id="k",
+            workflow="approval",
+            expected_revision=row.revision,
+            lease_owner="stopped",
+            ttl_ms=0,  # its lease expired at once
+        )
+        assert store.run(claim) is not None
+        approve = Posting(
+            workflow_instance_id="k", event_id="e1", event="approve", payload=b"null"
+        )
+        assert store.run(PostOp(posting=approve)).outcome == "stored"
+        store.run(RequestCancelOp(workflow_instance_id="k", reason="ops"))
+
+    await trio.to_thread.run_sync(
+        a_runtime_claims_it_and_stops_then_an_operator_cancels
+    )
+    async with runtime_on(
+        store, workflows=[flow], sweep_interval=0.05, inbox_poll_interval=0.05
+    ) as rt:  # it serves the workflow: it would resume the instance with its event
+        await until(lambda: getattr(store.load("k"), "status", "") != "running", 10)
+        await trio.sleep(0.3)  # some polls: nothing resumes it
+        found = await rt.workflows.get(flow, "k")
+    assert found.state is not None
+    assert (found.status, found.state.steps) == ("cancelled", ["prepare"])
+    assert "cancelled (ops) by the recovery sweep" in (found.error or "")
+    assert (found.pending_events, found.lease, found.cancel_requested) == (
+        (),
+        None,
+        None,
+    )
+    entry = store.run(phronomy.storage.EntryOp(workflow_instance_id="k", event_id="e1"))
+    assert entry is not None
+    assert entry.status == "refused"
 
 
 async def test_a_cancelled_segment_takes_no_more_events(

@@ -319,6 +319,7 @@ class MemoryStore(BaseStore[_Tables]):
                 row.takeovers,
                 op.max_takeovers,
                 saved[0].status if saved else None,
+                row.cancel_requested,
             )
             rule = lookup("recover", row, now)
             conn.put(

@@ -370,6 +370,7 @@ SQL_RECOVER = f"""
     WITH expired AS ({SQL_EXPIRED})
     UPDATE phronomy_workflow_instances AS t SET
         status = CASE
+            WHEN t.cancel_requested IS NOT NULL THEN 'cancelled'
             WHEN t.revision = 0 THEN 'failed'
             WHEN t.takeovers + 1 >= %(max)s THEN 'recovery_required'
             ELSE coalesce((SELECT CASE l.status WHEN 'running' THEN 'halted'
@@ -378,6 +379,11 @@ SQL_RECOVER = f"""
                              AND l.revision = t.revision), 'halted')
         END,
         detail = CASE
+            WHEN t.cancel_requested IS NOT NULL THEN 'cancelled ('
+                || CASE t.cancel_requested WHEN '' THEN 'no reason given'
+                   ELSE t.cancel_requested END
+                || ') by the recovery sweep at revision ' || t.revision
+                || ': its runtime stopped before it cancelled (lease expired)'
             WHEN t.revision = 0 THEN 'the runtime that started it stopped before its '
                                   || 'first save (its lease expired)'
             WHEN t.takeovers + 1 >= %(max)s THEN 'its runtime stopped '

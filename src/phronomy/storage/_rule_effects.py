@@ -93,7 +93,11 @@ def status_after(
 
 
 def swept(
-    revision: int, takeovers: int, max_takeovers: int, saved: InstanceStatus | None
+    revision: int,
+    takeovers: int,
+    max_takeovers: int,
+    saved: InstanceStatus | None,
+    cancel_requested: str | None = None,
 ) -> tuple[InstanceStatus, str]:
     """The status (and detail) a sweep puts a row it takes over back at.
 
@@ -102,13 +106,23 @@ def swept(
         takeovers: how often it was taken over since its last save.
         max_takeovers: the sweep's limit.
         saved: the status its revision was saved with (``None``: not logged).
+        cancel_requested: the cancellation asked of its runtime, if any (its reason;
+            ``""``: none given).
 
     Returns:
-        ``failed`` for a row that never saved, ``recovery_required`` once
-        *max_takeovers* takeovers in a row were reached, else the saved status
-        (``halted`` if unknown, and for a revision a checkpoint saved ``running``:
-        halted at its wait state, whose timers resume it); and why.
+        ``cancelled`` for a row whose cancellation was asked (its runtime stopped
+        before it cancelled: the request is not lost with it), ``failed`` for a row
+        that never saved, ``recovery_required`` once *max_takeovers* takeovers in a
+        row were reached, else the saved status (``halted`` if unknown, and for a
+        revision a checkpoint saved ``running``: halted at its wait state, whose
+        timers resume it); and why.
     """
+    if cancel_requested is not None:
+        return "cancelled", (
+            f"cancelled ({cancel_requested or 'no reason given'}) by the recovery "
+            f"sweep at revision {revision}: its runtime stopped before it cancelled "
+            "(lease expired)"
+        )
     if revision == 0:
         return "failed", (
             "the runtime that started it stopped before its first save "

@@ -359,6 +359,7 @@ sort them)."""
 SQL_RECOVER = f"""
     UPDATE phronomy_workflow_instances AS t SET
         status = CASE
+            WHEN cancel_requested IS NOT NULL THEN 'cancelled'
             WHEN revision = 0 THEN 'failed'
             WHEN takeovers + 1 >= :max THEN 'recovery_required'
             ELSE coalesce((SELECT CASE l.status WHEN 'running' THEN 'halted'
@@ -367,6 +368,11 @@ SQL_RECOVER = f"""
                              AND l.revision = t.revision), 'halted')
         END,
         detail = CASE
+            WHEN cancel_requested IS NOT NULL THEN 'cancelled ('
+                || CASE cancel_requested WHEN '' THEN 'no reason given'
+                   ELSE cancel_requested END
+                || ') by the recovery sweep at revision ' || revision
+                || ': its runtime stopped before it cancelled (lease expired)'
             WHEN revision = 0 THEN 'the runtime that started it stopped before its '
                                 || 'first save (its lease expired)'
             WHEN takeovers + 1 >= :max THEN 'its runtime stopped ' || (takeovers + 1)
