@@ -295,6 +295,41 @@ async def test_a_deadline_ends_a_suspended_execution_from_the_store(
         assert record.error == "the execution passed its deadline"
 
 
+async def test_get_describes_an_execution_with_its_pending_answer_and_deadline(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
+    path = tmp_path / "get.db"
+    async with _runtime(open_sqlite(path)) as rt:
+        execution = rt.executions.start("k", PLAN, "o-6", timeout=3600)
+        await execution.wait_for_approval()
+        with pytest.raises(phronomy.NotFoundError, match="'nobody' has no execution"):
+            await rt.executions.get("nobody")
+        with pytest.raises(phronomy.InvalidInputError, match="agent_id"):
+            await rt.executions.get("")
+        with pytest.raises(phronomy.InvalidInputError, match="limit must be"):
+            await rt.executions.get("k", limit=0)
+    # an answer from the command line, which no runtime applies yet
+    argv = ["executions", "approve", "--db", str(path), "k", "--response", '"yes"']
+    assert await trio.to_thread.run_sync(main, argv) == 0
+    async with phronomy.open_runtime(store=open_sqlite(path)) as reader:  # serves none
+        found = await reader.executions.get("k")
+    record = found.record
+    assert (record.agent_id, record.status, record.execution_id) == (
+        "k",
+        "suspended",
+        execution.execution_id,
+    )
+    assert record.pending_approval is not None
+    assert record.pending_approval.question == "ship o-6?"
+    assert (record.steps_completed, record.lease) == (1, None)  # draft; ask waits
+    assert [e.event for e in found.pending_events] == ["approve"]
+    assert len(found.pending_timers) == 1  # its deadline, saved with the approval
+    assert (found.cancel_requested, found.takeovers) == (None, 0)
+    async with phronomy.open_runtime() as ephemeral:
+        with pytest.raises(phronomy.InvalidInputError, match="reads the store"):
+            await ephemeral.executions.get("k")
+
+
 async def test_answers_and_listing_errors_are_clear(
     open_sqlite: OpenSQLite, tmp_path: Path
 ) -> None:

@@ -8,6 +8,7 @@ from ._handle import ExecutionHandle as ExecutionHandle
 from ._messages import (
     Approval as Approval,
     ApprovalRequest as ApprovalRequest,
+    ExecutionDescription as ExecutionDescription,
     ExecutionLease as ExecutionLease,
     ExecutionOwner as ExecutionOwner,
     ExecutionPage as ExecutionPage,
@@ -25,6 +26,7 @@ from ._plan import (
 __all__ = [
     "Approval",
     "ApprovalRequest",
+    "ExecutionDescription",
     "ExecutionHandle",
     "ExecutionLease",
     "ExecutionOwner",

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal, final
 
@@ -22,28 +21,24 @@ from phronomy.workflow import RecoveryClient
 from ._arguments import agent_id_of, deadline_of
 from ._driver import Driver
 from ._handle import ExecutionHandle
-from ._messages import ExecutionPage, ExecutionRecord, RecordStatus
 from ._plan import Plan, PlanCache, Step, execution_plan, plan_of
+from ._reading import ExecutionReader
 from ._records import (
     agent_key,
     answer,
     answer_posting,
     check_execution_row,
-    listing,
-    record_of,
 )
 
 if TYPE_CHECKING:
-    from phronomy.durability import DurabilityService
-
-    from ._messages import ExecutionOwner, ExecutionResult
+    from ._messages import ExecutionOwner, ExecutionRecord, ExecutionResult
     from ._table import ExecutionTable
 
 __all__ = ["Executions"]
 
 
 @final
-class Executions:
+class Executions(ExecutionReader):
     """Supervised executions: at most one live execution per key (``agent_id``).
 
     Example::
@@ -78,10 +73,6 @@ class Executions:
         """Internal: reached as ``runtime.executions``."""
         self._table = table
         self._plans = PlanCache()
-
-    @property
-    def _gateway(self) -> DurabilityService | None:
-        return self._table.coordinator.gateway
 
     # --- starting ------------------------------------------------------------------
 
@@ -327,66 +318,6 @@ class Executions:
         )  # a cancel reads and writes the row only: any plan of that name does
         await self._table.workflows.cancel(plan, agent_key(key), reason=reason)
         return await self._record_or_fail(key)
-
-    async def record(self, agent_id: str) -> ExecutionRecord | None:
-        """The key's latest execution as the store says (``None`` without a store or
-        an execution).
-
-        Raises:
-            InstanceStateError: the row under the key is not a supervised execution's.
-            CorruptRecordError: the stored record does not decode.
-
-        Cancellation:
-            Safe: nothing is changed.
-        """
-        key = agent_id_of(agent_id)
-        gateway = self._gateway
-        if gateway is None:
-            await trio.lowlevel.checkpoint()
-            return None
-        record: ExecutionRecord | None = await gateway.run(
-            LoadOp(workflow_instance_id=agent_key(key)),
-            finish=functools.partial(record_of, gateway.store),  # in its thread
-        )
-        return record
-
-    async def list(
-        self,
-        *,
-        status: RecordStatus | None = None,
-        prefix: str = "",
-        after: str | None = None,
-        limit: int = 100,
-    ) -> ExecutionPage:
-        """The executions in the store, by agent id (one page).
-
-        Args:
-            status: only those the store says are so (see
-                :data:`~phronomy.agent.RecordStatus`).
-            prefix: only agent ids that start with it.
-            after: the ``next_after`` of the previous page.
-            limit: executions per page (1 to 10000).
-
-        Returns:
-            The page (empty without a store).
-
-        Raises:
-            InvalidInputError: an unknown status or a bad limit.
-
-        Cancellation:
-            Safe: nothing is changed.
-        """
-        steps = listing(status=status, after=after, limit=limit, prefix=prefix)
-        gateway = self._gateway
-        if gateway is None:
-            await trio.lowlevel.checkpoint()
-            return ExecutionPage(records=())
-        try:
-            op = next(steps)
-            while True:
-                op = steps.send(await gateway.run(op))
-        except StopIteration as done:
-            return done.value  # type: ignore[no-any-return]
 
     async def purge(self, agent_id: str) -> bool:
         """Delete the key's execution record (one that ended).

@@ -6,6 +6,8 @@ from typing import Any, Literal, final
 
 import msgspec
 
+from phronomy.storage import InboxEntry, StoredTimer
+
 __all__ = [
     "Approval",
     "ApprovalRequest",
@@ -171,3 +173,30 @@ class ExecutionPage(msgspec.Struct, frozen=True, kw_only=True):
 
     records: tuple[ExecutionRecord, ...]
     next_after: str | None = None
+
+
+@final
+class ExecutionDescription(msgspec.Struct, frozen=True, kw_only=True):
+    """A key's latest execution as the store says it is, with what is pending
+    (``runtime.executions.get``).
+
+    Attributes:
+        record: its record: status, steps completed, the approval request it waits
+            on, value, error, and its lease (judged live or expired on the store's
+            lease clock).
+        pending_events: its inbox entries not applied yet, oldest first, cut at the
+            ``limit`` of the read (an approval or a rejection sent from another
+            process waits here until a runtime serving its plan applies it); their
+            payloads are JSON (``msgspec.json.decode``).
+        pending_timers: its pending timers (a deadline, a step's retry), soonest
+            first.
+        cancel_requested: a cancellation asked of the runtime running it and not
+            carried out yet (its reason, or ``""``), else ``None``.
+        takeovers: how many times in a row a runtime stopped while running it.
+    """
+
+    record: ExecutionRecord
+    pending_events: tuple[InboxEntry, ...]
+    pending_timers: tuple[StoredTimer, ...]
+    cancel_requested: str | None
+    takeovers: int
