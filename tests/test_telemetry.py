@@ -25,7 +25,14 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import (
 import phronomy
 from phronomy import _telemetry
 from phronomy.lowlevel import TelemetryProviders
-from phronomy.storage import ClaimOp, LoadOp, decode_snapshot_builtins
+from phronomy.storage import (
+    BeginOp,
+    ClaimOp,
+    LoadOp,
+    Posting,
+    PostOp,
+    decode_snapshot_builtins,
+)
 from phronomy.testing import TestClock
 from polling import until
 
@@ -444,6 +451,51 @@ async def test_a_timer_fired_late_is_measured_and_its_segment_linked(
     assert count == 1
     assert 300 <= late < 301  # the skip's 5 minutes, plus a poll interval at most
     assert metrics["phronomy.timers.due"] == [({}, 1)]
+
+
+async def test_what_is_pending_is_counted_in_the_store(
+    otel: Otel,
+    tmp_path: Any,
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: phronomy.events.pending was the number of entries the last poll read
+    # (up to its limit, and none of an instance another runtime holds), and no metric
+    # counted the armed timers (phronomy.timers.due is what the last firing moved).
+    monkeypatch.setattr(_telemetry, "COUNT_INTERVAL", 0.05)
+    wf = phronomy.Workflow(Expense, name="expense")
+    wf.wait_state("awaiting")
+    wf.transition("awaiting", phronomy.FINISH, after=timedelta(days=2))
+    wf.transition("awaiting", phronomy.FINISH, on="approve")
+    flow = wf.build()
+    store = open_sqlite(tmp_path / "pending.db")
+    # an instance another runtime holds, with two events it has not applied yet
+    held = BeginOp(
+        workflow_instance_id="x", workflow="expense", lease_owner="B", ttl_ms=60_000
+    )
+    assert store.run(held) == 1
+    for n in (1, 2):
+        posting = Posting(
+            workflow_instance_id="x", event_id=f"e{n}", event="approve", payload=b"1"
+        )
+        assert store.run(PostOp(posting=posting)).outcome == "stored"
+    async with phronomy.open_runtime(
+        store, telemetry=otel.providers, workflows=[flow], inbox_poll_interval=0.02
+    ) as runtime:
+        for iid in ("e-1", "e-2", "e-3"):  # each halts with its timer armed
+            await runtime.workflows.invoke(flow, workflow_instance_id=iid)
+
+        def pending() -> tuple[Any, Any]:
+            metrics = otel.metrics()
+            return metrics["phronomy.events.pending"], metrics[
+                "phronomy.timers.pending"
+            ]
+
+        await until(lambda: pending() == ([({}, 2)], [({}, 3)]))
+        await runtime.workflows.send_event(
+            flow, event="approve", workflow_instance_id="e-1"
+        )  # finished: its timer is dropped
+        await until(lambda: pending() == ([({}, 2)], [({}, 2)]))
 
 
 async def test_an_unsampled_segment_records_no_spans_but_its_metrics(

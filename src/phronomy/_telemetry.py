@@ -18,6 +18,7 @@ context (a ``start``/``invoke``/``resume`` called in an active span) is the segm
 from __future__ import annotations
 
 import contextlib
+import math
 import time
 from typing import TYPE_CHECKING, Any, final
 
@@ -36,6 +37,11 @@ if TYPE_CHECKING:
     from opentelemetry.trace import Span, Tracer
 
 __all__ = ["EffectSpan", "SegmentTrace", "Telemetry", "TelemetryProviders", "resolve"]
+
+COUNT_INTERVAL = 10.0
+"""Seconds between two counts of what is pending (``phronomy.events.pending``,
+``phronomy.timers.pending``): each reads every pending entry and timer of the
+workflows served, in one read of the store's read lane."""
 
 _STASH_LIMIT = 4096
 
@@ -150,13 +156,23 @@ class Telemetry:
             description="instances the recovery sweep put back (lease expired)",
         )
         self.events_pending = 0
+        self.timers_pending = 0
         self.timers_due = 0
+        self.counted_at = -math.inf  # (trio's clock) when the pending were counted
         self.leases: list[Any] = []  # the Leases objects whose held leases are counted
         meter.create_observable_gauge(
             "phronomy.events.pending",
             [self._observe_events],
             unit="{event}",
-            description="pending inbox entries the last poll read (up to its limit)",
+            description="pending inbox entries of the workflows the runtime serves "
+            f"(counted in the store at most every {COUNT_INTERVAL:g} s)",
+        )
+        meter.create_observable_gauge(
+            "phronomy.timers.pending",
+            [self._observe_pending_timers],
+            unit="{timer}",
+            description="armed timers of the workflows the runtime serves (counted "
+            f"in the store at most every {COUNT_INTERVAL:g} s)",
         )
         meter.create_observable_gauge(
             "phronomy.timers.due",
@@ -179,6 +195,25 @@ class Telemetry:
 
     def _observe_timers(self, options: CallbackOptions) -> Iterable[Observation]:
         return [self._observation(self.timers_due)]
+
+    def _observe_pending_timers(
+        self, options: CallbackOptions
+    ) -> Iterable[Observation]:
+        return [self._observation(self.timers_pending)]
+
+    def counts_due(self, now: float) -> bool:
+        """Whether a poll at *now* (trio's clock) should count what is pending (at
+        most every :data:`COUNT_INTERVAL` seconds: a count reads every pending entry
+        and timer of the workflows served)."""
+        if now - self.counted_at < COUNT_INTERVAL:
+            return False
+        self.counted_at = now
+        return True
+
+    def pending(self, events: int, timers: int) -> None:
+        """The store counted *events* pending inbox entries and *timers* armed timers
+        of the workflows served (:class:`~phronomy.storage.PendingOp`)."""
+        self.events_pending, self.timers_pending = events, timers
 
     def _observe_leases(self, options: CallbackOptions) -> Iterable[Observation]:
         return [self._observation(sum(each.held_count for each in self.leases))]

@@ -17,6 +17,9 @@ from phronomy.storage import (
     InboxOp,
     MarkOp,
     NextDueOp,
+    PendingOp,
+    Posting,
+    PostOp,
     PutScheduleOp,
     SaveOp,
     ScheduleOp,
@@ -56,6 +59,25 @@ def _names(store: Store, iid: str) -> list[tuple[str, int]]:
 def _inbox(store: Store, iid: str) -> list[tuple[str, str]]:
     entries = store.run(InboxOp(workflow_instance_id=iid, pending_only=False))
     return sorted((e.event_id, e.status) for e in entries)
+
+
+def test_pending_counts_the_entries_and_timers_of_the_workflows_asked(
+    store: Store,
+) -> None:
+    assert store.run(PendingOp(workflows=("wf",))) == (0, 0)
+    store.save(_armed(request("a", None), _spec("t1", LATER), _spec("t2", LATER)))
+    other = msgspec.structs.replace(request("o", None), workflow="other")
+    store.save(_armed(other, _spec("t", LATER)))
+    for iid, n in (("a", 1), ("a", 2), ("o", 1)):
+        posting = Posting(
+            workflow_instance_id=iid, event_id=f"e{n}", event="go", payload=b"1"
+        )
+        assert store.run(PostOp(posting=posting)).outcome == "stored"
+    assert store.run(PendingOp(workflows=("wf",))) == (2, 2)
+    assert store.run(PendingOp(workflows=("wf", "other"))) == (3, 3)
+    assert store.run(PendingOp(workflows=("nobody",))) == (0, 0)
+    store.save(request("a", 1, status="finished"))  # refuses them, drops its timers
+    assert store.run(PendingOp(workflows=("wf", "other"))) == (1, 1)
 
 
 def test_a_save_arms_timers_due_on_the_store_s_clock(store: Store) -> None:

@@ -28,6 +28,7 @@ from ._ops import (
     LoadOp,
     MarkOp,
     NextDueOp,
+    PendingOp,
     PollOp,
     PostOp,
     RecoverOp,
@@ -216,6 +217,8 @@ class MemoryStore(BaseStore[_Tables]):
                 return conn.fire_due(owner, workflows, limit, conn.wall(), post)
             case TimersOp(workflow_instance_id=iid):
                 return conn.timers_of(iid)
+            case PendingOp(workflows=workflows):
+                return conn.pending_counts(workflows)
             case RenewOp():
                 return self._renew(conn, op)
             case RecoverOp():

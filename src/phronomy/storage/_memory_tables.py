@@ -56,6 +56,17 @@ class Tables(MemoryInbox, MemoryTimers):
             )
             self.undo.append(("instance", iid, kept))
 
+    def pending_counts(self, workflows: tuple[str, ...]) -> tuple[int, int]:
+        """See :class:`~phronomy.storage.PendingOp`."""
+        wanted = set(workflows)
+        served = [iid for iid, row in self.rows.items() if row.workflow in wanted]
+        events = sum(
+            e.status == "pending"
+            for iid in served
+            for e in self.inbox.get(iid, {}).values()
+        )
+        return events, sum(len(self.timers.get(iid, {})) for iid in served)
+
     def put_schedule(self, schedule_id: str, record: ScheduleRecord | None) -> None:
         """Replace (or with ``None``, remove) a schedule."""
         if self.undo is not None:

@@ -329,6 +329,16 @@ class TimersOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="timers"
 
 
 @final
+class PendingOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="pending"):
+    """What waits in the store for instances of *workflows* (a read, for metrics):
+    ``(events, timers)``, the number of their pending inbox entries and of their
+    armed timers. Counted on indexes (each pending entry, each timer of those
+    workflows once): a caller runs it every few seconds, not per poll."""
+
+    workflows: tuple[str, ...]
+
+
+@final
 class TerminateOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="terminate"):
     """Close a row at *expected_revision* whoever holds its lease (an operator's
     forced stop): it gets *status* and *detail*, its lease is released and its epoch
@@ -375,6 +385,7 @@ StoreOp = (
     | NextDueOp
     | FireOp
     | TimersOp
+    | PendingOp
     | PutScheduleOp
     | DeleteScheduleOp
     | ScheduleOp
@@ -393,6 +404,7 @@ READ_OPS = (
     PollOp,
     NextDueOp,
     TimersOp,
+    PendingOp,
     ScheduleOp,
     SchedulesOp,
 )

@@ -73,6 +73,7 @@ class InboxStatements(NamedTuple):
     close_consuming: str
     prune: str
     poll: str
+    counts: str
     notify: str = ""
     """Tells other runtimes the inbox changed (``kind``: ``posted`` or ``consumed``),
     at commit; empty for a backend without notifications (they poll)."""
@@ -163,6 +164,18 @@ INBOX_STATEMENTS = InboxStatements(
             AND r.status = 'halted'
             AND r.workflow IN (SELECT value FROM json_each(:workflows))))
         ORDER BY i.instance_id, i.seq LIMIT :limit
+    """,
+    # what waits for the workflows served (PendingOp): each pending entry once (the
+    # partial index), each timer of those workflows once (the (workflow, due) index)
+    counts="""
+        SELECT
+            (SELECT count(*) FROM phronomy_inbox AS i
+             WHERE i.status = 'pending' AND (
+                SELECT r.workflow FROM phronomy_workflow_instances AS r
+                WHERE r.instance_id = i.instance_id)
+                IN (SELECT value FROM json_each(:workflows))),
+            (SELECT count(*) FROM phronomy_timers AS t
+             WHERE t.workflow IN (SELECT value FROM json_each(:workflows)))
     """,
 )
 """The inbox's statements (SQLite's parameter style)."""

@@ -24,6 +24,7 @@ from ._ops import (
     LoadOp,
     MarkOp,
     NextDueOp,
+    PendingOp,
     PollOp,
     PostOp,
     RecoverOp,
@@ -247,6 +248,10 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             return fired
         case TimersOp(workflow_instance_id=iid):
             return timers_of(conn, iid, sql.timers)
+        case PendingOp(workflows=workflows):
+            params = {"workflows": json.dumps(workflows)}
+            events, timers = conn.execute(sql.inbox.counts, params).fetchone()
+            return int(events), int(timers)
         case PollOp(owner=owner, workflows=workflows, limit=limit):
             params = {
                 "owner": owner,

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import trio
 
-from phronomy.storage import EntryOp, FireOp, NextDueOp, PollOp, SchedulesOp
+from phronomy.storage import EntryOp, FireOp, NextDueOp, PendingOp, PollOp, SchedulesOp
 
 from ._messages import Polled
 from ._schedule_client import tick_schedules
@@ -169,12 +169,20 @@ async def poll_once(coordinator: WorkflowCoordinator) -> float:
         schedules.append(await gateway.run(SchedulesOp(workflows=served, due=True)))
 
     served = op.workflows
+    telemetry = coordinator.telemetry
+
+    async def count() -> None:
+        assert telemetry is not None
+        telemetry.pending(*await gateway.run(PendingOp(workflows=served)))
+
     async with trio.open_nursery() as nursery:
         for iid, event_id in keys:  # submitted together: one batch of reads
             nursery.start_soon(check, iid, event_id)
         nursery.start_soon(next_due)
         if served:
             nursery.start_soon(due_schedules)
+            if telemetry is not None and telemetry.counts_due(trio.current_time()):
+                nursery.start_soon(count)
         pending = await gateway.run(op)
     if schedules and schedules[0][1]:  # ticks: instances stored to start at once
         await tick_schedules(coordinator, schedules[0])
@@ -182,15 +190,13 @@ async def poll_once(coordinator: WorkflowCoordinator) -> float:
     if ms is not None and ms <= 0:  # due: into the inboxes, then read them
         fire = FireOp(owner=op.owner, workflows=served, limit=POLL_LIMIT)
         fired = await gateway.run(fire)
-        if fired and (telemetry := coordinator.telemetry) is not None:
+        if fired and telemetry is not None:
             telemetry.fired(-ms, fired)
         if fired:
             pending = await gateway.run(op)
         ms = await gateway.run(NextDueOp(owner=op.owner, workflows=served))
         if not fired and ms is not None and ms <= 0:
             ms = None  # due, of instances another runtime holds: it fires them
-    if (telemetry := coordinator.telemetry) is not None:
-        telemetry.events_pending = len(pending)  # entries (up to the poll's limit)
     if pending or checked:
         coordinator.post_message(
             Polled(pending=pending, checked=tuple(checked), poll=poll)
