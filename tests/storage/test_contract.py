@@ -451,6 +451,66 @@ def test_the_sweep_cancels_an_instance_whose_cancellation_its_runtime_never_saw(
         store.save(leased("k", 1, Lease(owner="A", epoch=1)))
 
 
+def test_each_logged_revision_keeps_its_state_and_each_takeover_is_logged(
+    store: Store,
+) -> None:
+    store.save(request("r", None, snapshot=b'{"n":1}'))
+    assert store.begin("r", "wf", expected_revision=1, lease_owner="A", ttl_ms=0) == 1
+    assert store.run(RecoverOp(limit=10, max_takeovers=5)) == [("r", "halted")]
+    epoch = store.begin("r", "wf", expected_revision=1, lease_owner="B", ttl_ms=60_000)
+    assert epoch == 3
+    saved = leased("r", 1, Lease(owner="B", epoch=3), status="finished")
+    store.save(msgspec.structs.replace(saved, snapshot=b'{"n":2}'))
+    first = store.run(storage.RevisionOp(workflow_instance_id="r", revision=1))
+    assert first is not None
+    assert (first.revision, first.status, first.phase, first.snapshot) == (
+        1,
+        "halted",
+        "p",
+        b'{"n":1}',
+    )
+    assert (first.workflow, first.lease_owner, first.lease_epoch) == ("wf", None, 0)
+    second = store.run(storage.RevisionOp(workflow_instance_id="r", revision=2))
+    assert (second.status, second.snapshot) == ("finished", b'{"n":2}')
+    assert store.run(storage.RevisionOp(workflow_instance_id="r", revision=3)) is None
+    assert store.run(storage.RevisionOp(workflow_instance_id="x", revision=1)) is None
+    (takeover,) = store.run(storage.TakeoversOp(workflow_instance_id="r"))
+    assert (takeover.epoch, takeover.revision, takeover.status) == (2, 1, "halted")
+    assert "back at revision 1" in (takeover.detail or "")
+    assert takeover.taken_at_ms > 0
+    assert store.run(storage.TakeoversOp(workflow_instance_id="x")) == ()
+    row = store.load("r")
+    assert row is not None
+    assert store.run(DeleteOp(workflow_instance_id="r", expected_revision=2)) is None
+    assert store.run(storage.TakeoversOp(workflow_instance_id="r")) == ()
+    assert store.run(storage.RevisionOp(workflow_instance_id="r", revision=1)) is None
+
+
+def test_the_history_keeps_as_many_states_and_takeovers_as_saves(
+    store: Store,
+) -> None:
+    depth = 32  # save_log_depth, every store's default
+    store.save(msgspec.structs.replace(request("d", None), snapshot=b"1"))
+    for revision in range(1, depth + 3):  # a takeover at each revision, then a save
+        begun = store.begin(
+            "d", "wf", expected_revision=revision, lease_owner="A", ttl_ms=0
+        )
+        assert begun is not None
+        assert store.run(RecoverOp(limit=10, max_takeovers=10**6)) == [("d", "halted")]
+        again = msgspec.structs.replace(
+            request("d", revision), snapshot=b"%d" % (revision + 1)
+        )
+        store.save(again)
+    takeovers = store.run(storage.TakeoversOp(workflow_instance_id="d", limit=100))
+    assert [t.revision for t in takeovers] == list(range(depth + 2, 2, -1))
+    states = [
+        store.run(storage.RevisionOp(workflow_instance_id="d", revision=r))
+        for r in range(1, depth + 4)
+    ]
+    kept = [r.snapshot for r in states if r is not None]
+    assert kept == [b"%d" % r for r in range(4, depth + 4)]
+
+
 def test_a_save_resets_the_takeover_count(store: Store) -> None:
     store.save(request("t", None))
     store.begin("t", "wf", expected_revision=1, lease_owner="A", ttl_ms=0)

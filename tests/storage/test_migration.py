@@ -18,6 +18,7 @@ from phronomy.storage import (
     InboxOp,
     Posting,
     PostOp,
+    RevisionOp,
     SaveRequest,
     SQLiteStore,
     TimerSpec,
@@ -65,7 +66,7 @@ def test_every_row_and_its_history_survive_the_migration(
     ).fetchall()
     before.close()
     store.open()
-    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 6
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 7
     for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
@@ -188,7 +189,7 @@ def test_a_schema_4_file_gains_an_inbox_and_keeps_every_row(
     shutil.copy(fixture, path)
     store = open_sqlite(path)
     store.open()
-    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 6
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 7
     for iid, *saved in rows:
         record = store.load(iid)
         assert record is not None
@@ -229,7 +230,7 @@ def test_a_schema_5_file_gains_timers_and_keeps_its_inbox(
     shutil.copy(fixture, path)
     store = open_sqlite(path, clock=lambda: 1_000)
     store.open()
-    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 6
+    assert store.pragmas()["user_version"] == SCHEMA_VERSION == 7
     inbox = [
         (iid, e.seq, e.event_id, e.status)
         for iid in ("finished-1", "halted-1")
@@ -253,6 +254,11 @@ def test_a_schema_5_file_gains_timers_and_keeps_its_inbox(
             arm=(spec,),
         )
     )
+    # the save log keeps the states of saves made since version 7 (a fork's source)
+    earlier = store.run(RevisionOp(workflow_instance_id="halted-1", revision=1))
+    assert (earlier.status, earlier.snapshot) == ("halted", None)
+    later = store.run(RevisionOp(workflow_instance_id="halted-1", revision=2))
+    assert later.snapshot == halted.snapshot
     fire = FireOp(owner="o", workflows=("fixture-flow",))
     assert store.run(fire) == 1
     assert store.run(fire) == 0

@@ -19,7 +19,7 @@ import psycopg
 import pytest
 
 from phronomy import PostgresStore, errors
-from phronomy.storage import SaveOp
+from phronomy.storage import RevisionOp, SaveOp, SaveRequest
 from phronomy.storage._postgres_schema import SCHEMA_VERSION
 
 from .test_contract import request
@@ -540,6 +540,19 @@ def test_a_schema_3_database_gains_an_inbox_and_keeps_every_row(
     posting = Posting(workflow_instance_id="h", event_id="e", event="go", payload=b"1")
     posted = old.run(PostOp(posting=posting))
     assert (posted.outcome, posted.entry.seq) == ("stored", 1)
+    old.save(
+        SaveRequest(
+            workflow_instance_id="h",
+            expected_revision=1,
+            snapshot=b'{"n":2}',
+            write_id="w2",
+            status="halted",
+            phase="p",
+            workflow="wf",
+        )
+    )  # the save log keeps its state (version 6)
+    kept = old.run(RevisionOp(workflow_instance_id="h", revision=2))
+    assert (kept.status, kept.snapshot) == ("halted", b'{"n":2}')
     with _admin(postgres_dsn) as conn:
         rows = conn.execute(f"SELECT version FROM {schema}.phronomy_schema")
-        assert [r[0] for r in rows] == [SCHEMA_VERSION] == [5]
+        assert [r[0] for r in rows] == [SCHEMA_VERSION] == [6]

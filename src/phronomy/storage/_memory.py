@@ -34,7 +34,9 @@ from ._ops import (
     RecoverOp,
     RenewOp,
     RequestCancelOp,
+    RevisionOp,
     SaveOp,
+    TakeoversOp,
     TerminateOp,
     TimersOp,
 )
@@ -43,6 +45,7 @@ from ._records import (
     SaveLogEntry,
     SaveRequest,
     StoredRecord,
+    Takeover,
     saved_workflow,
 )
 from ._rule_effects import lease_after, status_after, swept
@@ -148,6 +151,10 @@ class MemoryStore(BaseStore[_Tables]):
                     conn.log.get(iid, {}).values(), key=lambda e: -e.revision
                 )
                 return saves[:limit]
+            case RevisionOp(workflow_instance_id=iid, revision=revision):
+                return _revision(conn, iid, revision)
+            case TakeoversOp(workflow_instance_id=iid, limit=limit):
+                return conn.history.get(iid, ({}, ()))[1][:limit]
             case FindWriteOp(workflow_instance_id=iid, write_id=write_id):
                 entry = conn.log.get(iid, {}).get(write_id)
                 return None if entry is None else entry.revision
@@ -337,6 +344,14 @@ class MemoryStore(BaseStore[_Tables]):
                 ),
                 log,
             )
+            taken = Takeover(
+                epoch=conn.rows[iid].lease_epoch,
+                revision=row.revision,
+                status=status,
+                detail=detail,
+                taken_at_ms=conn.wall(),
+            )
+            conn.log_takeover(iid, taken, self._depth)
             recovered.append((iid, status))
             if status in ("finished", "cancelled"):  # nothing applies any more
                 conn.consume(
@@ -423,6 +438,7 @@ class MemoryStore(BaseStore[_Tables]):
             ),
             log,
         )
+        conn.keep_state(iid, revision, request.snapshot, self._depth)
         return revision
 
     @staticmethod
@@ -457,3 +473,24 @@ class MemoryStore(BaseStore[_Tables]):
             conn.log.get(iid),
         )
         return True
+
+
+def _revision(conn: _Tables, iid: str, revision: int) -> StoredRecord | None:
+    """See :class:`~phronomy.storage.RevisionOp`."""
+    row = conn.rows.get(iid)
+    logged = [e for e in conn.log.get(iid, {}).values() if e.revision == revision]
+    if row is None or not logged:
+        return None
+    (entry,) = logged
+    return StoredRecord(
+        workflow_instance_id=iid,
+        workflow=row.workflow,
+        revision=revision,
+        status=entry.status,
+        phase=entry.phase,
+        snapshot=conn.history.get(iid, ({}, ()))[0].get(revision),
+        write_id=entry.write_id,
+        detail=entry.detail,
+        updated_at_ms=entry.committed_at_ms,
+        definition_version=entry.definition_version,
+    )

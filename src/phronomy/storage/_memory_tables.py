@@ -10,8 +10,12 @@ from ._memory_timers import MemoryTimers
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from ._records import SaveLogEntry, StoredRecord
+    from ._records import SaveLogEntry, StoredRecord, Takeover
     from ._schedules import ScheduleRecord
+
+    History = tuple[dict[int, bytes | None], tuple[Takeover, ...]]
+    """The states of an instance's logged revisions, by revision; its takeovers,
+    newest first."""
 
 __all__ = ["Tables"]
 
@@ -28,6 +32,8 @@ class Tables(MemoryInbox, MemoryTimers):
         self.rows: dict[str, StoredRecord] = {}
         self.log: dict[str, dict[str, SaveLogEntry]] = {}  # id -> write id -> save
         self.schedules: dict[str, ScheduleRecord] = {}
+        self.history: dict[str, History] = {}
+        """Per instance: the states its logged revisions saved, its takeovers."""
         self.undo: list[tuple[str, str, Any]] | None = None  # (table, key, kept)
 
     def put(
@@ -44,6 +50,22 @@ class Tables(MemoryInbox, MemoryTimers):
         if row is None:
             self.forget(iid)
             self.timers.pop(iid, None)
+            self.history.pop(iid, None)
+
+    def keep_state(
+        self, iid: str, revision: int, snapshot: bytes | None, depth: int
+    ) -> None:
+        """The save of *revision* (of *snapshot*) is logged: its state is kept, with
+        those of the saves the log keeps (*depth*). Call it after :meth:`put`."""
+        states, takeovers = self.history.get(iid, ({}, ()))
+        kept = {r: s for r, s in states.items() if r > revision - depth}
+        self.history[iid] = ({**kept, revision: snapshot}, takeovers)
+
+    def log_takeover(self, iid: str, takeover: Takeover, depth: int) -> None:
+        """The sweep took *iid* over (the last *depth* takeovers are kept). Call it
+        after :meth:`put`."""
+        states, takeovers = self.history.get(iid, ({}, ()))
+        self.history[iid] = (states, (takeover, *takeovers)[:depth])
 
     def note(self, iid: str) -> None:
         """Remember the state of *iid*, to undo this batch's writes of it."""
@@ -52,6 +74,7 @@ class Tables(MemoryInbox, MemoryTimers):
                 self.rows.get(iid),
                 self.log.get(iid),
                 self.timers.get(iid),
+                self.history.get(iid),
                 *self.inbox_state(iid),
             )
             self.undo.append(("instance", iid, kept))
@@ -80,10 +103,11 @@ class Tables(MemoryInbox, MemoryTimers):
             if table == "schedule":
                 _set(self.schedules, key, kept)
                 continue
-            row, log, timers, *inbox = kept
+            row, log, timers, history, *inbox = kept
             _set(self.rows, key, row)
             _set(self.log, key, log)
             _set(self.timers, key, timers)
+            _set(self.history, key, history)
             self.restore_inbox(key, *inbox)
 
 

@@ -42,8 +42,10 @@ __all__ = [
     "RecoverOp",
     "RenewOp",
     "RequestCancelOp",
+    "RevisionOp",
     "SaveOp",
     "StoreOp",
+    "TakeoversOp",
     "TerminateOp",
     "op_name",
 ]
@@ -329,6 +331,30 @@ class TimersOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="timers"
 
 
 @final
+class RevisionOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="revision"):
+    """A logged revision of an instance as its row was then (a read): a
+    :class:`~phronomy.storage.StoredRecord` without a lease (its workflow the row's
+    today, ``updated_at_ms`` the save's commit), or ``None`` when the revision is not
+    among the saves the store keeps (``save_log_depth``). Its ``snapshot`` is ``None``
+    for a save logged before the store kept states (SQLite schema 7, PostgreSQL 6)."""
+
+    workflow_instance_id: str
+    revision: int
+
+
+@final
+class TakeoversOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="takeovers"):
+    """An instance's logged takeovers by the recovery sweep, newest first (a read): a
+    tuple of :class:`~phronomy.storage.Takeover`, at most *limit*."""
+
+    workflow_instance_id: str
+    limit: int = 32
+
+    def __post_init__(self) -> None:
+        check_op_limit(self.limit)
+
+
+@final
 class PendingOp(msgspec.Struct, frozen=True, kw_only=True, gc=False, tag="pending"):
     """What waits in the store for instances of *workflows* (a read, for metrics):
     ``(events, timers)``, the number of their pending inbox entries and of their
@@ -386,6 +412,8 @@ StoreOp = (
     | FireOp
     | TimersOp
     | PendingOp
+    | RevisionOp
+    | TakeoversOp
     | PutScheduleOp
     | DeleteScheduleOp
     | ScheduleOp
@@ -405,6 +433,8 @@ READ_OPS = (
     NextDueOp,
     TimersOp,
     PendingOp,
+    RevisionOp,
+    TakeoversOp,
     ScheduleOp,
     SchedulesOp,
 )

@@ -33,12 +33,9 @@ from ._postgres_open import (
 )
 from ._postgres_pipeline import pipelined_writes
 from ._postgres_schema import (
-    SQL_SERVER_STARTED,
-    SQL_TERMINATE,
-    SQL_XACT,
-    SQL_XACT_STATUS,
     STATEMENTS,
 )
+from ._postgres_xact import SQL_SERVER_STARTED, SQL_TERMINATE, SQL_XACT, SQL_XACT_STATUS
 from ._sql_ops import apply_op
 from ._sql_writes import claim_op
 from ._store import SAVE_LOG_DEPTH

@@ -4,6 +4,7 @@ the same tables and rules as the SQLite store (one conditional statement per wri
 from __future__ import annotations
 
 from ._postgres_notify import SQL_NOTIFY
+from ._sql_history import POSTGRES_HISTORY, postgres_log
 from ._sql_inbox import (
     CONSUMED_PENDING,
     INBOX_STATEMENTS,
@@ -41,17 +42,13 @@ __all__ = [
     "SQL_RESUME",
     "SQL_REVISION",
     "SQL_SCHEMA_VERSION",
-    "SQL_SERVER_STARTED",
     "SQL_SET_LOG_DEPTH",
     "SQL_SET_VERSION",
-    "SQL_TERMINATE",
     "SQL_UPDATE",
-    "SQL_XACT",
-    "SQL_XACT_STATUS",
     "STATEMENTS",
 ]
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 """The newest schema this release writes (numbered on its own since version 4)."""
 
 SQL_CREATE_VERSION_TABLE = (
@@ -185,6 +182,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
             FOR EACH ROW EXECUTE FUNCTION phronomy_inbox_forget()""",
     ),
     POSTGRES_TIME,  # version 5: durable timers and schedules
+    POSTGRES_HISTORY,  # version 6: saved states in the save log, takeovers logged
 )
 
 COLUMNS = (
@@ -395,7 +393,7 @@ SQL_RECOVER = f"""
         cancel_requested = NULL, lease_epoch = t.lease_epoch + 1,
         takeovers = t.takeovers + 1
     FROM expired WHERE t.instance_id = expired.instance_id
-    RETURNING t.instance_id, t.status
+    RETURNING t.instance_id, t.status, t.lease_epoch, t.revision, t.detail
 """  # noqa: S608 - constant
 """The recovery sweep: up to ``limit`` expired leases taken over in one statement (a
 row locked by :data:`SQL_EXPIRED` is re-checked against the latest version)."""
@@ -454,20 +452,6 @@ SQL_SET_LOG_DEPTH = (
     "UPDATE phronomy_settings SET value = %s WHERE name = 'save_log_depth' "
     "AND value != %s"
 )
-SQL_TERMINATE = """
-    SELECT pg_terminate_backend(pid) FROM pg_stat_activity
-    WHERE pid = %(pid)s AND backend_xid::text::bigint = %(xid)s::bigint %% 4294967296
-"""
-"""End the backend still running the failed write (its transaction then aborts)."""
-SQL_XACT = (
-    "SELECT pg_current_xact_id()::text, pg_backend_pid(), "
-    "pg_postmaster_start_time()::text"
-)
-"""The transaction id of a write (learnt before it writes), its backend, and when the
-server started (after a restart, an old transaction id means nothing any more)."""
-SQL_SERVER_STARTED = "SELECT pg_postmaster_start_time()::text"
-SQL_XACT_STATUS = "SELECT pg_xact_status(%s::xid8)"
-"""``committed``, ``aborted``, ``in progress`` or NULL (too old to tell)."""
 
 STATEMENTS = Statements(
     load=SQL_LOAD,
@@ -496,5 +480,6 @@ STATEMENTS = Statements(
             )
         )
     )._replace(notify=SQL_NOTIFY),
+    log=postgres_log(_NOW_MS),
     **postgres_time(_NOW_MS),
 )

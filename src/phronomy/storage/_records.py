@@ -25,6 +25,7 @@ __all__ = [
     "SaveOutcome",
     "SaveRequest",
     "StoredRecord",
+    "Takeover",
     "TimerKind",
     "TimerSpec",
     "is_execution_plan",
@@ -340,6 +341,28 @@ class SaveLogEntry(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     committed_at_ms: int
     definition_version: str = ""
     detail: str | None = None
+
+
+@final
+class Takeover(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """One takeover of an instance by the recovery sweep (its runtime stopped while
+    running it; the store keeps the last few, as many as saves).
+
+    Attributes:
+        epoch: the lease epoch the takeover made (a late write of the stopped runtime
+            is refused).
+        revision: the revision it put the instance back at.
+        status: the status it put it back with (``halted``, ``failed``,
+            ``recovery_required``, ``cancelled``, ...).
+        detail: why, as the row says.
+        taken_at_ms: wall-clock milliseconds of the takeover.
+    """
+
+    epoch: int
+    revision: int
+    status: InstanceStatus
+    detail: str | None
+    taken_at_ms: int
 
 
 def check_op_limit(limit: int) -> None:

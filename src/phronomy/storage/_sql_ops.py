@@ -30,11 +30,19 @@ from ._ops import (
     RecoverOp,
     RenewOp,
     RequestCancelOp,
+    RevisionOp,
     SaveOp,
+    TakeoversOp,
     TerminateOp,
     TimersOp,
 )
 from ._records import InstancePage, SaveLogEntry, StoredRecord
+from ._sql_history import (
+    HISTORY_STATEMENTS,
+    HistoryStatements,
+    log_takeover,
+    takeovers_of,
+)
 from ._sql_inbox import InboxStatements, check_pending, consume, entry_from_row, post
 from ._sql_schedules import (
     SCHEDULE_OPS,
@@ -102,6 +110,7 @@ class Statements(NamedTuple):
     timers: TimerStatements = TIMER_STATEMENTS
     schedules: ScheduleStatements = SCHEDULE_STATEMENTS
     terminate: str = SQL_TERMINATE_ROW
+    log: HistoryStatements = HISTORY_STATEMENTS
 
 
 def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) -> Any:
@@ -181,7 +190,10 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                 "limit": limit,
                 "max": max_takeovers,
             }
-            recovered = [(row[0], row[1]) for row in conn.execute(sql.recover, params)]
+            rows = conn.execute(sql.recover, params).fetchall()
+            for row in rows:
+                log_takeover(conn, sql.log, row, clock.wall_ms())
+            recovered = [(row[0], row[1]) for row in rows]
             for iid, status in recovered:
                 if status in _CLOSED:  # back to a closed revision: nothing applies
                     consume(
@@ -248,6 +260,12 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             return fired
         case TimersOp(workflow_instance_id=iid):
             return timers_of(conn, iid, sql.timers)
+        case RevisionOp(workflow_instance_id=iid, revision=revision):
+            params = {"id": iid, "revision": revision}
+            row = conn.execute(sql.log.revision, params).fetchone()
+            return None if row is None else record_from_row(row)
+        case TakeoversOp(workflow_instance_id=iid, limit=limit):
+            return takeovers_of(conn, sql.log, iid, limit)
         case PendingOp(workflows=workflows):
             params = {"workflows": json.dumps(workflows)}
             events, timers = conn.execute(sql.inbox.counts, params).fetchone()

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 
+from ._sql_history import SQLITE_HISTORY
 from ._sql_inbox import CONSUMED_PENDING, INBOX_STATEMENTS
 from ._sql_list import LIST_STATEMENTS
 from ._sql_ops import Statements
@@ -45,7 +46,7 @@ __all__ = [
     "filesystem_type",
 ]
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 """``PRAGMA user_version`` of the newest schema this release writes."""
 
 NETWORK_FILESYSTEMS = frozenset({
@@ -208,6 +209,7 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         END""",
     ),
     SQLITE_MIGRATION + SQLITE_SCHEDULES,  # version 6: durable timers, schedules
+    SQLITE_HISTORY,  # version 7: saved states in the save log, takeovers logged
 )
 
 COLUMNS = (
@@ -384,7 +386,7 @@ SQL_RECOVER = f"""
         cancel_requested = NULL, lease_epoch = lease_epoch + 1,
         takeovers = takeovers + 1
     WHERE instance_id IN ({SQL_EXPIRED})
-    RETURNING instance_id, status
+    RETURNING instance_id, status, lease_epoch, revision, detail
 """  # noqa: S608 - constant
 """The recovery sweep: up to ``limit`` expired leases taken over in one statement (the
 write transaction holds the database's write lock: no other sweeper sees them)."""
