@@ -248,10 +248,10 @@ def test_json_keeps_milliseconds_and_adds_iso_times(
         listed = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
         assert [s["agent_id"] for s in listed] == agents
         assert all(s["updated_at"] == iso(s["updated_at_ms"]) for s in listed)
-    assert main(["instances", "show", "--db", mixed_db, "a-0"]) == 0
+    assert main(["instances", "show", "--db", mixed_db, "a-0", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["updated_at"] == iso(shown["updated_at_ms"])
-    assert main(["executions", "show", "--db", mixed_db, "crashed"]) == 0
+    assert main(["executions", "show", "--db", mixed_db, "crashed", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["updated_at"] == iso(shown["updated_at_ms"])
 
@@ -509,7 +509,7 @@ def test_instances_send_stores_an_event_a_serving_runtime_applies_once(
     out = capsys.readouterr().out
     assert "o-1: event 'approve' stored as seq 1 (event id cli-1)" in out
     assert "a runtime serving workflow 'orders' applies it" in out
-    assert main(["instances", "show", "--db", db, "o-1"]) == 0
+    assert main(["instances", "show", "--db", db, "o-1", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert [(e["seq"], e["event"], e["event_id"]) for e in shown["pending_events"]] == [
         (1, "approve", "cli-1")
@@ -517,7 +517,7 @@ def test_instances_send_stores_an_event_a_serving_runtime_applies_once(
     note = shown["pending_events_note"]
     assert "serves workflow 'orders' applies them at its next poll" in note
     monkeypatch.setattr(commands_module, "SETTLING_S", 0)  # as if it waited long
-    assert main(["instances", "show", "--db", db, "o-1"]) == 0
+    assert main(["instances", "show", "--db", db, "o-1", "--json"]) == 0
     note = json.loads(capsys.readouterr().out)["pending_events_note"]
     assert "no live runtime serves workflow 'orders': the oldest has waited" in note
     # bad input stores nothing
@@ -578,7 +578,7 @@ def test_instances_show_says_an_expired_holder_no_longer_applies_events(
         assert store.run(phronomy.storage.PostOp(posting=posting)).outcome == "stored"
     finally:
         store.close()
-    assert main(["instances", "show", "--db", db, "h-1"]) == 0
+    assert main(["instances", "show", "--db", db, "h-1", "--json"]) == 0
     note = json.loads(capsys.readouterr().out)["pending_events_note"]
     assert note == "the runtime holding the instance (vm:1:dead) applies them"
     store = phronomy.SQLiteStore(db)
@@ -587,7 +587,7 @@ def test_instances_show_says_an_expired_holder_no_longer_applies_events(
     finally:
         store.close()
     time.sleep(0.01)
-    assert main(["instances", "show", "--db", db, "h-1"]) == 0
+    assert main(["instances", "show", "--db", db, "h-1", "--json"]) == 0
     note = json.loads(capsys.readouterr().out)["pending_events_note"]
     assert note.startswith("the lease of vm:1:dead expired: a live runtime's recovery")
 
@@ -625,7 +625,7 @@ async def test_schedules_commands_edit_what_a_serving_runtime_carries_out(
     assert rows[2][2] == "cron 0 3 * * *"
     assert main(["schedules", "pause", "nightly", "--note", "db move", "--db", db]) == 0
     assert capsys.readouterr().out == "nightly: paused\n"
-    assert main(["schedules", "show", "nightly", "--db", db]) == 0
+    assert main(["schedules", "show", "nightly", "--db", db, "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert (shown["paused"], shown["note"], shown["input"]) == (
         True,

@@ -129,7 +129,7 @@ def test_retry_fork_purge_and_time_filters(
     assert "does not exist" in _refused(capsys, "instances", "retry", "--db", db, "x")
     fork = ["instances", "fork", "--db", db, "o-2", "--new-id"]
     assert "exists already" in _refused(capsys, *fork, "o-1")
-    assert "revision 7 of 'o-2' does not exist" in _refused(
+    assert "revision 7 of 'o-2' is not in its history" in _refused(
         capsys, *fork, "o-3", "--revision", "7"
     )
     assert "--new-id: workflow_instance_id is required" in _refused(capsys, *fork, "")
@@ -320,7 +320,7 @@ def test_start_runs_the_first_segment_of_a_definition_in_your_code(
     assert row.split()[:5] == ["t-1", "tickets", "halted", "1", "open"]
     assert row.split()[5].endswith("Z")
     assert said == "t-1: started (halted at revision 1, phase open)"
-    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "t-1")
+    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "t-1", "--json")
     assert json.loads(out)["fields"] == {"title": "x"}
     before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
     for argv, message in (
@@ -335,6 +335,157 @@ def test_start_runs_the_first_segment_of_a_definition_in_your_code(
     ):
         assert message in _refused(capsys, *argv), argv
     assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
+
+
+ESCALATING_MODULE = """
+from datetime import timedelta
+
+import phronomy
+
+
+class Claim(phronomy.State):
+    notes: list[str] = []
+
+
+flow = (
+    phronomy.Workflow(Claim, name="claims")
+    .wait_state("awaiting")
+    .wait_state("reviewing")
+    .wait_state("escalated")
+    .initial("awaiting")
+    .transition("awaiting", "escalated", after=timedelta(days=2))
+    .transition(
+        "awaiting", "reviewing", on="review",
+        action=lambda s: s.merge(notes=[*s.notes, "reviewed"]),
+    )
+    .transition("reviewing", phronomy.FINISH, on="close")
+    .transition("escalated", phronomy.FINISH, on="close")
+    .build()
+)
+"""
+
+
+def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
+    target: tuple[str, Callable[[], Any]],
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # Before: only the current revision could be forked ("the store keeps the state
+    # of the current revision only"), and a fork armed no timer: one at a state with
+    # a timeout never escalated.
+    from phronomy.storage import TimersOp
+
+    db, make = target
+    home = tmp_path / "app"
+    home.mkdir()
+    module = f"cli_claims_{secrets.token_hex(4)}"
+    (home / f"{module}.py").write_text(ESCALATING_MODULE)
+    monkeypatch.chdir(home)
+    store = make()
+    store.open()
+    store.close()
+    start = ["instances", "start", "--db", db, f"{module}:flow", "c-1"]
+    assert _cli(capsys, *start)[0] == 0  # halted at awaiting, its timeout armed
+    review = ["instances", "send", "--db", db, "c-1", "review"]
+    assert _cli(capsys, *review)[0] == 0
+
+    async def serve() -> None:
+        runtime_store = make()
+        try:
+            flow = __import__(module).flow
+            async with phronomy.open_runtime(
+                store=runtime_store, workflows=[flow], sweep_interval=0
+            ):
+                await until(
+                    lambda: getattr(runtime_store.load("c-1"), "revision", 0) == 2, 10
+                )
+        finally:
+            runtime_store.close()
+
+    trio.run(serve)  # c-1 reviewed: revision 2, at reviewing, no timeout armed
+    fork = ["instances", "fork", "--db", db, "c-1", "--json", "--new-id"]
+    status, out, err = _cli(capsys, *fork, "c-2", "--revision", "1")
+    assert status == 0, err
+    forked = json.loads(out)
+    assert (forked["source_revision"], forked["status"], forked["timeouts"]) == (
+        1,
+        "halted",
+        [],  # the source no longer has awaiting's timeout: without --app, none
+    )
+    status, out, err = _cli(
+        capsys, *fork, "c-3", "--revision", "1", "--app", f"{module}:flow"
+    )
+    assert status == 0, err
+    assert json.loads(out)["timeouts"] == ["after:172800000:awaiting"]
+    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "c-3", "--json")
+    shown = json.loads(out)
+    assert (shown["phase"], shown["fields"]) == ("awaiting", {"notes": []})
+    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "c-1", "--json")
+    assert json.loads(out)["fields"] == {"notes": ["reviewed"]}  # the source's now
+    opened = make()
+    try:
+        (timer,) = opened.run(TimersOp(workflow_instance_id="c-3"))
+        assert (timer.name, timer.kind, timer.state) == (
+            "after:172800000:awaiting",
+            "timeout",
+            "awaiting",
+        )
+        assert timer.due_at_ms - timer.armed_at_ms == 172_800_000
+    finally:
+        opened.close()
+    before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
+    tickets = f"cli_tickets_{secrets.token_hex(4)}"
+    (home / f"{tickets}.py").write_text(FLOWS_MODULE)
+    for argv, message in (
+        ([*fork, "c-4", "--revision", "9"], "revisions that can be forked: [1, 2]"),
+        ([*fork, "c-4", "--app", f"{tickets}:flow"], "is workflow 'tickets', but"),
+        ([*fork, "c-4", "--app", "no_such_module:flow"], "cannot import module"),
+        ([*fork, "c-4", "--app", f"{module}:nothing"], "not a compiled workflow"),
+    ):
+        assert message in _refused(capsys, *argv), argv
+    assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
+
+
+def test_history_shows_the_sweep_s_takeovers(
+    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
+) -> None:
+    from phronomy.storage import BeginOp, RecoverOp
+
+    db, make = target
+
+    async def halted() -> None:
+        store = make()
+        try:
+            async with phronomy.open_runtime(store=store, sweep_interval=0) as rt:
+                await rt.workflows.invoke(FLOW, workflow_instance_id="t-1")
+        finally:
+            store.close()
+
+    trio.run(halted)
+    store = make()
+    try:
+        claim = BeginOp(
+            workflow_instance_id="t-1",
+            workflow="orders",
+            expected_revision=1,
+            lease_owner="a-stopped-runtime",
+            ttl_ms=0,
+        )
+        assert store.run(claim) is not None
+        assert store.run(RecoverOp(limit=10, max_takeovers=5)) == [("t-1", "halted")]
+    finally:
+        store.close()
+    status, out, err = _cli(capsys, "instances", "history", "--db", db, "t-1", "--json")
+    assert status == 0, err
+    kinds = [(v["kind"], v.get("revision")) for v in map(json.loads, out.splitlines())]
+    assert kinds == [("takeover", 1), ("save", 1)]
+    (taken, _) = map(json.loads, out.splitlines())
+    assert taken["status"] == "halted"
+    assert taken["taken_at"].endswith("Z")
+    status, out, _ = _cli(capsys, "instances", "history", "--db", db, "t-1")
+    assert "takeover" in out.splitlines()[1]
+    assert "back at revision 1" in out
 
 
 async def test_terminate_closes_a_live_instance_and_fences_its_holder(

@@ -247,7 +247,7 @@ def test_listing_pages_escapes_and_corrupt_rows(
     assert "\x1b" not in out
     assert main(["instances", "list", "--db", db, "--after", "b-corrupt"]) == 0
     assert [row[0] for row in _cells(capsys.readouterr().out)] == ["ID", "c"]
-    assert main(["instances", "show", "--db", db, "b-corrupt"]) == 1
+    assert main(["instances", "show", "--db", db, "b-corrupt", "--json"]) == 1
     shown = capsys.readouterr()
     assert '"snapshot_error": "stored snapshot of workflow instance' in shown.out
     assert shown.err.startswith("phronomy: error: stored snapshot of workflow instance")
@@ -283,7 +283,7 @@ def test_executions_commands(
     out, err = capsys.readouterr()
     assert [r[0] for r in _cells(out)] == ["AGENT", "crashed"]
     assert "--after agent:crashed" in err
-    assert main(["executions", "show", "--db", db, "done"]) == 0
+    assert main(["executions", "show", "--db", db, "done", "--json"]) == 0
     assert '"status": "completed"' in capsys.readouterr().out
     assert main(["executions", "resolve", "--db", db, "done", "release"]) == 1
     assert "does not require recovery" in capsys.readouterr().err
@@ -387,7 +387,7 @@ def test_operators_see_who_holds_a_lease_and_whether_it_is_live(
         rf"expired at {_ISO.pattern} \(owner host:2:def, epoch 1\)", lapsed[6]
     )
     assert "recovery sweep puts the instance back" in note[0]
-    assert main(["instances", "show", "--db", db, "held"]) == 0
+    assert main(["instances", "show", "--db", db, "held", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)
     assert shown["lease_owner"] == "host:1:abc"
     assert shown["lease_epoch"] == 1

@@ -6,15 +6,14 @@ A command prints its result on stdout and returns the exit status; an error is r
 
 from __future__ import annotations
 
-import datetime
 import json
-import re
 import shlex
 import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
+from phronomy._cli_output import done, iso, json_line, print_view, safe, table
 from phronomy._cli_store import is_dsn, lease_now as _lease_now
 from phronomy._cli_times import moment_ms
 from phronomy.durability import kind_of
@@ -42,7 +41,6 @@ from phronomy.workflow._definition import AFTER_PREFIX, describe_delay
 
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
 
     from phronomy._cli_store import CliStore
     from phronomy.storage import StoredRecord
@@ -61,39 +59,6 @@ __all__ = [
     "show",
     "write_cancellation",
 ]
-
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_EPOCH = datetime.datetime(1970, 1, 1, tzinfo=datetime.UTC)
-
-
-def safe(value: object) -> str:
-    """*value* as one line of text: control characters (tabs, newlines) escaped."""
-    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", str(value))
-
-
-def iso(ms: int | None) -> str | None:
-    """Wall-clock milliseconds as ISO 8601 UTC (``2026-12-01T09:06:15.123Z``)."""
-    if ms is None:
-        return None
-    try:
-        moment = _EPOCH + datetime.timedelta(milliseconds=ms)
-    except OverflowError:  # a damaged row: show the number rather than fail
-        return f"{ms} ms"
-    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{moment.microsecond // 1000:03d}Z"
-
-
-def _json(value: Any, **times: int | None) -> str:
-    fields: dict[str, Any] = msgspec.to_builtins(value)
-    fields.update({name: iso(ms) for name, ms in times.items()})
-    return json.dumps(fields, sort_keys=True)
-
-
-def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
-    """Print *rows* under *header* in columns (two spaces apart, empty cells ``-``)."""
-    cells = [list(header), *([c or "-" for c in row] for row in rows)]
-    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
-    for row in cells:
-        print("  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip())
 
 
 def _command(*words: str) -> str:
@@ -226,7 +191,7 @@ def listing(store: CliStore, args: argparse.Namespace) -> int:
     if args.json:
         for r in records:
             print(
-                _json(
+                json_line(
                     r,
                     updated_at=r.updated_at_ms,
                     lease_expires_at=_expiry_ms(r, lease_now)
@@ -237,7 +202,7 @@ def listing(store: CliStore, args: argparse.Namespace) -> int:
         if next_after is not None:
             print(json.dumps({"next_after": next_after}))
         return 0
-    _table(
+    table(
         ("ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "LEASE", "DETAIL"),
         [
             (
@@ -349,7 +314,8 @@ def _who_applies(record: StoredRecord, oldest: InboxEntry, *, live: bool) -> str
 
 
 def show(store: CliStore, args: argparse.Namespace) -> int:
-    """``instances show``: the row and its stored fields, as JSON."""
+    """``instances show``: the row, its lease, stored fields, pending events and
+    timers (a table; ``--json``: one JSON object)."""
     record = _workflow_record(store, args)
     view: dict[str, Any] = msgspec.to_builtins(
         msgspec.structs.replace(record, snapshot=None)
@@ -374,7 +340,7 @@ def show(store: CliStore, args: argparse.Namespace) -> int:
             view["fields"] = decoded.fields
     view.update(pending_events(store, record))
     view["pending_timers"] = pending_timers(store, record.workflow_instance_id)
-    print(json.dumps(view, indent=2, sort_keys=True))
+    print_view(args, view, hide=("snapshot",))
     if error is not None:
         raise error
     return 0
@@ -412,13 +378,21 @@ def migrate(store: CliStore, args: argparse.Namespace) -> int:
     from phronomy.storage._postgres_schema import SCHEMA_VERSION as POSTGRES_VERSION
 
     version = POSTGRES_VERSION if is_dsn(args.db) else SCHEMA_VERSION
-    print(f"{safe(args.db)}: schema version {version}")
-    return 0
+    text = f"{safe(args.db)}: schema version {version}"
+    return done(args, text, db=args.db, schema_version=version)
 
 
 def resolve(store: CliStore, args: argparse.Namespace) -> int:
     """``instances resolve``: settle a recovery_required instance."""
     _workflow_record(store, args)
     record = resolve_stored(store, args.id, args.resolution, by="an operator (cli)")
-    print(f"{safe(args.id)}: recovery_required -> {record.status}")
-    return 0
+    return done(
+        args,
+        f"{safe(args.id)}: recovery_required -> {record.status}",
+        id=args.id,
+        resolution=args.resolution,
+        status=record.status,
+        revision=record.revision,
+        updated_at_ms=record.updated_at_ms,
+        updated_at=iso(record.updated_at_ms),
+    )

@@ -8,14 +8,8 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy._cli_commands import (
-    _table,
-    _workflow_record,
-    event_name,
-    iso,
-    safe,
-    timer_view,
-)
+from phronomy._cli_commands import _workflow_record, event_name, timer_view
+from phronomy._cli_output import iso, safe, table
 from phronomy.engine import random_uuid
 from phronomy.errors import InstanceStateError, InvalidInputError
 from phronomy.storage import (
@@ -24,6 +18,8 @@ from phronomy.storage import (
     Posting,
     PostOp,
     StoredTimer,
+    Takeover,
+    TakeoversOp,
     TimersOp,
     fired_timer,
     validate_event_id,
@@ -93,31 +89,41 @@ def send(store: CliStore, args: argparse.Namespace) -> int:
 
 
 def history(store: CliStore, args: argparse.Namespace) -> int:
-    """``instances history``: the instance's last saves and events, newest first (an
-    event just below the save that consumed it, pending ones on top, a fired timer as
-    a ``timer`` event), under its armed timers (due soonest last)."""
+    """``instances history``: the instance's last saves, events and takeovers, newest
+    first (an event just below the save that consumed it, pending ones on top, a
+    fired timer as a ``timer`` event, a takeover of the recovery sweep just above the
+    save it put the instance back at), under its armed timers (due soonest last)."""
     _workflow_record(store, args)
     saves = store.history(args.id, limit=args.limit)
     events = store.run(
         InboxOp(workflow_instance_id=args.id, pending_only=False, limit=args.limit)
     )
     armed = store.run(TimersOp(workflow_instance_id=args.id))[::-1]
-    items = [*armed, *interleave(saves, events)][: args.limit]
+    taken = store.run(TakeoversOp(workflow_instance_id=args.id, limit=args.limit))
+    items = [*armed, *interleave(saves, events, taken)][: args.limit]
     if args.json:
         for item in items:
             if isinstance(item, StoredTimer):
                 view = timer_view(item)
             elif isinstance(item, InboxEntry):
                 view = _event_view(item)
+            elif isinstance(item, Takeover):
+                view = _takeover_view(item)
             else:
                 view = _save_view(item)
             print(json.dumps(view, sort_keys=True))
         return 0
-    _table(
+    table(
         ("REV", "KIND", "STATUS", "PHASE/EVENT", "AT", "ID", "VERSION", "DETAIL"),
         [_history_row(item) for item in items],
     )
     return 0
+
+
+def _takeover_view(taken: Takeover) -> dict[str, Any]:
+    view: dict[str, Any] = msgspec.to_builtins(taken)
+    view.update(kind="takeover", taken_at=iso(taken.taken_at_ms))
+    return view
 
 
 def _save_view(save: SaveLogEntry) -> dict[str, Any]:
@@ -147,7 +153,20 @@ def _summary(encoded: bytes, width: int = 60) -> str:
     return text if len(text) <= width else text[: width - 1] + "\u2026"
 
 
-def _history_row(item: SaveLogEntry | InboxEntry | StoredTimer) -> tuple[str, ...]:
+def _history_row(
+    item: SaveLogEntry | InboxEntry | StoredTimer | Takeover,
+) -> tuple[str, ...]:
+    if isinstance(item, Takeover):
+        return (
+            str(item.revision),
+            "takeover",
+            item.status,
+            "",
+            iso(item.taken_at_ms) or "",
+            f"epoch {item.epoch}",
+            "",
+            safe(item.detail or ""),
+        )
     if isinstance(item, StoredTimer):
         return (
             str(item.armed_revision),

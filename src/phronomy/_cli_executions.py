@@ -17,15 +17,12 @@ import msgspec
 
 from phronomy._cli_commands import (
     _command,
-    _json,
-    _table,
-    iso,
     lease_state,
     pending_events,
     pending_timers,
-    safe,
     write_cancellation,
 )
+from phronomy._cli_output import done, iso, json_line, print_view, safe, table
 from phronomy._cli_store import lease_now as _lease_now
 from phronomy.agent._records import (
     agent_key,
@@ -80,9 +77,9 @@ def listing_command(store: CliStore, args: argparse.Namespace) -> int:
     )
     if args.json:
         for record in page.records:
-            print(_json(record, updated_at=record.updated_at_ms))
+            print(json_line(record, updated_at=record.updated_at_ms))
     else:
-        _table(
+        table(
             ("AGENT", "STATUS", "STEP", "DONE", "PLAN", "UPDATED", "EXECUTION"),
             [
                 (
@@ -106,13 +103,14 @@ def listing_command(store: CliStore, args: argparse.Namespace) -> int:
 
 
 def show(store: CliStore, args: argparse.Namespace) -> int:
-    """``executions show``: one key's execution, its pending answers and its lease."""
+    """``executions show``: one key's execution, its pending answers and its lease
+    (a table; ``--json``: one JSON object)."""
     row, record = _row(store, args.agent_id)
     view = _view(record)
     view["lease"] = lease_state(row, _lease_now(store))
     view.update(pending_events(store, row))
     view["pending_timers"] = pending_timers(store, row.workflow_instance_id)
-    print(json.dumps(view, indent=2, sort_keys=True))
+    print_view(args, view)
     return 0
 
 
@@ -141,12 +139,15 @@ def approve(store: CliStore, args: argparse.Namespace) -> int:
         raise InstanceStateError(
             f"agent {args.agent_id!r}'s execution took no answer ({posted.outcome})"
         )
-    print(
+    return done(
+        args,
         f"{safe(args.agent_id)}: {posting.event} stored for execution "
-        f"{record.execution_id} "
-        "(a runtime that serves its plan applies it)"
+        f"{record.execution_id} (a runtime that serves its plan applies it)",
+        agent_id=args.agent_id,
+        execution_id=record.execution_id,
+        event=posting.event,
+        event_id=posting.event_id,
     )
-    return 0
 
 
 def cancel(store: CliStore, args: argparse.Namespace) -> int:
@@ -163,15 +164,13 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
     asked = False
     while True:
         if row.status == "cancelled":
-            print(f"{safe(args.agent_id)}: execution {record.execution_id} cancelled")
-            return 0
+            return _cancelled(args, record, "cancelled")
         if row.status != "running" or row.lease_owner is None:
             write_cancellation(store, row, reason=args.reason)
         elif row.cancel_requested is None:  # asked again after each new claim
             store.run(RequestCancelOp(workflow_instance_id=key, reason=args.reason))
             if not asked and args.no_wait:
-                print(f"{safe(args.agent_id)}: cancellation asked of its runtime")
-                return 0
+                return _cancelled(args, record, "cancel_requested")
             asked = True
         if time.monotonic() > deadline:
             raise InstanceStateError(
@@ -182,11 +181,33 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
         row, record = _row(store, args.agent_id)
 
 
+def _cancelled(args: argparse.Namespace, record: ExecutionRecord, status: str) -> int:
+    """Print that the execution is cancelled (or its runtime was asked to)."""
+    text = (
+        f"execution {record.execution_id} cancelled"
+        if status == "cancelled"
+        else "cancellation asked of its runtime"
+    )
+    return done(
+        args,
+        f"{safe(args.agent_id)}: {text}",
+        agent_id=args.agent_id,
+        execution_id=record.execution_id,
+        status=status,
+    )
+
+
 def resolve(store: CliStore, args: argparse.Namespace) -> int:
     """``executions resolve``: settle a recovery_required execution."""
     _row(store, args.agent_id)
     resolved = resolve_stored(
         store, agent_key(args.agent_id), args.resolution, by="an operator (cli)"
     )
-    print(f"{safe(args.agent_id)}: recovery_required -> {resolved.status}")
-    return 0
+    return done(
+        args,
+        f"{safe(args.agent_id)}: recovery_required -> {resolved.status}",
+        agent_id=args.agent_id,
+        resolution=args.resolution,
+        status=resolved.status,
+        revision=resolved.revision,
+    )

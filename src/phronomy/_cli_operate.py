@@ -9,13 +9,9 @@ from typing import TYPE_CHECKING, Any
 
 import outcome
 
-from phronomy._cli_commands import (
-    _table,
-    _workflow_record,
-    iso,
-    safe,
-    write_cancellation,
-)
+from phronomy._cli_commands import _workflow_record, write_cancellation
+from phronomy._cli_output import done, iso, safe, table
+from phronomy._cli_start import load_definition
 from phronomy._cli_times import duration_ms
 from phronomy.engine import random_hex
 from phronomy.errors import InstanceStateError, InvalidInputError
@@ -25,64 +21,25 @@ from phronomy.storage import (
     Posting,
     PostOp,
     RequestCancelOp,
+    RevisionOp,
     SaveRequest,
     TerminateOp,
+    TimersOp,
     decode_snapshot_builtins,
     encode_snapshot,
     validate_instance_id,
 )
 from phronomy.storage._retention import CLOSED_STATUSES, closed_listing, purge_ops
 from phronomy.storage._shortcuts import MAX_LIMIT
+from phronomy.workflow._timeouts import timeout_named, timeout_timer
 
 if TYPE_CHECKING:
     import argparse
 
     from phronomy._cli_store import CliStore
-    from phronomy.storage import InstanceStatus, StoredRecord
+    from phronomy.storage import BaseStore, InstanceStatus, StoredRecord, TimerSpec
 
 __all__ = ["cancel", "fork", "purge", "retry", "terminate"]
-
-
-def row_table(row: StoredRecord | None) -> None:
-    """Print an instance's row as a one-row table (nothing for ``None``)."""
-    if row is not None:
-        _table(
-            ("ID", "WORKFLOW", "STATUS", "REV", "PHASE", "UPDATED", "DETAIL"),
-            [
-                (
-                    safe(row.workflow_instance_id),
-                    safe(row.workflow),
-                    row.status,
-                    str(row.revision),
-                    safe(row.phase or ""),
-                    iso(row.updated_at_ms) or "",
-                    safe(row.detail or ""),
-                )
-            ],
-        )
-
-
-def _done(
-    args: argparse.Namespace,
-    text: str,
-    store: CliStore | None = None,
-    **fields: Any,
-) -> int:
-    """Print the outcome: *text* (under the instance's row as a table, if *store*),
-    or *fields* as one JSON object (with the row's update time)."""
-    if not args.json:
-        if store is not None:
-            row_table(store.load(fields["id"]))
-        print(text)
-        return 0
-    if store is not None:
-        row = store.load(fields["id"])
-        if row is not None:
-            fields.update(
-                updated_at_ms=row.updated_at_ms, updated_at=iso(row.updated_at_ms)
-            )
-    print(json.dumps(fields, sort_keys=True))
-    return 0
 
 
 # --- cancel ----------------------------------------------------------------------------
@@ -105,7 +62,7 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                 if asked
                 else "already cancelled"
             )
-            return _done(
+            return done(
                 args,
                 text,
                 id=iid,
@@ -115,14 +72,14 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
         if record.status != "running" or record.lease_owner is None:
             if write_cancellation(store, record, reason=args.reason, force=args.force):
                 saved = _workflow_record(store, args)
-                return _done(
+                return done(
                     args,
                     f"{safe(iid)}: cancelled at revision {saved.revision}",
                     id=iid,
                     status="cancelled",
                     revision=saved.revision,
                 )
-            return _done(
+            return done(
                 args,
                 f"{safe(iid)}: already cancelled",
                 id=iid,
@@ -132,7 +89,7 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
         if record.cancel_requested is None:  # asked again after each new claim
             store.run(RequestCancelOp(workflow_instance_id=iid, reason=args.reason))
             if args.no_wait:
-                return _done(
+                return done(
                     args,
                     f"{safe(iid)}: cancellation asked of its runtime "
                     f"({safe(record.lease_owner)}); it cancels at its next heartbeat "
@@ -187,7 +144,7 @@ def terminate(store: CliStore, args: argparse.Namespace) -> int:
             instance_id=iid,
         )
     held = "" if record.lease_owner is None else f" (held by {record.lease_owner})"
-    return _done(
+    return done(
         args,
         f"{safe(iid)}: terminated as {args.status} at revision {record.revision}"
         f"{safe(held)}",
@@ -204,56 +161,12 @@ def terminate(store: CliStore, args: argparse.Namespace) -> int:
 
 
 def retry(store: CliStore, args: argparse.Namespace) -> int:
-    """``instances retry``: a failed instance back to ``halted`` at its last saved
-    revision (its last good state: a failed segment saves nothing), and the event
-    whose segment failed stored again, so that a runtime serving its workflow applies
-    it anew."""
+    """``instances retry``: :func:`retry_failed` by an operator at the command line."""
     iid = args.id
     record = _workflow_record(store, args)
-    if record.status != "failed":
-        raise InstanceStateError(
-            f"workflow instance {iid!r} is {record.status}, not failed: only a failed "
-            "instance is retried",
-            instance_id=iid,
-        )
-    if record.snapshot is None or record.revision == 0:
-        raise InstanceStateError(
-            f"workflow instance {iid!r} failed before its first save: there is no "
-            "saved revision to retry from; start it again (if_exists='restart')",
-            instance_id=iid,
-        )
-    entries = store.run(
-        InboxOp(workflow_instance_id=iid, pending_only=False, limit=MAX_LIMIT)
-    )
-    pending = [e for e in entries if e.status == "pending"]
-    failed = [e for e in entries if e.status == "failed"]
-    again = None if pending or not failed else failed[-1]
-    changed = store.run(
-        MarkOp(
-            workflow_instance_id=iid,
-            status="halted",
-            expected_revision=record.revision,
-            detail=f"retried by an operator (cli) at revision {record.revision}",
-        )
-    )
-    if not changed:
-        raise InstanceStateError(
-            f"workflow instance {iid!r} changed meanwhile; nothing was written",
-            instance_id=iid,
-        )
-    event = None
-    if again is not None:
-        posting = Posting(
-            workflow_instance_id=iid,
-            event_id=f"retry:{record.revision}:{again.seq}",
-            event=again.event,
-            payload=again.payload,
-            input=again.input,
-        )
-        store.run(PostOp(posting=posting))
-        event = again.event
+    event = retry_failed(store, record, by="an operator (cli)")
     what = f"event {safe(event)!r} stored again" if event else "its pending events"
-    return _done(
+    return done(
         args,
         f"{safe(iid)}: halted at revision {record.revision}; {what}: a runtime "
         f"serving workflow {safe(record.workflow)!r} applies it",
@@ -267,7 +180,10 @@ def retry(store: CliStore, args: argparse.Namespace) -> int:
 
 def fork(store: CliStore, args: argparse.Namespace) -> int:
     """``instances fork``: a new instance ``--new-id`` with the state and phase of a
-    stored revision of ``ID`` (halted, or finished if that revision finished)."""
+    revision of ``ID``, the current one or any its history keeps (halted, or finished
+    if that revision finished), its state's timeouts armed anew (as if it entered the
+    state now: from ``--app``'s definition, else those the source has armed at that
+    state)."""
     iid = args.id
     record = _workflow_record(store, args)
     try:
@@ -279,27 +195,24 @@ def fork(store: CliStore, args: argparse.Namespace) -> int:
         raise InstanceStateError(
             f"workflow instance {iid!r} has no saved revision to fork", instance_id=iid
         )
-    if revision != record.revision:
-        known = {s.revision for s in store.history(iid, limit=MAX_LIMIT)}
-        said = "is in its history, but" if revision in known else "does not exist;"
-        raise InvalidInputError(
-            f"revision {revision} of {iid!r} {said} the store keeps the state of the "
-            f"current revision only ({record.revision}); fork that one"
-        )
+    source = record if revision == record.revision else _revision(store, iid, revision)
+    assert source.snapshot is not None
     if store.load(new) is not None:
         raise InstanceStateError(
             f"workflow instance {new!r} exists already; choose another --new-id",
             instance_id=new,
         )
     stored = decode_snapshot_builtins(
-        record.snapshot, workflow_instance_id=iid, revision=record.revision
+        source.snapshot, workflow_instance_id=iid, revision=revision
     )
-    status: InstanceStatus = "finished" if record.status == "finished" else "halted"
+    status: InstanceStatus = "finished" if source.status == "finished" else "halted"
+    phase = source.phase
+    timeouts = () if status == "finished" else _timeouts(store, args, record, phase)
     snapshot = encode_snapshot(
         stored.fields,
         workflow_instance_id=new,
         revision=1,
-        phase=record.phase,
+        phase=phase,
         workflow=record.workflow,
     )
     request = SaveRequest(
@@ -308,23 +221,81 @@ def fork(store: CliStore, args: argparse.Namespace) -> int:
         snapshot=snapshot,
         write_id=random_hex(),
         status=status,
-        phase=record.phase,
+        phase=phase,
         workflow=record.workflow,
-        definition_version=record.definition_version,
+        definition_version=source.definition_version,
         detail=f"forked from {iid} revision {revision}",
+        arm=timeouts,
     )
     store.save(request)
-    return _done(
+    armed = (
+        f"; timeouts armed: {', '.join(t.name for t in timeouts)}" if timeouts else ""
+    )
+    return done(
         args,
         f"{safe(new)}: forked from {safe(iid)} revision {revision} ({status}, "
-        f"phase {safe(record.phase or '')})",
+        f"phase {safe(phase or '')}){safe(armed)}",
         store,
         id=new,
         source=iid,
         source_revision=revision,
         status=status,
         revision=1,
+        timeouts=[t.name for t in timeouts],
     )
+
+
+def _revision(store: CliStore, iid: str, revision: int) -> StoredRecord:
+    """Revision *revision* of *iid* as its history keeps it (with its state).
+
+    Raises:
+        InvalidInputError: it is not in the history, or was saved before the store
+            kept states (naming the revisions that can be forked).
+    """
+    found: StoredRecord | None = store.run(
+        RevisionOp(workflow_instance_id=iid, revision=revision)
+    )
+    if found is not None and found.snapshot is not None:
+        return found
+    forkable = [
+        s.revision
+        for s in store.history(iid, limit=MAX_LIMIT)
+        if getattr(
+            store.run(RevisionOp(workflow_instance_id=iid, revision=s.revision)),
+            "snapshot",
+            None,
+        )
+        is not None
+    ]
+    why = (
+        "was saved before this store kept the states of past revisions"
+        if found is not None
+        else "is not in its history (the store keeps its last saves: save_log_depth)"
+    )
+    raise InvalidInputError(
+        f"revision {revision} of {iid!r} {why}; revisions that can be forked: "
+        f"{sorted(forkable)}"
+    )
+
+
+def _timeouts(
+    store: CliStore, args: argparse.Namespace, record: StoredRecord, phase: str | None
+) -> tuple[TimerSpec, ...]:
+    """The timeouts a fork at *phase* arms: those of ``--app``'s definition, else those
+    the source (*record*) has armed at that state; each for its whole delay."""
+    if args.app is not None:
+        definition = load_definition(args.app)
+        if definition.name != record.workflow:
+            raise InvalidInputError(
+                f"--app {args.app!r} is workflow {definition.name!r}, but "
+                f"{record.workflow_instance_id!r} is an instance of {record.workflow!r}"
+            )
+        delays = sorted(definition.timeouts.get(phase or "", ()))
+    else:
+        armed = store.run(TimersOp(workflow_instance_id=record.workflow_instance_id))
+        named = (timeout_named(t.name) for t in armed)
+        delays = sorted(ms for ms, state in filter(None, named) if state == phase)
+    return tuple(timeout_timer(ms, phase) for ms in delays if phase is not None)
 
 
 # --- purge -----------------------------------------------------------------------------
@@ -373,7 +344,7 @@ def purge(store: CliStore, args: argparse.Namespace) -> int:
                 )
             )
         return 0
-    _table(
+    table(
         ("ID", "WORKFLOW", "STATUS", "UPDATED", "DELETED"),
         [
             (
@@ -389,3 +360,62 @@ def purge(store: CliStore, args: argparse.Namespace) -> int:
     what = "would be deleted (dry run)" if args.dry_run else "deleted"
     print(f"{len(found) if args.dry_run else len(deleted)} instances {what}")
     return 0
+
+
+def retry_failed(store: BaseStore[Any], record: StoredRecord, *, by: str) -> str | None:
+    """Put the failed instance *record* back to ``halted`` at its last saved revision
+    (its last good state: a failed segment saves nothing), and store the event whose
+    segment failed again, so that a runtime serving its workflow applies it anew
+    (``instances retry``, the console's retry). *by* says who, in the row's detail.
+
+    Returns:
+        The event stored again (``None``: its pending events resume it).
+
+    Raises:
+        InstanceStateError: it is not failed, failed before its first save, or
+            changed meanwhile (nothing was written).
+    """
+    iid = record.workflow_instance_id
+    if record.status != "failed":
+        raise InstanceStateError(
+            f"workflow instance {iid!r} is {record.status}, not failed: only a failed "
+            "instance is retried",
+            instance_id=iid,
+        )
+    if record.snapshot is None or record.revision == 0:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} failed before its first save: there is no "
+            "saved revision to retry from; start it again (if_exists='restart')",
+            instance_id=iid,
+        )
+    entries = store.run(
+        InboxOp(workflow_instance_id=iid, pending_only=False, limit=MAX_LIMIT)
+    )
+    pending = [e for e in entries if e.status == "pending"]
+    failed = [e for e in entries if e.status == "failed"]
+    again = None if pending or not failed else failed[-1]
+    changed = store.run(
+        MarkOp(
+            workflow_instance_id=iid,
+            status="halted",
+            expected_revision=record.revision,
+            detail=f"retried by {by} at revision {record.revision}",
+        )
+    )
+    if not changed:
+        raise InstanceStateError(
+            f"workflow instance {iid!r} changed meanwhile; nothing was written",
+            instance_id=iid,
+        )
+    if again is None:
+        return None
+    posting = Posting(
+        workflow_instance_id=iid,
+        event_id=f"retry:{record.revision}:{again.seq}",
+        event=again.event,
+        payload=again.payload,
+        input=again.input,
+    )
+    store.run(PostOp(posting=posting))
+    event: str = again.event
+    return event

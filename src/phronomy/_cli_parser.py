@@ -14,10 +14,6 @@ if TYPE_CHECKING:
 __all__ = ["add_operating", "add_time_filters", "add_wait"]
 
 
-def _json(sub: argparse.ArgumentParser) -> None:
-    sub.add_argument("--json", action="store_true", help="one JSON object per line")
-
-
 def add_wait(cancel: argparse.ArgumentParser) -> None:
     """A cancel command's ``--wait SECONDS`` and ``--no-wait``."""
     cancel.add_argument(
@@ -58,7 +54,6 @@ def add_operating(actions: Any, command: Any) -> None:
     )
     start.add_argument("id", help="the new instance's id")
     start.add_argument("--input", metavar="JSON", help="the state's fields (an object)")
-    _json(start)
     cancel = command(
         actions,
         "cancel",
@@ -76,7 +71,6 @@ def add_operating(actions: Any, command: Any) -> None:
         "no process runs it",
     )
     add_wait(cancel)
-    _json(cancel)
     terminate = command(
         actions,
         "terminate",
@@ -94,7 +88,6 @@ def add_operating(actions: Any, command: Any) -> None:
         help="the status it ends with (failed: it may be retried; default: "
         "%(default)s)",
     )
-    _json(terminate)
     retry = command(
         actions,
         "retry",
@@ -104,7 +97,6 @@ def add_operating(actions: Any, command: Any) -> None:
         write=True,
     )
     retry.add_argument("id", help="the workflow instance id")
-    _json(retry)
     fork = command(
         actions,
         "fork",
@@ -118,9 +110,14 @@ def add_operating(actions: Any, command: Any) -> None:
         "--revision",
         type=int,
         metavar="N",
-        help="the revision to fork (default: the current one)",
+        help="the revision to fork: the current one (default) or any in its history",
     )
-    _json(fork)
+    fork.add_argument(
+        "--app",
+        metavar="MODULE:ATTR",
+        help="the instance's workflow definition in your code: the fork arms its "
+        "state's timeouts from it (default: those the source has armed at that state)",
+    )
     purge = command(
         actions,
         "purge",
@@ -148,4 +145,3 @@ def add_operating(actions: Any, command: Any) -> None:
     purge.add_argument(
         "--dry-run", action="store_true", help="list them, delete nothing"
     )
-    _json(purge)

@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy._cli_commands import _table, iso, safe
+from phronomy._cli_output import done, iso, print_view, safe, table
 from phronomy.errors import InvalidInputError, NotFoundError
 from phronomy.storage import (
     DeleteScheduleOp,
@@ -38,7 +38,7 @@ def schedules_list(store: CliStore, args: argparse.Namespace) -> int:
         for record in records:
             print(json.dumps(_view(record), sort_keys=True))
         return 0
-    _table(
+    table(
         ("ID", "WORKFLOW", "WHEN", "ZONE", "NEXT", "OVERLAP", "STATE", "STARTED", "SKIPPED"),
         [
             (
@@ -59,8 +59,9 @@ def schedules_list(store: CliStore, args: argparse.Namespace) -> int:
 
 
 def schedules_show(store: CliStore, args: argparse.Namespace) -> int:
-    """``schedules show``: one schedule as JSON, with its next ticks and the
-    instances it started that the store holds (the last ones first)."""
+    """``schedules show``: one schedule, with its next ticks and the instances it
+    started that the store holds, the last ones first (a table; ``--json``: one
+    JSON object)."""
     record = _load(store, args.id)
     view = _view(record)
     view["upcoming"] = [
@@ -76,7 +77,7 @@ def schedules_show(store: CliStore, args: argparse.Namespace) -> int:
         {"id": r.workflow_instance_id, "status": r.status, "phase": r.phase}
         for r in started[::-1][:20]
     ]
-    print(json.dumps(view, indent=2, sort_keys=True))
+    print_view(args, view, times=_TIMES, durations=("every_ms", "catchup_window_ms"))
     return 0
 
 
@@ -97,28 +98,39 @@ def schedules_edit(store: CliStore, args: argparse.Namespace) -> int:
     else:  # pragma: no cover - twenty ticks in a row
         raise InvalidInputError(f"schedule {args.id!r} keeps changing: try again")
     sid = safe(record.schedule_id)
+    serving = f"a runtime serving {safe(record.workflow)!r}"
+    view = _view(changed)
+    view["action"] = args.action
     if args.action == "trigger":
-        ticked = tick_instance_id(record.schedule_id, fields["trigger_ms"])
-        print(
-            f"{sid}: a runtime serving {safe(record.workflow)!r} starts {safe(ticked)}"
-        )
+        view["instance"] = tick_instance_id(record.schedule_id, fields["trigger_ms"])
+        text = f"{sid}: {serving} starts {safe(view['instance'])}"
     elif args.action == "backfill":
-        ticks = ticks_between(record, *extra)
-        print(
-            f"{sid}: a runtime serving {safe(record.workflow)!r} starts the instances "
-            f"of {len(ticks)} ticks (those not started before)"
+        view["ticks"] = len(ticks_between(record, *extra))
+        text = (
+            f"{sid}: {serving} starts the instances of {view['ticks']} ticks (those "
+            "not started before)"
         )
     else:
-        print(f"{sid}: {'paused' if args.action == 'pause' else 'active'}")
-    return 0
+        text = f"{sid}: {'paused' if args.action == 'pause' else 'active'}"
+    return done(args, text, **view)
 
 
 def schedules_delete(store: CliStore, args: argparse.Namespace) -> int:
     """``schedules delete``: delete the schedule (its instances stay)."""
     if not store.run(DeleteScheduleOp(schedule_id=args.id)):
         raise NotFoundError(f"no schedule {args.id!r} in {args.db!r}")
-    print(f"{safe(args.id)}: deleted (the instances it started stay)")
-    return 0
+    text = f"{safe(args.id)}: deleted (the instances it started stay)"
+    return done(args, text, id=args.id, deleted=True)
+
+
+_TIMES = (
+    "anchor_ms",
+    "buffered_tick_ms",
+    "trigger_ms",
+    "backfill_from_ms",
+    "backfill_to_ms",
+)
+"""The times (wall-clock ms) of a schedule its view has no ISO 8601 form of."""
 
 
 def _load(store: CliStore, schedule_id: str) -> ScheduleRecord:

@@ -21,8 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from phronomy._cli_commands import iso, safe
-from phronomy._cli_operate import row_table
+from phronomy._cli_output import iso, row_table, safe
 from phronomy.errors import InvalidInputError
 from phronomy.storage import validate_instance_id
 from phronomy.workflow._definition import WorkflowDefinition

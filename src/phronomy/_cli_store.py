@@ -1,9 +1,12 @@
 """How the command line (and other operators' tools) opens a store named by ``--db``.
 
-``--db`` is an SQLite file's path or a PostgreSQL URI (``postgresql://`` or
-``postgres://``). The PostgreSQL schema is ``public``, or the one the URI's
-``options`` set (``?options=-csearch_path%3Dmyschema``), or *schema*. A password in
-the URI is never shown: :func:`shown` is the text to print instead of *db*.
+``--db`` is an SQLite file's path, a PostgreSQL URI (``postgresql://`` or
+``postgres://``) or a libpq ``key=value`` connection string that starts with a libpq
+keyword (``host=db.internal dbname=app user=ops``). The PostgreSQL schema is
+``public``, or the one the DSN's ``options`` set
+(``?options=-csearch_path%3Dmyschema``, ``options='-csearch_path=myschema'``), or
+*schema*. A password in *db* is never shown: :func:`shown` is the text to print
+instead of *db*.
 """
 
 from __future__ import annotations
@@ -23,25 +26,51 @@ CliStore = SQLiteStore | PostgresStore
 
 _SCHEMES = ("postgresql://", "postgres://")
 _SEARCH_PATH = re.compile(r"-c\s*search_path\s*=\s*([A-Za-z0-9_]+)")
+_KEYWORDS = (
+    "host|hostaddr|port|dbname|user|password|passfile|service|sslmode|options"
+    "|application_name|connect_timeout|target_session_attrs"
+)
+_CONNINFO = re.compile(rf"\s*(?:{_KEYWORDS})\s*=")
 
 
 def is_dsn(db: str) -> bool:
-    """Whether *db* names a PostgreSQL database (a ``postgresql://`` URI)."""
-    return db.startswith(_SCHEMES)
+    """Whether *db* names a PostgreSQL database: a ``postgresql://`` URI, or a libpq
+    ``key=value`` string that starts with a libpq keyword (``host=``, ``dbname=``,
+    ``user=``, ``password=``, ``port=``, ...)."""
+    return db.startswith(_SCHEMES) or _CONNINFO.match(db) is not None
 
 
 def shown(db: str) -> str:
-    """*db* as it may be printed: a URI's password replaced by ``***``."""
-    return Secrets(db).redact(db) if is_dsn(db) else db
+    """*db* as it may be printed: a password in it replaced by ``***``."""
+    return Secrets(db).redact(db)
 
 
 def _schema(dsn: str) -> str:
-    query = urllib.parse.urlsplit(dsn).query
-    for value in urllib.parse.parse_qs(query).get("options", []):
+    """The schema the DSN's ``options`` set (``-csearch_path=NAME``), else public."""
+    if dsn.startswith(_SCHEMES):
+        options = urllib.parse.parse_qs(urllib.parse.urlsplit(dsn).query).get(
+            "options", []
+        )
+    else:
+        options = [str(_conninfo(dsn).get("options", ""))]
+    for value in options:
         found = _SEARCH_PATH.search(value)
         if found:
             return found.group(1)
     return "public"
+
+
+def _conninfo(dsn: str) -> dict[str, object]:
+    """The parameters of a ``key=value`` *dsn* (none if it cannot be parsed: the
+    store then says why, without the password)."""
+    try:
+        from psycopg.conninfo import conninfo_to_dict
+    except ImportError:  # the store says that psycopg is missing
+        return {}
+    try:
+        return dict(conninfo_to_dict(dsn))
+    except Exception:  # noqa: BLE001 - the store reports it, redacted
+        return {}
 
 
 def open_store(
@@ -56,12 +85,12 @@ def open_store(
 
     Args:
         db: an SQLite file's path (it must exist: a mistyped path is an error, not a
-            new database) or a ``postgresql://`` URI.
+            new database), a ``postgresql://`` URI or a libpq ``key=value`` string.
         read_only: open it for reading only (SQLite: a read-only connection;
             PostgreSQL: read-only sessions, writes refused).
         migrate: create or migrate the schema (``migrate`` only); otherwise a
             database of an earlier release is refused and left unchanged.
-        schema: the PostgreSQL schema (default: the URI's ``search_path``, else
+        schema: the PostgreSQL schema (default: the DSN's ``search_path``, else
             ``public``).
         busy_timeout: SQLite: seconds a statement waits for a lock another
             connection holds.

@@ -6,9 +6,9 @@
     python -m phronomy migrate --db PATH_OR_DSN
     python -m phronomy instances list --db PATH_OR_DSN [--status S] [--workflow W]
                                       [--limit N] [--since TIME] [--until TIME]
-                                      [--after ID] [--json]
+                                      [--after ID]
     python -m phronomy instances show --db PATH_OR_DSN ID
-    python -m phronomy instances history --db PATH_OR_DSN ID [--limit N] [--json]
+    python -m phronomy instances history --db PATH_OR_DSN ID [--limit N]
     python -m phronomy instances start --db PATH_OR_DSN MODULE:ATTR ID [--input JSON]
     python -m phronomy instances send --db PATH_OR_DSN ID EVENT [--payload JSON]
     python -m phronomy instances cancel --db PATH_OR_DSN ID [--reason TEXT] [--force]
@@ -19,8 +19,9 @@
     python -m phronomy instances purge --db PATH_OR_DSN --older-than DURATION
                                        [--status S] [--workflow W] [--dry-run]
     python -m phronomy instances resolve --db PATH_OR_DSN ID {adopt,release}
+    python -m phronomy schedules list|show|pause|resume|trigger|backfill|delete ...
     python -m phronomy executions list --db PATH_OR_DSN [--status S] [--agent PREFIX]
-                                       [--limit N] [--after ID] [--json]
+                                       [--limit N] [--after ID]
     python -m phronomy executions show --db PATH_OR_DSN AGENT_ID
     python -m phronomy executions approve|reject --db PATH_OR_DSN AGENT_ID
                                                  [--response JSON]
@@ -28,19 +29,22 @@
                                          [--wait SECONDS | --no-wait]
     python -m phronomy executions resolve --db PATH_OR_DSN AGENT_ID {adopt,release}
     python -m phronomy console --db PATH_OR_DSN [--schema NAME] [--host H] [--port N]
-                               [--app M:ATTR] [--allow-actions --token TOKEN]
+                               [--app M:ATTR]
+                               [--allow-actions [--token-file PATH | --token TOKEN]]
 
-``--db`` is an SQLite file or a ``postgresql://`` URI (schema: the URI's
-``search_path`` option, or ``--schema``); a password in it is never printed.
-Inspecting commands open the database read-only (PostgreSQL: read-only sessions); no
-command ever creates one, and only ``migrate`` migrates one (the others refuse a
-database of an earlier release and leave it unchanged). ``instances`` commands never
-show or change supervised executions (``executions`` commands do). Tables have a
-header row and times in ISO 8601 UTC; ``--json`` prints one object per line, with the
-stored milliseconds and their ISO 8601 forms. ``--limit`` is at most 10000 (purge:
-any). TIME is ISO 8601 with an offset or a duration ago (``7d``, ``12h``).
-``terminate`` closes an instance without waiting for the runtime that runs it
-(dangerous: see the reference).
+``--db`` is an SQLite file, a ``postgresql://`` URI or a libpq ``key=value`` string
+(``host=db dbname=app``; schema: the ``search_path`` its options set, or
+``--schema``); a password in it is never printed. Inspecting commands open the
+database read-only (PostgreSQL: read-only sessions); no command ever creates one, and
+only ``migrate`` migrates one (the others refuse a database of an earlier release and
+leave it unchanged). ``instances`` commands never show or change supervised
+executions (``executions`` commands do). Every command but ``demo`` and ``console``
+takes ``--json``. Tables (``show``: a ``FIELD``/``VALUE`` table) have a header row
+and times in ISO 8601 UTC; ``--json`` prints one object per line (``show``: one
+indented object), with the stored milliseconds and their ISO 8601 forms. ``--limit``
+is at most 10000 (purge: any). TIME is ISO 8601 with an offset or a duration ago
+(``7d``, ``12h``). ``terminate`` closes an instance without waiting for the runtime
+that runs it (dangerous: see the reference).
 
 Exit status: 0; 1 for an error, printed as one line ``phronomy: error: ...`` on stderr;
 2 for a usage error (argparse's message); 141 when stdout is closed early (``| head``),
@@ -65,7 +69,7 @@ from phronomy import (
 )
 from phronomy._cli_commands import safe
 from phronomy._cli_parser import add_operating, add_time_filters, add_wait
-from phronomy._cli_store import CliStore, is_dsn, open_store, shown
+from phronomy._cli_store import CliStore, open_store, shown
 from phronomy._demo import run_demo
 from phronomy.agent._records import RECORD_STATUSES
 from phronomy.errors import PhronomyError
@@ -135,7 +139,6 @@ def build_parser() -> argparse.ArgumentParser:
         run: Callable[[CliStore, argparse.Namespace], int],
         *,
         write: bool = False,
-        json_output: bool = False,
     ) -> argparse.ArgumentParser:
         sub = group.add_parser(name, help=help_text, description=help_text)
         sub.add_argument(
@@ -149,11 +152,13 @@ def build_parser() -> argparse.ArgumentParser:
             "--schema",
             help="the PostgreSQL schema (default: the URI's search_path, else public)",
         )
-        if json_output:
-            sub.add_argument(
-                "--json", action="store_true", help="one JSON object per line"
-            )
-        sub.set_defaults(write=write, run=run, json=False)
+        sub.add_argument(
+            "--json",
+            action="store_true",
+            help="print JSON for programs instead of a table: one object per line "
+            "(show: one object)",
+        )
+        sub.set_defaults(write=write, run=run)
         return sub
 
     command(
@@ -172,7 +177,6 @@ def build_parser() -> argparse.ArgumentParser:
         "list",
         "list workflow instances, ordered by id (executions: `executions list`)",
         commands_module.listing,
-        json_output=True,
     )
     listing.add_argument(
         "--status",
@@ -199,7 +203,6 @@ def build_parser() -> argparse.ArgumentParser:
         "history",
         "list an instance's last saves and events, newest first",
         events_module.history,
-        json_output=True,
     )
     history.add_argument("id", help="the workflow instance id")
     _paging(history, "saves and events")
@@ -210,7 +213,6 @@ def build_parser() -> argparse.ArgumentParser:
         "workflow applies it, once)",
         events_module.send,
         write=True,
-        json_output=True,
     )
     send.add_argument("id", help="the workflow instance id")
     send.add_argument("event", help="the event's name")
@@ -245,7 +247,6 @@ def build_parser() -> argparse.ArgumentParser:
         "list",
         "list executions by agent id (their status, step and plan)",
         executions_module.listing_command,
-        json_output=True,
     )
     listed.add_argument(
         "--status", choices=sorted(RECORD_STATUSES), help="only executions so"
@@ -315,12 +316,11 @@ def _schedules(
         "list",
         "list schedules, ordered by id",
         schedules_module.schedules_list,
-        json_output=True,
     )
     _paging(listing, "schedules")
     listing.add_argument("--after", metavar="ID", help="start after this schedule id")
     helps = {
-        "show": "show one schedule: its fields, next ticks and instances (JSON)",
+        "show": "show one schedule: its fields, next ticks and instances",
         "pause": "stop handling its ticks (ticks due meanwhile are skipped)",
         "resume": "handle its ticks again, from the next one",
         "trigger": "start one instance now (a runtime serving its workflow does it)",
@@ -367,7 +367,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         interrupted.
     """
     args = build_parser().parse_args(argv)
-    secrets = Secrets(args.db) if is_dsn(args.db) else None
+    secrets = Secrets(args.db)  # a password in --db, whatever it names
     try:
         status = _run(args)
         sys.stdout.flush()  # here, not at exit: a closed pipe is reported below
@@ -398,6 +398,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def _error(error: object, secrets: Secrets | None = None, *, status: int = 1) -> int:
+    """Print *error* as one line on stderr (without the passwords of *secrets*)."""
     try:
         sys.stdout.flush()  # what was printed before comes first
     except OSError:

@@ -241,7 +241,7 @@ async def test_the_command_line_answers_and_cancels_executions(
         record = await rt.executions.record("c")
         assert record is not None
         assert record.status == "cancelled"
-    assert main(["executions", "show", "--db", db, "a"]) == 0
+    assert main(["executions", "show", "--db", db, "a", "--json"]) == 0
     assert '"status": "completed"' in capsys.readouterr().out
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import trio
 
@@ -17,6 +17,7 @@ from phronomy.storage import (
     InboxEntry,
     InboxOp,
     Posting,
+    Takeover,
     check_limit,
     validate_event_id,
     validate_instance_id,
@@ -228,7 +229,8 @@ class InboxClient:
         inbox: tuple[InboxEntry, ...] = await gateway.run(
             InboxOp(workflow_instance_id=iid, pending_only=False, limit=limit)
         )
-        return interleave(saves, inbox)[:limit]
+        merged = interleave(saves, inbox)[:limit]  # (no takeovers asked for)
+        return cast("list[SaveLogEntry | InboxEntry]", merged)
 
 
 async def sent_again_while_busy(attempt: Callable[[], Awaitable[T]]) -> T:
@@ -284,16 +286,21 @@ def make_posting(
 
 
 def interleave(
-    saves: list[SaveLogEntry], entries: tuple[InboxEntry, ...]
-) -> list[SaveLogEntry | InboxEntry]:
-    """Saves and events in one history, newest first: a consumed event just below
-    the save that consumed it (the revision it names), pending ones on top."""
+    saves: list[SaveLogEntry],
+    entries: tuple[InboxEntry, ...],
+    takeovers: tuple[Takeover, ...] = (),
+) -> list[SaveLogEntry | InboxEntry | Takeover]:
+    """Saves, events and takeovers in one history, newest first: a consumed event
+    just below the save that consumed it (the revision it names), pending ones on top,
+    a takeover just above the save it put the instance back at."""
 
-    def key(item: SaveLogEntry | InboxEntry) -> tuple[float, int, int]:
+    def key(item: SaveLogEntry | InboxEntry | Takeover) -> tuple[float, int, int]:
         if isinstance(item, InboxEntry):
             if item.status == "pending" or item.revision is None:
                 return (math.inf, 0, item.seq)
             return (item.revision, 0, item.seq)
+        if isinstance(item, Takeover):
+            return (item.revision, 2, item.epoch)
         return (item.revision, 1, 0)
 
-    return sorted([*saves, *entries], key=key, reverse=True)
+    return sorted([*saves, *entries, *takeovers], key=key, reverse=True)

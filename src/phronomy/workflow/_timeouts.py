@@ -31,7 +31,15 @@ if TYPE_CHECKING:
     from ._definition import WorkflowDefinition
     from ._effects import PendingTimer
 
-__all__ = ["TimerChanges", "halt_timers", "retry_of", "stale_timer", "timeout_of"]
+__all__ = [
+    "TimerChanges",
+    "halt_timers",
+    "retry_of",
+    "stale_timer",
+    "timeout_named",
+    "timeout_of",
+    "timeout_timer",
+]
 
 TimerChanges = tuple[tuple[TimerSpec, ...], tuple[str, ...]]
 """What a save arms and what it disarms (timer names)."""
@@ -78,13 +86,7 @@ def halt_timers(
     if timeouts_left is not None or moved:
         left = timeouts_left or {}
         arm.extend(
-            TimerSpec(
-                name=f"{_AFTER}{ms}:{phase}",
-                delay_ms=math.ceil(left[ms] * 1000) if ms in left else ms,
-                event=after_event(ms),
-                kind="timeout",
-                state=phase,
-            )
+            timeout_timer(ms, phase, math.ceil(left[ms] * 1000) if ms in left else ms)
             for ms in definition.timeouts.get(phase, ())
             if timeouts_left is None or ms in left
         )
@@ -134,9 +136,27 @@ def timeout_of(entry: InboxEntry) -> tuple[int, str] | None:
     """The delay and state of the timeout transition whose fired timer *entry* is
     (``None``: it is no timeout)."""
     fired = fired_timer(entry.event_id)
-    if fired is None or not fired[0].startswith(_AFTER):
+    return None if fired is None else timeout_named(fired[0])
+
+
+def timeout_timer(ms: int, state: str, delay_ms: int | None = None) -> TimerSpec:
+    """The timer of *state*'s timeout transition of *ms* milliseconds, armed for
+    *delay_ms* (default: the whole delay, as when the state is entered)."""
+    return TimerSpec(
+        name=f"{_AFTER}{ms}:{state}",
+        delay_ms=ms if delay_ms is None else delay_ms,
+        event=after_event(ms),
+        kind="timeout",
+        state=state,
+    )
+
+
+def timeout_named(name: str) -> tuple[int, str] | None:
+    """The delay and state of the timeout transition whose timer is *name*
+    (``None``: it is no timeout's)."""
+    if not name.startswith(_AFTER):
         return None
-    ms, _, state = fired[0][len(_AFTER) :].partition(":")
+    ms, _, state = name[len(_AFTER) :].partition(":")
     return (int(ms), state) if ms.isdigit() and state else None
 
 
