@@ -13,7 +13,7 @@ import phronomy
 from console.asgi import Client
 from console.filling import HOSTILE_ID, expenses, fill
 from phronomy.console import ConsoleApp, load_definitions, open_console_store
-from phronomy.storage import InboxOp
+from phronomy.storage import BeginOp, InboxOp, RecoverOp
 
 if TYPE_CHECKING:
     from collections.abc import Callable
@@ -113,6 +113,35 @@ async def test_the_pages_show_the_store(filled_db: Path) -> None:
         assert redirect.headers["location"] == "/execution?agent=assistant-1"
     finally:
         app.store.close()
+
+
+async def test_the_timeline_shows_the_sweep_s_takeovers(filled_db: Path) -> None:
+    # Before: only a count of takeovers in a row, gone with the next save.
+    with phronomy.SQLiteStore(filled_db) as store:
+        row = store.load("exp-1")
+        assert row is not None
+        begun = BeginOp(
+            workflow_instance_id="exp-1",
+            workflow="expenses",
+            expected_revision=row.revision,
+            lease_owner="a-stopped-runtime",
+            ttl_ms=0,
+        )
+        epoch = store.run(begun)
+        assert store.run(RecoverOp(limit=10, max_takeovers=5)) == [("exp-1", "halted")]
+    app = _app(filled_db)
+    try:
+        page = await Client(app).get("/instance", id="exp-1")
+    finally:
+        app.store.close()
+    rows = re.findall(r"<tr>(.*?)</tr>", page.text, re.DOTALL)
+    (taken,) = [r for r in rows if "<td>takeover</td>" in r]
+    assert f"epoch {epoch + 1}" in taken
+    assert "back at revision" in taken
+    saves = [r for r in rows if "<td>save</td>" in r]
+    assert rows.index(taken) < rows.index(
+        saves[0]
+    )  # newer than the save it went back to
 
 
 async def test_without_its_definition_an_instance_shows_no_diagram(
@@ -346,15 +375,19 @@ async def test_a_page_against_postgresql(
 
 
 def test_the_console_command_refuses_bad_arguments(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     from phronomy.cli import main
+    from phronomy.console._serve import TOKEN_ENV
 
+    monkeypatch.delenv(TOKEN_ENV, raising=False)
     missing = str(tmp_path / "missing.db")
     assert main(["console", "--db", missing, "--port", "0"]) == 1
     assert "does not exist" in capsys.readouterr().err
     assert not (tmp_path / "missing.db").exists()
     assert main(["console", "--db", missing, "--allow-actions"]) == 1
-    assert "--allow-actions needs --token" in capsys.readouterr().err
+    assert "--allow-actions needs a token" in capsys.readouterr().err
     assert main(["console", "--db", missing, "--app", "nocolon"]) == 1
     assert "module:attribute" in capsys.readouterr().err

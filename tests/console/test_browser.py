@@ -1,8 +1,10 @@
 """The console in a real headless browser (Chromium through selenium): each page
 over a store filled by a real run, a click from the list to an instance, one action
-with the token, and the refusals of a wrong token and of a cross-site form (nothing
-stored). Screenshots go to ``PHRONOMY_CONSOLE_SCREENSHOTS`` (the docs' ones:
-``docs/_static/console``) or the test's temporary directory.
+with the token (given to the console in its environment), and the refusals of a
+wrong token and of a cross-site form (nothing stored). Screenshots go to
+``PHRONOMY_CONSOLE_SCREENSHOTS`` or the test's temporary directory; the docs' ones
+are refreshed with ``PHRONOMY_CONSOLE_SCREENSHOTS=docs/_static/console
+PHRONOMY_REQUIRE_BROWSER=1 python -m pytest tests/console/test_browser.py``.
 
 Without Chromium and its driver these tests skip, or fail where the browser is
 required (``PHRONOMY_REQUIRE_BROWSER=1``, set by CI's ``.ci/run``).
@@ -82,16 +84,17 @@ def browser(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture
 def console(filled_db: Path) -> Iterator[str]:
-    """``python -m phronomy console`` with actions, on a free port: its URL."""
+    """``python -m phronomy console`` with actions, on a free port: its URL. The
+    token is given in the environment (off the command line)."""
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join(
             [str(ROOT / "src"), str(ROOT / "tests"), os.environ.get("PYTHONPATH", "")]
         ),
+        "PHRONOMY_CONSOLE_TOKEN": TOKEN,
     }
     argv = [sys.executable, "-m", "phronomy", "console", "--db", str(filled_db)]
-    argv += ["--port", "0", "--app", "console.filling:expenses"]
-    argv += ["--allow-actions", "--token", TOKEN]
+    argv += ["--port", "0", "--app", "console.filling:expenses", "--allow-actions"]
     process = subprocess.Popen(
         argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
     )

@@ -317,6 +317,7 @@ def test_the_console_command_says_what_is_wrong_in_one_line(
             (["--port", "70000"], "--port must be from 0 to 65535"),
             (["--host", "192.0.2.1", "--port", "0"], "cannot listen on '192.0.2.1'"),
             (["--token", TOKEN], "--token is for actions"),
+            (["--token-file", "t"], "--token-file is for actions"),
             (["--app", "broken_console_mod:build"], "ValueError: boom at import"),
             (["--app", "broken_console_build:build"], "RuntimeError: boom in build"),
         ]
@@ -353,3 +354,71 @@ def test_the_console_command_logs_to_stderr(
     err = capsys.readouterr().err
     assert "console: GET / failed" in err
     assert "RuntimeError: a bug" in err  # the traceback too
+
+
+def _console_args(*argv: str) -> Any:
+    import argparse
+
+    from phronomy.console._serve import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(["--db", "x.db", *argv])
+
+
+def test_the_token_comes_from_a_file_the_environment_or_the_command_line(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from phronomy.console._serve import TOKEN_ENV, console_token
+
+    path = tmp_path / "token"
+    path.write_text(f"  {TOKEN}\n")
+    monkeypatch.setenv(TOKEN_ENV, "from-the-environment")
+    actions = ("--allow-actions",)
+    assert console_token(_console_args(*actions, "--token-file", str(path))) == TOKEN
+    assert console_token(_console_args(*actions, "--token", "from-argv")) == "from-argv"
+    assert console_token(_console_args(*actions)) == "from-the-environment"
+    assert console_token(_console_args()) is None  # read-only: the variable unused
+    (tmp_path / "empty").write_text("\n")
+    (tmp_path / "binary").write_bytes(b"\xff\xfe")
+    for argv, says in [
+        (["--token-file", str(path), "--token", TOKEN], "not both"),
+        (["--token-file", str(tmp_path / "missing")], "cannot be read: No such file"),
+        (["--token-file", str(tmp_path)], "cannot be read"),
+        (["--token-file", str(tmp_path / "binary")], "cannot be read: not UTF-8"),
+        (["--token-file", str(tmp_path / "empty")], "is empty"),
+    ]:
+        with pytest.raises(phronomy.InvalidInputError, match=says):
+            console_token(_console_args(*actions, *argv))
+    monkeypatch.delenv(TOKEN_ENV)
+    with pytest.raises(phronomy.InvalidInputError, match=f"needs a token.*{TOKEN_ENV}"):
+        console_token(_console_args(*actions))
+
+
+@pytest.mark.parametrize(("host", "warned"), [("0.0.0.0", True), ("127.0.0.1", False)])
+def test_actions_on_another_interface_than_loopback_are_warned_of(
+    filled_db: Path,
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    host: str,
+    warned: bool,
+) -> None:
+    from phronomy.cli import main
+    from phronomy.console._serve import TOKEN_ENV
+
+    monkeypatch.setenv(TOKEN_ENV, TOKEN)
+    with socket.socket() as busy:  # the console stops at listening, warned before
+        busy.bind((host, 0))
+        busy.listen()
+        port = str(busy.getsockname()[1])
+        argv = ["console", "--db", str(filled_db), "--host", host, "--port", port]
+        assert main([*argv, "--allow-actions"]) == 1
+        err = capsys.readouterr().err
+        assert f"cannot listen on {host!r} port {port}" in err
+        warning = (
+            f"phronomy: warning: actions are enabled on {host!r}, not a loopback "
+            "interface: the token and every action travel over plain HTTP"
+        )
+        assert (warning in err) is warned, err
+        assert main(argv) == 1  # read-only: nothing to warn of
+        assert "warning" not in capsys.readouterr().err

@@ -1,7 +1,8 @@
 """The web console: an ASGI app over a store, served on trio by hypercorn.
 
 ``python -m phronomy console --db PATH_OR_DSN`` (the ``phronomy[console]`` extra
-installs hypercorn). Read-only unless started with ``--allow-actions --token``.
+installs hypercorn). Read-only unless started with ``--allow-actions`` and a token
+(``--token-file``, ``PHRONOMY_CONSOLE_TOKEN`` or ``--token``).
 """
 
 from ._app import ConsoleApp as ConsoleApp

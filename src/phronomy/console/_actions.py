@@ -4,8 +4,9 @@ An event goes into the instance's durable inbox (as ``instances send``), a
 cancellation is the cancelled revision of an instance nobody runs (as ``instances
 cancel``: :func:`~phronomy._cli_commands.write_cancellation`) or a request to the
 runtime that holds it (as ``executions cancel``), an approval's answer goes into the
-execution's inbox (as ``executions approve|reject``). Each checks its input before
-it writes anything.
+execution's inbox (as ``executions approve|reject``), and a failed instance is
+retried as ``instances retry`` does (:func:`phronomy._cli_operate.retry_failed`).
+Each checks its input before it writes anything.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from phronomy._cli_commands import safe, write_cancellation
+from phronomy._cli_operate import retry_failed
 from phronomy.agent._records import agent_key, answer_posting, execution_record
 from phronomy.durability import kind_of
 from phronomy.engine import random_uuid
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
     from phronomy.storage import BaseStore, StoredRecord
     from phronomy.workflow import WorkflowDefinition
 
-__all__ = ["answer", "cancel", "parse_json", "send"]
+__all__ = ["answer", "cancel", "parse_json", "retry", "send"]
 
 
 def parse_json(text: str | None, what: str) -> Any:
@@ -160,6 +162,25 @@ def cancel(store: BaseStore[Any], iid: str, *, reason: str | None) -> str:
         return "already cancelled"
     saved = store.load(iid)
     return f"cancelled at revision {saved.revision if saved else '?'}"
+
+
+def retry(store: BaseStore[Any], iid: str) -> str:
+    """Retry the failed *iid* from its last saved revision, as ``instances retry``
+    (:func:`~phronomy._cli_operate.retry_failed`).
+
+    Raises:
+        NotFoundError: no such instance.
+        InvalidInputError: *iid* is a supervised execution's record.
+        InstanceStateError: it is not failed, failed before its first save, or
+            changed meanwhile (nothing was written).
+    """
+    record = _workflow_row(store, iid)
+    event = retry_failed(store, record, by="an operator (console)")
+    what = f"event {safe(event)!r} stored again" if event else "its pending events"
+    return (
+        f"retried: halted at revision {record.revision}; {what}: a runtime serving "
+        f"workflow {safe(record.workflow)!r} applies it"
+    )
 
 
 def answer(

@@ -71,7 +71,8 @@ class ConsoleApp:
         store: an open store (read-only unless actions are allowed).
         definitions: the workflow definitions whose diagrams the instance pages draw
             (by workflow name; instances of other workflows show no diagram).
-        allow_actions: offer and accept actions (send, cancel, approve, reject).
+        allow_actions: offer and accept actions (send, cancel, retry, approve,
+            reject).
         token: the secret every action must carry (required with *allow_actions*).
         allowed_hosts: the ``Host`` names answered (``None``: any).
         max_body: the largest action body accepted, in bytes.
@@ -353,6 +354,7 @@ class ConsoleApp:
         if request.path not in (
             "/instance/send",
             "/instance/cancel",
+            "/instance/retry",
             "/execution/approve",
             "/execution/reject",
         ):
@@ -370,6 +372,8 @@ class ConsoleApp:
                     payload=text("payload"), event_id=text("event_id") or None,
                     key=text("key") or None, definitions=self.definitions,
                 )  # fmt: skip
+            elif request.path == "/instance/retry":
+                action = self._write(_actions.retry, iid)
             else:
                 action = self._write(
                     _actions.cancel, iid, reason=text("reason") or None

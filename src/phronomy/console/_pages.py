@@ -10,7 +10,13 @@ import json
 from typing import TYPE_CHECKING, Any
 
 from phronomy._cli_commands import event_name, iso
-from phronomy.storage import InboxEntry, InstanceStatus, StoredTimer, fired_timer
+from phronomy.storage import (
+    InboxEntry,
+    InstanceStatus,
+    StoredTimer,
+    Takeover,
+    fired_timer,
+)
 
 if TYPE_CHECKING:
     from collections.abc import Sequence
@@ -164,6 +170,11 @@ def instance_page(
             + field("payload", "payload (JSON)")
             + field("event_id", "event id (optional)"),
         )
+        + (
+            forms.form("/instance/retry", "Retry", hidden("id", iid))
+            if r.status == "failed" and r.revision > 0  # as instances retry accepts
+            else ""
+        )
         + forms.form(
             "/instance/cancel",
             "Cancel",
@@ -232,12 +243,19 @@ def _timers(timers: list[dict[str, Any]]) -> str:
     )
 
 
-def _timeline(items: Sequence[SaveLogEntry | InboxEntry | StoredTimer]) -> str:
+def _timeline(
+    items: Sequence[SaveLogEntry | InboxEntry | StoredTimer | Takeover],
+) -> str:
     if not items:
         return "<p>none</p>"
     rows: list[tuple[str, ...]] = []
     for item in items:
-        if isinstance(item, StoredTimer):
+        if isinstance(item, Takeover):
+            rows.append((
+                str(item.revision), "takeover", badge(item.status),
+                h(f"epoch {item.epoch}"), h(iso(item.taken_at_ms)), h(item.detail or ""),
+            ))  # fmt: skip
+        elif isinstance(item, StoredTimer):
             rows.append((
                 str(item.armed_revision), "timer armed", "armed",
                 h(event_name(item.event, item.state)), h(f"due {iso(item.due_at_ms)}"),

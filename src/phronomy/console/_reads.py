@@ -33,6 +33,8 @@ from phronomy.storage import (
     SchedulesOp,
     StoredRecord,
     StoredTimer,
+    Takeover,
+    TakeoversOp,
     TimersOp,
     decode_snapshot_builtins,
     lease_now_ms,
@@ -106,7 +108,7 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
         lease: the lease in words.
         pending: its pending events (as ``instances show`` prints them) and the note.
         timers: its armed timers, soonest first.
-        timeline: saves, events and fired timers, newest first.
+        timeline: saves, events, fired timers and takeovers, newest first.
     """
 
     record: StoredRecord
@@ -115,7 +117,7 @@ class InstanceView(msgspec.Struct, frozen=True, kw_only=True):
     lease: str
     pending: dict[str, Any]
     timers: list[dict[str, Any]]
-    timeline: list[SaveLogEntry | InboxEntry | StoredTimer]
+    timeline: list[SaveLogEntry | InboxEntry | StoredTimer | Takeover]
 
 
 class ExecutionView(msgspec.Struct, frozen=True, kw_only=True):
@@ -220,7 +222,8 @@ def instance(store: BaseStore[Any], iid: str) -> InstanceView:
         InboxOp(workflow_instance_id=iid, pending_only=False, limit=HISTORY_LIMIT)
     )
     armed: list[StoredTimer] = store.run(TimersOp(workflow_instance_id=iid))[::-1]
-    timeline = [*armed, *interleave(saves, events)][:HISTORY_LIMIT]
+    taken = store.run(TakeoversOp(workflow_instance_id=iid, limit=HISTORY_LIMIT))
+    timeline = [*armed, *interleave(saves, events, taken)][:HISTORY_LIMIT]
     return InstanceView(
         record=record,
         fields=fields,

@@ -1,7 +1,9 @@
 """Serving the console: the store opener, ``--app`` definitions, and hypercorn on trio.
 
 ``python -m phronomy console --db PATH_OR_DSN [--schema NAME] [--host H] [--port N]
-[--app M:ATTR]... [--allow-actions --token TOKEN]``.
+[--app M:ATTR]... [--allow-actions [--token-file PATH | --token TOKEN]]``; the token
+may come from ``PHRONOMY_CONSOLE_TOKEN`` instead (then no other process sees it on
+the command line).
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import signal
 import socket
 import sys
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -28,9 +31,19 @@ if TYPE_CHECKING:
 
     from phronomy.storage import BaseStore
 
-__all__ = ["load_definitions", "open_console_store", "run_console", "serve_console"]
+__all__ = [
+    "TOKEN_ENV",
+    "console_token",
+    "load_definitions",
+    "open_console_store",
+    "run_console",
+    "serve_console",
+]
 
 DEFAULT_PORT = 8470
+TOKEN_ENV = "PHRONOMY_CONSOLE_TOKEN"  # noqa: S105 - a variable's name, not a secret
+"""The environment variable the actions' token is read from when neither
+``--token-file`` nor ``--token`` gives it."""
 
 
 def open_console_store(
@@ -167,14 +180,9 @@ def run_console(args: argparse.Namespace) -> int:
         raise InvalidInputError(
             "the console needs hypercorn: pip install 'phronomy[console]'"
         ) from None
-    if args.allow_actions and not args.token:
-        raise InvalidInputError("--allow-actions needs --token (8 characters or more)")
     if not 0 <= args.port <= 65535:
         raise InvalidInputError(f"--port must be from 0 to 65535, got {args.port}")
-    if args.token and not args.allow_actions:
-        raise InvalidInputError(
-            "--token is for actions: give --allow-actions too (or drop --token)"
-        )
+    token = console_token(args)
     definitions = load_definitions(args.app or ())
     store = open_console_store(
         args.db, read_only=not args.allow_actions, schema=args.schema
@@ -186,9 +194,18 @@ def run_console(args: argparse.Namespace) -> int:
             store,
             definitions=definitions,
             allow_actions=args.allow_actions,
-            token=args.token,
+            token=token,
             allowed_hosts=(LOOPBACK_HOSTS | {args.host}) if loopback else None,
         )
+        if args.allow_actions and not loopback:
+            print(
+                f"phronomy: warning: actions are enabled on {args.host!r}, not a "
+                "loopback interface: the token and every action travel over plain "
+                "HTTP, readable on the network (put a TLS proxy in front, or listen "
+                "on 127.0.0.1)",
+                file=sys.stderr,
+                flush=True,
+            )
 
         async def main() -> None:
             async with trio.open_nursery() as nursery:
@@ -214,6 +231,45 @@ def run_console(args: argparse.Namespace) -> int:
     finally:
         store.close()
     return 0
+
+
+def console_token(args: argparse.Namespace) -> str | None:
+    """The actions' token: ``--token-file``'s first line, ``--token``, or else
+    ``PHRONOMY_CONSOLE_TOKEN`` (``None`` without ``--allow-actions``).
+
+    Raises:
+        InvalidInputError: ``--allow-actions`` without a token, a token option
+            without ``--allow-actions``, both options, or a token file that cannot be
+            read or is empty.
+    """
+    if args.token is not None and args.token_file is not None:
+        raise InvalidInputError("give --token-file or --token, not both")
+    given = "--token" if args.token_file is None else "--token-file"
+    if not args.allow_actions:
+        if args.token is not None or args.token_file is not None:
+            raise InvalidInputError(
+                f"{given} is for actions: give --allow-actions too (or drop {given})"
+            )
+        return None  # TOKEN_ENV set for another console: not an error
+    if args.token_file is not None:
+        try:
+            text = Path(args.token_file).read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            reason = exc.strerror if isinstance(exc, OSError) else "not UTF-8"
+            raise InvalidInputError(
+                f"--token-file {args.token_file!r} cannot be read: {reason or exc}"
+            ) from None
+        lines = text.strip().splitlines()
+        if not lines:
+            raise InvalidInputError(f"--token-file {args.token_file!r} is empty")
+        return lines[0].strip()
+    token: str | None = args.token or os.environ.get(TOKEN_ENV) or None
+    if token is None:
+        raise InvalidInputError(
+            f"--allow-actions needs a token (8 characters or more): --token-file "
+            f"PATH, the environment variable {TOKEN_ENV}, or --token"
+        )
+    return token
 
 
 def _log_to_stderr() -> None:
@@ -258,9 +314,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--allow-actions",
         action="store_true",
-        help="enable send, cancel, approve and reject (behind --token and CSRF checks)",
+        help="enable send, cancel, retry, approve and reject (behind the token and "
+        "CSRF checks)",
     )
     parser.add_argument(
-        "--token", help="the secret actions need (8 characters or more)"
+        "--token-file",
+        metavar="PATH",
+        help="a file whose first line is the secret actions need (8 characters or "
+        f"more); else --token, else the environment variable {TOKEN_ENV}",
+    )
+    parser.add_argument(
+        "--token",
+        help="the secret actions need (visible to other processes: prefer "
+        f"--token-file or {TOKEN_ENV})",
     )
     parser.set_defaults(run_console=run_console)
