@@ -2,7 +2,8 @@
 
 A durable run of a new id does no read and two group-committed writes: the claim (a
 row created under a lease: owner, epoch, expiry) and the fenced terminal save (the
-update checked against the lease and the revision, with its log row). A halt +
+update checked against the lease and the revision, with its log row, which keeps the
+saved state as the store's history does). A halt +
 resume pair does that twice, the second claim taking the halted row over; its event is
 durable too (the inbox): the resuming claim stores it (an entry numbered in the row's
 inbox), and the save that applies it marks it consumed. These loops
@@ -32,6 +33,7 @@ _TABLES = (
     "NULL, snapshot BYTEA, write_id TEXT, owner TEXT, epoch BIGINT NOT NULL, expires "
     "BIGINT)",
     "CREATE TABLE log (id TEXT, revision BIGINT, write_id TEXT, status TEXT, "
+    "snapshot BYTEA, "
     "PRIMARY KEY (id, revision))",
     "CREATE TABLE inbox (id TEXT, seq BIGINT, event_id TEXT, status TEXT NOT NULL, "
     "revision BIGINT, PRIMARY KEY (id, seq))",
@@ -48,7 +50,7 @@ _SAVE = (
     "status = {p}, owner = NULL, expires = NULL "
     "WHERE id = {p} AND owner = {p} AND epoch = {p} AND revision = {p}"
 )
-_LOG = "INSERT INTO log VALUES ({p}, {p}, {p}, {p})"
+_LOG = "INSERT INTO log VALUES ({p}, {p}, {p}, {p}, {p})"
 _POST = "INSERT INTO inbox VALUES ({p}, 1, {p}, 'pending', NULL)"
 _CONSUME = (
     "UPDATE inbox SET status = 'transitioned', revision = {p} "
@@ -155,7 +157,7 @@ def _apply(execute: Any, sql: dict[str, str], ops: list[tuple[Any, ...]]) -> lis
                     sql["save"], (blob, write_id, status, iid, owner, epoch, revision)
                 )
             )
-            execute(sql["log"], (iid, revision + 1, write_id, status))
+            execute(sql["log"], (iid, revision + 1, write_id, status, blob))
             if event is not None:
                 execute(sql["consume"], (revision + 1, iid))
     return cursors
