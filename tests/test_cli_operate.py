@@ -13,6 +13,7 @@ import pytest
 import trio
 
 import phronomy
+from failing_orders import FAILING, FLOW
 from phronomy._cli_commands import iso
 from phronomy.cli import main
 from phronomy.errors import LeaseLostError
@@ -24,26 +25,6 @@ if TYPE_CHECKING:
     from pathlib import Path
 
 ONE_ERROR_LINE = re.compile(r"phronomy: error: [^\n]+\n")
-FAILING = {"on": True}
-
-
-class _Order(phronomy.State):
-    by: str = ""
-
-
-def _approve(state: _Order, event: Any) -> _Order:
-    if FAILING["on"]:
-        raise RuntimeError("the approval service is down")
-    return state.merge(by=event.payload["by"])
-
-
-FLOW = (
-    phronomy.Workflow(_Order, name="orders")
-    .wait_state("awaiting")
-    .initial("awaiting")
-    .transition("awaiting", phronomy.FINISH, on="approve", action=_approve)
-    .build()
-)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
@@ -407,6 +388,8 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
     fork = ["instances", "fork", "--db", db, "c-1", "--json", "--new-id"]
     status, out, err = _cli(capsys, *fork, "c-2", "--revision", "1")
     assert status == 0, err
+    assert "c-2 has no timeout armed" in err
+    assert "--app MODULE:ATTR" in err
     forked = json.loads(out)
     assert (forked["source_revision"], forked["status"], forked["timeouts"]) == (
         1,
@@ -417,6 +400,7 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
         capsys, *fork, "c-3", "--revision", "1", "--app", f"{module}:flow"
     )
     assert status == 0, err
+    assert err == ""  # armed from the definition: nothing to warn of
     assert json.loads(out)["timeouts"] == ["after:172800000:awaiting"]
     status, out, _ = _cli(capsys, "instances", "show", "--db", db, "c-3", "--json")
     shown = json.loads(out)

@@ -210,4 +210,6 @@ def resolve(store: CliStore, args: argparse.Namespace) -> int:
         resolution=args.resolution,
         status=resolved.status,
         revision=resolved.revision,
+        updated_at_ms=resolved.updated_at_ms,
+        updated_at=iso(resolved.updated_at_ms),
     )

@@ -4,6 +4,7 @@ another process runs), ``retry``, ``fork`` and ``purge``."""
 from __future__ import annotations
 
 import json
+import sys
 import time
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +50,8 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
     """``instances cancel``: a cancelled revision of an instance nobody runs; one that
     a live runtime runs is asked to cancel (through its row: the holder cancels it at
     its next heartbeat; if the holder is gone, the recovery sweep of any runtime
-    cancels it once its lease expires) and waited for until the row says cancelled, or ``--wait``
-    seconds (``--no-wait``: return once asked)."""
+    cancels it once its lease expires) and waited for until the row says cancelled, or
+    ``--wait`` seconds (``--no-wait``: return once asked)."""
     iid = args.id
     record = _workflow_record(store, args)
     deadline = time.monotonic() + args.wait
@@ -228,6 +229,13 @@ def fork(store: CliStore, args: argparse.Namespace) -> int:
         arm=timeouts,
     )
     store.save(request)
+    if status == "halted" and not timeouts and args.app is None:
+        print(
+            f"phronomy: warning: {safe(new)} has no timeout armed: the source has none "
+            f"armed at state {safe(phase or '')!r} now; if that state has timeouts, "
+            "fork again with --app MODULE:ATTR to arm them from its definition",
+            file=sys.stderr,
+        )
     armed = (
         f"; timeouts armed: {', '.join(t.name for t in timeouts)}" if timeouts else ""
     )

@@ -14,6 +14,7 @@ import pytest
 
 import phronomy
 from console.asgi import Client
+from failing_orders import FAILING, FLOW
 from phronomy.console import ConsoleApp, open_console_store
 from phronomy.storage import InboxOp
 from polling import until
@@ -25,27 +26,7 @@ if TYPE_CHECKING:
     from phronomy.storage import BaseStore
 
 TOKEN = "s3cret-token"
-FAILING = {"on": True}
 RETRY_FORM = 'action="/instance/retry"'
-
-
-class _Order(phronomy.State):
-    by: str = ""
-
-
-def _approve(state: _Order, event: Any) -> _Order:
-    if FAILING["on"]:
-        raise RuntimeError("the approval service is down")
-    return state.merge(by=event.payload["by"])
-
-
-FLOW = (
-    phronomy.Workflow(_Order, name="orders")
-    .wait_state("awaiting")
-    .initial("awaiting")
-    .transition("awaiting", phronomy.FINISH, on="approve", action=_approve)
-    .build()
-)
 
 
 @pytest.fixture(params=["sqlite", "postgres"])
