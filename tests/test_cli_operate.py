@@ -388,9 +388,10 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
     fork = ["instances", "fork", "--db", db, "c-1", "--json", "--new-id"]
     status, out, err = _cli(capsys, *fork, "c-2", "--revision", "1")
     assert status == 0, err
-    assert "c-2 has no timeout armed" in err
-    assert "--app MODULE:ATTR" in err
     forked = json.loads(out)
+    assert "c-2 has no timeout armed" in forked["warning"]
+    assert "--app MODULE:ATTR" in forked["warning"]
+    assert err == ""  # --json: the warning is in the object
     assert (forked["source_revision"], forked["status"], forked["timeouts"]) == (
         1,
         "halted",
@@ -400,8 +401,12 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
         capsys, *fork, "c-3", "--revision", "1", "--app", f"{module}:flow"
     )
     assert status == 0, err
-    assert err == ""  # armed from the definition: nothing to warn of
     assert json.loads(out)["timeouts"] == ["after:172800000:awaiting"]
+    assert json.loads(out)["warning"] is None  # armed from the definition
+    human = ["instances", "fork", "--db", db, "c-1", "--new-id", "c-5"]
+    status, out, err = _cli(capsys, *human, "--revision", "1")
+    assert status == 0, err
+    assert err.startswith("phronomy: warning: c-5 has no timeout armed")
     status, out, _ = _cli(capsys, "instances", "show", "--db", db, "c-3", "--json")
     shown = json.loads(out)
     assert (shown["phase"], shown["fields"]) == ("awaiting", {"notes": []})

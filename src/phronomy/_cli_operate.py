@@ -229,13 +229,15 @@ def fork(store: CliStore, args: argparse.Namespace) -> int:
         arm=timeouts,
     )
     store.save(request)
+    warning = None
     if status == "halted" and not timeouts and args.app is None:
-        print(
-            f"phronomy: warning: {safe(new)} has no timeout armed: the source has none "
-            f"armed at state {safe(phase or '')!r} now; if that state has timeouts, "
-            "fork again with --app MODULE:ATTR to arm them from its definition",
-            file=sys.stderr,
+        warning = (
+            f"{new} has no timeout armed: the source has none armed at state "
+            f"{phase!r} now; if that state has timeouts, fork again with --app "
+            "MODULE:ATTR to arm them from its definition"
         )
+        if not args.json:  # (--json: in the object)
+            print(f"phronomy: warning: {safe(warning)}", file=sys.stderr)
     armed = (
         f"; timeouts armed: {', '.join(t.name for t in timeouts)}" if timeouts else ""
     )
@@ -250,6 +252,7 @@ def fork(store: CliStore, args: argparse.Namespace) -> int:
         status=status,
         revision=1,
         timeouts=[t.name for t in timeouts],
+        warning=warning,
     )
 
 
