@@ -21,7 +21,7 @@ import trio
 import phronomy
 from legacy_records import ExecutionRecord, record_request
 from phronomy import _cli_commands as commands_module
-from phronomy._cli_commands import iso
+from phronomy._cli_output import iso
 from phronomy._cli_store import open_store
 from phronomy.cli import EXIT_BROKEN_PIPE, main
 from phronomy.storage import SaveOp, SaveRequest, encode_snapshot

@@ -14,7 +14,7 @@ import trio
 
 import phronomy
 from failing_orders import FAILING, FLOW
-from phronomy._cli_commands import iso
+from phronomy._cli_output import iso
 from phronomy.cli import main
 from phronomy.errors import LeaseLostError
 from phronomy.storage import InboxOp

@@ -50,12 +50,10 @@ SETTLING_S = 5
 show`` says that no live runtime has taken it."""
 
 __all__ = [
-    "iso",
     "lease_state",
     "listing",
     "migrate",
     "resolve",
-    "safe",
     "show",
     "write_cancellation",
 ]

@@ -268,16 +268,11 @@ def _revision(store: CliStore, iid: str, revision: int) -> StoredRecord:
     )
     if found is not None and found.snapshot is not None:
         return found
-    forkable = [
-        s.revision
-        for s in store.history(iid, limit=MAX_LIMIT)
-        if getattr(
-            store.run(RevisionOp(workflow_instance_id=iid, revision=s.revision)),
-            "snapshot",
-            None,
-        )
-        is not None
-    ]
+    kept = (
+        store.run(RevisionOp(workflow_instance_id=iid, revision=save.revision))
+        for save in store.history(iid, limit=MAX_LIMIT)
+    )
+    forkable = [r.revision for r in kept if r is not None and r.snapshot is not None]
     why = (
         "was saved before this store kept the states of past revisions"
         if found is not None
@@ -294,6 +289,8 @@ def _timeouts(
 ) -> tuple[TimerSpec, ...]:
     """The timeouts a fork at *phase* arms: those of ``--app``'s definition, else those
     the source (*record*) has armed at that state; each for its whole delay."""
+    if phase is None:
+        return ()
     if args.app is not None:
         definition = load_definition(args.app)
         if definition.name != record.workflow:
@@ -301,12 +298,12 @@ def _timeouts(
                 f"--app {args.app!r} is workflow {definition.name!r}, but "
                 f"{record.workflow_instance_id!r} is an instance of {record.workflow!r}"
             )
-        delays = sorted(definition.timeouts.get(phase or "", ()))
+        delays = sorted(definition.timeouts.get(phase, ()))
     else:
         armed = store.run(TimersOp(workflow_instance_id=record.workflow_instance_id))
         named = (timeout_named(t.name) for t in armed)
         delays = sorted(ms for ms, state in filter(None, named) if state == phase)
-    return tuple(timeout_timer(ms, phase) for ms in delays if phase is not None)
+    return tuple(timeout_timer(ms, phase) for ms in delays)
 
 
 # --- purge -----------------------------------------------------------------------------

@@ -67,7 +67,7 @@ from phronomy import (
     _cli_executions as executions_module,
     _cli_schedules as schedules_module,
 )
-from phronomy._cli_commands import safe
+from phronomy._cli_output import safe
 from phronomy._cli_parser import add_operating, add_time_filters, add_wait
 from phronomy._cli_store import CliStore, open_store, shown
 from phronomy._demo import run_demo

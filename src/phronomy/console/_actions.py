@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy._cli_commands import safe, write_cancellation
+from phronomy._cli_commands import write_cancellation
 from phronomy._cli_operate import retry_failed
+from phronomy._cli_output import safe
 from phronomy.agent._records import agent_key, answer_posting, execution_record
 from phronomy.durability import kind_of
 from phronomy.engine import random_uuid

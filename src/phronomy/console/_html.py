@@ -8,7 +8,7 @@ import uuid
 from typing import TYPE_CHECKING
 from urllib.parse import urlencode
 
-from phronomy._cli_commands import safe
+from phronomy._cli_output import safe
 
 if TYPE_CHECKING:
     from collections.abc import Iterable, Sequence

@@ -9,7 +9,8 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any
 
-from phronomy._cli_commands import event_name, iso
+from phronomy._cli_commands import event_name
+from phronomy._cli_output import iso
 from phronomy.storage import (
     InboxEntry,
     InstanceStatus,

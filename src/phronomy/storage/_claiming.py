@@ -92,13 +92,14 @@ def claim_and_post(
         posted = apply(conn, PostOp(posting=posting))
     stored = posted.entry if posted is not None and posted.outcome == "stored" else None
     pending: tuple[InboxEntry, ...] = ()
-    if not op.pending or (row is None and posting is None):  # a new row has none
-        pass
-    elif stored is not None and stored.seq == 1:  # numbers start at 1, without gaps:
-        pending = (stored,)  # the inbox's first entry is its only one
-    else:
-        inbox = InboxOp(workflow_instance_id=op.workflow_instance_id, limit=op.pending)
-        pending = apply(conn, inbox)
+    if op.pending and (row is not None or posting is not None):  # a new row has none
+        if stored is not None and stored.seq == 1:  # numbers start at 1, no gaps:
+            pending = (stored,)  # the inbox's first entry is its only one
+        else:
+            inbox = InboxOp(
+                workflow_instance_id=op.workflow_instance_id, limit=op.pending
+            )
+            pending = apply(conn, inbox)
     return Claimed(row=row, epoch=epoch, pending=pending, posted=posted)
 
 

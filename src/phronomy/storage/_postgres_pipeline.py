@@ -208,7 +208,7 @@ save's, as one statement after another would); the number refused."""
 
 def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     """A save (as :func:`~phronomy.storage._sql_ops.apply_op`): the check of the
-    entries it consumes (in its statement when it can: :func:`folds_check`), its
+    entries it consumes (in its statement when it can: :func:`gapless_span`), its
     conditional statement (no row changed: refused, with the
     row as it is), then its inbox and timer changes, which wait for nothing but the
     count of a closing save's refused entries (it says whether to prune). A closing

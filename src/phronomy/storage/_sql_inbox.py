@@ -45,7 +45,7 @@ CONSUMED_PENDING = """
          AND status = 'pending' AND seq BETWEEN :low AND :high) = :consuming
 """
 """The condition a save's statement adds when it consumes entries numbered without a
-gap (:func:`consuming`): all of them are still pending (one statement where a check
+gap (:func:`~phronomy.storage._sql_writes.gapless_span`): all of them are still pending (one statement where a check
 and then the save would be two)."""
 
 ROW = (

@@ -22,7 +22,7 @@ __all__ = [
     "claim_op",
     "claim_params",
     "claimed",
-    "folds_check",
+    "gapless_span",
     "record_from_row",
     "save_refused",
     "save_statement",
@@ -130,27 +130,28 @@ def save_statement(
     # A leased instance has its row (its claim made it): revision 0 is updated too.
     if not (expected or lease is not None):
         return sql.create, params
-    consumed = request.consumed
-    if consumed and folds_check(consumed):
-        seqs = [c.seq for c in consumed]
-        params["low"], params["high"], params["consuming"] = (
-            min(seqs),
-            max(seqs),
-            len(seqs),
-        )
-        return sql.update_consuming, params
-    return sql.update, params
+    span = gapless_span(request.consumed)
+    if span is None:
+        return sql.update, params
+    params["low"], params["high"] = span
+    params["consuming"] = len(request.consumed)
+    return sql.update_consuming, params
 
 
-def folds_check(consumed: tuple[Consumption, ...]) -> bool:
-    """Whether a save's statement itself checks that the entries it *consumed* are
-    still pending (their numbers have no gap: a count of the pending ones in their
-    range says so; see ``CONSUMED_PENDING``). Otherwise the check is a statement of
-    its own before the save's (:func:`~phronomy.storage._sql_inbox.check_pending`). A
-    save with a check folded in that changes no row may have been refused for it:
-    the check then runs to say so."""
-    seqs = [c.seq for c in consumed]
-    return max(seqs) - min(seqs) + 1 == len(set(seqs)) == len(seqs)
+def gapless_span(consumed: tuple[Consumption, ...]) -> tuple[int, int] | None:
+    """The lowest and highest numbers of the entries a save *consumed* when they have
+    no gap (``None`` otherwise, or for none): its statement then checks itself that
+    they are all still pending (a count of the pending ones in that range, see
+    ``CONSUMED_PENDING``); otherwise the check is a statement of its own before the
+    save's (:func:`~phronomy.storage._sql_inbox.check_pending`). A save with the
+    check folded in that changes no row may have been refused for it: the check then
+    runs to say so."""
+    if not consumed:
+        return None
+    seqs = {c.seq for c in consumed}
+    if len(seqs) != len(consumed) or max(seqs) - min(seqs) >= len(seqs):
+        return None
+    return min(seqs), max(seqs)
 
 
 def save_refused(request: SaveRequest, row: tuple[Any, ...] | None) -> ConflictError:

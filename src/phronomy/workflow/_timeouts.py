@@ -86,7 +86,7 @@ def halt_timers(
     if timeouts_left is not None or moved:
         left = timeouts_left or {}
         arm.extend(
-            timeout_timer(ms, phase, math.ceil(left[ms] * 1000) if ms in left else ms)
+            timeout_timer(ms, phase, math.ceil(left[ms] * 1000) if ms in left else None)
             for ms in definition.timeouts.get(phase, ())
             if timeouts_left is None or ms in left
         )
