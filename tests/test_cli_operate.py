@@ -276,6 +276,19 @@ not_a_flow = 3
 """
 
 
+def _your_code(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, source: str, prefix: str
+) -> str:
+    """A module of *source* (its name, starting with *prefix*: unique per test) in a
+    directory the test then runs in: code of yours that a command names."""
+    home = tmp_path / "app"
+    home.mkdir(exist_ok=True)
+    module = f"{prefix}_{secrets.token_hex(4)}"
+    (home / f"{module}.py").write_text(source)
+    monkeypatch.chdir(home)
+    return module
+
+
 def test_start_runs_the_first_segment_of_a_definition_in_your_code(
     target: tuple[str, Callable[[], Any]],
     capsys: pytest.CaptureFixture[str],
@@ -283,11 +296,7 @@ def test_start_runs_the_first_segment_of_a_definition_in_your_code(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     db, make = target
-    home = tmp_path / "app"
-    home.mkdir()
-    (home / f"cli_flows_{secrets.token_hex(4)}.py").write_text(FLOWS_MODULE)
-    module = next(home.glob("cli_flows_*.py")).stem
-    monkeypatch.chdir(home)
+    module = _your_code(tmp_path, monkeypatch, FLOWS_MODULE, "cli_flows")
     store = make()
     store.open()  # a database a runtime created
     store.close()
@@ -358,11 +367,7 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
     from phronomy.storage import TimersOp
 
     db, make = target
-    home = tmp_path / "app"
-    home.mkdir()
-    module = f"cli_claims_{secrets.token_hex(4)}"
-    (home / f"{module}.py").write_text(ESCALATING_MODULE)
-    monkeypatch.chdir(home)
+    module = _your_code(tmp_path, monkeypatch, ESCALATING_MODULE, "cli_claims")
     store = make()
     store.open()
     store.close()
@@ -424,8 +429,7 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
     finally:
         opened.close()
     before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
-    tickets = f"cli_tickets_{secrets.token_hex(4)}"
-    (home / f"{tickets}.py").write_text(FLOWS_MODULE)
+    tickets = _your_code(tmp_path, monkeypatch, FLOWS_MODULE, "cli_tickets")
     for argv, message in (
         ([*fork, "c-4", "--revision", "9"], "revisions that can be forked: [1, 2]"),
         ([*fork, "c-4", "--app", f"{tickets}:flow"], "is workflow 'tickets', but"),
