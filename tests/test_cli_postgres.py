@@ -1,10 +1,13 @@
-"""The command line on PostgreSQL: a read-only store, and DSNs whose passwords are
-never shown."""
+"""The command line on PostgreSQL: a read-only store, DSNs whose passwords are never
+shown, and cancel requests of rows other transactions are writing."""
 
 from __future__ import annotations
 
+import contextlib
+import json
 import re
 import socket
+import threading
 import urllib.parse
 from typing import TYPE_CHECKING
 
@@ -12,11 +15,11 @@ import psycopg
 import pytest
 
 from phronomy.cli import main
-from phronomy.errors import StoreUnavailableError
+from phronomy.errors import InstanceStateError, StoreUnavailableError
 from phronomy.storage import SaveOp, SaveRequest
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
 
     import phronomy
 
@@ -133,3 +136,73 @@ def test_only_migrate_creates_the_schema(
     assert main(["schedules", "list", "--db", dsn]) == 0
     assert main(["instances", "list", "--db", "postgres://x@127.0.0.1:1/y?bad=1"]) == 1
     assert ONE_ERROR_LINE.fullmatch(capsys.readouterr().err)
+
+
+@contextlib.contextmanager
+def _row_written(dsn: str, schema: str, iid: str, *, for_s: float) -> Iterator[None]:
+    """Another transaction holds *iid*'s row for *for_s* seconds (as a heartbeat or a
+    save does for a few milliseconds)."""
+    with psycopg.connect(dsn, autocommit=True) as locker:
+        locker.execute("BEGIN")
+        locker.execute(
+            f"SELECT 1 FROM {schema}.phronomy_workflow_instances "
+            "WHERE instance_id = %s FOR UPDATE",
+            (iid,),
+        )
+        release = threading.Timer(for_s, lambda: locker.execute("ROLLBACK"))
+        release.start()
+        try:
+            yield
+        finally:
+            release.join()
+
+
+def test_a_cancel_asked_while_the_row_is_written_is_asked_again(
+    open_postgres: Callable[..., phronomy.PostgresStore],
+    postgres_dsn: str,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Before: the request skips a row another transaction holds (it never waits for
+    # it), and `instances cancel --no-wait` and the console's cancel said "asked"
+    # although nothing was written: a heartbeat renewing the lease at that moment
+    # lost the operator's cancel.
+    from phronomy.console import _actions
+
+    store = open_postgres()
+    for iid in ("by-cli", "by-console"):
+        assert store.begin(iid, "wf", lease_owner="A", ttl_ms=60_000) == 1
+    db = f"{postgres_dsn}{'&' if '?' in postgres_dsn else '?'}"
+    db += f"options=-csearch_path%3D{store.schema}"
+    argv = ["instances", "cancel", "--db", db, "by-cli", "--no-wait", "--json"]
+    with _row_written(postgres_dsn, store.schema, "by-cli", for_s=0.3):
+        assert main([*argv, "--reason", "ops"]) == 0
+    assert json.loads(capsys.readouterr().out)["status"] == "cancel_requested"
+    with _row_written(postgres_dsn, store.schema, "by-console", for_s=0.3):
+        said = _actions.cancel(store, "by-console", reason="ops")
+    assert said == "cancellation asked of the runtime that runs it"
+    for iid in ("by-cli", "by-console"):
+        row = store.load(iid)
+        assert row is not None
+        assert (row.status, row.cancel_requested) == ("running", "ops"), iid
+
+
+def test_a_cancel_whose_row_stays_written_says_nothing_was_asked(
+    open_postgres: Callable[..., phronomy.PostgresStore],
+    postgres_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from phronomy import _cli_commands
+
+    monkeypatch.setattr(_cli_commands, "ASK_PATIENCE", 0.2)
+    store = open_postgres()
+    assert store.begin("stuck", "wf", lease_owner="A", ttl_ms=60_000) == 1
+    with (
+        _row_written(postgres_dsn, store.schema, "stuck", for_s=1.0),
+        pytest.raises(InstanceStateError, match="'stuck': its row was being written"),
+    ):
+        _cli_commands.ask_cancel(store, "stuck", reason="ops")
+    row = store.load("stuck")
+    assert row is not None
+    assert row.cancel_requested is None
+    assert _cli_commands.ask_cancel(store, "stuck", reason="ops")  # free again
+    assert _cli_commands.ask_cancel(store, "gone", reason="ops") is False

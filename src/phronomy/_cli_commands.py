@@ -19,6 +19,7 @@ from phronomy._cli_times import moment_ms
 from phronomy.durability import kind_of
 from phronomy.engine import random_hex
 from phronomy.errors import (
+    InstanceStateError,
     InvalidInputError,
     NotFoundError,
     PhronomyError,
@@ -28,6 +29,7 @@ from phronomy.storage import (
     SCHEMA_VERSION,
     InboxEntry,
     InboxOp,
+    RequestCancelOp,
     SaveOp,
     StoredTimer,
     TimersOp,
@@ -43,7 +45,7 @@ if TYPE_CHECKING:
     import argparse
 
     from phronomy._cli_store import CliStore
-    from phronomy.storage import StoredRecord
+    from phronomy.storage import BaseStore, StoredRecord
 
 SETTLING_S = 5
 """Seconds a halted instance's event may wait for a runtime's poll before ``instances
@@ -369,6 +371,36 @@ def write_cancellation(
     elif not store.run(op):
         raise PhronomyError(f"{iid!r} changed meanwhile; cancel it again")
     return True
+
+
+ASK_PATIENCE = 5.0
+"""Seconds a cancel request is asked again while other transactions write the row."""
+
+
+def ask_cancel(store: BaseStore[Any], key: str, *, reason: str | None) -> bool:
+    """Ask the runtime holding *key*'s lease to cancel it, through its row (that
+    runtime cancels it at its next heartbeat; the recovery sweep, once the lease
+    expired), asking again while another transaction writes the row.
+
+    Returns:
+        Whether the request is in the row (``False``: *key* is not running under a
+        lease any more; read it again).
+
+    Raises:
+        InstanceStateError: the row was being written for :data:`ASK_PATIENCE`
+            seconds (nothing was asked).
+    """
+    deadline = time.monotonic() + ASK_PATIENCE
+    op = RequestCancelOp(workflow_instance_id=key, reason=reason)
+    while (asked := store.run(op)) is not None and not asked[1]:
+        if time.monotonic() > deadline:
+            raise InstanceStateError(
+                f"{key!r}: its row was being written for {ASK_PATIENCE} s; nothing "
+                "was asked (run the command again)",
+                instance_id=key,
+            )
+        time.sleep(0.01)
+    return asked is not None
 
 
 def migrate(store: CliStore, args: argparse.Namespace) -> int:

@@ -17,6 +17,7 @@ import msgspec
 
 from phronomy._cli_commands import (
     _command,
+    ask_cancel,
     lease_state,
     pending_events,
     pending_timers,
@@ -34,7 +35,6 @@ from phronomy.agent._records import (
 from phronomy.errors import InstanceStateError, InvalidInputError, NotFoundError
 from phronomy.storage import (
     PostOp,
-    RequestCancelOp,
     resolve_stored,
 )
 
@@ -168,8 +168,11 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
         if row.status != "running" or row.lease_owner is None:
             write_cancellation(store, row, reason=args.reason)
         elif row.cancel_requested is None:  # asked again after each new claim
-            store.run(RequestCancelOp(workflow_instance_id=key, reason=args.reason))
-            if not asked and args.no_wait:
+            if (
+                ask_cancel(store, key, reason=args.reason)
+                and not asked
+                and args.no_wait
+            ):
                 return _cancelled(args, record, "cancel_requested")
             asked = True
         if time.monotonic() > deadline:

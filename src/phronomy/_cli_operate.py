@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import outcome
 
-from phronomy._cli_commands import _workflow_record, write_cancellation
+from phronomy._cli_commands import _workflow_record, ask_cancel, write_cancellation
 from phronomy._cli_output import done, iso, safe, table
 from phronomy._cli_start import load_definition
 from phronomy._cli_times import duration_ms
@@ -21,7 +21,6 @@ from phronomy.storage import (
     MarkOp,
     Posting,
     PostOp,
-    RequestCancelOp,
     RevisionOp,
     SaveRequest,
     TerminateOp,
@@ -87,19 +86,22 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                 status="cancelled",
                 revision=record.revision,
             )
-        if record.cancel_requested is None:  # asked again after each new claim
-            store.run(RequestCancelOp(workflow_instance_id=iid, reason=args.reason))
-            if args.no_wait:
-                return done(
-                    args,
-                    f"{safe(iid)}: cancellation asked of its runtime "
-                    f"({safe(record.lease_owner)}); it cancels at its next heartbeat "
-                    "(if that runtime is gone, a recovery sweep cancels it once its "
-                    "lease expires)",
-                    id=iid,
-                    status="cancel_requested",
-                    revision=record.revision,
-                )
+        # asked again after each new claim
+        if (
+            record.cancel_requested is None
+            and ask_cancel(store, iid, reason=args.reason)
+            and args.no_wait
+        ):
+            return done(
+                args,
+                f"{safe(iid)}: cancellation asked of its runtime "
+                f"({safe(record.lease_owner)}); it cancels at its next heartbeat "
+                "(if that runtime is gone, a recovery sweep cancels it once its "
+                "lease expires)",
+                id=iid,
+                status="cancel_requested",
+                revision=record.revision,
+            )
         asked = True
         if time.monotonic() > deadline:
             raise InstanceStateError(

@@ -442,7 +442,7 @@ class RuleCheck:
             return
         rule, key = self._rule("request_cancel", k.row)
         goes = k.row is not None and goes_ahead(rule, k.row)
-        want = k.row.lease_epoch if k.row is not None and goes else None
+        want = (k.row.lease_epoch, True) if k.row is not None and goes else None
         self._expect(op, key, rule, got == want, f"it gave {got!r}, not {want!r}")
         self._note(key, goes)
         if k.row is not None and goes:

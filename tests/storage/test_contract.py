@@ -311,7 +311,10 @@ def test_a_cancel_request_reaches_the_lease_holder_and_ends_with_it(
 ) -> None:
     assert store.run(RequestCancelOp(workflow_instance_id="c", reason="x")) is None
     store.begin("c", "wf", lease_owner="A", ttl_ms=60_000)
-    assert store.run(RequestCancelOp(workflow_instance_id="c", reason="dup")) == 1
+    assert store.run(RequestCancelOp(workflow_instance_id="c", reason="dup")) == (
+        1,
+        True,
+    )
     renewed = store.run(RenewOp(owner="A", instance_ids=("c",), ttl_ms=60_000))
     assert renewed == {"c": (1, "dup", True)}
     store.save(leased("c", None, Lease(owner="A", epoch=1), "cancelled"))
@@ -622,7 +625,8 @@ def test_a_running_save_keeps_the_cancel_request(store: Store) -> None:
     # Before: MemoryStore dropped it (the SQL stores keep it with the lease), so a
     # cancellation asked for during a segment was lost at its next running save.
     assert store.begin("k", "wf", lease_owner="A", ttl_ms=60_000) == 1
-    assert store.run(RequestCancelOp(workflow_instance_id="k", reason="stop")) == 1
+    asked = store.run(RequestCancelOp(workflow_instance_id="k", reason="stop"))
+    assert asked == (1, True)
     lease = Lease(owner="A", epoch=1)
     assert store.save(leased("k", None, lease, "running")) == 1
     row = store.load("k")

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy._cli_commands import write_cancellation
+from phronomy._cli_commands import ask_cancel, write_cancellation
 from phronomy._cli_operate import retry_failed
 from phronomy._cli_output import safe
 from phronomy.agent._records import agent_key, answer_posting, execution_record
@@ -28,7 +28,6 @@ from phronomy.storage import (
     InboxOp,
     Posting,
     PostOp,
-    RequestCancelOp,
     lease_now_ms,
     validate_event_id,
 )
@@ -151,14 +150,15 @@ def cancel(store: BaseStore[Any], iid: str, *, reason: str | None) -> str:
     """
     record = _workflow_row(store, iid)
     if record.status == "running" and record.lease_owner is not None:
-        store.run(RequestCancelOp(workflow_instance_id=iid, reason=reason))
-        now, expiry = lease_now_ms(store), record.lease_expires_at_ms
-        if now is None or (expiry is not None and expiry <= now):
-            return (
-                "cancellation requested: its lease has expired (its runtime stopped), "
-                "so the runtime whose sweep takes it over cancels it"
-            )
-        return "cancellation asked of the runtime that runs it"
+        if ask_cancel(store, iid, reason=reason):
+            now, expiry = lease_now_ms(store), record.lease_expires_at_ms
+            if now is None or (expiry is not None and expiry <= now):
+                return (
+                    "cancellation requested: its lease has expired (its runtime "
+                    "stopped), so the runtime whose sweep takes it over cancels it"
+                )
+            return "cancellation asked of the runtime that runs it"
+        record = _workflow_row(store, iid)  # it stopped running meanwhile
     if not write_cancellation(store, record, reason=reason):  # type: ignore[arg-type]
         return "already cancelled"
     saved = store.load(iid)

@@ -302,7 +302,7 @@ class MemoryStore(BaseStore[_Tables]):
         return renewed
 
     @staticmethod
-    def _request_cancel(conn: _Tables, op: RequestCancelOp) -> int | None:
+    def _request_cancel(conn: _Tables, op: RequestCancelOp) -> tuple[int, bool] | None:
         iid = op.workflow_instance_id
         row = conn.rows.get(iid)
         rule = lookup("request_cancel", row, monotonic_ms())
@@ -310,7 +310,7 @@ class MemoryStore(BaseStore[_Tables]):
             return None
         lease = lease_after(rule, row, reason=op.reason)
         conn.put(iid, msgspec.structs.replace(row, **lease), conn.log.get(iid))
-        return row.lease_epoch
+        return row.lease_epoch, True
 
     def _recover(self, conn: _Tables, op: RecoverOp) -> list[tuple[str, str]]:
         now = monotonic_ms()

@@ -175,8 +175,10 @@ class RequestCancelOp(
 ):
     """Ask the runtime that holds a ``running`` instance's lease to cancel it.
 
-    The result is that lease's epoch, or ``None`` if the instance is not running
-    under a lease (any more).
+    The result is ``(epoch, written)``: that lease's epoch, and whether the request is
+    now in the row. It is not (``False``) while another transaction writes the row
+    (PostgreSQL never waits for it): ask again. ``None`` if the instance is not
+    running under a lease (any more).
     """
 
     workflow_instance_id: str

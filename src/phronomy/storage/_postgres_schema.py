@@ -339,15 +339,14 @@ SQL_REQUEST_CANCEL = """
         FROM asked WHERE t.instance_id = asked.instance_id
         RETURNING t.lease_epoch
     )
-    SELECT lease_epoch FROM requested
+    SELECT lease_epoch, true FROM requested
     UNION ALL
-    SELECT lease_epoch FROM phronomy_workflow_instances
+    SELECT lease_epoch, false FROM phronomy_workflow_instances
     WHERE instance_id = %(id)s AND status = 'running' AND lease_owner IS NOT NULL
       AND NOT EXISTS (SELECT 1 FROM requested)
 """
 """Never waits for the row: while another transaction writes it, the request is not
-written but the lease's epoch is returned all the same (the caller polls the row and
-asks again)."""
+written and says so (``false``, with the lease's epoch): the caller asks again."""
 _SWEEP_NOW = "(extract(epoch from statement_timestamp()) * 1000)::bigint"
 """The database's clock when the statement started: stable within it, so that the
 planner can bound the lease index scan with it."""

@@ -182,7 +182,7 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
         case RequestCancelOp(workflow_instance_id=iid, reason=reason):
             params = {"id": iid, "reason": reason or ""}
             row = conn.execute(sql.request_cancel, params).fetchone()
-            return None if row is None else int(row[0])
+            return None if row is None else (int(row[0]), bool(row[1]))
         case RecoverOp(limit=limit, max_takeovers=max_takeovers):
             params = {
                 "now": clock.wall_ms(),

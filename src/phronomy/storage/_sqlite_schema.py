@@ -345,7 +345,7 @@ SQL_RENEW = """
 SQL_REQUEST_CANCEL = """
     UPDATE phronomy_workflow_instances SET cancel_requested = :reason
     WHERE instance_id = :id AND status = 'running' AND lease_owner IS NOT NULL
-    RETURNING lease_epoch
+    RETURNING lease_epoch, 1
 """
 SQL_EXPIRED = """
     SELECT instance_id FROM phronomy_workflow_instances

@@ -170,7 +170,7 @@ class CancelRequests:
             workflow_instance_id=cmd.workflow_instance_id, reason=cmd.reason
         )
 
-        def requested(done: outcome.Outcome[int | None]) -> None:
+        def requested(done: outcome.Outcome[tuple[int, bool] | None]) -> None:
             message = CancelRequested(command=cmd, instance=instance, requested=done)
             self._post(message, cmd)
 
@@ -178,11 +178,14 @@ class CancelRequests:
 
     def apply_requested(self, message: CancelRequested) -> None:
         try:
-            epoch = message.requested.unwrap()
+            asked = message.requested.unwrap()
         except Exception as exc:  # noqa: BLE001 - the caller's error
             self._done(message.command, message.instance, error=exc)
             return
-        self._poll(message.command, message.instance, epoch)
+        # not written (the row was busy): the next read finds no request and asks again
+        self._poll(
+            message.command, message.instance, None if asked is None else asked[0]
+        )
 
     def _poll(
         self, cmd: CancelCommand, instance: WorkflowInstance, epoch: int | None

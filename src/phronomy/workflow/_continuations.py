@@ -99,12 +99,13 @@ class CancelLoaded(msgspec.Struct, frozen=True, kw_only=True):
 
 @final
 class CancelRequested(msgspec.Struct, frozen=True, kw_only=True):
-    """The request to cancel an instance live in another runtime was written (the
-    lease epoch it found, or ``None``)."""
+    """The request to cancel an instance live in another runtime ran: ``(epoch,
+    written)`` of the lease it found, or ``None`` (see
+    :class:`~phronomy.storage.RequestCancelOp`)."""
 
     command: CancelCommand
     instance: WorkflowInstance
-    requested: outcome.Outcome[int | None]
+    requested: outcome.Outcome[tuple[int, bool] | None]
 
 
 @final
