@@ -1,12 +1,15 @@
-"""What open_runtime accepts as its store."""
+"""What open_runtime accepts as its store, and what it leaves of it when its block
+raises."""
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING
 
 import pytest
 
 import phronomy
+from workflow.helpers import live_flow, start_live
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -40,3 +43,34 @@ async def test_anything_else_is_refused_naming_what_is_accepted(bad: object) -> 
     with pytest.raises(phronomy.InvalidInputError, match="a SQLite file path, or a"):
         async with phronomy.open_runtime(store=bad):  # type: ignore[arg-type]
             pytest.fail("the body must not run")
+
+
+async def test_a_raising_block_releases_its_leases_before_the_error_arrives(
+    tmp_path: Path,
+) -> None:
+    # Before: the cut-off's release ran in a worker thread after the block had exited:
+    # the row was still leased when the error arrived, and a caller closing the store
+    # then had it reopened (a leaked connection, a ResourceWarning at the next test).
+    path = str(tmp_path / "live.db")
+    marks: list[str] = []
+
+    def slow_mark(point: str) -> None:
+        if point == "mark.before":
+            time.sleep(0.3)
+        elif point == "mark.after":
+            marks.append(point)
+
+    async def fail_while_live() -> None:
+        store = phronomy.SQLiteStore(path, fault_hook=slow_mark)
+        async with phronomy.open_runtime(store=store, shutdown_timeout=2) as rt:
+            await start_live(rt, live_flow(), "live-1")
+            raise LookupError("the body failed")
+
+    with pytest.raises(LookupError, match="the body failed"):
+        await fail_while_live()
+    assert marks == ["mark.after"]
+    reader = phronomy.SQLiteStore(path)
+    row = reader.load("live-1")
+    reader.close()
+    assert row is not None
+    assert (row.status, row.lease_owner) == ("failed", None)  # cut off, released

@@ -402,7 +402,8 @@ async def open_engine(
     On a normal exit the engine shuts down gracefully (:meth:`~Engine.shutdown`). If
     the body raises (or is cancelled), the engine stops at once: live work is cut off,
     its callers get :class:`~phronomy.RuntimeShutdownError`, queued offloaded
-    operations are cancelled, and the body's exception propagates unchanged (never
+    operations are cancelled, the store writes owed for what was cut off are waited
+    for (up to *cancel_grace*), and the body's exception propagates unchanged (never
     wrapped in an exception group).
 
     Args:
@@ -445,8 +446,9 @@ async def open_engine(
                 yield engine
             except BaseException as exc:  # noqa: BLE001, ASYNC103 - re-raised after the nursery
                 body_error = exc
+                grace = shutdown_timeout if cancel_grace is None else cancel_grace
                 with trio.CancelScope(shield=True):
-                    await engine._shutdown.abort()  # noqa: SLF001 - own factory
+                    await engine._shutdown.abort(grace)  # noqa: SLF001 - own factory
             else:
                 await engine.shutdown()
             nursery.cancel_scope.cancel(reason="phronomy runtime closed")

@@ -95,7 +95,7 @@ class Shutdown:
         except Exception as exc:  # a bug in a shutdown step: still end with a result
             logger.exception("the graceful shutdown failed; stopping at once")
             self._lifecycle.errors.append(exc)
-            await self.abort()
+            await self.abort(grace)
         finally:
             self.done.set()
         assert self.result is not None
@@ -124,11 +124,14 @@ class Shutdown:
         threads, tasks_left = await self._supervisor.stop(stop_deadline, wait=True)
         return self._finish(status, cut_off, threads, tasks_left)
 
-    async def abort(self) -> None:
-        """The runtime block raised: stop at once, cut everything off, do not wait.
+    async def abort(self, grace: float) -> None:
+        """The runtime block raised: stop at once and cut everything off. Only the
+        store writes the receivers owe for what was cut off (lease releases) are
+        waited for, up to *grace* seconds (at least 0.2), so that nothing of the
+        runtime uses the store once the block has exited; worker threads are not.
 
         Cancellation:
-            Callers shield it; it does not wait for threads.
+            Callers shield it; its one wait is bounded by *grace*.
         """
         if self.result is not None:
             return
@@ -146,6 +149,8 @@ class Shutdown:
         )
         await self._dispatcher.stop(graceful=False)
         cut_off = self._teardown()
+        with trio.move_on_after(max(grace, _MIN_STOP_GRACE)):
+            await self._receivers.flush()
         threads, _ = await self._supervisor.stop(0.0, wait=False)
         self.result = self._finish(status, cut_off, threads, 0)
         self.done.set()
