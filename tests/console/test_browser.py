@@ -126,15 +126,19 @@ def _pending(db: Path, iid: str) -> list[tuple[str, Any]]:
 def test_the_console_in_a_browser(
     browser: Any, console: str, filled_db: Path, tmp_path: Path
 ) -> None:
+    from selenium.common.exceptions import WebDriverException
     from selenium.webdriver.common.by import By
     from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.wait import WebDriverWait
 
     def click(element: Any) -> None:
-        """Click *element* and wait for the page it leads to."""
+        """Click *element* and wait for the page it leads to (mid-navigation, Chrome
+        may answer "node does not belong to the document" instead of "stale": asked
+        again)."""
         page = browser.find_element(By.TAG_NAME, "html")
         element.click()
-        WebDriverWait(browser, 10).until(expected_conditions.staleness_of(page))
+        wait = WebDriverWait(browser, 10, ignored_exceptions=[WebDriverException])
+        wait.until(expected_conditions.staleness_of(page))
 
     shots = _shots(tmp_path)
     browser.get(f"{console}/instances")
