@@ -10,6 +10,7 @@ import trio.testing
 
 import phronomy
 from children import children, spec, store  # noqa: F401 - the cross-process tests' fixtures
+from cli_targets import target  # noqa: F401 - the CLI tests' databases on each store
 from phronomy.engine import Engine, open_engine
 
 if TYPE_CHECKING:

@@ -16,7 +16,6 @@ import trio
 import phronomy
 from phronomy._cli_store import is_dsn
 from phronomy.cli import build_parser, main
-from test_cli_operate import target  # noqa: F401 - the fixture: SQLite and PostgreSQL
 
 if TYPE_CHECKING:
     from collections.abc import Callable, Iterator
@@ -164,7 +163,7 @@ def test_every_command_but_the_demo_and_the_console_has_json() -> None:
 
 @pytest.mark.parametrize("command", sorted(set(COMMANDS) - set(NO_JSON)))
 def test_json_parses(
-    target: Target,  # noqa: F811 - the fixture imported above
+    target: Target,
     capsys: pytest.CaptureFixture[str],
     command: str,
 ) -> None:
@@ -195,7 +194,7 @@ def test_json_parses(
     ],
 )
 def test_show_commands_print_a_table_with_iso_times(
-    target: Target,  # noqa: F811 - the fixture imported above
+    target: Target,
     capsys: pytest.CaptureFixture[str],
     command: str,
     key: str,
@@ -250,7 +249,7 @@ def test_show_commands_print_a_table_with_iso_times(
     ids=" ".join,
 )
 def test_bad_input_with_json_is_one_error_line(
-    target: Target,  # noqa: F811 - the fixture imported above
+    target: Target,
     capsys: pytest.CaptureFixture[str],
     argv: list[str],
 ) -> None:

@@ -1,65 +1,28 @@
-"""The operating commands on both stores: retry, fork, purge, cancel of an instance
-another runtime runs, and the list's time filters; bad input changes nothing."""
+"""The operating commands on both stores: retry, fork, purge, start, and the list's
+time filters; bad input changes nothing (an instance another runtime runs:
+``test_cli_live``)."""
 
 from __future__ import annotations
 
 import json
 import os
-import re
 import secrets
 from typing import TYPE_CHECKING, Any
 
-import pytest
 import trio
 
 import phronomy
+from cli_targets import refused, run_cli
 from failing_orders import FAILING, FLOW
 from phronomy._cli_output import iso
-from phronomy.cli import main
-from phronomy.errors import LeaseLostError
 from phronomy.storage import InboxOp
 from polling import until
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import Callable
     from pathlib import Path
 
-ONE_ERROR_LINE = re.compile(r"phronomy: error: [^\n]+\n")
-
-
-@pytest.fixture(params=["sqlite", "postgres"])
-def target(
-    request: pytest.FixtureRequest, tmp_path: Path
-) -> Iterator[tuple[str, Callable[[], Any]]]:
-    """``--db`` of a new database, and a function that opens a runtime's store on it."""
-    if request.param == "sqlite":
-        db = str(tmp_path / "ops.db")
-        yield db, lambda: phronomy.SQLiteStore(db)
-        return
-    import psycopg
-
-    dsn: str = request.getfixturevalue("postgres_dsn")
-    schema = f"test_ops_{secrets.token_hex(6)}"
-    sep = "&" if "?" in dsn else "?"
-    yield (
-        f"{dsn}{sep}options=-csearch_path%3D{schema}",
-        lambda: phronomy.PostgresStore(dsn, schema=schema),
-    )
-    with psycopg.connect(dsn, autocommit=True) as conn:
-        conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
-
-
-def _cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    status = main(list(argv))
-    captured = capsys.readouterr()
-    return status, captured.out, captured.err
-
-
-def _refused(capsys: pytest.CaptureFixture[str], *argv: str) -> str:
-    status, out, err = _cli(capsys, *argv)
-    assert status == 1, (out, err)
-    assert ONE_ERROR_LINE.fullmatch(err), err
-    return err
+    import pytest
 
 
 def test_retry_fork_purge_and_time_filters(
@@ -93,44 +56,44 @@ def test_retry_fork_purge_and_time_filters(
         return wait
 
     trio.run(lambda: runtime(setup, serving=False))
-    assert _cli(capsys, "instances", "list", "--db", db, "--since", "1h")[0] == 0
+    assert run_cli(capsys, "instances", "list", "--db", db, "--since", "1h")[0] == 0
     FAILING["on"] = True
     send = ["instances", "send", "--db", db, "o-1", "approve", "--json"]
-    status, out, _ = _cli(capsys, *send, "--payload", '{"by": "ops"}')
+    status, out, _ = run_cli(capsys, *send, "--payload", '{"by": "ops"}')
     assert status == 0
     assert json.loads(out)["status"] == "pending"
     failed = trio.run(lambda: runtime(status_of("o-1", "failed"), serving=True))
     assert failed.revision == 1
 
     # bad input to retry and fork: one line, exit 1, nothing changes
-    before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
-    assert "is halted, not failed" in _refused(
+    before = run_cli(capsys, "instances", "list", "--db", db, "--json")[1]
+    assert "is halted, not failed" in refused(
         capsys, "instances", "retry", "--db", db, "o-2"
     )
-    assert "does not exist" in _refused(capsys, "instances", "retry", "--db", db, "x")
+    assert "does not exist" in refused(capsys, "instances", "retry", "--db", db, "x")
     fork = ["instances", "fork", "--db", db, "o-2", "--new-id"]
-    assert "exists already" in _refused(capsys, *fork, "o-1")
-    assert "revision 7 of 'o-2' is not in its history" in _refused(
+    assert "exists already" in refused(capsys, *fork, "o-1")
+    assert "revision 7 of 'o-2' is not in its history" in refused(
         capsys, *fork, "o-3", "--revision", "7"
     )
-    assert "--new-id: workflow_instance_id is required" in _refused(capsys, *fork, "")
-    assert "reserved" in _refused(capsys, *fork, "agent:x")
-    assert "does not exist" in _refused(
+    assert "--new-id: workflow_instance_id is required" in refused(capsys, *fork, "")
+    assert "reserved" in refused(capsys, *fork, "agent:x")
+    assert "does not exist" in refused(
         capsys, "instances", "fork", "--db", db, "../x", "--new-id", "y"
     )
     purge = ["instances", "purge", "--db", db, "--older-than"]
-    assert "is not a duration" in _refused(capsys, *purge, "7 days")
-    assert "--since 'yesterday' is neither" in _refused(
+    assert "is not a duration" in refused(capsys, *purge, "7 days")
+    assert "--since 'yesterday' is neither" in refused(
         capsys, "instances", "list", "--db", db, "--since", "yesterday"
     )
-    assert "has no UTC offset" in _refused(
+    assert "has no UTC offset" in refused(
         capsys, "instances", "list", "--db", db, "--until", "2026-01-01T00:00:00"
     )
-    assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
+    assert run_cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
 
     # retry: halted at its last good revision, the failed event stored again
     FAILING["on"] = False
-    status, out, _ = _cli(capsys, "instances", "retry", "--db", db, "o-1", "--json")
+    status, out, _ = run_cli(capsys, "instances", "retry", "--db", db, "o-1", "--json")
     assert status == 0
     retried = json.loads(out)
     assert retried["updated_at"] == iso(retried.pop("updated_at_ms"))
@@ -141,37 +104,37 @@ def test_retry_fork_purge_and_time_filters(
         "revision": 1,
         "status": "halted",
     }
-    status, out, _ = _cli(capsys, "instances", "retry", "--db", db, "o-1")
+    status, out, _ = run_cli(capsys, "instances", "retry", "--db", db, "o-1")
     assert "is halted, not failed" in _  # retried once: halted now
     done = trio.run(lambda: runtime(status_of("o-1", "finished"), serving=True))
     assert done.revision == 2
 
     # fork: a new instance at the state and phase of o-2's current revision
-    status, out, _ = _cli(capsys, *fork, "o-3", "--revision", "1", "--json")
+    status, out, _ = run_cli(capsys, *fork, "o-3", "--revision", "1", "--json")
     assert status == 0
     assert json.loads(out)["status"] == "halted"
     send3 = ["instances", "send", "--db", db, "o-3", "approve"]
-    assert _cli(capsys, *send3, "--payload", '{"by": "fork"}')[0] == 0
+    assert run_cli(capsys, *send3, "--payload", '{"by": "fork"}')[0] == 0
     forked = trio.run(lambda: runtime(status_of("o-3", "finished"), serving=True))
     assert forked.revision == 2
 
     # list's time filters (ISO times and durations)
-    status, out, _ = _cli(capsys, "instances", "list", "--db", db, "--since", "1h")
+    status, out, _ = run_cli(capsys, "instances", "list", "--db", db, "--since", "1h")
     assert [line.split()[0] for line in out.splitlines()] == ["ID", "o-1", "o-2", "o-3"]
-    status, out, _ = _cli(
+    status, out, _ = run_cli(
         capsys, "instances", "list", "--db", db, "--until", "2000-01-01T00:00:00Z"
     )
     assert out.splitlines() == [out.splitlines()[0]]  # only the header
-    status, out, _ = _cli(capsys, "instances", "list", "--db", db, "--until", "1h")
+    status, out, _ = run_cli(capsys, "instances", "list", "--db", db, "--until", "1h")
     assert len(out.splitlines()) == 1
 
     # purge: the closed ones older than the cutoff, with their history and inbox
-    status, out, _ = _cli(capsys, *purge, "1d")
+    status, out, _ = run_cli(capsys, *purge, "1d")
     assert status == 0
     assert out.splitlines()[-1] == "0 instances deleted"
-    status, out, _ = _cli(capsys, *purge, "0s", "--dry-run", "--json")
+    status, out, _ = run_cli(capsys, *purge, "0s", "--dry-run", "--json")
     assert sorted(json.loads(x)["id"] for x in out.splitlines()) == ["o-1", "o-3"]
-    status, out, _ = _cli(capsys, *purge, "0s")
+    status, out, _ = run_cli(capsys, *purge, "0s")
     assert out.splitlines()[-1] == "2 instances deleted"
     store = make()
     try:
@@ -181,7 +144,7 @@ def test_retry_fork_purge_and_time_filters(
         assert store.load("o-2") is not None  # halted: kept
     finally:
         store.close()
-    assert "does not exist" in _refused(
+    assert "does not exist" in refused(
         capsys, "instances", "history", "--db", db, "o-1"
     )
 
@@ -190,7 +153,9 @@ def test_retry_fork_purge_and_time_filters(
         return await rt.workflows.invoke(FLOW, workflow_instance_id="o-1")
 
     trio.run(lambda: runtime(again, serving=False))
-    status, out, _ = _cli(capsys, "instances", "history", "--db", db, "o-1", "--json")
+    status, out, _ = run_cli(
+        capsys, "instances", "history", "--db", db, "o-1", "--json"
+    )
     assert [json.loads(x)["revision"] for x in out.splitlines()] == [1]
 
 
@@ -204,57 +169,8 @@ def test_hostile_input_to_new_commands_is_one_line(
         ["instances", "purge", "--db", db, "--older-than", "1d"],
         ["instances", "cancel", "--db", db, "x"],
     ):
-        assert "does not exist" in _refused(capsys, *argv)
+        assert "does not exist" in refused(capsys, *argv)
     assert not os.path.exists(db)
-
-
-FAST: dict[str, Any] = {
-    "lease_ttl": 0.6,
-    "heartbeat_interval": 0.1,
-    "lease_margin": 0.2,
-    "sweep_interval": 0.1,
-}
-
-
-async def test_cancel_reaches_an_instance_another_runtime_runs(
-    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
-) -> None:
-    from workflow.helpers import live_flow, start_live
-
-    db, make = target
-    flow = live_flow()
-    store = make()
-    try:
-        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
-            with trio.fail_after(10):
-                handle = await start_live(rt, flow, "live-1")
-            cancel = ["instances", "cancel", "--db", db, "live-1"]
-            status, out, err = await trio.to_thread.run_sync(
-                lambda: _cli(capsys, *cancel, "--reason", "ops", "--wait", "10")
-            )
-            assert status == 0, err
-            assert out.startswith("live-1: cancelled at revision"), out
-            with pytest.raises(phronomy.WorkflowCancelledError), trio.fail_after(10):
-                await handle.result()
-            with trio.fail_after(10):
-                other = await start_live(rt, flow, "live-3")
-            status, out, err = await trio.to_thread.run_sync(
-                lambda: _cli(
-                    capsys, "instances", "cancel", "--db", db, "live-3", "--no-wait",
-                    "--json",
-                )
-            )  # fmt: skip
-            assert (status, json.loads(out)["status"]) == (0, "cancel_requested"), err
-            with pytest.raises(phronomy.WorkflowCancelledError), trio.fail_after(10):
-                await other.result()  # the heartbeat sees the request
-            row = store.load("live-1")
-            assert (row.status, row.lease_owner) == ("cancelled", None)
-            status, out, _ = await trio.to_thread.run_sync(
-                lambda: _cli(capsys, *cancel)
-            )
-            assert out == "live-1: already cancelled\n"
-    finally:
-        store.close()
 
 
 FLOWS_MODULE = """
@@ -301,7 +217,7 @@ def test_start_runs_the_first_segment_of_a_definition_in_your_code(
     store.open()  # a database a runtime created
     store.close()
     start = ["instances", "start", "--db", db, f"{module}:flow"]
-    status, out, err = _cli(capsys, *start, "t-1", "--input", '{"title": "x"}')
+    status, out, err = run_cli(capsys, *start, "t-1", "--input", '{"title": "x"}')
     assert status == 0, err
     header, row, said = out.splitlines()
     assert header.split() == [
@@ -310,9 +226,9 @@ def test_start_runs_the_first_segment_of_a_definition_in_your_code(
     assert row.split()[:5] == ["t-1", "tickets", "halted", "1", "open"]
     assert row.split()[5].endswith("Z")
     assert said == "t-1: started (halted at revision 1, phase open)"
-    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "t-1", "--json")
+    status, out, _ = run_cli(capsys, "instances", "show", "--db", db, "t-1", "--json")
     assert json.loads(out)["fields"] == {"title": "x"}
-    before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
+    before = run_cli(capsys, "instances", "list", "--db", db, "--json")[1]
     for argv, message in (
         ([*start, "t-1"], "exists and is halted"),
         ([*start, "t-2", "--input", "{oops"], "--input is not JSON"),
@@ -323,8 +239,8 @@ def test_start_runs_the_first_segment_of_a_definition_in_your_code(
         (["instances", "start", "--db", db, "no_such_mod:flow", "t-2"], "import"),
         (["instances", "start", "--db", db, f"{module}:not_a_flow", "t-2"], "not a"),
     ):
-        assert message in _refused(capsys, *argv), argv
-    assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
+        assert message in refused(capsys, *argv), argv
+    assert run_cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
 
 
 ESCALATING_MODULE = """
@@ -372,9 +288,9 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
     store.open()
     store.close()
     start = ["instances", "start", "--db", db, f"{module}:flow", "c-1"]
-    assert _cli(capsys, *start)[0] == 0  # halted at awaiting, its timeout armed
+    assert run_cli(capsys, *start)[0] == 0  # halted at awaiting, its timeout armed
     review = ["instances", "send", "--db", db, "c-1", "review"]
-    assert _cli(capsys, *review)[0] == 0
+    assert run_cli(capsys, *review)[0] == 0
 
     async def serve() -> None:
         runtime_store = make()
@@ -391,7 +307,7 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
 
     trio.run(serve)  # c-1 reviewed: revision 2, at reviewing, no timeout armed
     fork = ["instances", "fork", "--db", db, "c-1", "--json", "--new-id"]
-    status, out, err = _cli(capsys, *fork, "c-2", "--revision", "1")
+    status, out, err = run_cli(capsys, *fork, "c-2", "--revision", "1")
     assert status == 0, err
     forked = json.loads(out)
     assert "c-2 has no timeout armed" in forked["warning"]
@@ -402,20 +318,20 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
         "halted",
         [],  # the source no longer has awaiting's timeout: without --app, none
     )
-    status, out, err = _cli(
+    status, out, err = run_cli(
         capsys, *fork, "c-3", "--revision", "1", "--app", f"{module}:flow"
     )
     assert status == 0, err
     assert json.loads(out)["timeouts"] == ["after:172800000:awaiting"]
     assert json.loads(out)["warning"] is None  # armed from the definition
     human = ["instances", "fork", "--db", db, "c-1", "--new-id", "c-5"]
-    status, out, err = _cli(capsys, *human, "--revision", "1")
+    status, out, err = run_cli(capsys, *human, "--revision", "1")
     assert status == 0, err
     assert err.startswith("phronomy: warning: c-5 has no timeout armed")
-    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "c-3", "--json")
+    status, out, _ = run_cli(capsys, "instances", "show", "--db", db, "c-3", "--json")
     shown = json.loads(out)
     assert (shown["phase"], shown["fields"]) == ("awaiting", {"notes": []})
-    status, out, _ = _cli(capsys, "instances", "show", "--db", db, "c-1", "--json")
+    status, out, _ = run_cli(capsys, "instances", "show", "--db", db, "c-1", "--json")
     assert json.loads(out)["fields"] == {"notes": ["reviewed"]}  # the source's now
     opened = make()
     try:
@@ -428,7 +344,7 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
         assert timer.due_at_ms - timer.armed_at_ms == 172_800_000
     finally:
         opened.close()
-    before = _cli(capsys, "instances", "list", "--db", db, "--json")[1]
+    before = run_cli(capsys, "instances", "list", "--db", db, "--json")[1]
     tickets = _your_code(tmp_path, monkeypatch, FLOWS_MODULE, "cli_tickets")
     for argv, message in (
         ([*fork, "c-4", "--revision", "9"], "revisions that can be forked: [1, 2]"),
@@ -436,91 +352,5 @@ def test_fork_starts_from_any_revision_of_the_history_with_its_timeouts(
         ([*fork, "c-4", "--app", "no_such_module:flow"], "cannot import module"),
         ([*fork, "c-4", "--app", f"{module}:nothing"], "not a compiled workflow"),
     ):
-        assert message in _refused(capsys, *argv), argv
-    assert _cli(capsys, "instances", "list", "--db", db, "--json")[1] == before
-
-
-def test_history_shows_the_sweep_s_takeovers(
-    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
-) -> None:
-    from phronomy.storage import BeginOp, RecoverOp
-
-    db, make = target
-
-    async def halted() -> None:
-        store = make()
-        try:
-            async with phronomy.open_runtime(store=store, sweep_interval=0) as rt:
-                await rt.workflows.invoke(FLOW, workflow_instance_id="t-1")
-        finally:
-            store.close()
-
-    trio.run(halted)
-    store = make()
-    try:
-        claim = BeginOp(
-            workflow_instance_id="t-1",
-            workflow="orders",
-            expected_revision=1,
-            lease_owner="a-stopped-runtime",
-            ttl_ms=0,
-        )
-        assert store.run(claim) is not None
-        assert store.run(RecoverOp(limit=10, max_takeovers=5)) == [("t-1", "halted")]
-    finally:
-        store.close()
-    status, out, err = _cli(capsys, "instances", "history", "--db", db, "t-1", "--json")
-    assert status == 0, err
-    kinds = [(v["kind"], v.get("revision")) for v in map(json.loads, out.splitlines())]
-    assert kinds == [("takeover", 1), ("save", 1)]
-    (taken, _) = map(json.loads, out.splitlines())
-    assert taken["status"] == "halted"
-    assert taken["taken_at"].endswith("Z")
-    status, out, _ = _cli(capsys, "instances", "history", "--db", db, "t-1")
-    assert "takeover" in out.splitlines()[1]
-    assert "back at revision 1" in out
-
-
-async def test_terminate_closes_a_live_instance_and_fences_its_holder(
-    target: tuple[str, Callable[[], Any]], capsys: pytest.CaptureFixture[str]
-) -> None:
-    from workflow.helpers import live_flow, start_live
-
-    db, make = target
-    flow = live_flow()
-    store = make()
-    try:
-        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
-            handle = await start_live(rt, flow, "live-2")
-            held = store.load("live-2")
-            terminate = ["instances", "terminate", "--db", db, "live-2"]
-            status, out, err = await trio.to_thread.run_sync(
-                lambda: _cli(capsys, *terminate, "--reason", "stuck", "--json")
-            )
-            assert status == 0, err
-            view = json.loads(out)
-            assert (view["status"], view["lease_epoch"]) == (
-                "cancelled",
-                held.lease_epoch + 1,
-            )
-            row = store.load("live-2")
-            assert (row.status, row.lease_owner, row.lease_epoch) == (
-                "cancelled",
-                None,
-                held.lease_epoch + 1,
-            )
-            assert row.detail == "terminated by an operator (cli): stuck"
-            # the holder learns it lost the lease; its later writes are refused
-            with pytest.raises(LeaseLostError):
-                with trio.fail_after(5):
-                    await handle.result()
-            after = store.load("live-2")
-            assert (after.status, after.revision) == ("cancelled", row.revision)
-            err = await trio.to_thread.run_sync(lambda: _refused(capsys, *terminate))
-            assert "is cancelled already" in err
-            err = await trio.to_thread.run_sync(
-                lambda: _refused(capsys, "instances", "terminate", "--db", db, "nope")
-            )
-            assert "does not exist" in err
-    finally:
-        store.close()
+        assert message in refused(capsys, *argv), argv
+    assert run_cli(capsys, "instances", "list", "--db", db, "--json")[1] == before

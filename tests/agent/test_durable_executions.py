@@ -432,3 +432,60 @@ def _row(store: phronomy.SQLiteStore) -> Any:
     row = store.load("agent:k")
     assert row is not None
     return row
+
+
+async def test_a_cancel_asked_of_a_runtime_that_died_is_carried_out_by_the_sweep(
+    open_sqlite: OpenSQLite, tmp_path: Path
+) -> None:
+    # The execution twin of the workflow test: an operator cancels an execution whose
+    # runtime died holding it, while its approval waits in the inbox; a runtime that
+    # serves its plan sweeps it cancelled (it would otherwise apply the approval and
+    # ship).
+    from phronomy.agent._records import agent_key, answer_posting
+    from phronomy.storage import BeginOp, EntryOp, PostOp, RequestCancelOp
+
+    path = tmp_path / "died.db"
+    async with _runtime(open_sqlite(path)) as rt:
+        execution = rt.executions.start("k", PLAN, "o-9")
+        await execution.wait_for_approval()
+    with pytest.raises(phronomy.RuntimeShutdownError, match="stays suspended"):
+        await execution.result()
+    store = open_sqlite(path)
+    key = agent_key("k")
+
+    def a_runtime_claims_it_and_dies_then_an_operator_answers_and_cancels() -> str:
+        row = store.load(key)
+        assert row is not None
+        claim = BeginOp(
+            workflow_instance_id=key,
+            workflow=row.workflow,
+            expected_revision=row.revision,
+            lease_owner="died",
+            ttl_ms=0,  # its lease expired at once
+        )
+        assert store.run(claim) is not None
+        posting = answer_posting(
+            "k", execution.execution_id, approve=True, response="go"
+        )
+        assert store.run(PostOp(posting=posting)).outcome == "stored"
+        assert store.run(RequestCancelOp(workflow_instance_id=key, reason="ops"))
+        return posting.event_id
+
+    event_id = await trio.to_thread.run_sync(
+        a_runtime_claims_it_and_dies_then_an_operator_answers_and_cancels
+    )
+    async with _runtime(open_sqlite(path), sweep_interval=0.05) as other:
+        await until(lambda: getattr(store.load(key), "status", "") != "running", 10)
+        await trio.sleep(0.3)  # some polls: nothing resumes it
+        found = await other.executions.get("k")
+    record = found.record
+    assert (record.status, record.steps_completed) == ("cancelled", 1)  # never shipped
+    assert "cancelled (ops) by the recovery sweep" in (record.error or "")
+    assert (found.pending_events, found.cancel_requested, record.lease) == (
+        (),
+        None,
+        None,
+    )
+    entry = store.run(EntryOp(workflow_instance_id=key, event_id=event_id))
+    assert entry is not None
+    assert entry.status == "refused"
