@@ -35,15 +35,19 @@ def _admin(dsn: str) -> psycopg.Connection[Any]:
 
 
 def _writer_pid(store: PostgresStore, dsn: str) -> int:
-    """The backend of the store's write connection (the newest 'phronomy' backend
-    that runs a transaction)."""
-    with _admin(dsn) as conn:
-        row = conn.execute(
-            "SELECT pid FROM pg_stat_activity WHERE application_name = 'phronomy'"
-            " AND backend_xid IS NOT NULL ORDER BY xact_start DESC LIMIT 1"
+    """The backend of the store's write connection, which runs a transaction (asked of
+    the connection itself: another client's transaction on the same server, newer
+    than this one, is never taken for it)."""
+    conn = store._conn
+    assert conn is not None, "the store has no write connection"
+    pid = conn.info.backend_pid
+    with _admin(dsn) as admin:
+        row = admin.execute(
+            "SELECT backend_xid IS NOT NULL FROM pg_stat_activity WHERE pid = %s",
+            (pid,),
         ).fetchone()
-    assert row is not None, "no phronomy transaction is running"
-    return int(row[0])
+    assert row == (True,), "the write connection runs no transaction"
+    return pid
 
 
 def test_open_creates_the_schema_once_and_reopens_it(
