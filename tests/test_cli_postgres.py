@@ -8,6 +8,7 @@ import json
 import re
 import socket
 import threading
+import time
 import urllib.parse
 from typing import TYPE_CHECKING
 
@@ -15,7 +16,7 @@ import psycopg
 import pytest
 
 from phronomy.cli import main
-from phronomy.errors import InstanceStateError, StoreUnavailableError
+from phronomy.errors import StoreUnavailableError
 from phronomy.storage import SaveOp, SaveRequest
 
 if TYPE_CHECKING:
@@ -190,19 +191,27 @@ def test_a_cancel_whose_row_stays_written_says_nothing_was_asked(
     open_postgres: Callable[..., phronomy.PostgresStore],
     postgres_dsn: str,
     monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from phronomy import _cli_commands
+    from phronomy import _cli_commands, _cli_operate
 
-    monkeypatch.setattr(_cli_commands, "ASK_PATIENCE", 0.2)
+    for module in (_cli_commands, _cli_operate):
+        monkeypatch.setattr(module, "ASK_PATIENCE", 0.2)
     store = open_postgres()
     assert store.begin("stuck", "wf", lease_owner="A", ttl_ms=60_000) == 1
-    with (
-        _row_written(postgres_dsn, store.schema, "stuck", for_s=1.0),
-        pytest.raises(InstanceStateError, match="'stuck': its row was being written"),
-    ):
-        _cli_commands.ask_cancel(store, "stuck", reason="ops")
+    db = f"{postgres_dsn}{'&' if '?' in postgres_dsn else '?'}"
+    db += f"options=-csearch_path%3D{store.schema}"
+    cancel = ["instances", "cancel", "--db", db, "stuck", "--reason", "ops"]
+    with _row_written(postgres_dsn, store.schema, "stuck", for_s=1.5):
+        assert main([*cancel, "--no-wait"]) == 1
+        err = capsys.readouterr().err
+        assert ONE_ERROR_LINE.fullmatch(err), err
+        assert "'stuck': another transaction kept writing its row for 0.2 s" in err
+        assert main([*cancel, "--wait", "0.3"]) == 1  # asked until --wait, not 0.2 s
+        assert "is still running after 0.3 s" in capsys.readouterr().err
     row = store.load("stuck")
     assert row is not None
-    assert row.cancel_requested is None
-    assert _cli_commands.ask_cancel(store, "stuck", reason="ops")  # free again
-    assert _cli_commands.ask_cancel(store, "gone", reason="ops") is False
+    assert row.cancel_requested is None  # nothing was asked
+    until = time.monotonic() + 1
+    assert _cli_commands.ask_cancel(store, "stuck", reason="ops", until=until)
+    assert _cli_commands.ask_cancel(store, "gone", reason="ops", until=until) is False

@@ -374,33 +374,38 @@ def write_cancellation(
 
 
 ASK_PATIENCE = 5.0
-"""Seconds a cancel request is asked again while other transactions write the row."""
+"""Seconds a cancel request that returns at once is asked again while other
+transactions write the row."""
 
 
-def ask_cancel(store: BaseStore[Any], key: str, *, reason: str | None) -> bool:
+def ask_cancel(
+    store: BaseStore[Any], key: str, *, reason: str | None, until: float
+) -> bool | None:
     """Ask the runtime holding *key*'s lease to cancel it, through its row (that
     runtime cancels it at its next heartbeat; the recovery sweep, once the lease
-    expired), asking again while another transaction writes the row.
+    expired), asking again while another transaction writes the row, until *until*
+    (a :func:`time.monotonic` time).
 
     Returns:
-        Whether the request is in the row (``False``: *key* is not running under a
-        lease any more; read it again).
-
-    Raises:
-        InstanceStateError: the row was being written for :data:`ASK_PATIENCE`
-            seconds (nothing was asked).
+        ``True`` once the request is in the row; ``False`` if *key* is not running
+        under a lease any more (read it again); ``None`` if another transaction was
+        still writing the row at *until* (nothing was asked: see :func:`row_busy`).
     """
-    deadline = time.monotonic() + ASK_PATIENCE
     op = RequestCancelOp(workflow_instance_id=key, reason=reason)
     while (asked := store.run(op)) is not None and not asked[1]:
-        if time.monotonic() > deadline:
-            raise InstanceStateError(
-                f"{key!r}: its row was being written for {ASK_PATIENCE} s; nothing "
-                "was asked (run the command again)",
-                instance_id=key,
-            )
+        if time.monotonic() > until:
+            return None
         time.sleep(0.01)
     return asked is not None
+
+
+def row_busy(key: str) -> InstanceStateError:
+    """The error of a cancel request :func:`ask_cancel` could not write in time."""
+    return InstanceStateError(
+        f"{key!r}: another transaction kept writing its row for {ASK_PATIENCE} s; "
+        "nothing was asked (ask again)",
+        instance_id=key,
+    )
 
 
 def migrate(store: CliStore, args: argparse.Namespace) -> int:

@@ -16,11 +16,13 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from phronomy._cli_commands import (
+    ASK_PATIENCE,
     _command,
     ask_cancel,
     lease_state,
     pending_events,
     pending_timers,
+    row_busy,
     write_cancellation,
 )
 from phronomy._cli_output import done, iso, json_line, print_view, safe, table
@@ -161,20 +163,18 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
     key = agent_key(args.agent_id)
     row, record = _row(store, args.agent_id)
     deadline = time.monotonic() + args.wait
-    asked = False
     while True:
         if row.status == "cancelled":
             return _cancelled(args, record, "cancelled")
         if row.status != "running" or row.lease_owner is None:
             write_cancellation(store, row, reason=args.reason)
         elif row.cancel_requested is None:  # asked again after each new claim
-            if (
-                ask_cancel(store, key, reason=args.reason)
-                and not asked
-                and args.no_wait
-            ):
+            until = time.monotonic() + ASK_PATIENCE if args.no_wait else deadline
+            asked = ask_cancel(store, key, reason=args.reason, until=until)
+            if args.no_wait and asked is None:
+                raise row_busy(key)
+            if args.no_wait and asked:
                 return _cancelled(args, record, "cancel_requested")
-            asked = True
         if time.monotonic() > deadline:
             raise InstanceStateError(
                 f"agent {args.agent_id!r}'s execution is still {row.status} after "

@@ -282,9 +282,10 @@ async def open_runtime(
     waits up to *shutdown_timeout* for live segments, then cuts off what is left (their
     callers get :class:`~phronomy.RuntimeShutdownError`; nothing is saved for them, so
     their last durable revision stays resumable) and waits up to *cancel_grace* for
-    worker threads. If the body raises, the runtime stops at once and the body's
-    exception propagates unchanged. ``runtime.shutdown_result`` then reports what
-    happened.
+    worker threads. If the body raises, the runtime stops at once (it waits, up to
+    *cancel_grace*, only for the store writes that release what it cut off) and the
+    body's exception propagates unchanged. ``runtime.shutdown_result`` then reports
+    what happened.
 
     Args:
         store: a durable store (:class:`~phronomy.SQLiteStore`,
@@ -294,7 +295,8 @@ async def open_runtime(
         recursion_limit: default transitions allowed per segment.
         max_snapshot_bytes: size limit of a saved snapshot.
         shutdown_timeout: seconds to wait for live work at exit.
-        cancel_grace: seconds to wait for worker threads at exit (default:
+        cancel_grace: seconds to wait for worker threads at exit, and, when the body
+            raises, for the store writes that release what was cut off (default:
             *shutdown_timeout*).
         pool_size: worker threads of the default offload pool.
         queue_size: queued operations of the default offload pool.

@@ -468,7 +468,8 @@ async def test_a_cancel_asked_of_a_runtime_that_died_is_carried_out_by_the_sweep
             "k", execution.execution_id, approve=True, response="go"
         )
         assert store.run(PostOp(posting=posting)).outcome == "stored"
-        assert store.run(RequestCancelOp(workflow_instance_id=key, reason="ops"))
+        asked = store.run(RequestCancelOp(workflow_instance_id=key, reason="ops"))
+        assert asked == (row.lease_epoch + 1, True)  # the dead runtime's claim
         return posting.event_id
 
     event_id = await trio.to_thread.run_sync(

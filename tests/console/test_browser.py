@@ -126,19 +126,30 @@ def _pending(db: Path, iid: str) -> list[tuple[str, Any]]:
 def test_the_console_in_a_browser(
     browser: Any, console: str, filled_db: Path, tmp_path: Path
 ) -> None:
-    from selenium.common.exceptions import WebDriverException
+    from selenium.common.exceptions import (
+        StaleElementReferenceException,
+        WebDriverException,
+    )
     from selenium.webdriver.common.by import By
-    from selenium.webdriver.support import expected_conditions
     from selenium.webdriver.support.wait import WebDriverWait
 
     def click(element: Any) -> None:
-        """Click *element* and wait for the page it leads to (mid-navigation, Chrome
-        may answer "node does not belong to the document" instead of "stale": asked
-        again)."""
+        """Click *element* and wait for the page it leads to."""
         page = browser.find_element(By.TAG_NAME, "html")
         element.click()
-        wait = WebDriverWait(browser, 10, ignored_exceptions=[WebDriverException])
-        wait.until(expected_conditions.staleness_of(page))
+
+        def left(_: Any) -> bool:
+            try:
+                page.is_enabled()
+            except StaleElementReferenceException:
+                return True
+            except WebDriverException as exc:  # mid-navigation, Chrome may say so
+                if "does not belong to the document" not in str(exc):
+                    raise
+                return True
+            return False
+
+        WebDriverWait(browser, 10).until(left)
 
     shots = _shots(tmp_path)
     browser.get(f"{console}/instances")

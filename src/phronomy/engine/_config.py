@@ -19,7 +19,8 @@ class EngineConfig(msgspec.Struct, frozen=True, kw_only=True):
         pool_size: worker threads of the default offload pool.
         queue_size: queued operations the default pool admits.
         shutdown_timeout: seconds a graceful shutdown waits for live work to finish.
-        cancel_grace: seconds shutdown then waits for worker threads (default:
+        cancel_grace: seconds shutdown then waits for worker threads, and, when the
+            block raises, for the store writes owed for what was cut off (default:
             ``shutdown_timeout``; at least 0.2).
         backlog_threshold: queue depth that triggers a backlog warning.
         backlog_interval: minimum seconds between two backlog warnings.

@@ -410,7 +410,9 @@ async def open_engine(
         pool_size: worker threads of the default offload pool.
         queue_size: queued operations of the default offload pool.
         shutdown_timeout: seconds a graceful shutdown waits for live work.
-        cancel_grace: seconds shutdown waits for worker threads.
+        cancel_grace: seconds shutdown waits for worker threads (and, when the body
+            raises, for the store writes owed for what was cut off); default:
+            *shutdown_timeout*.
         backlog_threshold: queue depth that triggers a backlog warning.
         backlog_interval: minimum seconds between backlog warnings.
         starvation_threshold: optional queue-lag warning threshold in seconds.

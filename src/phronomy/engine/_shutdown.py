@@ -95,7 +95,7 @@ class Shutdown:
         except Exception as exc:  # a bug in a shutdown step: still end with a result
             logger.exception("the graceful shutdown failed; stopping at once")
             self._lifecycle.errors.append(exc)
-            await self.abort(grace)
+            await self.abort(0)  # its flush may have run already: bounded anew, briefly
         finally:
             self.done.set()
         assert self.result is not None
@@ -125,10 +125,11 @@ class Shutdown:
         return self._finish(status, cut_off, threads, tasks_left)
 
     async def abort(self, grace: float) -> None:
-        """The runtime block raised: stop at once and cut everything off. Only the
-        store writes the receivers owe for what was cut off (lease releases) are
-        waited for, up to *grace* seconds (at least 0.2), so that nothing of the
-        runtime uses the store once the block has exited; worker threads are not.
+        """The runtime block raised: stop at once and cut everything off. What the
+        receivers flush is waited for, up to *grace* seconds (at least 0.2): for
+        workflows, every store operation queued or running, the writes owed for what
+        was cut off (lease releases) among them, so that nothing of the runtime uses
+        the store once the block has exited. Worker threads are not waited for.
 
         Cancellation:
             Callers shield it; its one wait is bounded by *grace*.
