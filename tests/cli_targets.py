@@ -3,6 +3,7 @@ lease settings fast enough to test a live instance another runtime holds."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import secrets
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ import phronomy
 from phronomy.cli import main
 
 if TYPE_CHECKING:
-    from collections.abc import Callable, Iterator
+    from collections.abc import AsyncIterator, Callable, Iterator
     from pathlib import Path
 
 ONE_ERROR_LINE = re.compile(r"phronomy: error: [^\n]+\n")
@@ -60,3 +61,16 @@ FAST: dict[str, Any] = {
     "lease_margin": 0.2,
     "sweep_interval": 0.1,
 }
+
+
+@contextlib.asynccontextmanager
+async def live_runtime(
+    make: Callable[[], Any],
+) -> AsyncIterator[tuple[phronomy.Runtime, Any]]:
+    """A runtime with :data:`FAST` leases on a store *make* opens (closed after)."""
+    store = make()
+    try:
+        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
+            yield rt, store
+    finally:
+        store.close()

@@ -11,7 +11,7 @@ import pytest
 import trio
 
 import phronomy
-from cli_targets import FAST, refused, run_cli
+from cli_targets import live_runtime, refused, run_cli
 from failing_orders import FLOW
 from phronomy.errors import LeaseLostError
 
@@ -26,38 +26,32 @@ async def test_cancel_reaches_an_instance_another_runtime_runs(
 
     db, make = target
     flow = live_flow()
-    store = make()
-    try:
-        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
-            with trio.fail_after(10):
-                handle = await start_live(rt, flow, "live-1")
-            cancel = ["instances", "cancel", "--db", db, "live-1"]
-            status, out, err = await trio.to_thread.run_sync(
-                lambda: run_cli(capsys, *cancel, "--reason", "ops", "--wait", "10")
+    async with live_runtime(make) as (rt, store):
+        with trio.fail_after(10):
+            handle = await start_live(rt, flow, "live-1")
+        cancel = ["instances", "cancel", "--db", db, "live-1"]
+        status, out, err = await trio.to_thread.run_sync(
+            lambda: run_cli(capsys, *cancel, "--reason", "ops", "--wait", "10")
+        )
+        assert status == 0, err
+        assert out.startswith("live-1: cancelled at revision"), out
+        with pytest.raises(phronomy.WorkflowCancelledError), trio.fail_after(10):
+            await handle.result()
+        with trio.fail_after(10):
+            other = await start_live(rt, flow, "live-3")
+        status, out, err = await trio.to_thread.run_sync(
+            lambda: run_cli(
+                capsys, "instances", "cancel", "--db", db, "live-3", "--no-wait",
+                "--json",
             )
-            assert status == 0, err
-            assert out.startswith("live-1: cancelled at revision"), out
-            with pytest.raises(phronomy.WorkflowCancelledError), trio.fail_after(10):
-                await handle.result()
-            with trio.fail_after(10):
-                other = await start_live(rt, flow, "live-3")
-            status, out, err = await trio.to_thread.run_sync(
-                lambda: run_cli(
-                    capsys, "instances", "cancel", "--db", db, "live-3", "--no-wait",
-                    "--json",
-                )
-            )  # fmt: skip
-            assert (status, json.loads(out)["status"]) == (0, "cancel_requested"), err
-            with pytest.raises(phronomy.WorkflowCancelledError), trio.fail_after(10):
-                await other.result()  # the heartbeat sees the request
-            row = store.load("live-1")
-            assert (row.status, row.lease_owner) == ("cancelled", None)
-            status, out, _ = await trio.to_thread.run_sync(
-                lambda: run_cli(capsys, *cancel)
-            )
-            assert out == "live-1: already cancelled\n"
-    finally:
-        store.close()
+        )  # fmt: skip
+        assert (status, json.loads(out)["status"]) == (0, "cancel_requested"), err
+        with pytest.raises(phronomy.WorkflowCancelledError), trio.fail_after(10):
+            await other.result()  # the heartbeat sees the request
+        row = store.load("live-1")
+        assert (row.status, row.lease_owner) == ("cancelled", None)
+        status, out, _ = await trio.to_thread.run_sync(lambda: run_cli(capsys, *cancel))
+        assert out == "live-1: already cancelled\n"
 
 
 def test_history_shows_the_sweep_s_takeovers(
@@ -110,39 +104,35 @@ async def test_terminate_closes_a_live_instance_and_fences_its_holder(
 
     db, make = target
     flow = live_flow()
-    store = make()
-    try:
-        async with phronomy.open_runtime(store=store, shutdown_timeout=2, **FAST) as rt:
-            handle = await start_live(rt, flow, "live-2")
-            held = store.load("live-2")
-            terminate = ["instances", "terminate", "--db", db, "live-2"]
-            status, out, err = await trio.to_thread.run_sync(
-                lambda: run_cli(capsys, *terminate, "--reason", "stuck", "--json")
-            )
-            assert status == 0, err
-            view = json.loads(out)
-            assert (view["status"], view["lease_epoch"]) == (
-                "cancelled",
-                held.lease_epoch + 1,
-            )
-            row = store.load("live-2")
-            assert (row.status, row.lease_owner, row.lease_epoch) == (
-                "cancelled",
-                None,
-                held.lease_epoch + 1,
-            )
-            assert row.detail == "terminated by an operator (cli): stuck"
-            # the holder learns it lost the lease; its later writes are refused
-            with pytest.raises(LeaseLostError):
-                with trio.fail_after(5):
-                    await handle.result()
-            after = store.load("live-2")
-            assert (after.status, after.revision) == ("cancelled", row.revision)
-            err = await trio.to_thread.run_sync(lambda: refused(capsys, *terminate))
-            assert "is cancelled already" in err
-            err = await trio.to_thread.run_sync(
-                lambda: refused(capsys, "instances", "terminate", "--db", db, "nope")
-            )
-            assert "does not exist" in err
-    finally:
-        store.close()
+    async with live_runtime(make) as (rt, store):
+        handle = await start_live(rt, flow, "live-2")
+        held = store.load("live-2")
+        terminate = ["instances", "terminate", "--db", db, "live-2"]
+        status, out, err = await trio.to_thread.run_sync(
+            lambda: run_cli(capsys, *terminate, "--reason", "stuck", "--json")
+        )
+        assert status == 0, err
+        view = json.loads(out)
+        assert (view["status"], view["lease_epoch"]) == (
+            "cancelled",
+            held.lease_epoch + 1,
+        )
+        row = store.load("live-2")
+        assert (row.status, row.lease_owner, row.lease_epoch) == (
+            "cancelled",
+            None,
+            held.lease_epoch + 1,
+        )
+        assert row.detail == "terminated by an operator (cli): stuck"
+        # the holder learns it lost the lease; its later writes are refused
+        with pytest.raises(LeaseLostError):
+            with trio.fail_after(5):
+                await handle.result()
+        after = store.load("live-2")
+        assert (after.status, after.revision) == ("cancelled", row.revision)
+        err = await trio.to_thread.run_sync(lambda: refused(capsys, *terminate))
+        assert "is cancelled already" in err
+        err = await trio.to_thread.run_sync(
+            lambda: refused(capsys, "instances", "terminate", "--db", db, "nope")
+        )
+        assert "does not exist" in err
