@@ -381,3 +381,30 @@ async def test_a_poll_begun_before_a_segment_loaded_offers_it_nothing(
         assert session.machine.state.count == 1  # not offered: only its own mark
         coordinator.post_message(Polled(pending=(row,), poll=begun + 1))
         await until(lambda: session.machine.state.count == 2)  # a later poll's is
+
+
+async def test_a_failed_event_s_caller_gets_its_error_whichever_path_tells_it(
+    tmp_path: Any,
+) -> None:
+    # Before: when the inbox poll read the failed entry before the failing segment's
+    # own status write had returned, send_event raised PhronomyError("event 'approve'
+    # ... failed: RuntimeError: ...") instead of the action's RuntimeError (once in CI).
+    from failing_orders import FAILING, FLOW
+
+    store = FaultyStore(phronomy.SQLiteStore(tmp_path / "fails.db"))
+    FAILING["on"] = True
+    async with phronomy.open_runtime(
+        store=store, workflows=[FLOW], inbox_poll_interval=0.02, sweep_interval=0
+    ) as rt:
+        await rt.workflows.invoke(FLOW, workflow_instance_id="o-1")
+        polls = store.count("poll")
+        store.delay("mark.after", 0.5)  # committed: the poll reads it meanwhile
+        with pytest.raises(RuntimeError, match="the approval service is down"):
+            await rt.workflows.send_event(
+                FLOW, "approve", workflow_instance_id="o-1", payload={"by": "ops"}
+            )
+        assert store.count("poll") > polls  # a poll read it while the write returned
+    row = store.load("o-1")
+    store.close()
+    assert row is not None
+    assert row.status == "failed"
