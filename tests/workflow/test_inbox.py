@@ -404,7 +404,36 @@ async def test_a_failed_event_s_caller_gets_its_error_whichever_path_tells_it(
                 FLOW, "approve", workflow_instance_id="o-1", payload={"by": "ops"}
             )
         assert store.count("poll") > polls  # a poll read it while the write returned
-    row = store.load("o-1")
+    assert _status(store, "o-1") == "failed"
     store.close()
-    assert row is not None
-    assert row.status == "failed"
+
+
+def test_the_error_is_kept_only_while_its_status_write_runs() -> None:
+    from phronomy.engine import ResultHandle
+    from phronomy.workflow._waiters import Applied, Waiters
+
+    entry = InboxEntry(
+        workflow_instance_id="o-1",
+        seq=1,
+        event_id="e-1",
+        event="approve",
+        payload=b"null",
+        stored_at_ms=0,
+        status="failed",
+        detail="RuntimeError: down",
+    )
+    applied = Applied(entry=entry, status="failed", detail=entry.detail)
+    waiters = Waiters()
+    error = RuntimeError("down")
+    waiters.failing("o-1", "e-1", error)
+    told: list[BaseException | None] = []
+    for kept in (True, False):
+        if not kept:
+            waiters.failing("o-1", "e-1", None)  # the write returned: told already
+        caller: ResultHandle[Any] = ResultHandle("send_event")
+        waiters.add("o-1", "e-1", caller, "result")
+        waiters.settle(applied)
+        told.append(caller.error)
+    assert told[0] is error  # as the failing segment's own callers
+    assert isinstance(told[1], phronomy.PhronomyError)  # as from any runtime
+    assert "RuntimeError: down" in str(told[1])

@@ -455,7 +455,7 @@ class Segments:
                 )
             feed = session.feed
             if feed is not None and feed.culprit and blames_an_event(feed, error):
-                self._coordinator.waiters.failed_here(iid, feed.culprit.event_id, error)
+                self._coordinator.waiters.failing(iid, feed.culprit.event_id, error)
             mark = None
             if base is not None and self._coordinator.gateway is not None:
                 lease = None if claim is None else claim[0]

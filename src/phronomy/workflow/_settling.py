@@ -183,6 +183,7 @@ class Settlement:
         for entry in held:
             if entry is failing:
                 self._coordinator.waiters.fail(iid, entry.event_id, error)
+                self._coordinator.waiters.failing(iid, entry.event_id, None)
                 continue
             self._coordinator.waiters.fail(
                 iid,

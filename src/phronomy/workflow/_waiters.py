@@ -4,7 +4,6 @@ so (another runtime applied it)."""
 
 from __future__ import annotations
 
-from collections import OrderedDict
 from typing import TYPE_CHECKING, Any, Literal, final
 
 import msgspec
@@ -24,10 +23,7 @@ from ._messages import EventOutcome, WorkflowResult
 if TYPE_CHECKING:
     from phronomy.engine import ResultHandle
 
-__all__ = ["FAILURES_KEPT", "Applied", "Waiters"]
-
-FAILURES_KEPT = 1024
-"""Errors of the entries this runtime's segments failed last, kept for their callers."""
+__all__ = ["Applied", "Waiters"]
 
 Kind = Literal["result", "outcome"]
 """``result``: the caller wants the result of the segment that applied its event (a
@@ -64,17 +60,17 @@ class Waiters:
     def __init__(self) -> None:
         """Nobody waits yet."""
         self._by_key: dict[tuple[str, str], list[tuple[ResultHandle[Any], Kind]]] = {}
-        self._failures: OrderedDict[tuple[str, str], BaseException] = OrderedDict()
+        self._failing: dict[tuple[str, str], BaseException] = {}
 
-    def failed_here(self, iid: str, event_id: str, error: BaseException) -> None:
-        """A segment of this runtime failed the entry with *error* (before its status
-        write): a caller here told by the store that the entry failed gets *error*
-        itself, as the segment's own callers do, whichever hears first (the last
-        :data:`FAILURES_KEPT` are kept)."""
-        self._failures[(iid, event_id)] = error
-        self._failures.move_to_end((iid, event_id))
-        if len(self._failures) > FAILURES_KEPT:
-            self._failures.popitem(last=False)
+    def failing(self, iid: str, event_id: str, error: BaseException | None) -> None:
+        """A segment of this runtime fails the entry with *error* (``None``: its
+        status write returned, and its callers were told): until then, a caller told
+        by the store that the entry failed gets *error* itself, as the segment's own
+        callers do, whichever hears first."""
+        if error is None:
+            self._failing.pop((iid, event_id), None)
+        else:
+            self._failing[(iid, event_id)] = error
 
     def add(
         self, iid: str, event_id: str, caller: ResultHandle[Any], kind: Kind
@@ -96,7 +92,7 @@ class Waiters:
         segment's result only when *final* (its end was saved, or it never will be)."""
         key = (applied.entry.workflow_instance_id, applied.entry.event_id)
         if applied.status == "failed" and applied.error is None:
-            error = self._failures.get(key)
+            error = self._failing.get(key)
             if error is not None:
                 applied = msgspec.structs.replace(applied, error=error)
         for caller, kind in list(self._by_key.get(key, ())):
