@@ -193,10 +193,9 @@ def test_a_cancel_whose_row_stays_written_says_nothing_was_asked(
     monkeypatch: pytest.MonkeyPatch,
     capsys: pytest.CaptureFixture[str],
 ) -> None:
-    from phronomy import _cli_commands, _cli_operate
+    from phronomy import _cli_commands
 
-    for module in (_cli_commands, _cli_operate):
-        monkeypatch.setattr(module, "ASK_PATIENCE", 0.2)
+    monkeypatch.setattr(_cli_commands, "ASK_PATIENCE", 0.2)
     store = open_postgres()
     assert store.begin("stuck", "wf", lease_owner="A", ttl_ms=60_000) == 1
     db = f"{postgres_dsn}{'&' if '?' in postgres_dsn else '?'}"

@@ -374,38 +374,41 @@ def write_cancellation(
 
 
 ASK_PATIENCE = 5.0
-"""Seconds a cancel request that returns at once is asked again while other
-transactions write the row."""
+"""Seconds a cancel request is asked again while other transactions write the row,
+when its caller gives no deadline of its own."""
 
 
 def ask_cancel(
-    store: BaseStore[Any], key: str, *, reason: str | None, until: float
+    store: BaseStore[Any], key: str, *, reason: str | None, until: float | None = None
 ) -> bool | None:
     """Ask the runtime holding *key*'s lease to cancel it, through its row (that
     runtime cancels it at its next heartbeat; the recovery sweep, once the lease
-    expired), asking again while another transaction writes the row, until *until*
-    (a :func:`time.monotonic` time).
+    expired), asking again while another transaction writes the row: until *until*
+    (a :func:`time.monotonic` time), else for :data:`ASK_PATIENCE` seconds.
 
     Returns:
         ``True`` once the request is in the row; ``False`` if *key* is not running
         under a lease any more (read it again); ``None`` if another transaction was
-        still writing the row at *until* (nothing was asked: see :func:`row_busy`).
+        still writing the row at *until* (nothing was asked).
+
+    Raises:
+        InstanceStateError: without *until*, the row was being written for
+            :data:`ASK_PATIENCE` seconds (nothing was asked).
     """
+    deadline = time.monotonic() + ASK_PATIENCE if until is None else until
     op = RequestCancelOp(workflow_instance_id=key, reason=reason)
     while (asked := store.run(op)) is not None and not asked[1]:
-        if time.monotonic() > until:
+        if time.monotonic() <= deadline:
+            time.sleep(0.01)
+        elif until is not None:
             return None
-        time.sleep(0.01)
+        else:
+            raise InstanceStateError(
+                f"{key!r}: another transaction kept writing its row for "
+                f"{ASK_PATIENCE} s; nothing was asked (ask again)",
+                instance_id=key,
+            )
     return asked is not None
-
-
-def row_busy(key: str) -> InstanceStateError:
-    """The error of a cancel request :func:`ask_cancel` could not write in time."""
-    return InstanceStateError(
-        f"{key!r}: another transaction kept writing its row for {ASK_PATIENCE} s; "
-        "nothing was asked (ask again)",
-        instance_id=key,
-    )
 
 
 def migrate(store: CliStore, args: argparse.Namespace) -> int:

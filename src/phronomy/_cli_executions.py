@@ -16,13 +16,11 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from phronomy._cli_commands import (
-    ASK_PATIENCE,
     _command,
     ask_cancel,
     lease_state,
     pending_events,
     pending_timers,
-    row_busy,
     write_cancellation,
 )
 from phronomy._cli_output import done, iso, json_line, print_view, safe, table
@@ -169,11 +167,8 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
         if row.status != "running" or row.lease_owner is None:
             write_cancellation(store, row, reason=args.reason)
         elif row.cancel_requested is None:  # asked again after each new claim
-            until = time.monotonic() + ASK_PATIENCE if args.no_wait else deadline
-            asked = ask_cancel(store, key, reason=args.reason, until=until)
-            if args.no_wait and asked is None:
-                raise row_busy(key)
-            if args.no_wait and asked:
+            until = None if args.no_wait else deadline
+            if ask_cancel(store, key, reason=args.reason, until=until) and args.no_wait:
                 return _cancelled(args, record, "cancel_requested")
         if time.monotonic() > deadline:
             raise InstanceStateError(

@@ -10,13 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import outcome
 
-from phronomy._cli_commands import (
-    ASK_PATIENCE,
-    _workflow_record,
-    ask_cancel,
-    row_busy,
-    write_cancellation,
-)
+from phronomy._cli_commands import _workflow_record, ask_cancel, write_cancellation
 from phronomy._cli_output import done, iso, safe, table
 from phronomy._cli_start import load_definition
 from phronomy._cli_times import duration_ms
@@ -93,11 +87,8 @@ def cancel(store: CliStore, args: argparse.Namespace) -> int:
                 revision=record.revision,
             )
         if record.cancel_requested is None:  # asked again after each new claim
-            until = time.monotonic() + ASK_PATIENCE if args.no_wait else deadline
-            asked_now = ask_cancel(store, iid, reason=args.reason, until=until)
-            if args.no_wait and asked_now is None:
-                raise row_busy(iid)
-            if args.no_wait and asked_now:
+            until = None if args.no_wait else deadline
+            if ask_cancel(store, iid, reason=args.reason, until=until) and args.no_wait:
                 return done(
                     args,
                     f"{safe(iid)}: cancellation asked of its runtime "

@@ -429,7 +429,7 @@ def test_the_error_is_kept_only_while_its_status_write_runs() -> None:
     told: list[BaseException | None] = []
     for kept in (True, False):
         if not kept:
-            waiters.failing("o-1", "e-1", None)  # the write returned: told already
+            waiters.told("o-1", "e-1")  # the write returned: its callers were told
         caller: ResultHandle[Any] = ResultHandle("send_event")
         waiters.add("o-1", "e-1", caller, "result")
         waiters.settle(applied)

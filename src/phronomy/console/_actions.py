@@ -12,17 +12,11 @@ Each checks its input before it writes anything.
 from __future__ import annotations
 
 import json
-import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
 
-from phronomy._cli_commands import (
-    ASK_PATIENCE,
-    ask_cancel,
-    row_busy,
-    write_cancellation,
-)
+from phronomy._cli_commands import ask_cancel, write_cancellation
 from phronomy._cli_operate import retry_failed
 from phronomy._cli_output import safe
 from phronomy.agent._records import agent_key, answer_posting, execution_record
@@ -158,11 +152,7 @@ def cancel(store: BaseStore[Any], iid: str, *, reason: str | None) -> str:
     for _ in range(3):  # it may stop running, and be claimed again, meanwhile
         if record.status != "running" or record.lease_owner is None:
             break
-        until = time.monotonic() + ASK_PATIENCE
-        asked = ask_cancel(store, iid, reason=reason, until=until)
-        if asked is None:
-            raise row_busy(iid)
-        if asked:
+        if ask_cancel(store, iid, reason=reason):
             now, expiry = lease_now_ms(store), record.lease_expires_at_ms
             if now is None or (expiry is not None and expiry <= now):
                 return (

@@ -125,6 +125,10 @@ class Settles(Protocol):
         result: WorkflowResult[Any],
     ) -> None: ...
 
+    def segment_failing(
+        self, session: WorkflowSession[Any], error: BaseException
+    ) -> tuple[Consumption, ...]: ...
+
     def segment_ended(
         self,
         definition: WorkflowDefinition[Any],

@@ -60,12 +60,7 @@ from ._messages import (
 )
 from ._persistence import TerminalPersistence
 from ._session import WorkflowSession
-from ._settling import (
-    PENDING,
-    blames_an_event,
-    consumed_by_failure,
-    refused_posting,
-)
+from ._settling import PENDING, refused_posting
 
 if TYPE_CHECKING:
     import outcome
@@ -453,15 +448,11 @@ class Segments:
                 update = _update(
                     iid, "failed", machine.current, machine.state, revision
                 )
-            feed = session.feed
-            if feed is not None and feed.culprit and blames_an_event(feed, error):
-                self._coordinator.waiters.failing(iid, feed.culprit.event_id, error)
             mark = None
             if base is not None and self._coordinator.gateway is not None:
                 lease = None if claim is None else claim[0]
-                mark = segment_mark(
-                    cmd, base, error, lease, consumed_by_failure(session, error)
-                )
+                consumed = self._coordinator.settlement.segment_failing(session, error)
+                mark = segment_mark(cmd, base, error, lease, consumed)
             event = End(
                 error=error,
                 write=mark,

@@ -40,7 +40,6 @@ __all__ = [
     "Call",
     "Settlement",
     "blames_an_event",
-    "consumed_by_failure",
     "refused_posting",
 ]
 
@@ -158,6 +157,24 @@ class Settlement:
         elif result.status == "halted" and (untaken or feed.gap):
             self._coordinator.inbox.drain(definition, result.workflow_instance_id)
 
+    def segment_failing(
+        self, session: WorkflowSession[Any], error: BaseException
+    ) -> tuple[Consumption, ...]:
+        """What the status write of a segment that failed with *error* consumes. The
+        entry it is blamed on keeps *error* for its callers until that write returned
+        (see :meth:`segment_ended` and :meth:`Waiters.failing`)."""
+        feed = session.feed
+        if feed is None:
+            return ()
+        if isinstance(error, EventRejectedError):
+            return feed.consumed  # the resume event every guard rejected
+        culprit = feed.culprit
+        if culprit is None or not blames_an_event(feed, error):
+            return ()  # applied again later, from the last durable revision
+        iid = session.workflow_instance_id
+        self._coordinator.waiters.failing(iid, culprit.event_id, error)
+        return feed.failing(error)  # the entry whose action raised: never again
+
     def segment_ended(
         self,
         definition: WorkflowDefinition[Any],
@@ -183,7 +200,7 @@ class Settlement:
         for entry in held:
             if entry is failing:
                 self._coordinator.waiters.fail(iid, entry.event_id, error)
-                self._coordinator.waiters.failing(iid, entry.event_id, None)
+                self._coordinator.waiters.told(iid, entry.event_id)
                 continue
             self._coordinator.waiters.fail(
                 iid,
@@ -344,20 +361,6 @@ class Call:
 
     def __call__(self) -> None:
         self.fn(self.done)
-
-
-def consumed_by_failure(
-    session: WorkflowSession[Any], error: BaseException
-) -> tuple[Any, ...]:
-    """What the status write of a segment that failed with *error* consumes."""
-    feed = session.feed
-    if feed is None:
-        return ()
-    if isinstance(error, EventRejectedError):
-        return feed.consumed  # the resume event every guard rejected
-    if not blames_an_event(feed, error):
-        return ()  # applied again later, from the last durable revision
-    return feed.failing(error)  # the entry whose action raised: never again
 
 
 def blames_an_event(feed: Feed, error: BaseException) -> bool:

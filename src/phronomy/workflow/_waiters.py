@@ -62,15 +62,17 @@ class Waiters:
         self._by_key: dict[tuple[str, str], list[tuple[ResultHandle[Any], Kind]]] = {}
         self._failing: dict[tuple[str, str], BaseException] = {}
 
-    def failing(self, iid: str, event_id: str, error: BaseException | None) -> None:
-        """A segment of this runtime fails the entry with *error* (``None``: its
-        status write returned, and its callers were told): until then, a caller told
-        by the store that the entry failed gets *error* itself, as the segment's own
-        callers do, whichever hears first."""
-        if error is None:
-            self._failing.pop((iid, event_id), None)
-        else:
-            self._failing[(iid, event_id)] = error
+    def failing(self, iid: str, event_id: str, error: BaseException) -> None:
+        """A segment of this runtime fails the entry with *error*: until its status
+        write returned (:meth:`told`), a caller told by the store that the entry
+        failed gets *error* itself, as the segment's own callers do, whichever hears
+        first."""
+        self._failing[(iid, event_id)] = error
+
+    def told(self, iid: str, event_id: str) -> None:
+        """The status write of the entry's failure returned and its callers were told:
+        a later caller hears of it from the store, as from any runtime."""
+        self._failing.pop((iid, event_id), None)
 
     def add(
         self, iid: str, event_id: str, caller: ResultHandle[Any], kind: Kind
