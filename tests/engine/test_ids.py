@@ -6,6 +6,7 @@ import json
 import subprocess
 import sys
 import textwrap
+from uuid import RFC_4122, UUID
 
 import pytest
 
@@ -65,3 +66,8 @@ def test_id_shapes() -> None:
     assert [len(p) for p in uuid.split("-")] == [8, 4, 4, 4, 12]
     assert uuid[14] == "4"
     assert uuid[19] in "89ab"
+    for _ in range(500):  # the stdlib agrees, and the random bits reach every digit
+        parsed = UUID(random_uuid())
+        assert (parsed.version, parsed.variant) == (4, RFC_4122)
+    digits = {c for _ in range(200) for c in random_uuid().replace("-", "")}
+    assert digits == set("0123456789abcdef")

@@ -169,7 +169,7 @@ class Executions(ExecutionReader):
             with :meth:`cancel`).
         """
         handle = self.start(agent_id, steps, input, timeout=timeout, deadline=deadline)
-        return await handle.result()
+        return await handle.handle.result()
 
     # --- this runtime's executions -------------------------------------------------
 

@@ -87,7 +87,7 @@ class Driver:
         self.status: ExecutionStatus = "starting"
         self.step_index = 0
         self.pending: ApprovalRequest | None = None
-        self.changed = trio.Event()
+        self._changed: trio.Event | None = None  # made when someone waits for a change
         self._durable = table.coordinator.gateway is not None
         self._halted: WorkflowResult[ExecutionState] | None = None
         self._follower: RowFollower | None = None  # suspended, or moved on elsewhere
@@ -102,6 +102,15 @@ class Driver:
     def done(self) -> bool:
         """Whether the caller has settled."""
         return self.caller.done
+
+    def changed(self) -> trio.Event:
+        """An event set at the execution's next change (status, step or end); set
+        already once the caller settled."""
+        if self._changed is None:
+            self._changed = trio.Event()
+            if self.done:
+                self._changed.set()
+        return self._changed
 
     def owner(self) -> ExecutionOwner:
         """The read-only view of the execution."""
@@ -385,7 +394,8 @@ class Driver:
         else:
             assert result is not None
             self.caller.complete(result)
-        self.changed.set()
+        if self._changed is not None:
+            self._changed.set()  # stays set: changed() of a settled driver is set
 
     def _set(self, *, status: ExecutionStatus, index: int | None = None) -> None:
         if (status == "suspended") != (self.status == "suspended"):
@@ -393,8 +403,9 @@ class Driver:
         self.status = status
         if index is not None:
             self.step_index = index
-        self.changed.set()
-        self.changed = trio.Event()
+        changed, self._changed = self._changed, None
+        if changed is not None:
+            changed.set()
 
     def _result(self, status: Any, value: Any, rejection: Any) -> ExecutionResult:
         return ExecutionResult(

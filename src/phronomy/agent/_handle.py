@@ -116,7 +116,7 @@ class ExecutionHandle:
                 raise InstanceStateError(
                     f"execution {self.execution_id!r} ended ({self.handle.status}) without asking for an approval"
                 )
-            await self._driver.changed.wait()
+            await self._driver.changed().wait()
 
     def cancel(self, reason: str | None = None) -> bool:
         """See :meth:`Executions.cancel`."""

@@ -241,7 +241,7 @@ class PlanCache:
             DefinitionError: see :func:`execution_plan`.
         """
         items = tuple(steps)
-        ids = tuple(id(s) for s in items)
+        ids = tuple(map(id, items))
         cached = self._plans.get(ids)
         if cached is not None:
             return cached[1]
@@ -333,9 +333,9 @@ def _launcher(
     return launch
 
 
-def _set(state: ExecutionState, **fields: Any) -> ExecutionState:
-    """*state* with *fields* replaced (the plan's own values: no reducer, no check)."""
-    return msgspec.structs.replace(state, **fields)
+_set = msgspec.structs.replace
+"""*state* with *fields* replaced (the plan's own values: no reducer, no check; the
+function itself, not a wrapper: packing the fields again costs more than the copy)."""
 
 
 def _input(state: ExecutionState) -> Any:

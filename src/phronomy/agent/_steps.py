@@ -20,6 +20,7 @@ import msgspec
 import trio
 
 from phronomy.errors import DefinitionError
+from phronomy.workflow._callbacks import NEVER_AWAITABLE
 from phronomy.workflow._retries import (
     RetryPolicy,
     describe_error,
@@ -93,7 +94,11 @@ def call_sync_step(fn: Any, args: tuple[Any, ...]) -> Any:
         TypeError: the step returned an awaitable (it should be ``async def``).
     """
     result = fn(*args)
-    if inspect.isawaitable(result):
+    if (
+        result is not None
+        and type(result) not in NEVER_AWAITABLE
+        and inspect.isawaitable(result)
+    ):
         if inspect.iscoroutine(result):
             result.close()
         raise TypeError(f"step {fn!r} returned an awaitable; declare it with async def")

@@ -185,7 +185,15 @@ class ResultHandle(Generic[T]):
         Cancellation:
             Cancelling the waiter leaves the handle untouched.
         """
-        await self.wait()
+        # wait()'s body, inline: a coroutine less per awaited result
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error("ResultHandle.result()")
+        if self._status == "pending":
+            if self._event is None:
+                self._event = trio.Event()
+            await self._event.wait()
+        else:
+            await trio.lowlevel.checkpoint()
         return self.result_nowait()
 
     async def wait_physical(self) -> None:

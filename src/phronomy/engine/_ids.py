@@ -32,8 +32,13 @@ def random_hex() -> str:
     return f"{_random.getrandbits(128):032x}"
 
 
+_UUID_KEEP = ((1 << 128) - 1) ^ (
+    (0xF000 << 64) | (0xC000 << 48)
+)  # not version, variant
+_UUID_SET = (0x4000 << 64) | (0x8000 << 48)  # version 4, RFC 4122 variant
+
+
 def random_uuid() -> str:
     """A random (version 4) UUID string."""
-    h = f"{_random.getrandbits(128):032x}"
-    variant = "89ab"[int(h[16], 16) & 3]
-    return f"{h[:8]}-{h[8:12]}-4{h[13:16]}-{variant}{h[17:20]}-{h[20:32]}"
+    h = ((_random.getrandbits(128) & _UUID_KEEP) | _UUID_SET).to_bytes(16).hex()
+    return f"{h[:8]}-{h[8:12]}-{h[12:16]}-{h[16:20]}-{h[20:]}"

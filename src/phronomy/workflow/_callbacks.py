@@ -17,6 +17,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSUME",
+    "NEVER_AWAITABLE",
     "EventLike",
     "HookOutcome",
     "adopt",
@@ -93,10 +94,16 @@ def invoke(
 
 def is_async_result(value: Any) -> bool:
     # Result handles are recognised by shape: this module must not import the engine.
+    if value is None or type(value) in NEVER_AWAITABLE:
+        return False  # the frequent answers, without the ABC check of isawaitable
     return inspect.isawaitable(value) or (
         callable(getattr(value, "on_complete", None))
         and callable(getattr(value, "result_nowait", None))
     )
+
+
+NEVER_AWAITABLE = frozenset({bool, int, float, str, bytes, tuple, list, dict})
+"""Types of values that are never awaitable (checked before the ABC check)."""
 
 
 def adopt(
@@ -145,6 +152,8 @@ def apply_hook(
         raise
     if verdict is CONSUME:
         return HookOutcome(state=state, consumed=True)
+    if verdict is False or verdict is None:
+        return HookOutcome(state=state)  # not handled: the frequent answer
     if isinstance(verdict, definition.state_type):
         state, handled = verdict, True
     else:

@@ -64,19 +64,12 @@ class Carrier:
         start: Callable[[WorkflowSession[Any]], object] | None = None,
     ) -> None:
         """Carry *outputs* out, in order (*start* registers a session that runs)."""
+        by_type = _BY_TYPE
         for output in outputs:
-            self._one(instance, output, start)
-
-    def _one(
-        self,
-        instance: WorkflowInstance,
-        output: WorkflowOutput,
-        start: Callable[[WorkflowSession[Any]], object] | None,
-    ) -> None:
-        # by the output's type (one lookup; a match would try its cases in turn)
-        carry_out = _BY_TYPE.get(type(output))
-        if carry_out is not None:
-            carry_out(self, instance, output, start)
+            # by the output's type (one lookup; a match would try its cases in turn)
+            carry_out = by_type.get(type(output))
+            if carry_out is not None:
+                carry_out(self, instance, output, start)
 
     def _hold_lease(
         self, instance: WorkflowInstance, output: HoldLease, _: Any

@@ -120,8 +120,8 @@ class Steps:
                     continue
                 case "wait":
                     self.publish(session)
-                    self._run_timeouts()
-                    self.apply_feed()
+                    self._run_timeouts(session)
+                    self.apply_feed(session)
                 case "finish":
                     session.request_terminal("finished", notify_stable=False)
                 case "halt":
@@ -164,9 +164,8 @@ class Steps:
         self.carry_out(step)
         return status
 
-    def _run_timeouts(self) -> None:
+    def _run_timeouts(self, session: Stepped) -> None:
         """Run the timeouts of the state the segment waits in (a new visit's)."""
-        session = self._session()
         machine = session.machine
         delays = session.definition.timeouts.get(machine.current, ())
         session.effects.run_timeouts(machine.entered, delays, after_event)
@@ -182,9 +181,10 @@ class Steps:
             MachineStep(next=decide(session.definition, current), current=current)
         )
 
-    def apply_feed(self) -> None:
+    def apply_feed(self, session: Stepped | None = None) -> None:
         """Apply the feed's entries in order while the segment waits for events."""
-        session = self._session()
+        if session is None:
+            session = self._session()
         feed = session.feed
         if feed is None or self._feeding:
             return  # an outer call goes on with the next entry
