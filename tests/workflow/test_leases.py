@@ -586,7 +586,7 @@ async def test_a_renewal_of_many_leases_is_written_in_bounded_chunks(
     for n in range(count):
         epoch = store.begin(f"x{n}", "wf", lease_owner=leases.owner, ttl_ms=60_000)
         assert epoch is not None
-        leases.hold(f"x{n}", epoch, lambda e: None, lambda r: None, claimed_at=claimed)
+        leases.hold(f"x{n}", epoch, _Deaf(), claimed_at=claimed)
     renewals: list[int] = []
     run = leases._run
 
@@ -609,3 +609,13 @@ def store_run(store: phronomy.storage.BaseStore[Any]) -> Any:
         return await trio.to_thread.run_sync(store.run, op)
 
     return run
+
+
+class _Deaf:
+    """A lease listener that ignores what it hears."""
+
+    def lost(self, error: object) -> None:
+        pass
+
+    def cancel(self, reason: str | None) -> None:
+        pass

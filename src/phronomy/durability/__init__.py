@@ -2,6 +2,7 @@
 
 from ._leases import (
     HeldLease as HeldLease,
+    LeaseListener as LeaseListener,
     Leases as Leases,
     LeaseSettings as LeaseSettings,
 )
@@ -19,6 +20,7 @@ __all__ = [
     "DurabilityService",
     "DurabilityStatistics",
     "HeldLease",
+    "LeaseListener",
     "LeaseSettings",
     "Leases",
     "RecordKind",

@@ -17,8 +17,7 @@ import math
 import os
 import secrets
 import socket
-from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, Protocol, final
 
 import msgspec
 import trio
@@ -28,14 +27,21 @@ from phronomy.errors import InvalidInputError, LeaseLostError
 from phronomy.storage import Lease, RecoverOp, RenewOp
 
 if TYPE_CHECKING:
-    from collections.abc import Awaitable
+    from collections.abc import Awaitable, Callable
 
     from phronomy._telemetry import Telemetry
     from phronomy.storage import StoreOp
 
     from ._retention import Retention
 
-__all__ = ["SWEEP_BATCH", "SWEEP_BATCHES", "HeldLease", "LeaseSettings", "Leases"]
+__all__ = [
+    "SWEEP_BATCH",
+    "SWEEP_BATCHES",
+    "HeldLease",
+    "LeaseListener",
+    "LeaseSettings",
+    "Leases",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -102,6 +108,17 @@ class LeaseSettings(msgspec.Struct, frozen=True, kw_only=True):
             )
 
 
+class LeaseListener(Protocol):
+    """What a held lease tells its segment (one object per held lease: 100k may wait
+    at once, and one listener is fewer objects than two bound callbacks)."""
+
+    def lost(self, error: LeaseLostError) -> object:
+        """The lease could not be renewed in time, or another runtime took it."""
+
+    def cancel(self, reason: str | None) -> object:
+        """Another runtime asked for the instance to be cancelled."""
+
+
 @final
 class HeldLease(msgspec.Struct, kw_only=True):
     """A lease this runtime holds for a live segment (mutated by its :class:`Leases`).
@@ -116,8 +133,7 @@ class HeldLease(msgspec.Struct, kw_only=True):
     workflow_instance_id: str
     lease: Lease
     deadline: float
-    on_lost: Callable[[LeaseLostError], object]
-    on_cancel: Callable[[str | None], object]
+    listener: LeaseListener
     cancel_seen: bool = False
 
     @property
@@ -178,21 +194,19 @@ class Leases:
         self,
         workflow_instance_id: str,
         epoch: int,
-        on_lost: Callable[[LeaseLostError], object],
-        on_cancel: Callable[[str | None], object],
+        listener: LeaseListener,
         *,
         claimed_at: float,
     ) -> HeldLease:
         """Keep renewing the lease the claim sent at *claimed_at* (trio time) returned;
-        *on_lost* is called (once) if it cannot be, *on_cancel* (once, with the reason)
-        when another runtime asks for the instance to be cancelled."""
+        *listener* hears (once) if it cannot be, and (once, with the reason) when
+        another runtime asks for the instance to be cancelled."""
         deadline = claimed_at + self.settings.ttl - self.settings.margin
         held = HeldLease(
             workflow_instance_id=workflow_instance_id,
             lease=Lease(owner=self.owner, epoch=epoch),
             deadline=deadline,
-            on_lost=on_lost,
-            on_cancel=on_cancel,
+            listener=listener,
         )
         self._held[workflow_instance_id] = held
         return held
@@ -270,11 +284,11 @@ class Leases:
                 held.deadline = sent + self.settings.ttl - self.settings.margin
             if cancel is not None and not held.cancel_seen:
                 held.cancel_seen = True
-                held.on_cancel(cancel or None)
+                held.listener.cancel(cancel or None)
 
     def _lose(self, iid: str, held: HeldLease, *, taken: bool) -> None:
         del self._held[iid]
-        held.on_lost(held.lost(taken=taken))
+        held.listener.lost(held.lost(taken=taken))
 
     async def sweep(self) -> None:
         """Every ``sweep_interval`` seconds, put back the instances whose runtime

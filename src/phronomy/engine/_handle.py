@@ -15,6 +15,8 @@ from ._thread_guard import foreign_thread_error
 if TYPE_CHECKING:
     from collections.abc import Callable
 
+    _Callback = Callable[["ResultHandle[T]"], object]
+
 __all__ = ["HandleStatus", "ResultHandle"]
 
 logger = logging.getLogger(__name__)
@@ -82,14 +84,17 @@ class ResultHandle(Generic[T]):
         self._status: HandleStatus = "pending"
         self._value: Any = None
         self._error: BaseException | None = None
-        self._callbacks: list[Callable[[ResultHandle[T]], object]] | None = []
+        # () until a callback comes, then the callback itself, a list from the second
+        # on; None once settled: most handles get one callback or none, and a list
+        # each was an object more for the cyclic GC
+        self._callbacks: _Callback[T] | list[_Callback[T]] | tuple[()] | None = ()
         self._event: trio.Event | None = None
         self._children: list[ResultHandle[Any]] | None = None
         self._tracks_physical = tracks_physical
         self._physical_done = False
-        self._physical_callbacks: list[Callable[[ResultHandle[T]], object]] | None = (
-            [] if tracks_physical else None
-        )
+        self._physical_callbacks: (
+            list[Callable[[ResultHandle[T]], object]] | tuple[()] | None
+        ) = () if tracks_physical else None
         self._physical_event: trio.Event | None = None
         if parent is not None:
             parent._add_child(self)  # noqa: SLF001 - same class
@@ -277,10 +282,15 @@ class ResultHandle(Generic[T]):
         """Run ``callback(handle)`` once the handle is settled (at once if it is)."""
         if threading.get_ident() != self._thread:
             raise foreign_thread_error("ResultHandle.on_complete()")
-        if self._callbacks is None:
+        callbacks = self._callbacks
+        if callbacks is None:
             _run_callback(callback, self)
+        elif type(callbacks) is list:
+            callbacks.append(callback)
+        elif callbacks:
+            self._callbacks = [callbacks, callback]  # type: ignore[list-item]
         else:
-            self._callbacks.append(callback)
+            self._callbacks = callback
 
     def on_physical_complete(
         self, callback: Callable[[ResultHandle[T]], object]
@@ -291,8 +301,10 @@ class ResultHandle(Generic[T]):
             self.on_complete(callback)
         elif self._physical_callbacks is None:
             _run_callback(callback, self)
-        else:
+        elif self._physical_callbacks:
             self._physical_callbacks.append(callback)
+        else:
+            self._physical_callbacks = [callback]
 
     def mark_physically_complete(self) -> None:
         """Record that the work behind the handle has physically finished (pool use)."""
@@ -330,8 +342,11 @@ class ResultHandle(Generic[T]):
         if self._event is not None:
             self._event.set()
         callbacks, self._callbacks = self._callbacks, None
-        for callback in callbacks or ():
-            _run_callback(callback, self)
+        if type(callbacks) is list:
+            for callback in callbacks:
+                _run_callback(callback, self)
+        elif callbacks:
+            _run_callback(callbacks, self)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return f"<ResultHandle {self._name!r} {self._status}>"

@@ -37,6 +37,7 @@ class ReceiverTable:
         self._pending: set[Delivery] = set()
         self._dispatching: Delivery | None = None
         self._callers: set[ResultHandle[Any]] = set()
+        self._untrack = self._callers.discard  # bound once: every caller's callback
         self._shut_down = False
 
     def __len__(self) -> int:
@@ -85,7 +86,7 @@ class ReceiverTable:
         """Settle *caller* at shutdown if nothing else has (see :meth:`settle_callers`)."""
         if caller not in self._callers and not caller.done:
             self._callers.add(caller)
-            caller.on_complete(self._callers.discard)
+            caller.on_complete(self._untrack)
 
     def deliver(self, delivery: Delivery) -> None:
         """Hand *delivery* to its receiver (on the dispatcher); errors fail the dispatcher."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Any, final
 
@@ -86,7 +87,7 @@ class SessionTable:
         if self._lifecycle.is_dispatcher():
             # Registered by a receiver on the dispatcher: started after the current
             # batch, before the dispatcher awaits anything (no queue hop).
-            self._at_batch_end(lambda: self.start(SessionStart(session_id=sid)))
+            self._at_batch_end(functools.partial(self.start_pending, sid))
         else:
             self._enqueue(SessionStart(session_id=sid))
         return waiter

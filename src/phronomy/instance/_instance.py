@@ -129,8 +129,10 @@ class Instance(Generic[C, S, O, E, Q]):
         self.claimed: tuple[int, float] | None = None
         self.epoch: int | None = None
         self.error: BaseException | None = None
-        self.waiting: list[tuple[Q, C, str | None]] = []
-        self.buffered: list[E] = []
+        # tuples: the empty one is shared and untracked (most instances never
+        # buffer or wait: a list each was two objects for the cyclic GC per segment)
+        self.waiting: tuple[tuple[Q, C, str | None], ...] = ()
+        self.buffered: list[E] | tuple[()] = ()
 
     def __repr__(self) -> str:
         return f"<Instance {self.key!r} {self.state}>"
@@ -222,7 +224,7 @@ class Instance(Generic[C, S, O, E, Q]):
             case Cancel(command=command, caller=waiter, reason=reason):
                 if state == RECOVERY_REQUIRED:
                     return [Refused(command=command)]
-                self.waiting.append((command, waiter, reason))
+                self.waiting = (*self.waiting, (command, waiter, reason))
                 return [CancelSession(reason=reason)] if state == EXECUTING else []
             case CancelAsked(reason=reason):
                 live = state in (EXECUTING, PERSISTING) and self.session is not None
@@ -245,7 +247,10 @@ class Instance(Generic[C, S, O, E, Q]):
                     return [Released()]
                 return [Released(), Fail(caller=self.caller, error=error)]
             case Buffer(items=items):
-                self.buffered.extend(items)
+                if self.buffered:
+                    self.buffered.extend(items)
+                else:
+                    self.buffered = list(items)
                 return []
             case Shutdown(error=error):
                 return self._shutdown(state, error)
@@ -258,7 +263,7 @@ class Instance(Generic[C, S, O, E, Q]):
         if self.claimed is not None:
             self.epoch = self.claimed[0]
             outputs.append(HoldLease(epoch=self.claimed[0], claimed_at=self.claimed[1]))
-        buffered, self.buffered = tuple(self.buffered), []
+        buffered, self.buffered = tuple(self.buffered), ()
         outputs += [Offer(items=buffered), StartSession(session=event.session)]
         if self.waiting:  # cancelled while it loaded: it ends before running anything
             outputs.append(CancelSession(reason=self.waiting[0][2]))
@@ -299,7 +304,7 @@ class Instance(Generic[C, S, O, E, Q]):
             settle += [
                 Complete(caller=w, value=event.value) for _, w, _ in self.waiting
             ]
-            self.waiting = []
+            self.waiting = ()
         elif event.error is not None and event.settle:
             settle.append(Fail(caller=caller, error=event.error))
         elif event.error is None and event.settle:
@@ -353,7 +358,7 @@ class Instance(Generic[C, S, O, E, Q]):
 
     def _reruns(self) -> list[InstanceOutput[S, E, C, O, Q]]:
         """Cancels that waited for the segment run again (it ended)."""
-        waiting, self.waiting = self.waiting, []
+        waiting, self.waiting = self.waiting, ()
         return [Rerun(command=command) for command, _, _ in waiting]
 
     def _check_give_back(

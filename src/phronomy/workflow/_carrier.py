@@ -77,12 +77,10 @@ class Carrier:
         coordinator = self._coordinator
         assert coordinator.gateway is not None
         assert instance.session is not None
-        tell = _LeaseNews(coordinator, instance)
         instance.session.lease = coordinator.gateway.leases.hold(
             instance.key,
             output.epoch,
-            tell.lost,
-            tell.cancel,
+            _LeaseNews(coordinator, instance),
             claimed_at=output.claimed_at,
         )
 

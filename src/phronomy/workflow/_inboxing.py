@@ -153,7 +153,7 @@ class InboxRouter:
             entries=loaded.pending,
         )
         selection.feed.gap = len(loaded.pending) >= PENDING
-        selection.feed.on_record = self._coordinator.settlement.judged
+        selection.feed.on_record = self._coordinator.settlement.on_judged
         for entry, consumption in selection.feed.judged:
             self._coordinator.settlement.judged(entry, consumption)
         if selection.resume is None:  # nothing can fire: the claim goes back

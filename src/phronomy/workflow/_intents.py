@@ -98,7 +98,7 @@ class Effects:
         """
         self._workflow = workflow
         self._events = events
-        self._requested: list[Intent] = []
+        self._requested: list[Intent] | None = None  # a list once one comes
         self._open = False
 
     def start_soon(
@@ -245,10 +245,8 @@ class Effects:
         :meta private:
         """
         self._open = False
-        if not self._requested:
-            return ()
-        requested, self._requested = tuple(self._requested), []
-        return requested
+        requested, self._requested = self._requested, None
+        return () if requested is None else tuple(requested)
 
     def discard(self) -> None:
         """Close the recorder and forget the requests (a callback raised).
@@ -256,7 +254,7 @@ class Effects:
         :meta private:
         """
         self._open = False
-        self._requested.clear()
+        self._requested = None
 
     def _event(self, name: Any) -> str:
         if not isinstance(name, str) or name not in self._events:
@@ -275,7 +273,10 @@ class Effects:
                 "effects can only be requested while the action that received them "
                 "runs; start the work from an action instead"
             )
-        self._requested.append(intent)
+        if self._requested is None:
+            self._requested = [intent]
+        else:
+            self._requested.append(intent)
 
 
 def _policy(retry: object, *, threads: bool) -> RetryPolicy | None:

@@ -52,11 +52,13 @@ class Settlement:
     """Settles what segments and the poll did with inbox entries: whoever waits for
     an entry hears what became of it once the store says so (on the dispatcher)."""
 
-    __slots__ = ("_coordinator",)
+    __slots__ = ("_coordinator", "on_judged")
 
     def __init__(self, coordinator: Coordination) -> None:
         """Settle for *coordinator* (its waiters, its store)."""
         self._coordinator = coordinator
+        self.on_judged = self.judged
+        """:meth:`judged`, bound once: every durable segment's feed calls it."""
 
     def settled(
         self, feed: Feed, phase: str | None, revision: int, *, drain: ResumeCommand
