@@ -345,8 +345,11 @@ class ResultHandle(Generic[T]):
         if type(callbacks) is list:
             for callback in callbacks:
                 _run_callback(callback, self)
-        elif callbacks:
-            _run_callback(callbacks, self)  # type: ignore[arg-type]
+        elif callbacks:  # the lone callback: _run_callback's body, a call less
+            try:
+                callbacks(self)  # type: ignore[operator]
+            except Exception:
+                logger.exception("result handle callback failed for %r", self)
 
     def __repr__(self) -> str:
         return f"<ResultHandle {self._name!r} {self._status}>"

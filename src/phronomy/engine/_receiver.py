@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Final
 
 import trio
 
@@ -27,16 +27,15 @@ class ExecutionReceiver:
 
     Subclasses mutate their state only on the dispatcher; :meth:`assert_dispatcher`
     enforces it. They reach the engine only through its :class:`Host` interface.
+
+    Attributes:
+        engine: the engine this receiver is bound to (an attribute: features read
+            it on every request).
     """
 
     def __init__(self, engine: Host) -> None:
         """Bind the receiver to *engine* (registration is separate)."""
-        self._engine = engine
-
-    @property
-    def engine(self) -> Host:
-        """The engine this receiver is bound to."""
-        return self._engine
+        self.engine: Final[Host] = engine
 
     # --- required ----------------------------------------------------------------------
 
@@ -102,7 +101,7 @@ class ExecutionReceiver:
         Returns:
             Whether the message was queued.
         """
-        return self._engine.post_nowait(
+        return self.engine.post_nowait(
             Delivery(
                 receiver=self, message=message, admission=admission, caller=completion
             )
@@ -110,8 +109,8 @@ class ExecutionReceiver:
 
     def admit(self) -> None:
         """Pass the engine's admission gate (see ``Engine.admit``)."""
-        self._engine.admit(self)
+        self.engine.admit(self)
 
     def assert_dispatcher(self) -> None:
         """Raise :class:`~phronomy.ReentrancyError` off the dispatcher task."""
-        self._engine.assert_dispatcher()
+        self.engine.assert_dispatcher()

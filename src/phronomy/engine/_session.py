@@ -124,6 +124,10 @@ class GatedSession:
     Lifecycle: ``running`` → (terminal request) ``awaiting_terminal`` when a policy is
     set → ``halted``/``completed``; or ``error``; or ``retired`` when the policy could
     not decide (the caller stays pending and the owning receiver takes over).
+
+    Attributes:
+        id: the session id (fresh per incarnation; an attribute, not a property:
+            the dispatcher reads it for every event).
     """
 
     def __init__(
@@ -131,18 +135,13 @@ class GatedSession:
     ) -> None:
         """Create a session with a fresh UUID id and a sink bound to it."""
         self._host = host
-        self._id = random_uuid()  # fresh per incarnation; never from domain objects
-        self.sink = EventSink(host, self._id)
+        self.id: str = random_uuid()  # fresh per incarnation; never from domain objects
+        self.sink = EventSink(host, self.id)
         self._policy = terminal_policy
         self.lifecycle: SessionLifecycle = "running"
         self.done = False
         self._pending_type: TerminalType | None = None
         self._pending_notify = False
-
-    @property
-    def id(self) -> str:
-        """The session id."""
-        return self._id
 
     @property
     def host(self) -> Host:
@@ -300,7 +299,7 @@ class GatedSession:
     ) -> None:
         self._host.end_session(
             SessionEnded(
-                session_id=self._id, outcome=outcome, result=result, error=error
+                session_id=self.id, outcome=outcome, result=result, error=error
             )
         )
 

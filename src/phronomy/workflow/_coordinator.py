@@ -152,7 +152,7 @@ class WorkflowCoordinator(ExecutionReceiver):
 
     def deliver(self, message: Any) -> None:
         """Handle one workflow command (dispatcher only)."""
-        self._engine.assert_dispatcher()
+        self.engine.assert_dispatcher()
         match message:
             case StartCommand() | ResumeCommand():
                 self.segments.begin(message)
