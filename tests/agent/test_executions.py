@@ -606,3 +606,22 @@ async def test_timeouts_and_deadlines_are_checked_at_the_call(
     assert not runtime.executions.is_admitted("t")  # nothing started
     done = await runtime.executions.invoke("t", steps, "v", timeout=5)
     assert done.value == "v"
+
+
+async def test_wait_for_approval_ends_once_the_caller_was_settled_directly(
+    runtime: phronomy.Runtime,
+) -> None:
+    # The caller's handle is public: settled by hand while the execution runs, a
+    # waiter for an approval hears so at once (regression: it spun on a set event).
+    gate = trio.Event()
+
+    async def slow(value: Any) -> Any:
+        await gate.wait()
+        return value
+
+    execution = runtime.executions.start("settled-by-hand", [slow])
+    await until(lambda: execution.owner() is not None)
+    execution.handle.cancel()
+    with trio.fail_after(1), pytest.raises(phronomy.InstanceStateError, match="ended"):
+        await execution.wait_for_approval()
+    gate.set()

@@ -198,3 +198,32 @@ TestHandleModel = HandleModel.TestCase
 TestHandleModel.settings = settings(
     max_examples=150, stateful_step_count=25, deadline=None
 )
+
+
+class _Recorder(list[str]):
+    """A callable collection: empty, so ``bool(recorder)`` is false."""
+
+    def __call__(self, handle: ResultHandle[int]) -> None:
+        self.append(handle.status)
+
+
+def test_falsy_callbacks_run_once_each_in_order() -> None:
+    # A handle keeps a lone callback itself and a list from the second: it must tell
+    # them apart by type, not truth (regression: a falsy lone callback never ran, and
+    # a second callback replaced a falsy first one).
+    lone: ResultHandle[int] = ResultHandle()
+    alone = _Recorder()
+    lone.on_complete(alone)
+    lone.complete(1)
+    assert alone == ["completed"]
+
+    handle: ResultHandle[int] = ResultHandle()
+    first, second = _Recorder(), _Recorder()
+    seen: list[str] = []
+    handle.on_complete(first)
+    handle.on_complete(second)
+    handle.on_complete(first)  # twice: called twice
+    handle.on_complete(lambda h: h.on_complete(lambda _: seen.append("late")))
+    handle.fail(ValueError("x"))
+    handle.on_complete(lambda _: seen.append("after"))
+    assert (first, second, seen) == (["failed"] * 2, ["failed"], ["late", "after"])

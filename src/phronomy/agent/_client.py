@@ -394,7 +394,9 @@ class Executions(ExecutionReader):
     def _plan(self, steps: Sequence[Step] | Plan) -> Plan:
         if not isinstance(steps, Sequence):
             return plan_of(steps)
-        return self._plans.plan(steps, checkpoints=self._gateway is not None)
+        return self._plans.plan(
+            steps, checkpoints=self._table.coordinator.gateway is not None
+        )
 
     def _served(self, name: str) -> Plan | None:
         """The plan *name* this runtime serves, if it does."""

@@ -240,7 +240,7 @@ class Driver:
         handle.on_complete(self._segment_done)
 
     def _segment_done(self, done: ResultHandle[WorkflowResult[ExecutionState]]) -> None:
-        if self.done:
+        if self.caller.done:
             return
         if done.status != "completed":
             error = done.error
@@ -380,9 +380,10 @@ class Driver:
         result: ExecutionResult | None = None,
         error: BaseException | None = None,
     ) -> None:
-        if self.done:
+        if self.caller.done:
             return
-        self._unfollow()
+        if self._follower is not None:
+            self._unfollow()
         if self._deadline is not None:
             self._deadline.cancel()
             self._deadline = None

@@ -112,7 +112,7 @@ class ExecutionHandle:
             ):
                 await trio.lowlevel.checkpoint()
                 return owner.pending_approval
-            if owner is None and self.handle.done:
+            if self.handle.done:  # ended (or its caller settled directly)
                 raise InstanceStateError(
                     f"execution {self.execution_id!r} ended ({self.handle.status}) without asking for an approval"
                 )

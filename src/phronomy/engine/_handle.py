@@ -287,10 +287,10 @@ class ResultHandle(Generic[T]):
             _run_callback(callback, self)
         elif type(callbacks) is list:
             callbacks.append(callback)
-        elif callbacks:
-            self._callbacks = [callbacks, callback]  # type: ignore[list-item]
-        else:
+        elif type(callbacks) is tuple:  # by type: a callback may well be falsy
             self._callbacks = callback
+        else:
+            self._callbacks = [callbacks, callback]  # type: ignore[list-item]
 
     def on_physical_complete(
         self, callback: Callable[[ResultHandle[T]], object]
@@ -342,11 +342,11 @@ class ResultHandle(Generic[T]):
         if self._event is not None:
             self._event.set()
         callbacks, self._callbacks = self._callbacks, None
-        if type(callbacks) is list:
+        if type(callbacks) is list:  # by type: a callback may be a falsy list subclass
             for callback in callbacks:
                 _run_callback(callback, self)
-        elif callbacks:  # the lone callback: _run_callback's body, a call less
-            try:
+        elif callbacks is not None and type(callbacks) is not tuple:
+            try:  # the lone callback: _run_callback's body, inline
                 callbacks(self)  # type: ignore[operator]
             except Exception:
                 logger.exception("result handle callback failed for %r", self)

@@ -166,7 +166,16 @@ class Instance(Generic[C, S, O, E, Q]):
         following = _table.TRANSITIONS.get((state, type(event)))
         if following is None:
             raise self._violation(event, "the table allows no such event here")
-        outputs = [] if type(event) in _MOVES else self._outputs(state, event)
+        kind = type(event)
+        outputs: list[InstanceOutput[S, E, C, O, Q]]
+        if kind in _MOVES:
+            outputs = []
+        elif kind is End:  # the frequent events without _outputs' call and match
+            outputs = self._end(state, event)  # type: ignore[arg-type]
+        elif kind is Run:
+            outputs = self._run(event)  # type: ignore[arg-type]
+        else:
+            outputs = self._outputs(state, event)
         self.state = following
         return outputs
 
@@ -183,10 +192,6 @@ class Instance(Generic[C, S, O, E, Q]):
             case Claim(epoch=epoch, claimed_at=claimed_at):
                 self.claimed = (epoch, claimed_at)
                 return []
-            case Run():
-                return self._run(event)
-            case End():
-                return self._end(state, event)
             case Withdraw():
                 return self._withdraw(state, event)
             case Answer(value=value):
@@ -293,7 +298,8 @@ class Instance(Generic[C, S, O, E, Q]):
         outputs: list[InstanceOutput[S, E, C, O, Q]] = (
             [] if state == CLOSED else [Released()]
         )
-        outputs += self._drop()
+        if self.epoch is not None:
+            outputs += self._drop()
         if event.update is not None:
             outputs.append(Publish(update=event.update))
         caller = self._caller(event)
@@ -315,7 +321,9 @@ class Instance(Generic[C, S, O, E, Q]):
             outputs.append(Submit(op=event.write, then=tuple(settle)))
         else:
             outputs += settle
-        return outputs + self._reruns()
+        if self.waiting:
+            outputs += self._reruns()
+        return outputs
 
     def _shutdown(
         self, state: str, error: BaseException | None

@@ -150,12 +150,12 @@ class WorkflowSession(GatedSession, Generic[S]):
         nothing: it ends as cancelled where it stands.
         """
         self._started = True
-        if self.cancelling or self.lapsed():
+        if self.cancelling or (self.lease is not None and self.lapsed()):
             return
         try:
             if self.resume is None:
                 start = Event(type=START_EVENT, target_id=self.id)
-                self.steps.carry_out(self.machine.start(start))
+                self.steps.carry_out(self.machine.start(start), self)
                 return
             phase, event, payload = self.resume
             if event == RETRY_EVENT:  # an effect's next attempt, at its state
@@ -185,7 +185,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             else:
                 if self.feed is not None:
                     self.feed.record("transitioned")
-                self.steps.carry_out(step)
+                self.steps.carry_out(step, self)
         except Exception as exc:  # noqa: BLE001 - the segment's failure, for its caller
             self.finish_with_error(exc)
 
@@ -203,7 +203,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.feed.offer(entries, complete=complete)
         if self._started:
             try:
-                self.steps.apply_feed()
+                self.steps.apply_feed(self)
             except Exception as exc:  # noqa: BLE001 - the segment's failure
                 self.finish_with_error(exc)
 
@@ -211,7 +211,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         """Route *event* (see :class:`~phronomy.lowlevel.GatedSession`), unless the
         segment's lease lapsed: then the segment stops before anything of it runs
         (no action, guard, effect or event), whatever was queued for it."""
-        if self.lapsed():
+        if self.lease is not None and self.lapsed():
             if event.caller is not None:
                 event.caller.complete(None)
             return
@@ -252,7 +252,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             and event.payload != self.machine.entered
         ):
             return  # the live timeout of a visit the segment has left
-        status = self.steps.apply(event)
+        status = self.steps.apply(event, self)
         if event.caller is not None:
             event.caller.complete(
                 EventOutcome(

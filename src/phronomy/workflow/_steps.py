@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from phronomy._telemetry import SegmentTrace
+    from phronomy.durability import HeldLease
     from phronomy.engine import TerminalType
     from phronomy.storage import InboxEntry
 
@@ -76,6 +77,8 @@ class Stepped(Protocol):
     def trace(self) -> SegmentTrace | None: ...
     @property
     def checkpoint(self) -> Checkpoint | None: ...
+    @property
+    def lease(self) -> HeldLease | None: ...
 
     def lapsed(self) -> bool: ...
 
@@ -103,9 +106,10 @@ class Steps:
         assert session is not None  # it holds this object
         return session
 
-    def carry_out(self, step: MachineStep) -> None:
+    def carry_out(self, step: MachineStep, session: Stepped | None = None) -> None:
         """Launch the step's effects and follow it (automatic transitions inline)."""
-        session = self._session()
+        if session is None:
+            session = self._session()
         while True:
             if step.intents:
                 session.effects.launch(step.intents)
@@ -133,9 +137,10 @@ class Steps:
                     pass  # a live event the hook consumed, guards rejected, or undeclared
             return
 
-    def apply(self, event: Event) -> EventStatus:
+    def apply(self, event: Event, session: Stepped | None = None) -> EventStatus:
         """Hand *event* to the machine, carry the step out, and say what it did."""
-        session = self._session()
+        if session is None:
+            session = self._session()
         if (trace := session.trace) is not None:
             trace.before(event.type, session.machine.current)
         step = session.machine.handle(event)
@@ -161,7 +166,7 @@ class Steps:
             case _:
                 status = "transitioned"
                 counters.transitioned += 1
-        self.carry_out(step)
+        self.carry_out(step, session)
         return status
 
     def _run_timeouts(self, session: Stepped) -> None:
@@ -195,7 +200,7 @@ class Steps:
                 and not session.done
                 and not session.cancelling
                 and session.checkpoint is None
-                and not session.lapsed()
+                and not (session.lease is not None and session.lapsed())
                 and (entry := feed.take()) is not None
             ):
                 if session.trace is None:
@@ -220,7 +225,7 @@ class Steps:
             feed.record("dropped", stale)
             return
         if timeout_of(entry) is not None:  # its visit: the timeout fires
-            status = self.apply(Event(type=entry.event, target_id=session.id))
+            status = self.apply(Event(type=entry.event, target_id=session.id), session)
             feed.record("dropped" if status == "not_live" else status)
             return
         if retry_of(entry) is not None:  # its visit: the effect's next attempt
@@ -249,7 +254,7 @@ class Steps:
         event = Event(
             type=event_type, target_id=session.id, payload=decode_payload(entry.payload)
         )
-        status = self.apply(event)
+        status = self.apply(event, session)
         feed.record("dropped" if status == "not_live" else status)
 
     def publish(self, session: Stepped | None = None) -> None:
