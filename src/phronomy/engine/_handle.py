@@ -199,7 +199,10 @@ class ResultHandle(Generic[T]):
             await self._event.wait()
         else:
             await trio.lowlevel.checkpoint()
-        return self.result_nowait()
+        if self._status == "completed":  # result_nowait()'s body, settled
+            return self._value  # type: ignore[no-any-return]
+        assert self._error is not None
+        raise self._error
 
     async def wait_physical(self) -> None:
         """Wait until the work behind the handle has physically finished.

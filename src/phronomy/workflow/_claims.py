@@ -28,11 +28,11 @@ from phronomy.storage import (
     is_execution_plan,
 )
 
-from ._hydration import DurableBase
+from ._hydration import DurableBase, decode_stored
 from ._messages import ResumeCommand, StartCommand
 
 if TYPE_CHECKING:
-    from phronomy.storage import InstanceStatus, Lease, MarkOp
+    from phronomy.storage import Claimed, InstanceStatus, Lease, MarkOp
 
 __all__ = [
     "UNCHANGED",
@@ -40,6 +40,7 @@ __all__ = [
     "Loaded",
     "busy_elsewhere",
     "checked_workflow",
+    "decode_claim",
     "exists_error",
     "refusal",
     "release_op",
@@ -69,6 +70,26 @@ class Loaded(msgspec.Struct, frozen=True, kw_only=True):
     epoch: int | None
     pending: tuple[InboxEntry, ...] = ()
     posted: PostOutcome | None = None
+
+
+def decode_claim(cmd: Command, resuming: bool, claimed: Claimed) -> Loaded:
+    """What the claim of *cmd* loaded, decoded (in the store's worker thread: decoding
+    stays off the dispatcher). Never raises: a claim that was made must be released."""
+    record, decoded, problem = claimed.row, None, None
+    try:
+        if record is None or checked_workflow(cmd, record):
+            decoded = decode_stored(cmd.definition, record, resuming=resuming)[1]
+        # else a new execution of a key: its input is its whole state
+    except Exception as exc:  # noqa: BLE001 - reported on the dispatcher
+        problem = exc
+    return Loaded(
+        record=record,
+        decoded=decoded,
+        problem=problem,
+        epoch=claimed.epoch,
+        pending=claimed.pending,
+        posted=claimed.posted,
+    )
 
 
 _ANY_STATUS: tuple[InstanceStatus, ...] = (

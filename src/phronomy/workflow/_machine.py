@@ -315,7 +315,12 @@ class WorkflowMachine(Generic[S]):
             raise
         self.state = entered  # type: ignore[assignment]
         self.entered += 1
-        return self._arrived(effects.take())
+        current = self.current
+        return MachineStep(
+            next=decide(self.definition, current),
+            intents=effects.take(),
+            current=current,
+        )
 
     def handle(self, event: EventLike) -> MachineStep:
         """Handle an external event: the state's hook, then the transition.
@@ -384,11 +389,9 @@ class WorkflowMachine(Generic[S]):
         self.current = fired.transition.target
         self.transitions += 1
         self.entered += 1
-        return self._arrived(effects.take())
-
-    def _arrived(self, intents: tuple[Intent, ...]) -> MachineStep:
+        current = self.current
         return MachineStep(
-            next=decide(self.definition, self.current),
-            intents=intents,
-            current=self.current,
+            next=decide(self.definition, current),
+            intents=effects.take(),
+            current=current,
         )

@@ -37,6 +37,7 @@ from ._claims import (
     Command,
     Loaded,
     checked_workflow,
+    decode_claim,
     refusal,
     release_op,
     runs_on,
@@ -46,7 +47,6 @@ from ._continuations import LeaseLost as LeaseLostMessage, LoadReady
 from ._definition import FINISH
 from ._hydration import (
     DurableBase,
-    decode_stored,
     resume_state,
     start_state,
 )
@@ -67,7 +67,6 @@ if TYPE_CHECKING:
 
     from phronomy.engine import Receiver, ResultHandle
     from phronomy.storage import (
-        Claimed,
         DeleteOp,
         InstanceStatus,
         MarkOp,
@@ -161,7 +160,7 @@ class Segments:
         gateway.submit(
             op,
             functools.partial(self._loaded, cmd, instance, sent),
-            finish=functools.partial(_decode_claim, cmd, resuming),
+            finish=functools.partial(decode_claim, cmd, resuming),
         )
 
     def _loaded(
@@ -388,7 +387,9 @@ class Segments:
         base = rebase(base, session)  # a checkpoint saved since the segment began
         if session.trace is not None:
             session.trace.ended(done)
-        inbox = isinstance(cmd, ResumeCommand) and session.feed is not None
+        feed = session.feed  # without one, the settlement has nothing to settle
+        inbox = isinstance(cmd, ResumeCommand) and feed is not None
+        watched = self._coordinator.watchers.watched(iid)  # else no update is made
         event: End[MarkOp | DeleteOp]
         if done.status == "completed":
             segment: SegmentResult = done.result_nowait()
@@ -401,9 +402,11 @@ class Segments:
                 workflow=cmd.definition.name,
                 status=segment.status,
             )
-            update = _update(
-                iid, result.status, result.phase, result.state, result.revision
-            )
+            update = None
+            if watched:
+                update = _update(
+                    iid, result.status, result.phase, result.state, result.revision
+                )
 
             def applied() -> None:
                 self._coordinator.settlement.segment_applied(
@@ -425,17 +428,20 @@ class Segments:
                     error=cancelled,
                     cancelled=True,
                     update=update,
-                    after=applied,
+                    after=None if feed is None else applied,
                 )
             else:
                 event = End(
-                    value=result, update=update, settle=not inbox, after=applied
+                    value=result,
+                    update=update,
+                    settle=not inbox,
+                    after=None if feed is None else applied,
                 )
         else:
             error = done.error
             assert error is not None
             update = None
-            if not isinstance(error, UNCHANGED):
+            if watched and not isinstance(error, UNCHANGED):
                 machine, revision = session.machine, base.expected if base else None
                 update = _update(
                     iid, "failed", machine.current, machine.state, revision
@@ -450,33 +456,15 @@ class Segments:
                 write=mark,
                 update=update,
                 settle=not inbox,
-                after=lambda: self._coordinator.settlement.segment_ended(
+                after=None
+                if feed is None
+                else lambda: self._coordinator.settlement.segment_ended(
                     cmd.definition, session, error
                 ),
             )
         self._coordinator.carrier.carry(
             instance, self._coordinator.instances.handle(instance, event)
         )
-
-
-def _decode_claim(cmd: Command, resuming: bool, claimed: Claimed) -> Loaded:
-    """What the claim of *cmd* loaded, decoded (in the store's worker thread: decoding
-    stays off the dispatcher). Never raises: a claim that was made must be released."""
-    record, decoded, problem = claimed.row, None, None
-    try:
-        if record is None or checked_workflow(cmd, record):
-            decoded = decode_stored(cmd.definition, record, resuming=resuming)[1]
-        # else a new execution of a key: its input is its whole state
-    except Exception as exc:  # noqa: BLE001 - reported on the dispatcher
-        problem = exc
-    return Loaded(
-        record=record,
-        decoded=decoded,
-        problem=problem,
-        epoch=claimed.epoch,
-        pending=claimed.pending,
-        posted=claimed.posted,
-    )
 
 
 def _update(
