@@ -304,7 +304,7 @@ def validate_instance_id(
         raise InvalidInputError(
             f"{what} is {len(value)} characters long; the limit is {MAX_INSTANCE_ID_LENGTH}"
         )
-    if _CONTROL.search(value):
+    if not value.isprintable() and _CONTROL.search(value):  # the regex when unsure
         raise InvalidInputError(f"{what} {value!r} contains control characters")
     if workflow is not None and is_execution_plan(workflow):
         if not value.startswith(EXECUTION_KEY_PREFIX):
