@@ -114,19 +114,6 @@ def enter(
     )
 
 
-def _exit(
-    definition: WorkflowDefinition[Any],
-    name: str,
-    state: State,
-    event: EventLike,
-    effects: Any,
-) -> State:
-    actions = definition.exit_actions.get(name)
-    return (
-        _run_actions(definition, actions, state, event, effects) if actions else state
-    )
-
-
 def _run_actions(
     definition: WorkflowDefinition[Any],
     actions: tuple[Callback, ...],
@@ -210,7 +197,9 @@ def fire(
     transition = select(definition, current, state, event)
     if transition is None:
         return None
-    state = _exit(definition, current, state, event, effects)
+    # exit and entry actions inline (enter()'s test): most states have none of one kind
+    if exits := definition.exit_actions.get(current):
+        state = _run_actions(definition, exits, state, event, effects)
     if transition.action is not None:
         state = adopt(
             definition,
@@ -218,8 +207,9 @@ def fire(
             state,
             transition.action,
         )
-    if transition.target != FINISH:
-        state = enter(definition, transition.target, state, event, effects)
+    target = transition.target
+    if target != FINISH and (entries := definition.entry_actions.get(target)):
+        state = _run_actions(definition, entries, state, event, effects)
     return Fired(transition=transition, state=state)
 
 
