@@ -392,7 +392,8 @@ class Executions(ExecutionReader):
     # --- internals -----------------------------------------------------------------
 
     def _plan(self, steps: Sequence[Step] | Plan) -> Plan:
-        if not isinstance(steps, Sequence):
+        # a list or tuple first: the Sequence ABC's check is a call
+        if not isinstance(steps, list | tuple) and not isinstance(steps, Sequence):
             return plan_of(steps)
         return self._plans.plan(
             steps, checkpoints=self._table.coordinator.gateway is not None

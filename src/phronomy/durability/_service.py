@@ -245,11 +245,11 @@ class DurabilityService:
         done: ResultHandle[Any] = ResultHandle("store:read_together")
 
         def settle(result: outcome.Outcome[Any]) -> None:
-            if isinstance(result, outcome.Error):
-                done.fail(result.error)
-            else:
-                assert isinstance(result, outcome.Value)
+            if isinstance(result, outcome.Value):  # (see save_outcome)
                 done.complete(result.value)
+            else:
+                assert isinstance(result, outcome.Error)
+                done.fail(result.error)
 
         request = _Request(op=together[0], finish=finish, together=together)
         self._reads.submit(request, settle)
@@ -315,11 +315,11 @@ def queued(
     done: ResultHandle[Any] = ResultHandle(f"store:{type(op).__name__}")
 
     def settle(result: outcome.Outcome[Any]) -> None:
-        if isinstance(result, outcome.Error):
-            done.fail(result.error)
-        else:
-            assert isinstance(result, outcome.Value)
+        if isinstance(result, outcome.Value):  # (see save_outcome)
             done.complete(result.value)
+        else:
+            assert isinstance(result, outcome.Error)
+            done.fail(result.error)
 
     service.submit(op, settle, finish)
     return done
@@ -337,11 +337,13 @@ def save_outcome(saved: outcome.Outcome[Any]) -> SaveOutcome:
     pool refused it) nothing was written, and when the offloaded call itself failed
     nobody knows what was written.
     """
-    if isinstance(saved, outcome.Error):
+    # a Value first: isinstance() of its own class is a fast path, while testing a
+    # Value against outcome.Error goes through ABCMeta.__instancecheck__ (a call)
+    if not isinstance(saved, outcome.Value):
+        assert isinstance(saved, outcome.Error)
         if isinstance(saved.error, _NEVER_SUBMITTED):
             return SaveOutcome(outcome="known_failure", error=saved.error)
         return SaveOutcome(outcome="outcome_unknown", error=saved.error)
-    assert isinstance(saved, outcome.Value)
     result: SaveOutcome = saved.value
     return result
 
