@@ -83,6 +83,9 @@ class OffloadPool:
                 f"pool {name!r}: queue_size must be >= 0, got {queue_size}"
             )
         self._name = name
+        # made once, not per operation
+        self._task_name = f"phronomy.pool.{name}"
+        self._thread_name = f"phronomy:{name}"
         self._pool_size = pool_size
         self._queue_size = queue_size
         self._timers = timers
@@ -418,9 +421,7 @@ class OffloadPool:
         self._limiter.acquire_on_behalf_of_nowait(op)
         self._started += 1
         self._wait_total += time.monotonic() - op.submitted_at
-        trio.lowlevel.spawn_system_task(
-            self._run, op, name=f"phronomy.pool.{self._name}"
-        )
+        trio.lowlevel.spawn_system_task(self._run, op, name=self._task_name)
 
     def _start_next(self) -> None:
         while self._queue and self._limiter.available_tokens:
@@ -438,7 +439,7 @@ class OffloadPool:
                 thread_body,
                 op,
                 limiter=_UNLIMITED,
-                thread_name=f"phronomy:{self._name}",
+                thread_name=self._thread_name,
             )
         finally:
             self._limiter.release_on_behalf_of(op)
