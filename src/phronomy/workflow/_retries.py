@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib
 import math
 import random
+import sys
 from typing import TYPE_CHECKING, Any, Literal, final
 
 import msgspec
@@ -171,7 +172,12 @@ def load_ref(ref: str) -> Any:
     """
     module, _, name = ref.partition(":")
     try:
-        value: Any = importlib.import_module(module)
+        # an imported module from sys.modules itself (import_module's lookup is three
+        # calls deep; a step runs this once per attempt), unless it is still importing
+        value: Any = sys.modules.get(module)
+        spec = getattr(value, "__spec__", None)
+        if value is None or getattr(spec, "_initializing", False):
+            value = importlib.import_module(module)
         for part in name.split("."):
             value = getattr(value, part)
     except (ImportError, AttributeError, ValueError) as exc:
