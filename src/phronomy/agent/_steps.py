@@ -20,7 +20,7 @@ import msgspec
 import trio
 
 from phronomy.errors import DefinitionError
-from phronomy.workflow._callbacks import NEVER_AWAITABLE
+from phronomy.workflow._callbacks import is_awaitable
 from phronomy.workflow._retries import (
     RetryPolicy,
     describe_error,
@@ -94,11 +94,7 @@ def call_sync_step(fn: Any, args: tuple[Any, ...]) -> Any:
         TypeError: the step returned an awaitable (it should be ``async def``).
     """
     result = fn(*args)
-    if (
-        result is not None
-        and type(result) not in NEVER_AWAITABLE
-        and inspect.isawaitable(result)
-    ):
+    if is_awaitable(result):
         if inspect.iscoroutine(result):
             result.close()
         raise TypeError(f"step {fn!r} returned an awaitable; declare it with async def")

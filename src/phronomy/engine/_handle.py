@@ -168,14 +168,11 @@ class ResultHandle(Generic[T]):
         Cancellation:
             Cancelling the waiter leaves the handle untouched.
         """
-        if threading.get_ident() != self._thread:
-            raise foreign_thread_error("ResultHandle.wait()")
-        if self._status != "pending":
+        event = self._pending_event("ResultHandle.wait()")
+        if event is None:
             await trio.lowlevel.checkpoint()
-            return
-        if self._event is None:
-            self._event = trio.Event()
-        await self._event.wait()
+        else:
+            await event.wait()
 
     async def result(self) -> T:
         """Wait for settlement, then return the value or raise the stored error.
@@ -190,19 +187,12 @@ class ResultHandle(Generic[T]):
         Cancellation:
             Cancelling the waiter leaves the handle untouched.
         """
-        # wait()'s body, inline: a coroutine less per awaited result
-        if threading.get_ident() != self._thread:
-            raise foreign_thread_error("ResultHandle.result()")
-        if self._status == "pending":
-            if self._event is None:
-                self._event = trio.Event()
-            await self._event.wait()
-        else:
+        event = self._pending_event("ResultHandle.result()")  # wait(), without its
+        if event is None:  # coroutine: one less per awaited result
             await trio.lowlevel.checkpoint()
-        if self._status == "completed":  # result_nowait()'s body, settled
-            return self._value  # type: ignore[no-any-return]
-        assert self._error is not None
-        raise self._error
+        else:
+            await event.wait()
+        return self.result_nowait()
 
     async def wait_physical(self) -> None:
         """Wait until the work behind the handle has physically finished.
@@ -324,6 +314,16 @@ class ResultHandle(Generic[T]):
 
     # --- internals -----------------------------------------------------------------
 
+    def _pending_event(self, what: str) -> trio.Event | None:
+        """The event a waiter for settlement waits on (``None``: settled already)."""
+        if threading.get_ident() != self._thread:
+            raise foreign_thread_error(what)
+        if self._status != "pending":
+            return None
+        if self._event is None:
+            self._event = trio.Event()
+        return self._event
+
     def _check_thread(self, what: str) -> None:
         # (the hottest methods, complete, fail, on_complete, wait and
         # mark_physically_complete, test the thread inline: a call less per use)
@@ -348,11 +348,8 @@ class ResultHandle(Generic[T]):
         if type(callbacks) is list:  # by type: a callback may be a falsy list subclass
             for callback in callbacks:
                 _run_callback(callback, self)
-        elif callbacks is not None and type(callbacks) is not tuple:
-            try:  # the lone callback: _run_callback's body, inline
-                callbacks(self)  # type: ignore[operator]
-            except Exception:
-                logger.exception("result handle callback failed for %r", self)
+        elif callbacks is not None and type(callbacks) is not tuple:  # a lone one
+            _run_callback(callbacks, self)  # type: ignore[arg-type]
 
     def __repr__(self) -> str:
         return f"<ResultHandle {self._name!r} {self._status}>"

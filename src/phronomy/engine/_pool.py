@@ -159,9 +159,8 @@ class OffloadPool:
             ReentrancyError: called from a thread other than the runtime's.
         """
         check_thread(self._thread, "OffloadPool.submit_nowait()")
-        if self._closed:
-            self._check_open()  # raises
-        if self._queued >= self._queue_size + self._limiter.available_tokens:  # _full()
+        self._check_open()
+        if self._full():
             raise BackpressureError(
                 f"OffloadPool {self._name!r} queue is full (depth: {self._queued})"
             )

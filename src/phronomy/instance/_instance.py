@@ -298,8 +298,7 @@ class Instance(Generic[C, S, O, E, Q]):
         outputs: list[InstanceOutput[S, E, C, O, Q]] = (
             [] if state == CLOSED else [Released()]
         )
-        if self.epoch is not None:
-            outputs += self._drop()
+        outputs += self._drop()
         if event.update is not None:
             outputs.append(Publish(update=event.update))
         caller = self._caller(event)
@@ -321,9 +320,7 @@ class Instance(Generic[C, S, O, E, Q]):
             outputs.append(Submit(op=event.write, then=tuple(settle)))
         else:
             outputs += settle
-        if self.waiting:
-            outputs += self._reruns()
-        return outputs
+        return outputs + self._reruns()
 
     def _shutdown(
         self, state: str, error: BaseException | None

@@ -17,13 +17,13 @@ if TYPE_CHECKING:
 
 __all__ = [
     "CONSUME",
-    "NEVER_AWAITABLE",
     "EventLike",
     "HookOutcome",
     "adopt",
     "apply_hook",
     "invoke",
     "is_async_result",
+    "is_awaitable",
 ]
 
 
@@ -92,18 +92,28 @@ def invoke(
         raise
 
 
+_NEVER_AWAITABLE = frozenset({bool, int, float, str, bytes, tuple, list, dict})
+"""Types of values that are never awaitable (checked before the ABC check)."""
+
+
+def is_awaitable(value: Any) -> bool:
+    """:func:`inspect.isawaitable`, without its ABC check for the frequent plain
+    values (``None``, numbers, strings, containers)."""
+    return (
+        value is not None
+        and type(value) not in _NEVER_AWAITABLE
+        and inspect.isawaitable(value)
+    )
+
+
 def is_async_result(value: Any) -> bool:
     # Result handles are recognised by shape: this module must not import the engine.
-    if value is None or type(value) in NEVER_AWAITABLE:
-        return False  # the frequent answers, without the ABC check of isawaitable
+    if value is None or type(value) in _NEVER_AWAITABLE:
+        return False  # (is_awaitable's test, and no result handle either)
     return inspect.isawaitable(value) or (
         callable(getattr(value, "on_complete", None))
         and callable(getattr(value, "result_nowait", None))
     )
-
-
-NEVER_AWAITABLE = frozenset({bool, int, float, str, bytes, tuple, list, dict})
-"""Types of values that are never awaitable (checked before the ABC check)."""
 
 
 def adopt(
@@ -152,8 +162,6 @@ def apply_hook(
         raise
     if verdict is CONSUME:
         return HookOutcome(state=state, consumed=True)
-    if verdict is False or verdict is None:
-        return HookOutcome(state=state)  # not handled: the frequent answer
     if isinstance(verdict, definition.state_type):
         state, handled = verdict, True
     else:

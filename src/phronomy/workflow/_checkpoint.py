@@ -127,7 +127,7 @@ def _saved(session: Session, pending: Checkpoint, revision: int) -> None:
     session.revision = revision
     # the next save leaves the checkpoint's visit: it disarms the timers armed here
     session.resume = (pending.phase, pending.event, None)
-    session.steps.publish()
+    session.steps.publish(session)
     for index, deferred in enumerate(pending.deferred):
         if session.checkpoint is not None:  # a deferred event reached another one
             session.checkpoint.deferred.extend(pending.deferred[index:])

@@ -132,8 +132,8 @@ class Effects:
                 fn=_callable(fn),
                 args=args,
                 on_done=self._event(on_done),
-                on_error=None if on_error is None else self._event(on_error),
-                retry=None if retry is None else _policy(retry, threads=False),
+                on_error=self._optional_event(on_error),
+                retry=_policy(retry, threads=False),
             )
         )
 
@@ -163,9 +163,9 @@ class Effects:
                 fn=_callable(fn),
                 args=args,
                 on_done=self._event(on_done),
-                on_error=None if on_error is None else self._event(on_error),
+                on_error=self._optional_event(on_error),
                 pool=pool,
-                retry=None if retry is None else _policy(retry, threads=True),
+                retry=_policy(retry, threads=True),
             )
         )
 
@@ -263,6 +263,9 @@ class Effects:
                 f"to post (it declares {sorted(self._events)})"
             )
         return name
+
+    def _optional_event(self, name: Any) -> str | None:
+        return None if name is None else self._event(name)
 
     def _record(self, intent: Intent) -> None:
         if not self._open:

@@ -197,8 +197,7 @@ def fire(
     transition = select(definition, current, state, event)
     if transition is None:
         return None
-    # exit and entry actions inline (enter()'s test): most states have none of one kind
-    if exits := definition.exit_actions.get(current):
+    if exits := definition.exit_actions.get(current):  # (most states have none)
         state = _run_actions(definition, exits, state, event, effects)
     if transition.action is not None:
         state = adopt(
@@ -207,9 +206,8 @@ def fire(
             state,
             transition.action,
         )
-    target = transition.target
-    if target != FINISH and (entries := definition.entry_actions.get(target)):
-        state = _run_actions(definition, entries, state, event, effects)
+    if transition.target != FINISH:
+        state = enter(definition, transition.target, state, event, effects)
     return Fired(transition=transition, state=state)
 
 
@@ -305,12 +303,7 @@ class WorkflowMachine(Generic[S]):
             raise
         self.state = entered  # type: ignore[assignment]
         self.entered += 1
-        current = self.current
-        return MachineStep(
-            next=decide(self.definition, current),
-            intents=effects.take(),
-            current=current,
-        )
+        return self._arrived(effects.take())
 
     def handle(self, event: EventLike) -> MachineStep:
         """Handle an external event: the state's hook, then the transition.
@@ -379,9 +372,10 @@ class WorkflowMachine(Generic[S]):
         self.current = fired.transition.target
         self.transitions += 1
         self.entered += 1
+        return self._arrived(effects.take())
+
+    def _arrived(self, intents: tuple[Intent, ...]) -> MachineStep:
         current = self.current
         return MachineStep(
-            next=decide(self.definition, current),
-            intents=effects.take(),
-            current=current,
+            next=decide(self.definition, current), intents=intents, current=current
         )

@@ -415,6 +415,8 @@ class Segments:
                 if inbox and cmd.posting is None:
                     cmd.caller.complete(None)  # a drain: nobody waits for it as such
 
+            after = None if feed is None else applied
+
             if segment.status == "cancelled":
                 reason = instance.cancel_reason() or session.cancel_reason
                 cancelled = WorkflowCancelledError(
@@ -428,15 +430,10 @@ class Segments:
                     error=cancelled,
                     cancelled=True,
                     update=update,
-                    after=None if feed is None else applied,
+                    after=after,
                 )
             else:
-                event = End(
-                    value=result,
-                    update=update,
-                    settle=not inbox,
-                    after=None if feed is None else applied,
-                )
+                event = End(value=result, update=update, settle=not inbox, after=after)
         else:
             error = done.error
             assert error is not None

@@ -150,7 +150,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         nothing: it ends as cancelled where it stands.
         """
         self._started = True
-        if self.cancelling or (self.lease is not None and self.lapsed()):
+        if self.cancelling or self.lapsed():
             return
         try:
             if self.resume is None:
@@ -161,7 +161,7 @@ class WorkflowSession(GatedSession, Generic[S]):
             if event == RETRY_EVENT:  # an effect's next attempt, at its state
                 if self.feed is not None:
                     self.feed.record("transitioned")
-                self.steps.relaunch(payload)
+                self.steps.relaunch(payload, self)
                 return
             if self.trace is not None:
                 self.trace.resuming(event, phase, self.feed)
@@ -211,7 +211,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         """Route *event* (see :class:`~phronomy.lowlevel.GatedSession`), unless the
         segment's lease lapsed: then the segment stops before anything of it runs
         (no action, guard, effect or event), whatever was queued for it."""
-        if self.lease is not None and self.lapsed():
+        if self.lapsed():
             if event.caller is not None:
                 event.caller.complete(None)
             return
@@ -340,7 +340,7 @@ class WorkflowSession(GatedSession, Generic[S]):
 
     def notify_terminal_stable(self) -> None:
         """Publish the halted (or declared-leaf) state once the terminal save succeeded."""
-        self.steps.notify_observer()
+        self.steps.notify_observer(self)
 
     def on_done(self) -> None:
         """Cancel the segment's effects and live timeouts."""

@@ -5,7 +5,6 @@ the state it waits in, and the inbox entries it applies while it waits."""
 from __future__ import annotations
 
 import logging
-import weakref
 from typing import TYPE_CHECKING, Any, Protocol, final
 
 import msgspec
@@ -27,7 +26,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
     from phronomy._telemetry import SegmentTrace
-    from phronomy.durability import HeldLease
     from phronomy.engine import TerminalType
     from phronomy.storage import InboxEntry
 
@@ -77,8 +75,6 @@ class Stepped(Protocol):
     def trace(self) -> SegmentTrace | None: ...
     @property
     def checkpoint(self) -> Checkpoint | None: ...
-    @property
-    def lease(self) -> HeldLease | None: ...
 
     def lapsed(self) -> bool: ...
 
@@ -91,25 +87,18 @@ class Stepped(Protocol):
 class Steps:
     """Carries out the machine's steps for one session (on the dispatcher)."""
 
-    __slots__ = ("_auto", "_feeding", "_of")
+    __slots__ = ("_auto", "_feeding")
 
     def __init__(self, session: Stepped) -> None:
-        """Carry out for *session*, which holds this object: the reference back is
-        weak, so that a segment's objects are freed when it ends, not by the cyclic
-        garbage collector (a cycle per segment cost a collection's work per run)."""
-        self._of = weakref.ref(session)
+        """Carry out for *session*, which holds this object and passes itself to each
+        call: no reference back, so that a segment's objects are freed when it ends,
+        not by the cyclic garbage collector (a cycle per segment cost a collection's
+        work per run)."""
         self._feeding = False
         self._auto = Event(type=AUTO_EVENT, target_id=session.id)
 
-    def _session(self) -> Stepped:
-        session = self._of()
-        assert session is not None  # it holds this object
-        return session
-
-    def carry_out(self, step: MachineStep, session: Stepped | None = None) -> None:
+    def carry_out(self, step: MachineStep, session: Stepped) -> None:
         """Launch the step's effects and follow it (automatic transitions inline)."""
-        if session is None:
-            session = self._session()
         while True:
             if step.intents:
                 session.effects.launch(step.intents)
@@ -137,10 +126,8 @@ class Steps:
                     pass  # a live event the hook consumed, guards rejected, or undeclared
             return
 
-    def apply(self, event: Event, session: Stepped | None = None) -> EventStatus:
+    def apply(self, event: Event, session: Stepped) -> EventStatus:
         """Hand *event* to the machine, carry the step out, and say what it did."""
-        if session is None:
-            session = self._session()
         if (trace := session.trace) is not None:
             trace.before(event.type, session.machine.current)
         step = session.machine.handle(event)
@@ -175,21 +162,19 @@ class Steps:
         delays = session.definition.timeouts.get(machine.current, ())
         session.effects.run_timeouts(machine.entered, delays, after_event)
 
-    def relaunch(self, payload: Any) -> None:
+    def relaunch(self, payload: Any, session: Stepped) -> None:
         """Run the next attempt of an effect a retry timer stored, and wait at its
         state as the segment that started it did (its stored timeouts run)."""
-        session = self._session()
         session.effects.run_timeouts(session.machine.entered, ())  # its stored ones run
         session.effects.relaunch(msgspec.convert(payload, StoredEffect))
         current = session.machine.current
         self.carry_out(
-            MachineStep(next=decide(session.definition, current), current=current)
+            MachineStep(next=decide(session.definition, current), current=current),
+            session,
         )
 
-    def apply_feed(self, session: Stepped | None = None) -> None:
+    def apply_feed(self, session: Stepped) -> None:
         """Apply the feed's entries in order while the segment waits for events."""
-        if session is None:
-            session = self._session()
         feed = session.feed
         if feed is None or self._feeding:
             return  # an outer call goes on with the next entry
@@ -200,19 +185,18 @@ class Steps:
                 and not session.done
                 and not session.cancelling
                 and session.checkpoint is None
-                and not (session.lease is not None and session.lapsed())
+                and not session.lapsed()
                 and (entry := feed.take()) is not None
             ):
                 if session.trace is None:
-                    self._apply_entry(feed, entry)
+                    self._apply_entry(feed, entry, session)
                 else:
                     with session.trace.consuming(entry):
-                        self._apply_entry(feed, entry)
+                        self._apply_entry(feed, entry, session)
         finally:
             self._feeding = False
 
-    def _apply_entry(self, feed: Feed, entry: InboxEntry) -> None:
-        session = self._session()
+    def _apply_entry(self, feed: Feed, entry: InboxEntry, session: Stepped) -> None:
         machine = session.machine
         stale = stale_timer(
             entry,
@@ -230,7 +214,7 @@ class Steps:
             return
         if retry_of(entry) is not None:  # its visit: the effect's next attempt
             feed.record("transitioned")
-            self.relaunch(decode_payload(entry.payload))
+            self.relaunch(decode_payload(entry.payload), session)
             return
         if entry.expected_revision is not None:
             # sent with a halted result: only a segment resuming from that revision
@@ -257,10 +241,8 @@ class Steps:
         status = self.apply(event, session)
         feed.record("dropped" if status == "not_live" else status)
 
-    def publish(self, session: Stepped | None = None) -> None:
+    def publish(self, session: Stepped) -> None:
         """A stable state on the way (automatic, or waiting for an event)."""
-        if session is None:
-            session = self._session()
         watchers = session.watchers
         iid = session.workflow_instance_id
         if watchers is not None and watchers.watched(iid):
@@ -276,10 +258,8 @@ class Steps:
         if session.observer is not None:
             self.notify_observer(session)
 
-    def notify_observer(self, session: Stepped | None = None) -> None:
+    def notify_observer(self, session: Stepped) -> None:
         """Call the session's ``on_step`` observer with the stable state."""
-        if session is None:
-            session = self._session()
         if session.observer is None:
             return
         current = session.machine.current
