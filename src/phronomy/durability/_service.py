@@ -84,11 +84,6 @@ class _Request(msgspec.Struct, frozen=True, kw_only=True):
     finish: Callable[[Any], Any] | None = None
     together: tuple[StoreOp, ...] = ()
 
-    @property
-    def ops(self) -> tuple[StoreOp, ...]:
-        """The operations the store runs for this request."""
-        return self.together or (self.op,)
-
 
 @final
 class DurabilityService:
@@ -288,7 +283,13 @@ class DurabilityService:
             return self._run_batch(requests)
 
     def _run_batch(self, requests: list[_Request]) -> list[outcome.Outcome[Any]]:
-        results = iter(self.store.execute([op for r in requests for op in r.ops]))
+        ops: list[StoreOp] = []
+        for r in requests:  # (a lone operation without the tuple of ``ops``)
+            if r.together:
+                ops.extend(r.together)
+            else:
+                ops.append(r.op)
+        results = iter(self.store.execute(ops))
         done: list[outcome.Outcome[Any]] = []
         for request in requests:
             result = next(results)

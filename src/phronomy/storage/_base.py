@@ -442,9 +442,8 @@ def write_op(
     A known failure (a conflict) is that operation's result; any other error
     abandons the whole transaction.
     """
-    name = op_name(op)
-    if hook is not None:
-        hook(f"{name}.before")
+    if hook is not None:  # (no point's name is built without one)
+        hook(f"{op_name(op)}.before")
     value: Any
     try:
         if isinstance(op, ClaimOp):
@@ -453,10 +452,10 @@ def write_op(
             value = apply(conn, op)
     except KNOWN_FAILURES as exc:
         if hook is not None:
-            hook(f"{name}.applied")
+            hook(f"{op_name(op)}.applied")
         return refused(op, exc)
     if hook is not None:
-        hook(f"{name}.applied")
+        hook(f"{op_name(op)}.applied")
     return applied(op, value)
 
 

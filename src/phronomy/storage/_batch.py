@@ -10,7 +10,7 @@ import outcome
 
 from ._inbox import Claimed
 from ._ops import PostOp, SaveOp
-from ._quarantine import note_unknown, settle
+from ._quarantine import any_quarantined, note_unknown, settle
 from ._records import InstancePage, SaveOutcome, StoredRecord
 
 if TYPE_CHECKING:
@@ -90,6 +90,8 @@ def unknown(identity: str, request: SaveRequest, error: BaseException) -> SaveOu
 
 def settle_rows(identity: str, results: list[outcome.Outcome[Any]]) -> None:
     """Lift the quarantine of every row read that another runtime settled."""
+    if not any_quarantined():  # the common case: no row of the batch is looked at
+        return
     for result in results:
         if not isinstance(result, outcome.Value):
             continue

@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from ._records import StoredRecord
 
 __all__ = [
+    "any_quarantined",
     "note_unknown",
     "quarantine",
     "quarantined",
@@ -96,6 +97,12 @@ def release_quarantine(identity: str, instance_id: str) -> bool:
         return True
 
 
+def any_quarantined() -> bool:
+    """Whether any instance is refused in this process (read without the lock: a
+    store's batch tests it once before it looks at the rows it read)."""
+    return bool(_unresolved)
+
+
 def settle(identity: str, record: StoredRecord) -> bool:
     """Lift the quarantine of *record*'s instance if the row shows that another
     runtime settled it: a lease epoch newer than the unknown write's (the sweep, or a
@@ -103,7 +110,7 @@ def settle(identity: str, record: StoredRecord) -> bool:
 
     Returns whether a quarantine was lifted. Called by stores for every row they read.
     """
-    if not _unresolved:  # the common case, without the lock
+    if not any_quarantined():  # the common case, without the lock
         return False
     iid = record.workflow_instance_id
     with _lock:

@@ -125,7 +125,34 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             return apply_op(conn, SaveOp(request=request), sql, clock)
 
         return schedule_op(conn, op, sql.schedules, clock.wall_ms(), save)
-    match op:
+    match op:  # the frequent operations first: a match tries its cases in order
+        case SaveOp(request=request):
+            revision = _save(conn, request, sql, clock)
+            closing = request.status if request.status in _CLOSED else None
+            if request.consumed or closing:
+                consume(
+                    conn,
+                    request.workflow_instance_id,
+                    revision=revision,
+                    consumed=request.consumed,
+                    closing=closing,
+                    sql=sql.inbox,
+                    now=clock.wall_ms(),
+                )
+            if request.arm or request.disarm or closing:
+                arm_and_disarm(
+                    conn,
+                    request.workflow_instance_id,
+                    revision=revision,
+                    arm=request.arm,
+                    disarm=request.disarm,
+                    closing=closing is not None,
+                    sql=sql.timers,
+                    now=clock.wall_ms(),
+                )
+            return revision
+        case PostOp(posting=posting, wait=wait):
+            return _post(conn, posting, sql, clock, wait=wait)
         case LoadOp(workflow_instance_id=iid):
             row = conn.execute(sql.load, (iid,)).fetchone()
             return None if row is None else record_from_row(row)
@@ -207,33 +234,6 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                     )
                     conn.execute(sql.timers.clear, {"id": iid})
             return recovered
-        case SaveOp(request=request):
-            revision = _save(conn, request, sql, clock)
-            closing = request.status if request.status in _CLOSED else None
-            if request.consumed or closing:
-                consume(
-                    conn,
-                    request.workflow_instance_id,
-                    revision=revision,
-                    consumed=request.consumed,
-                    closing=closing,
-                    sql=sql.inbox,
-                    now=clock.wall_ms(),
-                )
-            if request.arm or request.disarm or closing:
-                arm_and_disarm(
-                    conn,
-                    request.workflow_instance_id,
-                    revision=revision,
-                    arm=request.arm,
-                    disarm=request.disarm,
-                    closing=closing is not None,
-                    sql=sql.timers,
-                    now=clock.wall_ms(),
-                )
-            return revision
-        case PostOp(posting=posting, wait=wait):
-            return _post(conn, posting, sql, clock, wait=wait)
         case InboxOp(workflow_instance_id=iid, pending_only=pending_only):
             if pending_only:
                 params = {"id": iid, "after": op.after, "limit": op.limit}
