@@ -72,8 +72,16 @@ def quarantine(
         _unresolved.setdefault(identity, {})[instance_id] = entry
 
 
+def any_quarantined() -> bool:
+    """Whether any instance is refused in this process (read without the lock: a
+    store's batch tests it once before it looks at the rows it read)."""
+    return bool(_unresolved)
+
+
 def quarantined(identity: str, instance_id: str) -> str | None:
     """Why *instance_id* is refused in this process, or ``None``."""
+    if not any_quarantined():  # the common case (every segment asks), without the lock
+        return None
     with _lock:
         entry = _unresolved.get(identity, {}).get(instance_id)
         return None if entry is None else entry.reason
@@ -95,12 +103,6 @@ def release_quarantine(identity: str, instance_id: str) -> bool:
         if not ids:
             del _unresolved[identity]
         return True
-
-
-def any_quarantined() -> bool:
-    """Whether any instance is refused in this process (read without the lock: a
-    store's batch tests it once before it looks at the rows it read)."""
-    return bool(_unresolved)
 
 
 def settle(identity: str, record: StoredRecord) -> bool:
