@@ -73,8 +73,8 @@ def quarantine(
 
 
 def any_quarantined() -> bool:
-    """Whether any instance is refused in this process (read without the lock: a
-    store's batch tests it once before it looks at the rows it read)."""
+    """Whether any instance is refused in this process, read without the lock (the
+    common answer is no: the lookups test it before they take the lock)."""
     return bool(_unresolved)
 
 
