@@ -350,12 +350,7 @@ def _current(state: ExecutionState, event: Any) -> bool:
 
 
 def _suspends(state: ExecutionState, event: Any) -> bool:
-    output = event.payload  # _current's test, inline: this guard runs for every step
-    return (
-        isinstance(output, StepOutput)
-        and output.step_id == state.step_id
-        and isinstance(output.value, ApprovalRequest)
-    )
+    return _current(state, event) and isinstance(event.payload.value, ApprovalRequest)
 
 
 def _suspend(state: ExecutionState, event: Any) -> ExecutionState:

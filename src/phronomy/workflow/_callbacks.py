@@ -108,9 +108,7 @@ def is_awaitable(value: Any) -> bool:
 
 def is_async_result(value: Any) -> bool:
     # Result handles are recognised by shape: this module must not import the engine.
-    if value is None or type(value) in _NEVER_AWAITABLE:
-        return False  # (is_awaitable's test, and no result handle either)
-    return inspect.isawaitable(value) or (
+    return is_awaitable(value) or (
         callable(getattr(value, "on_complete", None))
         and callable(getattr(value, "result_nowait", None))
     )
