@@ -3,10 +3,12 @@ raises."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import TYPE_CHECKING
 
 import pytest
+import trio
 
 import phronomy
 from workflow.helpers import live_flow, start_live
@@ -74,3 +76,50 @@ async def test_a_raising_block_releases_its_leases_before_the_error_arrives(
     reader.close()
     assert row is not None
     assert (row.status, row.lease_owner) == ("failed", None)  # cut off, released
+
+
+async def test_a_store_write_that_outlives_the_shutdown_is_closed_after_it_returns(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: with a worker thread still running when the shutdown gave up on it, the
+    # runtime never closed the store: its two connections leaked (a ResourceWarning
+    # in whichever later test the garbage collector ran, a CI failure).
+    events: list[str] = []
+    release = threading.Event()
+    closed = trio.Event()
+
+    def held_mark(point: str) -> None:
+        if point == "mark.before":
+            assert release.wait(10), "the test never released the mark"
+            events.append("mark returned")
+
+    store = phronomy.SQLiteStore(str(tmp_path / "live.db"), fault_hook=held_mark)
+    close = store.close
+
+    def observed_close() -> None:  # called in a worker thread
+        close()
+        events.append("closed")
+        trio.from_thread.run_sync(closed.set)
+
+    monkeypatch.setattr(store, "close", observed_close)
+
+    runtimes: list[phronomy.Runtime] = []
+
+    async def fail_while_live() -> None:
+        async with phronomy.open_runtime(store=store, cancel_grace=0) as rt:
+            runtimes.append(rt)
+            await start_live(rt, live_flow(), "live-1")
+            raise LookupError("the body failed")
+
+    try:
+        with pytest.raises(LookupError, match="the body failed"):
+            await fail_while_live()
+        result = runtimes[0].engine.shutdown_result
+        assert result is not None
+        assert result.threads_running >= 1  # the mark's (and maybe a lease renewal's)
+        assert events == []  # the block did not wait for it
+    finally:
+        release.set()
+    with trio.fail_after(5):
+        await closed.wait()
+    assert events == ["mark returned", "closed"]

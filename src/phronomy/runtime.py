@@ -12,8 +12,6 @@ import os
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
-import trio
-
 from phronomy._portal import ThreadPortal
 from phronomy._telemetry import TelemetryProviders, resolve as resolve_telemetry
 from phronomy.agent import Executions
@@ -42,6 +40,8 @@ from phronomy.workflow import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Iterable
+
+    import trio
 
     from phronomy.engine import (
         Engine,
@@ -423,8 +423,7 @@ async def open_runtime(
     finally:
         if otel is not None:
             otel.close()
-        result = engines[0].shutdown_result if engines else None
-        if store is not None and result is not None and result.threads_running == 0:
-            # Closing checkpoints the WAL: off the trio thread, shielded and bounded.
-            with trio.CancelScope(shield=True), trio.move_on_after(5):
-                await trio.to_thread.run_sync(store.close)
+        if store is not None and engines:
+            # Closing checkpoints the WAL: off the trio thread, after the last store
+            # operation (one the shutdown gave up waiting for would reopen it).
+            await engines[0].after_threads(store.close)

@@ -5,13 +5,12 @@ from __future__ import annotations
 
 import threading
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar, final
+from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
 from phronomy.errors import (
     InvalidInputError,
-    PhronomyInternalError,
     ReentrancyError,
     RuntimeShutdownError,
 )
@@ -19,6 +18,7 @@ from phronomy.errors import (
 from ._config import EngineConfig
 from ._contracts import Delivery
 from ._dispatcher import Dispatcher
+from ._exits import raise_keeping_context, unwrap
 from ._lifecycle import Lifecycle
 from ._messages import (
     EngineStatistics,
@@ -290,6 +290,19 @@ class Engine:
         self.check_thread("Engine.pool()")
         return self._supervisor.pool(name, size=size, queue_size=queue_size)
 
+    async def after_threads(self, fn: Callable[[], object]) -> None:
+        """Run the blocking *fn* in a worker thread once no offload pool runs an
+        operation (cleanup after shutdown): now, or in the background after the last
+        thread a shutdown gave up on returns (a failure is then logged).
+
+        Raises:
+            Exception: what *fn* raised, when it ran now.
+
+        Cancellation:
+            Shielded: once started, *fn* runs to its end.
+        """
+        await self._supervisor.after_threads(fn)
+
     def start_task(
         self, fn: Callable[..., Awaitable[T]], *args: Any, name: str | None = None
     ) -> ResultHandle[T]:
@@ -455,40 +468,6 @@ async def open_engine(
                 await engine.shutdown()
             nursery.cancel_scope.cancel(reason="phronomy runtime closed")
     except BaseExceptionGroup as group:
-        _raise_keeping_context(_unwrap(group, body_error))
+        raise_keeping_context(unwrap(group, body_error))
     if body_error is not None:
-        _raise_keeping_context(body_error)
-
-
-def _raise_keeping_context(error: BaseException) -> NoReturn:
-    """Raise *error* as it is: its cause and context stay what they were.
-
-    ``raise error from None`` would wipe the cause (and hide the context); a plain
-    ``raise`` here would chain the nursery's exception group as its context.
-    """
-    context, cause = error.__context__, error.__cause__
-    suppress = error.__suppress_context__
-    try:
-        raise error
-    finally:
-        error.__context__, error.__cause__ = context, cause
-        error.__suppress_context__ = suppress
-        del error, context, cause
-
-
-def _unwrap(
-    group: BaseExceptionGroup[BaseException], body_error: BaseException | None
-) -> BaseException:
-    """Pick what to raise for an exception group escaping the engine's nursery."""
-    interrupts, _ = group.split((KeyboardInterrupt, SystemExit))
-    if interrupts is not None:
-        return interrupts.exceptions[0]
-    _, rest = group.split(trio.Cancelled)
-    if rest is None:
-        # Only cancellations: the body's error (or the cancellation itself) is the story.
-        return body_error if body_error is not None else group.exceptions[0]
-    error = PhronomyInternalError(
-        "an internal phronomy task failed; please report this bug"
-    )
-    error.__cause__ = rest
-    return error
+        raise_keeping_context(body_error)

@@ -85,6 +85,26 @@ class Supervisor:
         for pool in list(self._pools.values()):
             await pool.wait_idle()
 
+    async def after_threads(self, fn: Callable[[], object]) -> None:
+        """Run the blocking *fn* in a worker thread once no pool runs an operation
+        (see ``Engine.after_threads``)."""
+        if self.pools_idle:
+            with trio.CancelScope(shield=True):
+                await trio.to_thread.run_sync(fn)
+            return
+        trio.lowlevel.spawn_system_task(
+            self._run_after_threads, fn, name="phronomy.after-threads"
+        )
+
+    async def _run_after_threads(self, fn: Callable[[], object]) -> None:
+        # A system task (it outlives the engine): shielded, it raises nothing.
+        with trio.CancelScope(shield=True):
+            await self.wait_pools_idle()
+            try:
+                await trio.to_thread.run_sync(fn)
+            except Exception:
+                logger.exception("the cleanup after the last worker thread failed")
+
     def pool_statistics(self) -> tuple[PoolStatistics, ...]:
         """One snapshot per pool."""
         return tuple(p.statistics() for p in self._pools.values())
