@@ -91,7 +91,8 @@ async def test_a_store_write_that_outlives_the_shutdown_is_closed_after_it_retur
     def held_mark(point: str) -> None:
         if point == "mark.before":
             assert release.wait(10), "the test never released the mark"
-            events.append("mark returned")
+        elif point == "commit.after" and release.is_set():
+            events.append("mark committed")
 
     store = phronomy.SQLiteStore(str(tmp_path / "live.db"), fault_hook=held_mark)
     close = store.close
@@ -122,4 +123,4 @@ async def test_a_store_write_that_outlives_the_shutdown_is_closed_after_it_retur
         release.set()
     with trio.fail_after(5):
         await closed.wait()
-    assert events == ["mark returned", "closed"]
+    assert events == ["mark committed", "closed"]  # the close waited for the commit

@@ -12,6 +12,8 @@ import os
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
+import trio
+
 from phronomy._portal import ThreadPortal
 from phronomy._telemetry import TelemetryProviders, resolve as resolve_telemetry
 from phronomy.agent import Executions
@@ -40,8 +42,6 @@ from phronomy.workflow import (
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Iterable
-
-    import trio
 
     from phronomy.engine import (
         Engine,
@@ -278,14 +278,16 @@ async def open_runtime(
         async with phronomy.open_runtime(store=phronomy.SQLiteStore("orders.db")) as runtime:
             halted = await runtime.workflows.invoke(order_flow, {"item": "lamp"}, workflow_instance_id="order-1")
 
-    Nothing outlives the block. On a normal exit the runtime stops admitting work,
+    On a normal exit the runtime stops admitting work,
     waits up to *shutdown_timeout* for live segments, then cuts off what is left (their
     callers get :class:`~phronomy.RuntimeShutdownError`; nothing is saved for them, so
     their last durable revision stays resumable) and waits up to *cancel_grace* for
     worker threads. If the body raises, the runtime stops at once (it waits, up to
     *cancel_grace*, only for the store writes that release what it cut off) and the
     body's exception propagates unchanged. ``runtime.shutdown_result`` then reports
-    what happened.
+    what happened. The runtime closes its store last (the next use reopens it): at
+    once, or, when a worker thread still runs (a write is never abandoned), in the
+    background just after it returns.
 
     Args:
         store: a durable store (:class:`~phronomy.SQLiteStore`,
@@ -424,6 +426,7 @@ async def open_runtime(
         if otel is not None:
             otel.close()
         if store is not None and engines:
-            # Closing checkpoints the WAL: off the trio thread, after the last store
-            # operation (one the shutdown gave up waiting for would reopen it).
-            await engines[0].after_threads(store.close)
+            # Closing checkpoints the WAL: off the trio thread, after the last worker
+            # thread (a store operation the shutdown gave up on would reopen it).
+            with trio.CancelScope(shield=True):
+                await engines[0].after_threads(store.close)

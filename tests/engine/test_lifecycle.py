@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 import random
 import threading
@@ -320,3 +321,62 @@ async def test_an_internal_failure_keeps_its_cause(
     leaf = cause.exceptions[0]
     assert isinstance(leaf, RuntimeError)
     assert isinstance(leaf.__cause__, KeyError)
+
+
+async def test_after_threads_runs_its_cleanup_after_the_last_thread_returns() -> None:
+    order: list[str] = []
+    release = threading.Event()
+    logged = trio.Event()
+
+    class Logged(logging.Handler):  # the system task logs on the trio thread
+        def emit(self, record: logging.LogRecord) -> None:
+            order.append(record.getMessage())
+            logged.set()
+
+    def stuck() -> None:
+        release.wait(10)
+        order.append("thread returned")
+
+    def cleanup() -> None:
+        order.append("cleanup")
+        raise OSError("cleanup failed")
+
+    handler = Logged(logging.ERROR)
+    supervision = logging.getLogger("phronomy.engine._supervision")
+    supervision.addHandler(handler)
+    try:
+        async with open_engine(shutdown_timeout=0, cancel_grace=0) as eng:
+            eng.default_pool.submit_nowait(stuck)
+        try:
+            await eng.after_threads(cleanup)  # returns at once: the thread still runs
+            assert order == []
+        finally:
+            release.set()
+        with trio.fail_after(5):
+            await logged.wait()
+    finally:
+        supervision.removeHandler(handler)
+    assert order == [
+        "thread returned",
+        "cleanup",
+        "the cleanup after the last worker thread failed",
+    ]
+
+
+async def test_after_threads_runs_now_when_no_thread_runs_and_raises_its_error() -> (
+    None
+):
+    async with open_engine() as eng:
+        with pytest.raises(errors.InvalidInputError, match="after the engine stopped"):
+            await eng.after_threads(lambda: pytest.fail("must not run"))
+        await eng.default_pool.run(int)
+    ran: list[int] = []
+    await eng.after_threads(lambda: ran.append(threading.get_ident()))
+    assert len(ran) == 1  # awaited
+    assert ran[0] != threading.get_ident()  # in a worker thread
+
+    def broken() -> None:
+        raise OSError("cleanup failed")
+
+    with pytest.raises(OSError, match="cleanup failed"):
+        await eng.after_threads(broken)

@@ -292,10 +292,11 @@ class Engine:
 
     async def after_threads(self, fn: Callable[[], object]) -> None:
         """Run the blocking *fn* in a worker thread once no offload pool runs an
-        operation (cleanup after shutdown): now, or in the background after the last
-        thread a shutdown gave up on returns (a failure is then logged).
+        operation (cleanup after the engine stopped): now, or in the background after
+        the last thread a shutdown gave up on returns (a failure is then logged).
 
         Raises:
+            InvalidInputError: the engine has not stopped (its pools take new work).
             Exception: what *fn* raised, when it ran now.
 
         Cancellation:

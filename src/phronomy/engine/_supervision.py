@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from phronomy.errors import RuntimeShutdownError
+from phronomy.errors import InvalidInputError, RuntimeShutdownError
 
 from ._handle import ResultHandle
 from ._pool import OffloadPool
@@ -88,6 +88,11 @@ class Supervisor:
     async def after_threads(self, fn: Callable[[], object]) -> None:
         """Run the blocking *fn* in a worker thread once no pool runs an operation
         (see ``Engine.after_threads``)."""
+        if not self._pools_closed:
+            raise InvalidInputError(
+                "Engine.after_threads() is for after the engine stopped; its offload "
+                "pools still take new operations"
+            )
         if self.pools_idle:
             with trio.CancelScope(shield=True):
                 await trio.to_thread.run_sync(fn)
