@@ -124,3 +124,29 @@ async def test_a_store_write_that_outlives_the_shutdown_is_closed_after_it_retur
     with trio.fail_after(5):
         await closed.wait()
     assert events == ["mark committed", "closed"]  # the close waited for the commit
+
+
+async def test_a_failing_close_never_hides_the_blocks_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # Before: the close's OSError replaced the block's LookupError.
+    store = phronomy.SQLiteStore(str(tmp_path / "close.db"))
+    close = store.close
+
+    def failing_close() -> None:
+        close()
+        raise OSError("the disk went away")
+
+    monkeypatch.setattr(store, "close", failing_close)
+
+    async def fail() -> None:
+        async with phronomy.open_runtime(store=store):
+            raise LookupError("the body failed")
+
+    with pytest.raises(LookupError, match="the body failed"):
+        await fail()
+    assert "closing SQLiteStore(" in caplog.text
+    assert "OSError: the disk went away" in caplog.text
+    with pytest.raises(OSError, match="the disk went away"):  # nothing else to tell
+        async with phronomy.open_runtime(store=store):
+            pass

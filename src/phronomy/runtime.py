@@ -9,6 +9,7 @@ import functools
 import logging
 import math
 import os
+import sys
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, final
 
@@ -287,7 +288,8 @@ async def open_runtime(
     body's exception propagates unchanged. ``runtime.shutdown_result`` then reports
     what happened. The runtime closes its store last (the next use reopens it): at
     once, or, when a worker thread still runs (a write is never abandoned), in the
-    background just after it returns.
+    background just after it returns. A close that fails raises, unless the body
+    raised: then it is logged and the body's exception propagates.
 
     Args:
         store: a durable store (:class:`~phronomy.SQLiteStore`,
@@ -423,10 +425,16 @@ async def open_runtime(
                 engine, store, coordinator_of_workflows, recursion_limit=recursion_limit
             )
     finally:
+        raising = sys.exception()  # the block's error: a failing close must not hide it
         if otel is not None:
             otel.close()
         if store is not None and engines:
             # Closing checkpoints the WAL: off the trio thread, after the last worker
             # thread (a store operation the shutdown gave up on would reopen it).
             with trio.CancelScope(shield=True):
-                await engines[0].after_threads(store.close)
+                try:
+                    await engines[0].after_threads(store.close)
+                except Exception:
+                    if raising is None:
+                        raise
+                    logger.exception("closing %r failed (the block raised)", store)
