@@ -279,11 +279,11 @@ async def open_runtime(
         async with phronomy.open_runtime(store=phronomy.SQLiteStore("orders.db")) as runtime:
             halted = await runtime.workflows.invoke(order_flow, {"item": "lamp"}, workflow_instance_id="order-1")
 
-    On a normal exit the runtime stops admitting work,
-    waits up to *shutdown_timeout* for live segments, then cuts off what is left (their
-    callers get :class:`~phronomy.RuntimeShutdownError`; nothing is saved for them, so
-    their last durable revision stays resumable) and waits up to *cancel_grace* for
-    worker threads. If the body raises, the runtime stops at once (it waits, up to
+    On a normal exit the runtime stops admitting work, waits up to *shutdown_timeout*
+    for live segments, then cuts off what is left (their callers get
+    :class:`~phronomy.RuntimeShutdownError`; nothing is saved for them, so their last
+    durable revision stays resumable) and waits up to *cancel_grace* for worker
+    threads. If the body raises, the runtime stops at once (it waits, up to
     *cancel_grace*, only for the store writes that release what it cut off) and the
     body's exception propagates unchanged. ``runtime.shutdown_result`` then reports
     what happened. The runtime closes its store last (the next use reopens it): at
