@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 import psycopg
 
-from phronomy.storage import ListOp, RecoverOp
+from phronomy.storage import ListOp, RecoverOp, TakeoversOp
 from phronomy.storage._postgres_schema import (
     SQL_EXPIRED as PG_EXPIRED,
     SQL_LIST as PG_LIST,
@@ -23,6 +23,8 @@ from phronomy.storage._sqlite_schema import (
 if TYPE_CHECKING:
     from collections.abc import Callable
     from pathlib import Path
+
+    import pytest
 
     import phronomy
 
@@ -149,3 +151,75 @@ def test_the_postgres_listing_by_status_uses_the_status_index_generically(
     assert "Seq Scan" not in plan
     page = store.run(ListOp(status="running", limit=3))
     assert [r.workflow_instance_id for r in page.records] == ["i10", "i100", "i1000"]
+
+
+class _Counting:
+    """A connection that counts what it sends: each ``execute`` and ``executemany``
+    call is one statement sent (psycopg pipelines an ``executemany``: one round trip
+    for all its parameter sets)."""
+
+    def __init__(self, conn: Any, sent: list[str]) -> None:
+        self._conn, self._sent = conn, sent
+
+    def execute(self, sql: str, params: Any = None, /) -> Any:
+        self._sent.append(sql)
+        return self._conn.execute(sql, params)
+
+    def cursor(self) -> Any:
+        cursor, sent = self._conn.cursor(), self._sent
+
+        class Many:
+            def executemany(self, sql: str, params: Any, /) -> Any:
+                sent.append(sql)
+                return cursor.executemany(sql, params)
+
+        return Many()
+
+
+def _takeovers_in_few_statements(
+    store: phronomy.storage.BaseStore[Any], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass over 100 expired leases sends the same few statements as one over a
+    single lease: its takeovers are logged together, not a statement (a round trip on
+    PostgreSQL) or two per instance."""
+    sent: list[str] = []
+    apply = store.apply
+    monkeypatch.setattr(
+        store, "apply", lambda conn, op: apply(_Counting(conn, sent), op)
+    )
+    assert len(store.run(RecoverOp(limit=1))) == 1
+    one = len(sent)
+    sent.clear()
+    recovered = store.run(RecoverOp(limit=100))
+    assert len(recovered) == 100
+    assert len(sent) == one <= 3, sent  # before: 1 + 2 per takeover (201)
+    for iid, _ in recovered[::33]:
+        (taken,) = store.run(TakeoversOp(workflow_instance_id=iid, limit=5))
+        assert (taken.epoch, taken.revision, taken.status) == (1, 0, "failed")
+
+
+def test_the_sqlite_sweep_logs_a_pass_in_few_statements(
+    open_sqlite: Callable[..., phronomy.SQLiteStore],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    path = tmp_path / "few.db"
+    store = open_sqlite(path)
+    store.open()
+    with sqlite3.connect(path) as conn:
+        conn.execute(_FILL.format(numbers=SQLITE_NUMBERS))
+    conn.close()
+    _takeovers_in_few_statements(store, monkeypatch)
+
+
+def test_the_postgres_sweep_logs_a_pass_in_few_statements(
+    open_postgres: Callable[..., phronomy.PostgresStore],
+    postgres_dsn: str,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store = open_postgres()
+    store.open()
+    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path = {store.schema}")
+        conn.execute(_FILL.format(numbers=PG_NUMBERS))
+    _takeovers_in_few_statements(store, monkeypatch)

@@ -5,9 +5,9 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any, Protocol
 
 if TYPE_CHECKING:
-    from collections.abc import Iterator
+    from collections.abc import Iterator, Sequence
 
-__all__ = ["Connection", "Cursor"]
+__all__ = ["Connection", "Cursor", "ManyCursor"]
 
 
 class Cursor(Protocol):
@@ -23,9 +23,21 @@ class Cursor(Protocol):
     def __iter__(self) -> Iterator[Any]: ...
 
 
+class ManyCursor(Protocol):
+    """A cursor of :meth:`Connection.cursor`: one statement over many parameter sets."""
+
+    def executemany(self, sql: str, params: Sequence[Any], /) -> Any:
+        """Run *sql* once per parameter set (psycopg: all in one round trip)."""
+        ...
+
+
 class Connection(Protocol):
     """The part of a DB-API connection the operations use."""
 
     def execute(self, sql: str, params: Any = ..., /) -> Cursor:
         """Run one statement; return its cursor."""
+        ...
+
+    def cursor(self) -> ManyCursor:
+        """A new cursor (for :meth:`ManyCursor.executemany`)."""
         ...

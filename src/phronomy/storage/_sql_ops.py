@@ -40,7 +40,7 @@ from ._records import InstancePage, SaveLogEntry, StoredRecord
 from ._sql_history import (
     HISTORY_STATEMENTS,
     HistoryStatements,
-    log_takeover,
+    log_takeovers,
     takeovers_of,
 )
 from ._sql_inbox import InboxStatements, check_pending, consume, entry_from_row, post
@@ -218,8 +218,7 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                 "max": max_takeovers,
             }
             rows = conn.execute(sql.recover, params).fetchall()
-            for row in rows:
-                log_takeover(conn, sql.log, row, clock.wall_ms())
+            log_takeovers(conn, sql.log, rows, clock.wall_ms())
             recovered = [(row[0], row[1]) for row in rows]
             for iid, status in recovered:
                 if status in _CLOSED:  # back to a closed revision: nothing applies
