@@ -101,6 +101,7 @@ from .model_ops import (
     OWNERS,
     Arm,
     Begin,
+    Cancel,
     Claim,
     Consume,
     Delete,
@@ -110,6 +111,8 @@ from .model_ops import (
     Load,
     Operation,
     Post,
+    Recover,
+    Renew,
     Save,
     Segment,
     statuses,
@@ -478,7 +481,8 @@ class DifferentialModel(RuleBasedStateMachine):
             was = {e.seq: e for e in before.inboxes[iid]}
             now = {e.seq: e for e in entries}
             consuming = any(
-                _consumes(op, result) and _target(op) == iid
+                (_consumes(op, result) and _target(op) == iid)
+                or _recovered_closed(op, result, iid)
                 for op, result in zip(ops, results, strict=True)
             )
             for seq, old in was.items():
@@ -599,6 +603,20 @@ def _closes(op: StoreOp, result: outcome.Outcome[Any]) -> bool:
     return written is not None and written.status in ("finished", "cancelled")
 
 
+def _recovered_closed(op: StoreOp, result: outcome.Outcome[Any], iid: str) -> bool:
+    """Whether *op* is a recovery sweep that put *iid* back closed (a cancel it had
+    asked for, or a closed revision): it refuses the pending entries as a closing
+    write does, and prunes all but the last ``DEPTH`` of them."""
+    return (
+        isinstance(op, RecoverOp)
+        and isinstance(result, outcome.Value)
+        and any(
+            taken == iid and status in ("finished", "cancelled")
+            for taken, status in result.value
+        )
+    )
+
+
 def _consumes(op: StoreOp, result: outcome.Outcome[Any]) -> bool:
     """Whether *op* is a write that consumed inbox entries (or may have)."""
     written = _written(op, result)
@@ -707,6 +725,32 @@ def test_the_model_catches_a_leased_save_that_recreates_a_deleted_row(
         with pytest.raises(AssertionError, match="disagree on the outcome of SaveOp"):
             model.one(steps[2])
         model.teardown()
+
+
+def test_the_model_accepts_a_sweep_that_cancels_and_prunes_the_refused_entries(
+    tmp_path: Path,
+) -> None:
+    # CI found it: a sweep that puts back an instance whose cancel was asked (or at a
+    # closed revision) refuses its pending entries and keeps the last DEPTH, as a
+    # closing write does, on every store; the model took the pruned one as lost.
+    steps = [
+        Begin("b", "wf", None, "A", LIVE_MS, False),
+        *(Post("b", Event(f"e{n}", 0)) for n in range(DEPTH + 1)),
+        Cancel("b", None),
+        Renew("A", ("b",), 0),  # expired at once
+        Recover(100, 5),
+    ]
+    with SQLiteStore(tmp_path / "model.db", save_log_depth=DEPTH) as sqlite:
+        model = DifferentialModel({"sqlite": sqlite})
+        for operation in steps:
+            model.one(operation)
+        (row,) = sqlite.run(ListOp(limit=10)).records
+        entries = sqlite.run(InboxOp(workflow_instance_id="b", pending_only=False))
+        model.teardown()
+    assert row.status == "cancelled"
+    assert sorted((e.seq, e.status) for e in entries) == [
+        (n, "refused") for n in range(2, DEPTH + 2)
+    ]
 
 
 def test_the_model_finds_a_sweep_that_forgets_the_takeover_count(
