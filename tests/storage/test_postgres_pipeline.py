@@ -17,6 +17,8 @@ from phronomy import PostgresStore, errors
 from phronomy.storage import (
     ClaimOp,
     Consumption,
+    FireOp,
+    InboxOp,
     Lease,
     Posting,
     PostOp,
@@ -24,6 +26,7 @@ from phronomy.storage import (
     TimerSpec,
     _postgres_pipeline,
     _postgres_wire,
+    _sql_steps,
 )
 from phronomy.storage._postgres_schema import STATEMENTS
 
@@ -442,7 +445,7 @@ def test_a_batch_sends_the_statements_that_lock_its_rows_in_one_round_trip_in_or
 
     def recorded_execute(
         self: _postgres_wire.Pipeline, statement: str, params: Any
-    ) -> _postgres_wire.Result:
+    ) -> _sql_steps.Result:
         if statement in locking:
             trips[-1].append(params["id"])
         return execute(self, statement, params)
@@ -455,3 +458,41 @@ def test_a_batch_sends_the_statements_that_lock_its_rows_in_one_round_trip_in_or
     monkeypatch.setattr(_postgres_wire.Pipeline, "sync", recorded_sync)
     assert [r.unwrap().epoch for r in store.execute(batch)[2:]] == [1]
     assert [ids for ids in trips if ids] == [["a", "b", "c0"]], trips
+
+
+def test_firing_due_timers_takes_as_many_round_trips_whatever_their_number(
+    open_postgres: OpenPostgres, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A poll's firing of 100 due timers (500 at most) is a few round trips, as one
+    timer's: the transaction's begin, one per step, the commit. Before: four per
+    timer (lock, take, number, insert), 0.4 - 0.6 s for 500 that held the write lane;
+    an instance with two due timers takes one round more."""
+    store = open_postgres()
+    store.open()
+    due = TimerSpec(name="t", delay_ms=0, event="tick", payload=b"{}")
+
+    def arm(prefix: str, n: int) -> None:
+        for i in range(n):
+            store.save(
+                msgspec.structs.replace(request(f"{prefix}{i}", None), arm=(due,))
+            )
+
+    trips = _round_trips(store, monkeypatch)
+    fired, sizes = [], []
+    for n in (1, 100):
+        arm(f"f{n}-", n)
+        trips()
+        fired.append(store.run(FireOp(owner="A", workflows=("wf",))))
+        sizes.append(trips())
+    print(f"round trips firing 1 and 100 timers: {sizes}")  # noqa: T201
+    assert fired == [1, 100]
+    assert sizes[0] == sizes[1] <= 7
+    for iid in ("f1-0", "f100-0", "f100-99"):  # each stored once, numbered first
+        (entry,) = store.run(InboxOp(workflow_instance_id=iid, pending_only=False))
+        assert (entry.seq, entry.event_id, entry.status) == (1, "timer:t@1", "pending")
+    # the control: fired one statement after another, as before
+    monkeypatch.setattr(_postgres_pipeline, "FireOp", type("NotFire", (), {}))
+    arm("s-", 100)
+    trips()
+    assert store.run(FireOp(owner="A", workflows=("wf",))) == 100
+    assert trips() >= 400

@@ -5,6 +5,7 @@ its index in id order."""
 
 from __future__ import annotations
 
+import contextlib
 import sqlite3
 from typing import TYPE_CHECKING, Any
 
@@ -21,7 +22,7 @@ from phronomy.storage._sqlite_schema import (
 )
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
+    from collections.abc import Callable, Iterator
     from pathlib import Path
 
     import pytest
@@ -46,21 +47,42 @@ SQLITE_NUMBERS = (
 PG_NUMBERS = f"generate_series(1, {ROWS}) AS g(n)"
 
 
+@contextlib.contextmanager
+def _filled_sqlite(
+    open_sqlite: Callable[..., phronomy.SQLiteStore], path: Path
+) -> Iterator[tuple[phronomy.SQLiteStore, sqlite3.Connection]]:
+    """A SQLite store of ``ROWS`` rows, and a connection of its own to its file."""
+    store = open_sqlite(path)
+    store.open()
+    with contextlib.closing(sqlite3.connect(path)) as conn:
+        with conn:
+            conn.execute(_FILL.format(numbers=SQLITE_NUMBERS))
+        yield store, conn
+
+
+@contextlib.contextmanager
+def _filled_postgres(
+    open_postgres: Callable[..., phronomy.PostgresStore], dsn: str
+) -> Iterator[tuple[phronomy.PostgresStore, psycopg.Connection[Any]]]:
+    """A PostgreSQL store of ``ROWS`` rows, and a connection of its own to its schema."""
+    store = open_postgres()
+    store.open()
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute(f"SET search_path = {store.schema}")
+        conn.execute(_FILL.format(numbers=PG_NUMBERS))  # no parameters: % is literal
+        yield store, conn
+
+
 def test_the_sqlite_sweep_reads_the_lease_index(
     open_sqlite: Callable[..., phronomy.SQLiteStore], tmp_path: Path
 ) -> None:
     # Before: SEARCH ... USING INDEX phronomy_workflow_instances_status (status=?)
     # and USE TEMP B-TREE FOR ORDER BY (every running row read and sorted)
-    path = tmp_path / "plan.db"
-    store = open_sqlite(path)
-    store.open()
-    with sqlite3.connect(path) as conn:
-        conn.execute(_FILL.format(numbers=SQLITE_NUMBERS))
+    with _filled_sqlite(open_sqlite, tmp_path / "plan.db") as (store, conn):
         params = {"lease_now": 10**15, "limit": 100}
         plan = [
             r[3] for r in conn.execute(f"EXPLAIN QUERY PLAN {SQLITE_EXPIRED}", params)
         ]
-    conn.close()
     print(f"sqlite sweep plan over {ROWS} rows: {plan}")  # noqa: T201
     assert plan == [
         "SEARCH phronomy_workflow_instances USING INDEX "
@@ -75,11 +97,7 @@ def test_the_postgres_sweep_reads_the_lease_index(
     open_postgres: Callable[..., phronomy.PostgresStore], postgres_dsn: str
 ) -> None:
     # Before: a bitmap scan of the status index, then a sort of every running row
-    store = open_postgres()
-    store.open()
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"SET search_path = {store.schema}")
-        conn.execute(_FILL.format(numbers=PG_NUMBERS))  # no parameters: % is literal
+    with _filled_postgres(open_postgres, postgres_dsn) as (store, conn):
         rows: Any = conn.execute(f"EXPLAIN {PG_EXPIRED}", {"limit": 100})
         plan = [r[0] for r in rows]
     print("postgres sweep plan over", ROWS, "rows:\n" + "\n".join(plan))  # noqa: T201
@@ -97,11 +115,7 @@ def test_the_sqlite_listing_by_status_seeks_the_status_index(
 ) -> None:
     # Before: "(:status IS NULL OR status = :status)" made SQLite walk the whole table
     # in id order (a scan of every row for a rare status; +0.4 s at 1M rows)
-    path = tmp_path / "list.db"
-    store = open_sqlite(path)
-    store.open()
-    with sqlite3.connect(path) as conn:
-        conn.execute(_FILL.format(numbers=SQLITE_NUMBERS))
+    with _filled_sqlite(open_sqlite, tmp_path / "list.db") as (store, conn):
         params = {"status": "running", "workflow": "wf", "after": "i5", "limit": 11}
         plans = {
             (status, workflow): [
@@ -113,7 +127,6 @@ def test_the_sqlite_listing_by_status_seeks_the_status_index(
             for status in (0, 1)
             for workflow in (0, 1)
         }
-    conn.close()
     print(f"sqlite listing plans over {ROWS} rows: {plans}")  # noqa: T201
     assert plans[1, 0] == [
         "SEARCH phronomy_workflow_instances USING INDEX "
@@ -135,11 +148,7 @@ def test_the_postgres_listing_by_status_uses_the_status_index_generically(
 ) -> None:
     # A prepared statement's generic plan: "%(status)s IS NULL OR ..." could use no
     # index there; a condition of its own can (without statistics: no ANALYZE)
-    store = open_postgres()
-    store.open()
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"SET search_path = {store.schema}")
-        conn.execute(_FILL.format(numbers=PG_NUMBERS))
+    with _filled_postgres(open_postgres, postgres_dsn) as (store, conn):
         conn.execute("SET plan_cache_mode = force_generic_plan")
         sql = PG_LIST[2].replace("%(after)s", "$1").replace("%(status)s", "$2")
         sql = sql.replace("%(limit)s", "$3")
@@ -204,12 +213,8 @@ def test_the_sqlite_sweep_logs_a_pass_in_few_statements(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     path = tmp_path / "few.db"
-    store = open_sqlite(path)
-    store.open()
-    with sqlite3.connect(path) as conn:
-        conn.execute(_FILL.format(numbers=SQLITE_NUMBERS))
-    conn.close()
-    _takeovers_in_few_statements(store, monkeypatch)
+    with _filled_sqlite(open_sqlite, path) as (store, _):
+        _takeovers_in_few_statements(store, monkeypatch)
 
 
 def test_the_postgres_sweep_logs_a_pass_in_few_statements(
@@ -217,9 +222,5 @@ def test_the_postgres_sweep_logs_a_pass_in_few_statements(
     postgres_dsn: str,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    store = open_postgres()
-    store.open()
-    with psycopg.connect(postgres_dsn, autocommit=True) as conn:
-        conn.execute(f"SET search_path = {store.schema}")
-        conn.execute(_FILL.format(numbers=PG_NUMBERS))
-    _takeovers_in_few_statements(store, monkeypatch)
+    with _filled_postgres(open_postgres, postgres_dsn) as (store, _):
+        _takeovers_in_few_statements(store, monkeypatch)

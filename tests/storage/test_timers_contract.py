@@ -143,6 +143,36 @@ def test_due_timers_fire_once_into_the_inbox_of_instances_the_runtime_serves(
     assert LATER - 60_000 < later <= LATER  # "later" only
 
 
+def test_a_firing_numbers_an_instance_s_due_timers_in_order_and_each_once(
+    store: Store,
+) -> None:
+    """Several due timers of one instance are numbered one after another in its inbox
+    (armed by one save: due at once, in the order of their names); a timer whose event is in the inbox already is stored no
+    second time, and its number goes back (the next entry takes it)."""
+    store.save(_armed(request("two", None), _spec("b"), _spec("c"), _spec("a")))
+    store.save(_armed(request("one", None), _spec("t")))
+    store.save(_armed(request("dup", None), _spec("t")))
+    early = Posting(
+        workflow_instance_id="dup", event_id="timer:t@1", event="tick", payload=b"1"
+    )
+    assert store.run(PostOp(posting=early)).outcome == "stored"
+    assert store.run(FireOp(owner="A", workflows=("wf",))) == 4  # not "dup"'s
+    entries = store.run(InboxOp(workflow_instance_id="two", pending_only=False))
+    assert sorted((e.seq, e.event_id) for e in entries) == [
+        (1, "timer:a@1"),
+        (2, "timer:b@1"),
+        (3, "timer:c@1"),
+    ]
+    assert _inbox(store, "one") == [("timer:t@1", "pending")]
+    assert [_names(store, iid) for iid in ("two", "one", "dup")] == [[], [], []]
+    later = Posting(
+        workflow_instance_id="dup", event_id="later", event="tick", payload=b"2"
+    )
+    stored = store.run(PostOp(posting=later))
+    assert stored.outcome == "stored"
+    assert stored.entry.seq == 2  # the firing's number was given back
+
+
 def test_disarming_a_fired_timer_refuses_its_pending_entry(store: Store) -> None:
     store.save(_armed(request("c", None), _spec("t")))
     assert store.run(FireOp(owner="A", workflows=("wf",))) == 1

@@ -24,13 +24,12 @@ of order: two runtimes' batches deadlocked, and the server rolled one back.)
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Generator
 from typing import TYPE_CHECKING, Any
 
 from . import _base
 from ._batch import instance_of
 from ._inbox import Claimed
-from ._ops import ClaimOp, SaveOp, op_name
+from ._ops import ClaimOp, FireOp, SaveOp, op_name
 from ._postgres_schema import STATEMENTS
 from ._sql_inbox import (
     consumption,
@@ -39,12 +38,12 @@ from ._sql_inbox import (
     pruning,
     refuse_unless_pending,
 )
-from ._sql_timers import timer_changes
+from ._sql_timers import fire_steps, timer_changes
 from ._sql_writes import claim_params, claimed, save_refused, save_statement
 from ._store import KNOWN_FAILURES
 
 if TYPE_CHECKING:
-    from collections.abc import Sequence
+    from collections.abc import Callable, Sequence
 
     import outcome
     import psycopg
@@ -55,14 +54,10 @@ if TYPE_CHECKING:
     from ._postgres_wire import Pipeline
     from ._records import SaveRequest
     from ._sql_ops import Statements
+    from ._sql_steps import Steps
 
 __all__ = ["pipelined_writes"]
 
-Statement = tuple[str, Any]
-Steps = Generator[tuple[list[Statement], bool], "list[Cursor]", Any]
-"""An operation's steps: each yields its statements and whether it waits for their
-cursors (sent back after the sync; none to one that does not wait). The first yields
-what is read before the operation locks its row (maybe nothing), and waits."""
 
 _CLOSED = frozenset({"finished", "cancelled"})
 
@@ -83,6 +78,11 @@ def pipelined_writes(
     run: list[tuple[int, Steps]] = []
     for i in _base.row_order(ops):
         op = ops[i]
+        if isinstance(op, FireOp):  # of many instances: in a pipeline of its own
+            _pipeline(conn, ops, run, results, hook)
+            run = []
+            _pipeline(conn, ops, [(i, _fire(op, clock))], results, hook)
+            continue
         unique = per_instance[instance_of(op)] == 1
         steps = _steps(op, STATEMENTS, clock) if unique else None
         if steps is None:
@@ -100,6 +100,12 @@ def _steps(op: StoreOp, sql: Statements, clock: StoreClock) -> Steps | None:
     if isinstance(op, ClaimOp) and op.post is None:
         return _claim(op, sql, clock)
     return None
+
+
+def _fire(op: FireOp, clock: StoreClock) -> Steps:
+    timers, inbox = STATEMENTS.timers, STATEMENTS.inbox
+    now = clock.wall_ms()
+    return fire_steps(op.owner, op.workflows, op.limit, timers, inbox, now)
 
 
 def _pipeline(

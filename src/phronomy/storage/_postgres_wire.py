@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING, Any
 from psycopg import errors as e, pq
 from psycopg.adapt import Transformer
 
+from ._sql_steps import Result
+
 if TYPE_CHECKING:
-    from collections.abc import Iterator, Sequence
+    from collections.abc import Sequence
 
     import psycopg
 
-__all__ = ["Pipeline", "Result"]
+__all__ = ["Pipeline"]
 
 _PLACEHOLDER = re.compile(r"%\((\w+)\)s|%s|%%")
 _FAILED = (pq.ExecStatus.FATAL_ERROR, pq.ExecStatus.PIPELINE_ABORTED)
@@ -92,28 +94,6 @@ def _wait(socket: int, write: bool = False) -> None:
         poll.poll()
     else:  # pragma: no cover - Windows
         select.select([socket], [socket] if write else [], [])
-
-
-class Result:
-    """One statement's result, once the pipeline is synced: its rows and row count
-    (a cursor's reading methods)."""
-
-    __slots__ = ("rowcount", "rows")
-
-    def __init__(self) -> None:
-        self.rows: list[tuple[Any, ...]] = []
-        self.rowcount = -1
-
-    def fetchone(self) -> Any:
-        """The first row, or ``None``."""
-        return self.rows[0] if self.rows else None
-
-    def fetchall(self) -> list[Any]:
-        """Every row."""
-        return self.rows
-
-    def __iter__(self) -> Iterator[Any]:
-        return iter(self.rows)
 
 
 class Pipeline:

@@ -27,6 +27,7 @@ __all__ = [
     "consume",
     "consumption",
     "entry_from_row",
+    "entry_params",
     "pending_query",
     "post",
     "pruning",
@@ -241,6 +242,20 @@ def entry_from_row(row: tuple[Any, ...]) -> InboxEntry:
     )
 
 
+def entry_params(posting: Posting, seq: int, now: int) -> dict[str, Any]:
+    """The parameters of the statement that stores *posting* numbered *seq*."""
+    return {
+        "id": posting.workflow_instance_id,
+        "event_id": posting.event_id,
+        "seq": seq,
+        "event": posting.event,
+        "payload": posting.payload,
+        "input": posting.input,
+        "expected": posting.expected_revision,
+        "now": now,
+    }
+
+
 def post(
     conn: Connection,
     posting: Posting,
@@ -250,30 +265,20 @@ def post(
     row_from: Callable[[tuple[Any, ...]], StoredRecord],
     *,
     wait: bool = True,
-    notify: bool = True,
 ) -> PostOutcome:
     """Store *posting* (see :class:`~phronomy.storage.PostOp`); *load* reads the
     instance's row for a posting that stores nothing; *row_from* makes the row the
-    numbering returned (:data:`ROW`) a record; without *notify* the caller sends
-    the notification (once for many posts)."""
+    numbering returned (:data:`ROW`) a record."""
     iid = posting.workflow_instance_id
     key = {"id": iid, "event_id": posting.event_id}
     numbering = sql.next_seq if wait else sql.next_seq_nowait
     seq = conn.execute(numbering, {"id": iid}).fetchone()
     if seq is not None:
-        params = {
-            **key,
-            "seq": int(seq[0]),
-            "event": posting.event,
-            "payload": posting.payload,
-            "input": posting.input,
-            "expected": posting.expected_revision,
-            "now": now,
-        }
+        params = entry_params(posting, int(seq[0]), now)
         stored = conn.execute(sql.insert, params).fetchone()
         if stored is not None:
             entry = posting.stored(seq=int(seq[0]), stored_at_ms=int(stored[0]))
-            if sql.notify and notify:
+            if sql.notify:
                 conn.execute(sql.notify, {"kind": "posted"})
             return PostOutcome(outcome="stored", entry=entry, row=row_from(seq[1:]))
         conn.execute(sql.give_back_seq, {"id": iid})

@@ -50,12 +50,13 @@ from ._sql_schedules import (
     ScheduleStatements,
     schedule_op,
 )
+from ._sql_steps import run_steps
 from ._sql_terminate import SQL_TERMINATE_ROW
 from ._sql_timers import (
     TIMER_STATEMENTS,
     TimerStatements,
     arm_and_disarm,
-    fire_due,
+    fire_steps,
     next_due,
     timers_of,
 )
@@ -248,15 +249,10 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
         case NextDueOp(owner=owner, workflows=workflows):
             return next_due(conn, owner, workflows, sql.timers, clock.wall_ms())
         case FireOp(owner=owner, workflows=workflows, limit=limit):
-            now = clock.wall_ms()
-
-            def store(posting: Posting) -> PostOutcome:
-                return _post(conn, posting, sql, clock, wait=True, notify=False)
-
-            fired = fire_due(conn, owner, workflows, limit, sql.timers, now, store)
-            if fired and sql.inbox.notify:  # one notification for them all
-                conn.execute(sql.inbox.notify, {"kind": "posted"})
-            return fired
+            steps = fire_steps(
+                owner, workflows, limit, sql.timers, sql.inbox, clock.wall_ms()
+            )
+            return run_steps(conn, steps)
         case TimersOp(workflow_instance_id=iid):
             return timers_of(conn, iid, sql.timers)
         case RevisionOp(workflow_instance_id=iid, revision=revision):
@@ -378,7 +374,6 @@ def _post(
     clock: StoreClock,
     *,
     wait: bool,
-    notify: bool = True,
 ) -> PostOutcome:
     iid = posting.workflow_instance_id
 
@@ -394,7 +389,6 @@ def _post(
         load,
         record_from_row,
         wait=wait,
-        notify=notify,
     )
 
 

@@ -7,14 +7,14 @@ from __future__ import annotations
 import json
 from typing import TYPE_CHECKING, Any, NamedTuple
 
-from ._sql_inbox import pyformat
+from ._sql_inbox import entry_params, pyformat
 from ._timers import ALL_TIMERS, StoredTimer, disarm_prefix
 
 if TYPE_CHECKING:
-    from collections.abc import Callable
-
     from ._dbapi import Connection
-    from ._inbox import Posting, PostOutcome
+    from ._inbox import Posting
+    from ._sql_inbox import InboxStatements
+    from ._sql_steps import Statement, Steps
     from ._timers import TimerSpec
 
 __all__ = [
@@ -23,7 +23,7 @@ __all__ = [
     "TIMER_STATEMENTS",
     "TimerStatements",
     "arm_and_disarm",
-    "fire_due",
+    "fire_steps",
     "next_due",
     "postgres_timers",
     "timer_changes",
@@ -97,7 +97,7 @@ TIMER_STATEMENTS = TimerStatements(
           AND t.due_at_ms <= :now AND {_FIREABLE}
         ORDER BY t.due_at_ms, t.instance_id, t.name LIMIT :limit
     """,  # noqa: S608 - constant
-    # the instance's row first, then its timer (the order of a save: no deadlock)
+    # the instances' rows first (in id order), then their timers (a save's order)
     lock="SELECT 1 FROM phronomy_workflow_instances WHERE instance_id = :id",
     take="""
         DELETE FROM phronomy_timers
@@ -111,8 +111,9 @@ def postgres_timers(now: str) -> TimerStatements:
     """The statements in PostgreSQL's style, *now* its clock; a save arms its timers
     at one time (its transaction's, as SQLite's and a MemoryStore's saves do); due
     times are compared with the statement's time (stable: the index bounds the
-    scan); a firing locks each instance's row before its timer, as a save does (two
-    runtimes firing at once wait for each other in the same order: no deadlock)."""
+    scan); a firing locks its instances' rows (in id order) before their timers, as
+    a write batch does (two runtimes firing at once, or a firing and a batch, wait
+    for each other in the same order: no deadlock)."""
     timers = TimerStatements(*(pyformat(q, now=now) for q in TIMER_STATEMENTS))
     stable = now.replace("clock_timestamp()", "statement_timestamp()")
     at_once = now.replace("clock_timestamp()", "transaction_timestamp()")
@@ -283,27 +284,75 @@ def next_due(
     return None if row is None or row[0] is None else int(row[0])
 
 
-def fire_due(
-    conn: Connection,
+def fire_steps(
     owner: str,
     workflows: tuple[str, ...],
     limit: int,
     sql: TimerStatements,
+    inbox: InboxStatements,
     now: int,
-    post: Callable[[Posting], PostOutcome],
-) -> int:
+) -> Steps:
     """Fire up to *limit* due timers the runtime may fire: each is deleted and its
     event stored in its instance's inbox, in this transaction. Returns how many were
-    stored (a timer whose instance closed meanwhile just goes)."""
-    params = {**_served(owner, workflows, now), "limit": limit}
+    stored (a timer whose instance closed meanwhile just goes).
+
+    Each step is one round trip for all the timers on PostgreSQL: read the due
+    timers; lock their instances' rows, in instance id order as every write batch
+    does, then take the timers (a row before its timers, as a save: no deadlock);
+    number the events in their inboxes; insert them. An instance with more than one
+    due timer numbers its next event in a round of its own, after its earlier one was
+    inserted or given back.
+    """
+    served = {**_served(owner, workflows, now), "limit": limit}
+    (due,) = yield [(sql.due, served)], True
+    timers = [timer_from_row(row) for row in due.fetchall()]
+    instances = sorted({timer.workflow_instance_id for timer in timers})
+    locking: list[Statement] = [(sql.lock, {"id": iid}) for iid in instances]
+    for timer in timers:
+        taking = {
+            "id": timer.workflow_instance_id,
+            "name": timer.name,
+            "revision": timer.armed_revision,
+        }
+        locking.append((sql.take, taking))
+    taken = yield locking, True
+    # gone meanwhile: disarmed by a save, or fired by another runtime
+    postings = [
+        timer.posting()
+        for timer, take in zip(timers, taken[len(instances) :], strict=True)
+        if take.rowcount
+    ]
     fired = 0
-    for row in conn.execute(sql.due, params).fetchall():
-        timer = timer_from_row(row)
-        key = {"id": timer.workflow_instance_id, "name": timer.name}
-        conn.execute(sql.lock, key).fetchall()
-        # gone meanwhile: disarmed by a save, or fired by another runtime
-        if conn.execute(sql.take, {**key, "revision": timer.armed_revision}).rowcount:
-            fired += post(timer.posting()).outcome == "stored"
+    while postings:
+        this_round: list[Posting] = []
+        later: list[Posting] = []
+        seen: set[str] = set()
+        for posting in postings:
+            iid = posting.workflow_instance_id
+            (later if iid in seen else this_round).append(posting)
+            seen.add(iid)
+        numbering = [
+            (inbox.next_seq, {"id": p.workflow_instance_id}) for p in this_round
+        ]
+        seqs = yield numbering, True
+        numbered = [  # none: the instance closed meanwhile
+            (posting, int(row[0]))
+            for posting, cursor in zip(this_round, seqs, strict=True)
+            if (row := cursor.fetchone()) is not None
+        ]
+        inserting = [(inbox.insert, entry_params(p, seq, now)) for p, seq in numbered]
+        inserted = yield inserting, True
+        stored_before = [  # an entry of the same id: its number goes back
+            (inbox.give_back_seq, {"id": posting.workflow_instance_id})
+            for (posting, _), cursor in zip(numbered, inserted, strict=True)
+            if cursor.fetchone() is None
+        ]
+        fired += len(numbered) - len(stored_before)
+        if stored_before:
+            yield stored_before, False
+        postings = later
+    if fired and inbox.notify:  # one notification for them all
+        yield [(inbox.notify, {"kind": "posted"})], False
     return fired
 
 
