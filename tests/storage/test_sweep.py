@@ -182,6 +182,9 @@ class _Counting:
                 sent.append(sql)
                 return cursor.executemany(sql, params)
 
+            def close(self) -> None:
+                cursor.close()
+
         return Many()
 
 

@@ -30,6 +30,10 @@ class ManyCursor(Protocol):
         """Run *sql* once per parameter set (psycopg: all in one round trip)."""
         ...
 
+    def close(self) -> None:
+        """Close the cursor."""
+        ...
+
 
 class Connection(Protocol):
     """The part of a DB-API connection the operations use."""

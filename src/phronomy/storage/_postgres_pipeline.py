@@ -10,7 +10,9 @@ That leaves each operation's statements in their order and changes no result, as
 touches only the rows of its own instance, which no other operation of the batch
 touches (an instance with more than one operation in the batch, and every other kind
 of operation, runs alone, one statement after another, as on SQLite: the pipelined
-operations before it have all finished then).
+operations before it have all finished then). The firing of due timers, of many
+instances, runs alone too, but in a pipeline of its own: one round trip per step of
+its :func:`~phronomy.storage._sql_timers.fire_steps`.
 
 The batch still locks its instances' rows in one order (by instance id, as every
 write transaction does: no two wait for each other). An operation's first step is

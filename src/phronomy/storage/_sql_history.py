@@ -4,6 +4,7 @@ takeovers of the recovery sweep (SQLite's schema version 7, PostgreSQL's 6)."""
 
 from __future__ import annotations
 
+import contextlib
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 from ._records import Takeover
@@ -151,22 +152,22 @@ def log_takeovers(
     per row made a pass over 100 takeovers take about 30 ms of round trips)."""
     if not rows:
         return
-    cursor = conn.cursor()
-    cursor.executemany(
-        sql.log_takeover,
-        [
-            {
-                "id": iid,
-                "epoch": epoch,
-                "revision": revision,
-                "status": status,
-                "detail": detail,
-                "now": now,
-            }
-            for iid, status, epoch, revision, detail in rows
-        ],
-    )
-    cursor.executemany(sql.prune_takeovers, [{"id": row[0]} for row in rows])
+    with contextlib.closing(conn.cursor()) as cursor:
+        cursor.executemany(
+            sql.log_takeover,
+            [
+                {
+                    "id": iid,
+                    "epoch": epoch,
+                    "revision": revision,
+                    "status": status,
+                    "detail": detail,
+                    "now": now,
+                }
+                for iid, status, epoch, revision, detail in rows
+            ],
+        )
+        cursor.executemany(sql.prune_takeovers, [{"id": row[0]} for row in rows])
 
 
 def takeovers_of(

@@ -112,8 +112,8 @@ def postgres_timers(now: str) -> TimerStatements:
     at one time (its transaction's, as SQLite's and a MemoryStore's saves do); due
     times are compared with the statement's time (stable: the index bounds the
     scan); a firing locks its instances' rows (in id order) before their timers, as
-    a write batch does (two runtimes firing at once, or a firing and a batch, wait
-    for each other in the same order: no deadlock)."""
+    a save does (two runtimes firing at once wait for each other in the same
+    order)."""
     timers = TimerStatements(*(pyformat(q, now=now) for q in TIMER_STATEMENTS))
     stable = now.replace("clock_timestamp()", "statement_timestamp()")
     at_once = now.replace("clock_timestamp()", "transaction_timestamp()")
@@ -297,11 +297,11 @@ def fire_steps(
     stored (a timer whose instance closed meanwhile just goes).
 
     Each step is one round trip for all the timers on PostgreSQL: read the due
-    timers; lock their instances' rows, in instance id order as every write batch
-    does, then take the timers (a row before its timers, as a save: no deadlock);
-    number the events in their inboxes; insert them. An instance with more than one
-    due timer numbers its next event in a round of its own, after its earlier one was
-    inserted or given back.
+    timers; lock their instances' rows, in instance id order, then take the timers (a
+    row before its timers, as a save); number the events in their inboxes; insert
+    them, with the notification. An instance with more than one due timer numbers its
+    next event in a round of its own, after its earlier one was inserted or given
+    back.
     """
     served = {**_served(owner, workflows, now), "limit": limit}
     (due,) = yield [(sql.due, served)], True
@@ -341,18 +341,20 @@ def fire_steps(
             if (row := cursor.fetchone()) is not None
         ]
         inserting = [(inbox.insert, entry_params(p, seq, now)) for p, seq in numbered]
+        if inserting and inbox.notify and not later:  # one for them all (harmless if
+            inserting.append((inbox.notify, {"kind": "posted"}))  # none is stored)
         inserted = yield inserting, True
         stored_before = [  # an entry of the same id: its number goes back
             (inbox.give_back_seq, {"id": posting.workflow_instance_id})
-            for (posting, _), cursor in zip(numbered, inserted, strict=True)
+            for (posting, _), cursor in zip(
+                numbered, inserted[: len(numbered)], strict=True
+            )
             if cursor.fetchone() is None
         ]
         fired += len(numbered) - len(stored_before)
         if stored_before:
             yield stored_before, False
         postings = later
-    if fired and inbox.notify:  # one notification for them all
-        yield [(inbox.notify, {"kind": "posted"})], False
     return fired
 
 
