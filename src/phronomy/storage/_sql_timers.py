@@ -341,8 +341,8 @@ def fire_steps(
             if (row := cursor.fetchone()) is not None
         ]
         inserting = [(inbox.insert, entry_params(p, seq, now)) for p, seq in numbered]
-        if inserting and inbox.notify and not later:  # one for them all (harmless if
-            inserting.append((inbox.notify, {"kind": "posted"}))  # none is stored)
+        if inbox.notify and not later and (fired or numbered):  # one for them all
+            inserting.append((inbox.notify, {"kind": "posted"}))  # (or a spare one)
         inserted = yield inserting, True
         stored_before = [  # an entry of the same id: its number goes back
             (inbox.give_back_seq, {"id": posting.workflow_instance_id})
