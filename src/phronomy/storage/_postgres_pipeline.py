@@ -60,7 +60,6 @@ if TYPE_CHECKING:
 
 __all__ = ["pipelined_writes"]
 
-
 _CLOSED = frozenset({"finished", "cancelled"})
 
 
@@ -83,7 +82,9 @@ def pipelined_writes(
         if isinstance(op, FireOp):  # of many instances: in a pipeline of its own
             _pipeline(conn, ops, run, results, hook)
             run = []
-            _pipeline(conn, ops, [(i, _fire(op, clock))], results, hook)
+            sql, now = STATEMENTS, clock.wall_ms()
+            fire = fire_steps(op, sql.timers, sql.inbox, now)
+            _pipeline(conn, ops, [(i, fire)], results, hook)
             continue
         unique = per_instance[instance_of(op)] == 1
         steps = _steps(op, STATEMENTS, clock) if unique else None
@@ -102,12 +103,6 @@ def _steps(op: StoreOp, sql: Statements, clock: StoreClock) -> Steps | None:
     if isinstance(op, ClaimOp) and op.post is None:
         return _claim(op, sql, clock)
     return None
-
-
-def _fire(op: FireOp, clock: StoreClock) -> Steps:
-    timers, inbox = STATEMENTS.timers, STATEMENTS.inbox
-    now = clock.wall_ms()
-    return fire_steps(op.owner, op.workflows, op.limit, timers, inbox, now)
 
 
 def _pipeline(

@@ -248,10 +248,8 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
             return None if row is None else entry_from_row(row)
         case NextDueOp(owner=owner, workflows=workflows):
             return next_due(conn, owner, workflows, sql.timers, clock.wall_ms())
-        case FireOp(owner=owner, workflows=workflows, limit=limit):
-            steps = fire_steps(
-                owner, workflows, limit, sql.timers, sql.inbox, clock.wall_ms()
-            )
+        case FireOp():
+            steps = fire_steps(op, sql.timers, sql.inbox, clock.wall_ms())
             return run_steps(conn, steps)
         case TimersOp(workflow_instance_id=iid):
             return timers_of(conn, iid, sql.timers)

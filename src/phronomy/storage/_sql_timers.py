@@ -13,6 +13,7 @@ from ._timers import ALL_TIMERS, StoredTimer, disarm_prefix
 if TYPE_CHECKING:
     from ._dbapi import Connection
     from ._inbox import Posting
+    from ._ops import FireOp
     from ._sql_inbox import InboxStatements
     from ._sql_steps import Statement, Steps
     from ._timers import TimerSpec
@@ -285,16 +286,12 @@ def next_due(
 
 
 def fire_steps(
-    owner: str,
-    workflows: tuple[str, ...],
-    limit: int,
-    sql: TimerStatements,
-    inbox: InboxStatements,
-    now: int,
+    op: FireOp, sql: TimerStatements, inbox: InboxStatements, now: int
 ) -> Steps:
-    """Fire up to *limit* due timers the runtime may fire: each is deleted and its
-    event stored in its instance's inbox, in this transaction. Returns how many were
-    stored (a timer whose instance closed meanwhile just goes).
+    """Fire up to ``op.limit`` due timers ``op.owner`` may fire (of ``op.workflows``):
+    each is deleted and its event stored in its instance's inbox, in this
+    transaction. Returns how many were stored (a timer whose instance closed
+    meanwhile just goes).
 
     Each step is one round trip for all the timers on PostgreSQL: read the due
     timers; lock their instances' rows, in instance id order, then take the timers (a
@@ -303,7 +300,7 @@ def fire_steps(
     next event in a round of its own, after its earlier one was inserted or given
     back.
     """
-    served = {**_served(owner, workflows, now), "limit": limit}
+    served = {**_served(op.owner, op.workflows, now), "limit": op.limit}
     (due,) = yield [(sql.due, served)], True
     timers = [timer_from_row(row) for row in due.fetchall()]
     instances = sorted({timer.workflow_instance_id for timer in timers})
