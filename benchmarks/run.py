@@ -7,12 +7,15 @@
 * durable      SQLite (synchronous=FULL) runs/s of 3-transition workflows, 64 concurrent,
                vs the honest limit: a raw trio + sqlite3 loop doing exactly a durable
                run's store work (the claim and the fenced save, both group-committed, 64
-               clients; see _limits.py); CPU per run and the median write batch beside
-               it; the fair limit of earlier releases (one load, one write) beside that
-               and, in passes of their own (_profile.py), CPU per run on the trio and
-               the store threads, Python calls and cyclic GC per run, beside the limit's
+               clients, a batch of claims committed without its own sync as the store's
+               lease lane is; see _limits.py), five rounds alternating with it, the ratio
+               the median of the rounds' ratios; CPU per run and the median write batch
+               beside it; the last release's limit (claims synced too) beside that and,
+               in passes of their own (_profile.py), CPU per run on the trio and the
+               store threads, Python calls and cyclic GC per run, beside the limit's
 * resume       durable halt + resume-by-id pairs/s, 64 concurrent, vs the same loop with
-               two claim + save pairs per instance
+               two claim + save pairs per instance (the resuming claim storing the event,
+               its save consuming it)
 * postgres     the durable runs on PostgresStore (a server from PHRONOMY_BENCH_POSTGRES_DSN
                or PHRONOMY_TEST_POSTGRES_DSN) vs the same store work in a raw trio +
                psycopg loop, one pipelined transaction per batch; the same profile
@@ -229,100 +232,6 @@ def bench_workflows() -> None:
 # --- durable -----------------------------------------------------------------------------------
 
 
-async def _fair_limit(path: str, total: int, rounds: int) -> tuple[float, float, float]:
-    """The limit of a durable run: the same store work in a raw trio + sqlite3 loop.
-
-    Per run (``rounds`` times per instance): one load, then one revision-checked write
-    with its log row; loads and writes from 64 clients are group-committed (reads
-    outside the transaction, writes in one ``BEGIN IMMEDIATE`` per batch, FULL sync).
-
-    Returns:
-        runs/s, CPU seconds per run (all threads), the median write batch.
-    """
-    conn = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    conn.execute("PRAGMA journal_mode=WAL")
-    conn.execute("PRAGMA synchronous=FULL")
-    conn.execute(
-        "CREATE TABLE t (id TEXT PRIMARY KEY, revision INTEGER NOT NULL, snapshot BLOB, "
-        "write_id TEXT)"
-    )
-    conn.execute(
-        "CREATE TABLE log (id TEXT, revision INTEGER, write_id TEXT, "
-        "PRIMARY KEY (id, revision))"
-    )
-    limiter = trio.CapacityLimiter(1)
-    pending: list[tuple[tuple[Any, ...], list[Any]]] = []
-    flushing = [False]
-    batches: list[int] = []
-
-    def run_batch(ops: list[tuple[Any, ...]]) -> list[Any]:
-        loaded = [
-            conn.execute("SELECT revision FROM t WHERE id = ?", (op[1],)).fetchone()
-            for op in ops
-            if op[0] == "load"
-        ]
-        writes = [op for op in ops if op[0] == "save"]
-        if writes:
-            conn.execute("BEGIN IMMEDIATE")
-            for _, iid, revision, blob, write_id in writes:
-                cursor = conn.execute(
-                    "INSERT INTO t VALUES (?, 1, ?, ?) ON CONFLICT(id) DO NOTHING"
-                    if revision == 0
-                    else "UPDATE t SET revision = revision + 1, snapshot = ?, "
-                    "write_id = ? WHERE id = ? AND revision = ?",
-                    (iid, blob, write_id)
-                    if revision == 0
-                    else (blob, write_id, iid, revision),
-                )
-                assert cursor.rowcount == 1
-                conn.execute(
-                    "INSERT INTO log VALUES (?, ?, ?)", (iid, revision + 1, write_id)
-                )
-            conn.execute("COMMIT")
-            batches.append(len(writes))
-        return loaded
-
-    async def flush() -> None:
-        flushing[0] = True
-        while pending:
-            batch = pending[:]
-            pending.clear()
-            loaded = iter(
-                await trio.to_thread.run_sync(
-                    run_batch, [op for op, _ in batch], limiter=limiter
-                )
-            )
-            for op, slot in batch:
-                slot.append(next(loaded) if op[0] == "load" else None)
-                slot[0].set()
-        flushing[0] = False
-
-    async def submit(op: tuple[Any, ...]) -> Any:
-        slot: list[Any] = [trio.Event()]
-        pending.append((op, slot))
-        if not flushing[0]:
-            await flush()
-        await slot[0].wait()
-        return slot[1]
-
-    async def client(ids: range) -> None:
-        for i in ids:
-            for r in range(rounds):
-                row = await submit(("load", f"raw-{i}"))
-                revision = 0 if row is None else row[0]
-                blob = b'{"fields":{"n":3}}'
-                await submit(("save", f"raw-{i}", revision, blob, f"w{i}-{r}"))
-
-    per = total // 64
-    cpu, started = time.process_time(), time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for k in range(64):
-            nursery.start_soon(client, range(k * per, (k + 1) * per))
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-    conn.close()
-    return per * 64 / elapsed, cpu / (per * 64), statistics.median(batches)
-
-
 def _write_batches(store: phronomy.SQLiteStore | phronomy.PostgresStore) -> list[int]:
     """Record the size of every write batch the store runs (its group commits)."""
     sizes: list[int] = []
@@ -383,74 +292,102 @@ async def _halt_resume_pairs(path: str, total: int) -> tuple[float, float, float
     return total / elapsed, cpu / total, statistics.median(sizes)
 
 
-def _median_run(
-    results: list[tuple[float, float, float]],
-) -> tuple[float, float, float]:
+Figures = tuple[float, float, float]
+"""One pass: units/s, CPU seconds per unit (all threads), the median write batch."""
+
+
+def _median_run(results: list[Figures]) -> Figures:
     return sorted(results)[len(results) // 2]
+
+
+def _paired(ours: list[Figures], limit: list[Figures]) -> str:
+    """The median of the rounds' ratios (each round's pass against the limit's pass of
+    the same round, run just before it) and their range: the machine's speed drifts
+    within a minute (CPU steal, disk), and a ratio of two medians taken at different
+    moments moves with it."""
+    ratios = sorted(a[0] / b[0] for a, b in zip(ours, limit, strict=True))
+    median = statistics.median(ratios)
+    if len(ratios) < 2:
+        return f"ratio {median:.2f}"
+    return (
+        f"ratio {median:.2f} [{ratios[0]:.2f}-{ratios[-1]:.2f} over {len(ratios)} "
+        "rounds]"
+    )
 
 
 def _report_durable(
     name: str,
     unit: str,
-    ours: tuple[float, float, float],
-    limit: Any,
-    limit_name: str = "fair limit (raw trio + sqlite3)",
+    ours: list[Figures],
+    limit: list[Figures],
+    limit_name: str,
     target: float = 0.60,
 ) -> None:
-    _report(name, ours[0], unit, limit[0], limit_name, f"target ratio >= {target:.2f}")
+    """*ours* beside the *limit* (their rounds' medians), the rounds' paired ratio, the
+    CPU per unit and the median write batch."""
+    mine, theirs = _median_run(ours), _median_run(limit)
     print(
-        f"{'  CPU per ' + unit.split('/')[0].rstrip('s'):<34} {ours[1] * 1e6:>14,.0f} us   | "
-        f"limit: {limit[1] * 1e6:,.0f} us",
+        f"{name:<34} {mine[0]:>14,.0f} {unit}   | {limit_name}: {theirs[0]:,.0f} "
+        f"{unit}   {_paired(ours, limit)}   [target ratio >= {target:.2f}]",
         flush=True,
     )
     print(
-        f"{'  median write batch':<34} {ours[2]:>14,.0f} ops  | "
-        f"limit: {limit[2]:,.0f} ops",
+        f"{'  CPU per ' + unit.split('/')[0].rstrip('s'):<34} {mine[1] * 1e6:>14,.0f} us   | "
+        f"limit: {theirs[1] * 1e6:,.0f} us",
+        flush=True,
+    )
+    print(
+        f"{'  median write batch':<34} {mine[2]:>14,.0f} ops  | "
+        f"limit: {theirs[2]:,.0f} ops",
         flush=True,
     )
 
 
 HONEST = "honest limit (raw claim + fenced save)"
-"""The limit a durable run's store work has (``_limits``); the fair limit of earlier
-releases (one load and one write per run) is printed beside it for one release."""
+"""The limit a durable run's store work has (``_limits``)."""
+SYNCED_CLAIMS = (
+    "the honest limit of the last release: the claims synced too, two fsyncs per run"
+)
 
 
-def _interleaved(*runs: Any) -> list[tuple[float, float, float]]:
-    """The median of three rounds of each of *runs* (callables of the round number),
-    the rounds alternating between them (the machine's drift shared fairly)."""
-    rounds: list[list[tuple[float, float, float]]] = [[] for _ in runs]
-    for i in range(3):
+def _interleaved(*runs: Callable[[int], Figures]) -> list[list[Figures]]:
+    """Each of *runs* (callables of the round number) once per round, the rounds
+    alternating between them (the machine's drift shared fairly): every pass of each,
+    in round order."""
+    rounds: list[list[Figures]] = [[] for _ in runs]
+    for i in range(_n(5, 2)):
         for results, run in zip(rounds, runs, strict=True):
             results.append(run(i))
-    return [_median_run(results) for results in rounds]
+    return rounds
 
 
 def _report_old_limit(
-    ours: tuple[float, float, float],
-    old: Any,
-    name: str,
-    what: str = "the limit of earlier releases: one load and one write per run",
+    ours: list[Figures], old: list[Figures], name: str, what: str
 ) -> None:
     print(
-        f"{'  ' + name:<34} {old[0]:>14,.0f}       | ratio {ours[0] / old[0]:.2f} "
-        f"({what})",
+        f"{'  ' + name:<34} {_median_run(old)[0]:>14,.0f}       | "
+        f"{_paired(ours, old)} ({what})",
         flush=True,
     )
 
 
 def bench_durable(directory: Path) -> None:
     total = _n(20_000, 1_000)
-    limit, old, runs = _interleaved(
+    limit, synced, runs = _interleaved(
         lambda i: trio.run(
             _limits.sqlite_claim_save_limit, str(directory / f"claim{i}.db"), total
         ),
-        lambda i: trio.run(_fair_limit, str(directory / f"raw{i}.db"), total, 1),
+        lambda i: trio.run(
+            functools.partial(_limits.sqlite_claim_save_limit, claims_sync="FULL"),
+            str(directory / f"synced{i}.db"),
+            total,
+        ),
         lambda i: trio.run(_durable_runs, str(directory / f"durable{i}.db"), total),
     )
     _report_durable(
         "durable runs/s (SQLite, FULL)", "runs/s", runs, limit, HONEST, 0.65
     )
-    _report_old_limit(runs, old, "fair limit (load + write)")
+    _report_old_limit(runs, synced, "limit, claims synced", SYNCED_CLAIMS)
     each = total // 2  # the profile's own passes, after the timed ones
     _profile.report(
         "run",
@@ -473,7 +410,7 @@ def bench_resume(directory: Path) -> None:
     and two fenced saves, the resuming claim storing the event (the durable inbox)
     and the save that applies it consuming it."""
     total = _n(10_000, 500)
-    limit, no_event, old, pairs = _interleaved(
+    limit, synced, pairs = _interleaved(
         lambda i: trio.run(
             functools.partial(_limits.sqlite_claim_save_limit, events=True),
             str(directory / f"claimpe{i}.db"),
@@ -481,9 +418,13 @@ def bench_resume(directory: Path) -> None:
             2,
         ),
         lambda i: trio.run(
-            _limits.sqlite_claim_save_limit, str(directory / f"claimp{i}.db"), total, 2
+            functools.partial(
+                _limits.sqlite_claim_save_limit, events=True, claims_sync="FULL"
+            ),
+            str(directory / f"syncedp{i}.db"),
+            total,
+            2,
         ),
-        lambda i: trio.run(_fair_limit, str(directory / f"rawp{i}.db"), total, 2),
         lambda i: trio.run(_halt_resume_pairs, str(directory / f"pairs{i}.db"), total),
     )
     _report_durable(
@@ -493,14 +434,7 @@ def bench_resume(directory: Path) -> None:
         limit,
         "honest limit (+ the event stored, consumed)",
     )
-    _report_old_limit(
-        pairs,
-        no_event,
-        "limit without the event",
-        "the honest limit of the last release: claims and saves only, the event not "
-        "stored",
-    )
-    _report_old_limit(pairs, old, "fair limit (2 x load + write)")
+    _report_old_limit(pairs, synced, "limit, claims synced", SYNCED_CLAIMS)
 
 
 # --- PostgreSQL --------------------------------------------------------------------------------
@@ -510,77 +444,6 @@ def _postgres_dsn() -> str | None:
     return os.environ.get("PHRONOMY_BENCH_POSTGRES_DSN") or os.environ.get(
         "PHRONOMY_TEST_POSTGRES_DSN"
     )
-
-
-async def _postgres_limit(
-    dsn: str, schema: str, total: int
-) -> tuple[float, float, float]:
-    """The limit of a durable run on PostgreSQL: the same store work in a raw trio +
-    psycopg loop (one load, one revision-checked upsert with its log row; the writes of
-    64 clients group-committed in one pipelined transaction per batch)."""
-    import psycopg
-
-    options = f"-c search_path={schema}"
-    write = psycopg.connect(dsn, autocommit=True, options=options)
-    read = psycopg.connect(dsn, autocommit=True, options=options)
-    write.execute(f"CREATE SCHEMA {schema}")
-    write.execute(
-        "CREATE TABLE t (id text PRIMARY KEY, revision bigint NOT NULL, snapshot bytea, "
-        "write_id text)"
-    )
-    write.execute(
-        "CREATE TABLE log (id text, revision bigint, write_id text, "
-        "PRIMARY KEY (id, revision))"
-    )
-    batches: list[int] = []
-
-    def run_writes(writes: list[tuple[Any, ...]]) -> list[Any]:
-        with write.transaction(), write.pipeline():
-            for iid, revision, blob, write_id in writes:
-                if revision == 0:
-                    write.execute(
-                        "INSERT INTO t VALUES (%s, 1, %s, %s) ON CONFLICT (id) DO NOTHING",
-                        (iid, blob, write_id),
-                    )
-                else:
-                    write.execute(
-                        "UPDATE t SET revision = revision + 1, snapshot = %s, "
-                        "write_id = %s WHERE id = %s AND revision = %s",
-                        (blob, write_id, iid, revision),
-                    )
-                write.execute(
-                    "INSERT INTO log VALUES (%s, %s, %s)", (iid, revision + 1, write_id)
-                )
-        batches.append(len(writes))
-        return [None] * len(writes)
-
-    def run_loads(ids: list[str]) -> list[Any]:
-        with read.pipeline():
-            cursors = [
-                read.execute("SELECT revision FROM t WHERE id = %s", (iid,))
-                for iid in ids
-            ]
-        return [cursor.fetchone() for cursor in cursors]
-
-    load = _limits.group(run_loads)
-    save = _limits.group(run_writes)
-
-    async def client(ids: range) -> None:
-        for i in ids:
-            row = await load(f"raw-{i}")
-            revision = 0 if row is None else row[0]
-            await save((f"raw-{i}", revision, b'{"fields":{"n":3}}', f"w{i}"))
-
-    per = total // 64
-    cpu, started = time.process_time(), time.perf_counter()
-    async with trio.open_nursery() as nursery:
-        for k in range(64):
-            nursery.start_soon(client, range(k * per, (k + 1) * per))
-    elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu
-    write.execute(f"DROP SCHEMA {schema} CASCADE")
-    write.close()
-    read.close()
-    return per * 64 / elapsed, cpu / (per * 64), statistics.median(batches)
 
 
 async def _postgres_runs(
@@ -613,11 +476,10 @@ def bench_postgres() -> None:
         return
     total = _n(10_000, 500)
     tag = f"{os.getpid()}_{time.monotonic_ns()}"
-    limit, old, runs = _interleaved(
+    limit, runs = _interleaved(
         lambda i: trio.run(
             _limits.postgres_claim_save_limit, dsn, f"bench_claim_{tag}_{i}", total
         ),
-        lambda i: trio.run(_postgres_limit, dsn, f"bench_raw_{tag}_{i}", total),
         lambda i: trio.run(_postgres_runs, dsn, f"bench_{tag}_{i}", total),
     )
     _report_durable(
@@ -627,7 +489,6 @@ def bench_postgres() -> None:
         limit,
         "honest limit (pipelined claim + fenced save)",
     )
-    _report_old_limit(runs, old, "fair limit (load + write)")
     each = total // 2  # the profile's own passes, after the timed ones
     _profile.report(
         "run",
@@ -969,7 +830,9 @@ async def _watched_runs(runs: int, steps: int, watched: bool) -> float:
                     flow, workflow_instance_id=iid, recursion_limit=steps * 2
                 )
                 continue
-            async with runtime.workflows.watch(flow, iid, buffer=steps * 2) as updates:
+            async with runtime.workflows.watch(
+                flow, iid, buffer=steps * 2, if_missing="wait"
+            ) as updates:
                 await runtime.workflows.invoke(
                     flow, workflow_instance_id=iid, recursion_limit=steps * 2
                 )
