@@ -87,6 +87,9 @@ class Statements(NamedTuple):
     expiry. ``recover`` takes over up to ``limit`` expired leases in one statement.
     ``claim`` (optional) is a :class:`ClaimOp` in one statement that never waits for a
     row (see :func:`claim_op`); without it, a claim is a load and then a ``begin``.
+    ``update_closing`` is ``update`` for a closing save that consumes nothing: it
+    changes the row only when the instance never had an inbox entry and has no timer
+    (:data:`~phronomy.storage._sql_writes.BARE`).
     """
 
     load: str
@@ -100,6 +103,7 @@ class Statements(NamedTuple):
     create: str
     update: str
     update_consuming: str
+    update_closing: str
     mark: str
     mark_or_create: str
     delete: str
@@ -128,8 +132,10 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
         return schedule_op(conn, op, sql.schedules, clock.wall_ms(), save)
     match op:  # the frequent operations first: a match tries its cases in order
         case SaveOp(request=request):
-            revision = _save(conn, request, sql, clock)
             closing = request.status if request.status in _CLOSED else None
+            revision, bare = _save(conn, request, sql, clock, closing=closing)
+            if bare:  # no entry to refuse, no timer to drop: its statement said so
+                return revision
             if request.consumed or closing:
                 consume(
                     conn,
@@ -391,10 +397,23 @@ def _post(
 
 
 def _save(
-    conn: Connection, request: SaveRequest, sql: Statements, clock: StoreClock
-) -> int:
+    conn: Connection,
+    request: SaveRequest,
+    sql: Statements,
+    clock: StoreClock,
+    *,
+    closing: str | None,
+) -> tuple[int, bool]:
+    """The save's statement: the revision it made, and whether it was a closing
+    save's bare statement (``update_closing``: it changed the row, so the instance has
+    no entry to refuse and no timer to drop). When that statement changes nothing, the
+    save runs as any other (the instance has entries or timers, or it is refused)."""
     iid = request.workflow_instance_id
+    revision = (request.expected_revision or 0) + 1
     statement, params = save_statement(request, sql, clock)
+    bare = closing is not None and not request.consumed and statement is sql.update
+    if bare and conn.execute(sql.update_closing, params).rowcount == 1:
+        return revision, True
     folded = statement is sql.update_consuming  # it checks its consumed entries
     if request.consumed and not folded:
         check_pending(conn, iid, request.consumed, sql.inbox)
@@ -403,7 +422,7 @@ def _save(
             check_pending(conn, iid, request.consumed, sql.inbox)
         row = conn.execute(sql.revision, (iid,)).fetchone()
         raise save_refused(request, row)
-    return (request.expected_revision or 0) + 1
+    return revision, False
 
 
 def _revision_of(conn: Connection, sql: Statements, workflow_instance_id: str) -> int:

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 
 __all__ = [
+    "BARE",
     "claim_op",
     "claim_params",
     "claimed",
@@ -43,6 +44,16 @@ class Statements(Protocol):
 
     @property
     def update_consuming(self) -> str: ...
+
+
+BARE = """
+    AND inbox_seq = 0
+    AND NOT EXISTS (SELECT 1 FROM phronomy_timers WHERE instance_id = :id)
+"""
+"""The conditions a closing save's statement adds to change its row in one statement:
+the instance never had an inbox entry (none to refuse) and has no timer (none to
+drop). Else it changes nothing, and the save runs as any other, with the statements
+that refuse and drop them."""
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:
