@@ -122,14 +122,15 @@ class DurabilityService:
         self._pool = engine.pool(
             "phronomy.store", size=store.max_concurrency, queue_size=queue_size
         )
-        defer = engine.at_batch_end
+        defer, handoff = engine.at_batch_end, engine.call_soon
         self._writes: Batcher[_Request, Any] = Batcher(
-            self._pool, self._run_writes, defer=defer
+            self._pool, self._run_writes, defer=defer, handoff=handoff
         )
         self._reads: Batcher[_Request, Any] = Batcher(
             engine.pool("phronomy.store.reads", size=1, queue_size=queue_size),
             self._run_batch,
             defer=defer,
+            handoff=handoff,
         )
         self._renewals: Batcher[_Request, Any] = Batcher(
             engine.pool("phronomy.leases", size=1, queue_size=queue_size),

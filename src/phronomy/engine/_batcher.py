@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 from typing import TYPE_CHECKING, Generic, TypeVar, final
 
@@ -37,7 +38,12 @@ class Batcher(Generic[I, O]):
     ``run_batch(items)`` runs in a worker thread and returns one
     :class:`outcome.Outcome` per item, in order. Each item's callback receives its
     outcome on the trio thread; if the offloaded call itself fails (or the pool refuses
-    it), every item of the batch receives that error.
+    it), every item of the batch receives that error. With *handoff* (the engine's
+    ``call_soon``) a batch's callbacks run on the dispatcher, in order, at the place
+    in its queue where the batch completed: what a callback would post there, it may
+    do at once (see :meth:`Engine.call_soon <phronomy.lowlevel.Engine.call_soon>`);
+    one that raises fails the dispatcher. Where the engine no longer accepts them,
+    they run at once, wherever the batch completed.
 
     Use on the runtime's trio thread only.
     """
@@ -48,6 +54,7 @@ class Batcher(Generic[I, O]):
         run_batch: Callable[[list[I]], list[outcome.Outcome[O]]],
         *,
         defer: Callable[[Callable[[], object]], None] | None = None,
+        handoff: Callable[[Callable[[], object]], bool] | None = None,
         max_batch: int = 256,
     ) -> None:
         """Create a batcher on *pool* (whose size should be 1 for ordered stores).
@@ -56,10 +63,13 @@ class Batcher(Generic[I, O]):
             pool: where batches run.
             run_batch: runs one batch in a worker thread.
             defer: schedules the start of a batch (default: at once).
+            handoff: runs a batch's callbacks elsewhere (``False``: it cannot; they
+                run at once).
             max_batch: the largest batch.
         """
         self._pool = pool
         self._defer = defer
+        self._handoff = handoff
         self._scheduled = False
         self._run_batch = run_batch
         self._max_batch = max_batch
@@ -113,29 +123,34 @@ class Batcher(Generic[I, O]):
         self._in_flight = True
         self.batches += 1
         self.items += len(batch)
-        op.on_complete(lambda done: self._distribute(batch, done))
+        op.on_complete(functools.partial(self._completed, batch))
 
-    def _distribute(
+    def _completed(
         self,
         batch: list[tuple[I, Callable[[outcome.Outcome[O]], object]]],
         done: ResultHandle[list[outcome.Outcome[O]]],
     ) -> None:
+        """A batch ran: its callbacks get their outcomes (handed off, or at once),
+        and the next batch starts."""
         self._in_flight = False
         if done.status != "completed":
             assert done.error is not None
-            self._fail(batch, done.error)
+            error: BaseException | None = done.error
+            results: list[outcome.Outcome[O]] = []
         else:
             results = done.result_nowait()
+            error = None
             if len(results) != len(batch):
-                self._fail(
-                    batch,
-                    PhronomyInternalError(
-                        f"batch returned {len(results)} results for {len(batch)} items"
-                    ),
+                error = PhronomyInternalError(
+                    f"batch returned {len(results)} results for {len(batch)} items"
                 )
-            else:
-                for (_, callback), result in zip(batch, results, strict=True):
-                    _call(callback, result)
+        if error is not None:
+            self._fail(batch, error)
+        elif self._handoff is None or not self._handoff(
+            functools.partial(_hand_out, batch, results)
+        ):
+            for (_, callback), result in zip(batch, results, strict=True):
+                _call(callback, result)
         if self._pending:
             self._flush()
         elif not self._in_flight:
@@ -151,6 +166,16 @@ class Batcher(Generic[I, O]):
 
     def __repr__(self) -> str:
         return f"<Batcher batches={self.batches} items={self.items} pending={len(self._pending)}>"
+
+
+def _hand_out(
+    batch: list[tuple[I, Callable[[outcome.Outcome[O]], object]]],
+    results: list[outcome.Outcome[O]],
+) -> None:
+    """A handed-off batch's callbacks, in order (what one raises fails the
+    dispatcher: it may have acted on the dispatcher's state)."""
+    for (_, callback), result in zip(batch, results, strict=True):
+        callback(result)
 
 
 def _call(

@@ -110,6 +110,18 @@ class Host(Protocol):
         """Run *callback* after the dispatcher's current batch (at once elsewhere)."""
         ...
 
+    def call_soon(self, call: Callable[[], object]) -> bool:
+        """Queue *call* for the dispatcher, in FIFO order; ``False`` when not accepted."""
+        ...
+
+    def handle_now(self, event: Event) -> bool:
+        """Hand *event* to its session at once on the dispatcher (else post it)."""
+        ...
+
+    def is_dispatcher(self) -> bool:
+        """Whether the calling code runs on the dispatcher task."""
+        ...
+
     def end_session(self, ended: SessionEnded) -> None:
         """A session reached its end (settles its waiter, FIFO after queued events)."""
         ...

@@ -21,6 +21,7 @@ from ._dispatcher import Dispatcher
 from ._exits import raise_keeping_context, unwrap
 from ._lifecycle import Lifecycle
 from ._messages import (
+    Continuation,
     EngineStatistics,
     Event,
     SessionEnded,
@@ -196,6 +197,31 @@ class Engine:
             return True
         return self._receivers.post(item)
 
+    def handle_now(self, event: Event) -> bool:
+        """Hand *event* to its live session at once when on the dispatcher (for code
+        that runs where its posts would be queued: a continuation, see
+        :meth:`call_soon`); elsewhere, or before the session started, post it.
+
+        Returns:
+            Whether the event was taken (``False``: as :meth:`post_nowait`).
+
+        Raises:
+            ReentrancyError: called from a thread other than the runtime's.
+        """
+        lifecycle = self._lifecycle
+        if (
+            lifecycle.accepting
+            and event.target_id in self._admitted
+            and trio.lowlevel.current_task() is lifecycle.task
+        ):
+            session = self._sessions.live.get(event.target_id)
+            if session is not None:
+                if event.caller is not None:
+                    self._receivers.track(event.caller)
+                session.handle(event)
+                return True
+        return self.post_nowait(event)
+
     def at_batch_end(self, callback: Callable[[], object]) -> None:
         """Run *callback* once the dispatcher has dispatched its current batch.
 
@@ -204,6 +230,30 @@ class Engine:
         the dispatcher has stopped) *callback* runs at once.
         """
         self._dispatcher.at_batch_end(callback)
+
+    def call_soon(self, call: Callable[[], object]) -> bool:
+        """Queue *call* to run on the dispatcher, in FIFO order after what is queued.
+
+        What *call* does, it does at that place in the queue: what it would post
+        (to a session or a receiver) it may do at once instead, with the same order
+        (the group commit hands a batch's completions over this way). An exception
+        it raises fails the dispatcher, as a delivery's does; one queued when the
+        dispatcher stops runs at the engine's teardown (its posts are refused then).
+
+        Returns:
+            Whether it was queued (``False``: the engine no longer accepts it; run it
+            elsewhere).
+
+        Raises:
+            ReentrancyError: called from a thread other than the runtime's.
+        """
+        lifecycle = self._lifecycle
+        if threading.get_ident() != lifecycle.thread_id:
+            raise foreign_thread_error("Engine.call_soon()")
+        if not lifecycle.accepting:
+            return False
+        self._dispatcher.enqueue(Continuation(call=call))
+        return True
 
     def end_session(self, ended: SessionEnded) -> None:
         """A session reached its end: it stops being admitted now, and its waiter
@@ -218,6 +268,8 @@ class Engine:
     def _route(self, item: Any) -> None:
         if type(item) is Delivery:
             self._receivers.deliver(item)
+        elif type(item) is Continuation:
+            item.call()
         elif type(item) is SessionEnded:
             self._sessions.end(item)
         elif type(item) is SessionStart:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable  # msgspec reads the annotations at run time
 from typing import Any, ClassVar, Literal, final
 
 import msgspec
@@ -9,6 +10,7 @@ import msgspec
 from ._handle import ResultHandle
 
 __all__ = [
+    "Continuation",
     "DispatcherStatus",
     "EngineStatistics",
     "Event",
@@ -45,6 +47,17 @@ class Event(msgspec.Struct, frozen=True, kw_only=True):
 
 SessionOutcome = Literal["finished", "halted", "cancelled", "error", "retired"]
 """How a session ended: ``retired`` means its terminal outcome is unknown."""
+
+
+@final
+class Continuation(msgspec.Struct, frozen=True, kw_only=True, eq=False):
+    """Management: run *call* on the dispatcher, in FIFO order (see
+    :meth:`Engine.call_soon <phronomy.lowlevel.Engine.call_soon>`); one queued when
+    the engine stopped runs at its teardown."""
+
+    target_id: ClassVar[str] = ""  # never a session's id: the dispatcher routes it
+
+    call: Callable[[], object]
 
 
 @final

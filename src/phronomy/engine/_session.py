@@ -113,6 +113,20 @@ class EventSink:
             Event(type=event_type, target_id=self._session_id, payload=payload)
         )
 
+    def handle_now(self, event_type: str, payload: Any = None) -> bool:
+        """As :meth:`post`, but on the dispatcher the session handles the event at
+        once: for a result that arrives where it would be queued (a continuation,
+        see :meth:`Engine.call_soon <phronomy.lowlevel.Engine.call_soon>`).
+
+        Raises:
+            PhronomyError: the sink is not bound yet.
+        """
+        if self._session_id is None:
+            raise PhronomyError("EventSink is not bound to a session")
+        return self._host.handle_now(
+            Event(type=event_type, target_id=self._session_id, payload=payload)
+        )
+
 
 class GatedSession:
     """Base of sessions whose terminal result may wait for a :class:`TerminalPolicy`.

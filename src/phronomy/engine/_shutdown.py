@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Literal, final
+from typing import TYPE_CHECKING, Any, Literal, final
 
 import trio
 
 from phronomy.errors import RuntimeShutdownError
 
-from ._messages import ShutdownResult
+from ._messages import Continuation, ShutdownResult
 
 if TYPE_CHECKING:
     from ._dispatcher import Dispatcher
@@ -166,7 +166,7 @@ class Shutdown:
         lifecycle.exclusive = True
         try:
             self._sessions.fail(error)
-            self._receivers.fail_pending(self._dispatcher.drain(), error)
+            self._receivers.fail_pending(self._drained(), error)
             self._receivers.shutdown(error)
             self._receivers.settle_callers(lambda _: error)
         finally:
@@ -183,7 +183,7 @@ class Shutdown:
             cut = self._receivers.describe_live()
             cut.extend(self._sessions.cut_off())
             self._receivers.fail_pending(
-                self._dispatcher.drain(),
+                self._drained(),
                 RuntimeShutdownError(
                     "the runtime shut down before the request was processed"
                 ),
@@ -197,6 +197,17 @@ class Shutdown:
         finally:
             self._lifecycle.exclusive = False
         return tuple(cut)
+
+    def _drained(self) -> list[Any]:
+        """What was still queued: continuations run now (their posts are refused
+        since the engine stopped), the rest is returned."""
+        rest: list[Any] = []
+        for item in self._dispatcher.drain():
+            if type(item) is Continuation:
+                self._lifecycle.attempt("running a queued continuation", item.call)
+            else:
+                rest.append(item)
+        return rest
 
     def _finish(
         self,

@@ -94,7 +94,7 @@ class TerminalPersistence:
 
         def deliver(saved: outcome.Outcome[Any]) -> None:
             result = save_outcome(saved)
-            if not sink.post(TERMINAL_RESULT, result):
+            if not sink.handle_now(TERMINAL_RESULT, result):
                 logger.warning(
                     "the runtime rejected Workflow terminal persistence result for %r (%s); "
                     "the save is not retried",

@@ -171,7 +171,10 @@ class Segments:
         done: outcome.Outcome[Loaded],
     ) -> None:
         message = LoadReady(command=cmd, instance=instance, loaded=done, sent=sent)
-        self._continue_with(message, cmd, "loading")
+        if self._coordinator.engine.is_dispatcher():  # handed to the dispatcher in
+            self.apply_load(message)  # its queue's order: what it would post, now
+        else:
+            self._continue_with(message, cmd, "loading")
 
     def _continue_with(self, message: LoadReady, cmd: Command, what: str) -> None:
         """Post the continuation of *cmd*'s admission (or fail its caller)."""

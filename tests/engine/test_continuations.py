@@ -1,0 +1,150 @@
+"""Continuations: work handed to the dispatcher at its place in the queue
+(``Engine.call_soon``), events handed to a session at once from there
+(``Engine.handle_now``), and the batcher handing a batch's callbacks over."""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+import outcome
+import pytest
+import trio
+
+from phronomy import errors
+from phronomy.engine import Batcher, Engine, Event, ResultHandle, open_engine
+from phronomy.engine._messages import Continuation
+from polling import until
+
+from .helpers import CountingSession, Recorder, post
+
+
+async def test_a_continuation_runs_on_the_dispatcher_in_fifo_order(
+    engine: Engine,
+) -> None:
+    recorder = engine.receiver(Recorder, Recorder)
+    after: ResultHandle[Any] = ResultHandle("after")
+
+    def continuation() -> None:
+        recorder.delivered.append(("call", engine.is_dispatcher()))
+
+    assert post(engine, recorder, "before")
+    assert engine.call_soon(continuation)
+    assert post(engine, recorder, "after", caller=after)
+    await until(lambda: len(recorder.delivered) == 3)
+    assert recorder.delivered == ["before", ("call", True), "after"]
+
+
+async def test_handle_now_hands_an_event_over_at_once_on_the_dispatcher(
+    engine: Engine,
+) -> None:
+    session = CountingSession(engine, 3)
+    engine.register_session(session)
+    await until(lambda: session.started)
+    order: list[str] = []
+
+    def continuation() -> None:
+        assert engine.post_nowait(Event(type="queued", target_id=session.id))
+        assert engine.handle_now(Event(type="now", target_id=session.id))
+        order.append(",".join(e.type for e in session.seen))
+
+    assert engine.call_soon(continuation)
+    # off the dispatcher it posts, in FIFO order
+    assert engine.handle_now(Event(type="posted", target_id=session.id))
+    await until(lambda: len(session.seen) == 3)
+    assert order == ["now"]  # taken at once, before what was queued
+    assert [e.type for e in session.seen] == ["now", "posted", "queued"]
+    assert not engine.handle_now(Event(type="late", target_id=session.id))  # ended
+
+
+async def test_a_continuation_that_raises_fails_the_dispatcher() -> None:
+    broken = RuntimeError("a broken continuation")
+
+    def breaks() -> None:
+        raise broken
+
+    async with open_engine(shutdown_timeout=1.0) as engine:
+        queued: ResultHandle[Any] = ResultHandle("queued")
+        recorder = engine.receiver(Recorder, Recorder)
+        assert engine.call_soon(breaks)
+        post(engine, recorder, "queued", caller=queued)
+        with pytest.raises(RuntimeError) as caught:
+            await queued.result()  # what was queued behind it fails with it
+        assert caught.value is broken
+        assert engine.state == "failed"
+        assert not engine.call_soon(lambda: None)  # refused once failed
+    result = engine.shutdown_result
+    assert result is not None
+    assert result.error is broken
+
+
+async def test_a_continuation_queued_when_the_engine_stops_runs_at_teardown() -> None:
+    ran: list[bool] = []
+    async with open_engine(shutdown_timeout=1.0) as engine:
+        session = CountingSession(engine, 5)
+        engine.register_session(session)
+        await trio.sleep(0.01)
+
+        def cut_off_first() -> None:
+            # queued behind the stop: it runs after the dispatcher stopped, and
+            # what it posts then is refused
+            ran.append(engine.post_nowait(Event(type="x", target_id=session.id)))
+
+        engine._dispatcher._scope.cancel()  # the stop, at once
+        await engine._dispatcher.exited.wait()
+        engine._dispatcher.enqueue(  # as if queued before the stop
+            Continuation(call=cut_off_first)
+        )
+    assert ran == [False]
+    assert not engine.call_soon(lambda: None)
+
+
+async def test_the_batcher_hands_a_batch_s_callbacks_over(engine: Engine) -> None:
+    handed: list[int] = []
+
+    def handoff(call: Any) -> bool:
+        handed.append(1)
+        return engine.call_soon(call)
+
+    where: list[tuple[int, bool]] = []
+    done = trio.Event()
+
+    def collect(i: int, result: outcome.Outcome[int]) -> None:
+        where.append((result.unwrap(), engine.is_dispatcher()))
+        if len(where) == 3:
+            done.set()
+
+    batcher: Batcher[int, int] = Batcher(
+        engine.pool("h", size=1),
+        lambda items: [outcome.Value(i * 2) for i in items],
+        handoff=handoff,
+    )
+    for i in (1, 2, 3):
+        batcher.submit(i, functools.partial(collect, i))
+    with trio.fail_after(5):
+        await done.wait()
+    assert handed  # one hand-off per batch
+    assert [value for value, _ in where] == [2, 4, 6]
+    assert all(on_dispatcher for _, on_dispatcher in where)
+
+
+async def test_a_batch_the_engine_refuses_runs_its_callbacks_at_once(
+    engine: Engine,
+) -> None:
+    where: list[str] = []
+
+    def collect(result: outcome.Outcome[int]) -> None:
+        where.append(threading.current_thread().name if result.unwrap() else "?")
+
+    batcher: Batcher[int, int] = Batcher(
+        engine.pool("r", size=1),
+        lambda items: [outcome.Value(1) for _ in items],
+        handoff=lambda call: False,  # the engine no longer accepts it
+    )
+    batcher.submit(1, collect)
+    with trio.fail_after(5):
+        await batcher.wait_idle()
+    assert where == [threading.main_thread().name]  # run where the batch completed
+    with pytest.raises(errors.ReentrancyError):
+        await trio.to_thread.run_sync(engine.call_soon, lambda: None)

@@ -1,0 +1,52 @@
+"""A durable run goes through the dispatcher's queue once: its start. The store's
+answers (the claim, the terminal save) come back as one continuation per write
+batch, run where the batch's completions would have been queued, and act at once
+(before, each answer was a message of its own: three trips per run)."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import trio
+
+import phronomy
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+
+class Count(phronomy.State):
+    n: int = 0
+
+
+def _steps() -> phronomy.WorkflowDefinition[Count]:
+    wf = phronomy.Workflow(Count, name="trips")
+    for state in ("a", "b"):
+        wf.state(state, entry=lambda s: s.merge(n=s.n + 1))
+    wf.transition("a", "b").transition("b", phronomy.FINISH)
+    return wf.build()
+
+
+async def test_a_durable_run_goes_through_the_queue_once(tmp_path: Path) -> None:
+    flow = _steps()
+    runs = 64
+    async with phronomy.open_runtime(
+        store=phronomy.SQLiteStore(tmp_path / "trips.db"), inbox_poll_interval=60
+    ) as runtime:
+        await runtime.workflows.invoke(flow, workflow_instance_id="warm")
+        before = runtime.statistics().dispatched_total
+        results: list[phronomy.WorkflowResult[Count]] = []
+
+        async def run(i: int) -> None:
+            results.append(
+                await runtime.workflows.invoke(flow, workflow_instance_id=f"r{i}")
+            )
+
+        async with trio.open_nursery() as nursery:
+            for i in range(runs):
+                nursery.start_soon(run, i)
+        trips = runtime.statistics().dispatched_total - before
+    assert sorted(r.state.n for r in results) == [2] * runs
+    assert all(r.revision == 1 and r.status == "finished" for r in results)
+    # one start each, and a continuation per write batch (a few, for 64 runs)
+    assert runs <= trips <= runs + 16, trips  # before: 3 per run (192 and more)
