@@ -148,12 +148,11 @@ class SegmentTrace:
             self._telemetry,
         )
 
-    def ended(self, done: Any) -> None:
-        """End the segment's span (*done*: its session's settled handle) and count
-        how it ended."""
-        status, state, revision, error = "failed", None, None, done.error
-        if done.status == "completed":
-            result = done.result_nowait()
+    def ended(self, result: Any, error: BaseException | None) -> None:
+        """End the segment's span (its session's *result*, or the *error* it failed
+        with) and count how it ended."""
+        status, state, revision = "failed", None, None
+        if error is None:
             status, state, revision = result.status, result.phase, result.revision
         if self._resumed is not None:  # its event's transition raised
             self._resumed.end()

@@ -1,6 +1,6 @@
 """Continuations: work handed to the dispatcher at its place in the queue
 (``Engine.call_soon``), events handed to a session at once from there
-(``Engine.handle_now``), and the batcher handing a batch's callbacks over."""
+(``Engine.post_nowait(at_once=True)``), and the batcher handing a batch's callbacks over."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ async def test_a_continuation_runs_on_the_dispatcher_in_fifo_order(
     assert recorder.delivered == ["before", ("call", True), "after"]
 
 
-async def test_handle_now_hands_an_event_over_at_once_on_the_dispatcher(
+async def test_an_event_posted_at_once_is_handed_over_on_the_dispatcher(
     engine: Engine,
 ) -> None:
     session = CountingSession(engine, 3)
@@ -46,16 +46,18 @@ async def test_handle_now_hands_an_event_over_at_once_on_the_dispatcher(
 
     def continuation() -> None:
         assert engine.post_nowait(Event(type="queued", target_id=session.id))
-        assert engine.handle_now(Event(type="now", target_id=session.id))
+        assert engine.post_nowait(Event(type="now", target_id=session.id), at_once=True)
         order.append(",".join(e.type for e in session.seen))
 
     assert engine.call_soon(continuation)
     # off the dispatcher it posts, in FIFO order
-    assert engine.handle_now(Event(type="posted", target_id=session.id))
+    assert engine.post_nowait(Event(type="posted", target_id=session.id), at_once=True)
     await until(lambda: len(session.seen) == 3)
     assert order == ["now"]  # taken at once, before what was queued
     assert [e.type for e in session.seen] == ["now", "posted", "queued"]
-    assert not engine.handle_now(Event(type="late", target_id=session.id))  # ended
+    assert not engine.post_nowait(
+        Event(type="late", target_id=session.id), at_once=True
+    )  # ended
 
 
 async def test_a_continuation_that_raises_fails_the_dispatcher() -> None:

@@ -16,7 +16,7 @@ from ._contracts import (
     Receiver as Receiver,
     Session as Session,
 )
-from ._engine import Engine as Engine, open_engine as open_engine
+from ._engine import Engine as Engine
 from ._handle import HandleStatus as HandleStatus, ResultHandle as ResultHandle
 from ._ids import random_hex as random_hex, random_uuid as random_uuid
 from ._messages import (
@@ -29,6 +29,7 @@ from ._messages import (
     SessionOutcome as SessionOutcome,
     ShutdownResult as ShutdownResult,
 )
+from ._open import open_engine as open_engine
 from ._pool import OffloadPool as OffloadPool
 from ._receiver import ExecutionReceiver as ExecutionReceiver
 from ._session import (

@@ -102,8 +102,9 @@ class Host(Protocol):
         """The default offload pool."""
         ...
 
-    def post_nowait(self, item: Event | Delivery) -> bool:
-        """Queue *item* for the dispatcher; ``False`` when it is not accepted."""
+    def post_nowait(self, item: Event | Delivery, *, at_once: bool = False) -> bool:
+        """Queue *item* for the dispatcher (*at_once*: on it, hand an event over
+        now); ``False`` when it is not accepted."""
         ...
 
     def at_batch_end(self, callback: Callable[[], object]) -> None:
@@ -112,10 +113,6 @@ class Host(Protocol):
 
     def call_soon(self, call: Callable[[], object]) -> bool:
         """Queue *call* for the dispatcher, in FIFO order; ``False`` when not accepted."""
-        ...
-
-    def handle_now(self, event: Event) -> bool:
-        """Hand *event* to its session at once on the dispatcher (else post it)."""
         ...
 
     def is_dispatcher(self) -> bool:
@@ -138,6 +135,16 @@ class Host(Protocol):
         receiver: Receiver | None = None,
     ) -> ResultHandle[Any]:
         """Register *session*; the dispatcher starts it in FIFO order."""
+        ...
+
+    def run_session(
+        self,
+        session: Session,
+        *,
+        on_end: Callable[[SessionEnded], object],
+        receiver: Receiver | None = None,
+    ) -> None:
+        """Register *session*; *on_end* learns how it ended (no handle)."""
         ...
 
     def check_thread(self, what: str) -> None:

@@ -4,7 +4,6 @@ and shutdown, and ``open_engine``."""
 from __future__ import annotations
 
 import threading
-from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
@@ -15,10 +14,9 @@ from phronomy.errors import (
     RuntimeShutdownError,
 )
 
-from ._config import EngineConfig
 from ._contracts import Delivery
 from ._dispatcher import Dispatcher
-from ._exits import raise_keeping_context, unwrap
+from ._handle import ResultHandle
 from ._lifecycle import Lifecycle
 from ._messages import (
     Continuation,
@@ -34,15 +32,15 @@ from ._supervision import Supervisor
 from ._thread_guard import foreign_thread_error
 
 if TYPE_CHECKING:
-    from collections.abc import AsyncGenerator, Awaitable, Callable
+    from collections.abc import Awaitable, Callable
 
+    from ._config import EngineConfig
     from ._contracts import Receiver, Session
-    from ._handle import ResultHandle
     from ._messages import LifecycleState, ShutdownResult
     from ._pool import OffloadPool
     from ._timers import TimerQueue
 
-__all__ = ["Engine", "open_engine"]
+__all__ = ["Engine"]
 
 T = TypeVar("T")
 R = TypeVar("R", bound="Receiver")
@@ -166,16 +164,19 @@ class Engine:
 
     # --- posting: the one verb -------------------------------------------------------
 
-    def post_nowait(self, item: Event | Delivery) -> bool:
+    def post_nowait(self, item: Event | Delivery, *, at_once: bool = False) -> bool:
         """Queue *item* for the dispatcher, in FIFO order.
 
         An :class:`Event` is queued only while its target session is admitted (from
         registration until it ends); a :class:`Delivery` only to a registered receiver,
-        and with ``admission=True`` only while the engine is running.
+        and with ``admission=True`` only while the engine is running. With *at_once*,
+        an event posted on the dispatcher is handed to its live session at once: for
+        code that runs where its posts would be queued (a continuation, see
+        :meth:`call_soon`).
 
         Returns:
-            Whether the item was queued (``False``: the engine or the target no longer
-            accepts it).
+            Whether the item was queued, or taken (``False``: the engine or the target
+            no longer accepts it).
 
         Raises:
             ReentrancyError: called from a thread other than the runtime's.
@@ -188,6 +189,11 @@ class Engine:
                 return False
             if item.caller is not None:
                 self._receivers.track(item.caller)
+            if at_once and trio.lowlevel.current_task() is lifecycle.task:
+                session = self._sessions.live.get(item.target_id)
+                if session is not None:
+                    session.handle(item)
+                    return True
             dispatcher = self._dispatcher
             dispatcher.send_nowait(item)
             dispatcher.posted += 1
@@ -196,31 +202,6 @@ class Engine:
                 dispatcher.note_depth(depth, item)
             return True
         return self._receivers.post(item)
-
-    def handle_now(self, event: Event) -> bool:
-        """Hand *event* to its live session at once when on the dispatcher (for code
-        that runs where its posts would be queued: a continuation, see
-        :meth:`call_soon`); elsewhere, or before the session started, post it.
-
-        Returns:
-            Whether the event was taken (``False``: as :meth:`post_nowait`).
-
-        Raises:
-            ReentrancyError: called from a thread other than the runtime's.
-        """
-        lifecycle = self._lifecycle
-        if (
-            lifecycle.accepting
-            and event.target_id in self._admitted
-            and trio.lowlevel.current_task() is lifecycle.task
-        ):
-            session = self._sessions.live.get(event.target_id)
-            if session is not None:
-                if event.caller is not None:
-                    self._receivers.track(event.caller)
-                session.handle(event)
-                return True
-        return self.post_nowait(event)
 
     def at_batch_end(self, callback: Callable[[], object]) -> None:
         """Run *callback* once the dispatcher has dispatched its current batch.
@@ -261,7 +242,7 @@ class Engine:
         current batch, or through the queue when called from elsewhere)."""
         self._admitted.discard(ended.session_id)
         if self._lifecycle.is_dispatcher():
-            self._dispatcher.at_batch_end(lambda: self._sessions.end(ended))
+            self._sessions.end_soon(ended)
         else:
             self._dispatcher.enqueue(ended)
 
@@ -305,7 +286,35 @@ class Engine:
         self.check_thread("Engine.register_session()")
         if receiver is not None and not self._receivers.known(receiver):
             raise ValueError("the receiver is not registered on this engine")
-        return self._sessions.register(session, completion, receiver)
+        waiter = (
+            ResultHandle(f"session:{session.id}") if completion is None else completion
+        )
+        self._sessions.register(session, waiter, receiver)
+        return waiter
+
+    def run_session(
+        self,
+        session: Session,
+        *,
+        on_end: Callable[[SessionEnded], object],
+        receiver: Receiver | None = None,
+    ) -> None:
+        """Register *session* as :meth:`register_session` does, without a handle:
+        *on_end* is called with how it ended (on the dispatcher, once the events it
+        received were dispatched; with ``outcome="error"`` when it is cut off, never
+        starts, or the dispatcher fails). A retired session goes to *receiver*
+        instead (``waiter=None``).
+
+        Raises:
+            RuntimeShutdownError: the engine no longer accepts sessions.
+            PhronomyError: a session with that id is already registered.
+            ValueError: *receiver* is not registered on this engine.
+            ReentrancyError: called from a thread other than the runtime's.
+        """
+        self.check_thread("Engine.run_session()")
+        if receiver is not None and not self._receivers.known(receiver):
+            raise ValueError("the receiver is not registered on this engine")
+        self._sessions.register(session, on_end, receiver)
 
     def receiver(self, key: object, factory: Callable[[Engine], R]) -> R:
         """Return the receiver registered under *key*, creating it with *factory*.
@@ -449,78 +458,3 @@ class Engine:
         result = self._shutdown.result
         assert result is not None
         return result
-
-
-@asynccontextmanager
-async def open_engine(
-    *,
-    pool_size: int = 10,
-    queue_size: int = 100,
-    shutdown_timeout: float = 5.0,
-    cancel_grace: float | None = None,
-    backlog_threshold: int = 1000,
-    backlog_interval: float = 60.0,
-    starvation_threshold: float | None = None,
-    dispatch_threshold: float | None = None,
-) -> AsyncGenerator[Engine]:
-    """Run an engine for the duration of the ``async with`` block.
-
-    On a normal exit the engine shuts down gracefully (:meth:`~Engine.shutdown`). If
-    the body raises (or is cancelled), the engine stops at once: live work is cut off,
-    its callers get :class:`~phronomy.RuntimeShutdownError`, queued offloaded
-    operations are cancelled, the store writes owed for what was cut off are waited
-    for (up to *cancel_grace*), and the body's exception propagates unchanged (never
-    wrapped in an exception group).
-
-    Args:
-        pool_size: worker threads of the default offload pool.
-        queue_size: queued operations of the default offload pool.
-        shutdown_timeout: seconds a graceful shutdown waits for live work.
-        cancel_grace: seconds shutdown waits for worker threads (and, when the body
-            raises, for the store writes owed for what was cut off); default:
-            *shutdown_timeout*.
-        backlog_threshold: queue depth that triggers a backlog warning.
-        backlog_interval: minimum seconds between backlog warnings.
-        starvation_threshold: optional queue-lag warning threshold in seconds.
-        dispatch_threshold: optional long-dispatch warning threshold in seconds.
-
-    Yields:
-        The running :class:`Engine`.
-
-    Raises:
-        InvalidInputError: invalid settings.
-        PhronomyInternalError: an internal task failed (a bug; please report it).
-
-    Cancellation:
-        Cancelling the block stops the engine at once; the teardown is shielded and
-        bounded.
-    """
-    config = EngineConfig(
-        pool_size=pool_size,
-        queue_size=queue_size,
-        shutdown_timeout=shutdown_timeout,
-        cancel_grace=cancel_grace,
-        backlog_threshold=backlog_threshold,
-        backlog_interval=backlog_interval,
-        starvation_threshold=starvation_threshold,
-        dispatch_threshold=dispatch_threshold,
-    )
-    body_error: BaseException | None = None
-    try:
-        async with trio.open_nursery() as nursery:
-            engine = Engine(config, nursery)
-            await nursery.start(engine._dispatcher.run)  # noqa: SLF001 - own factory
-            try:
-                yield engine
-            except BaseException as exc:  # noqa: BLE001, ASYNC103 - re-raised after the nursery
-                body_error = exc
-                grace = shutdown_timeout if cancel_grace is None else cancel_grace
-                with trio.CancelScope(shield=True):
-                    await engine._shutdown.abort(grace)  # noqa: SLF001 - own factory
-            else:
-                await engine.shutdown()
-            nursery.cancel_scope.cancel(reason="phronomy runtime closed")
-    except BaseExceptionGroup as group:
-        raise_keeping_context(unwrap(group, body_error))
-    if body_error is not None:
-        raise_keeping_context(body_error)

@@ -123,8 +123,9 @@ class EventSink:
         """
         if self._session_id is None:
             raise PhronomyError("EventSink is not bound to a session")
-        return self._host.handle_now(
-            Event(type=event_type, target_id=self._session_id, payload=payload)
+        return self._host.post_nowait(
+            Event(type=event_type, target_id=self._session_id, payload=payload),
+            at_once=True,
         )
 
 

@@ -2,23 +2,24 @@
 
 from __future__ import annotations
 
-import functools
 import logging
-from typing import TYPE_CHECKING, Any, final
+from typing import TYPE_CHECKING, Any, TypeAlias, final
 
 from phronomy.errors import PhronomyError, RecoveryRequiredError, RuntimeShutdownError
 
 from ._handle import ResultHandle
-from ._messages import SessionStart
+from ._messages import SessionEnded, SessionStart
 
 if TYPE_CHECKING:
     from collections.abc import Callable
 
     from ._contracts import Receiver, Session
     from ._lifecycle import Lifecycle
-    from ._messages import SessionEnded
 
 __all__ = ["SessionTable"]
+
+Waiter: TypeAlias = "ResultHandle[Any] | Callable[[SessionEnded], object]"
+"""Who learns how a session ended: a handle to settle, or a callback."""
 
 logger = logging.getLogger(__name__)
 
@@ -46,8 +47,12 @@ class SessionTable:
         self._at_batch_end = at_batch_end
         self.live: dict[str, Session] = {}  # started sessions (the dispatcher's lookup)
         self.admitted: set[str] = set()
-        self._starting: dict[str, tuple[Session, ResultHandle[Any]]] = {}
-        self._waiters: dict[str, ResultHandle[Any]] = {}
+        self._starting: dict[str, tuple[Session, Waiter]] = {}
+        # registered on the dispatcher in its current batch: started at its end, in
+        # order (one batch-end call for them all, not one per session)
+        self._to_start: list[str] = []
+        self._ending: list[SessionEnded] = []  # likewise, the ends
+        self._waiters: dict[str, Waiter] = {}
         self._owners: dict[str, Receiver] = {}
 
     @property
@@ -59,12 +64,9 @@ class SessionTable:
         return len(self.live) + len(self._starting)
 
     def register(
-        self,
-        session: Session,
-        completion: ResultHandle[Any] | None,
-        owner: Receiver | None,
-    ) -> ResultHandle[Any]:
-        """Admit *session* and queue its start; returns its waiter.
+        self, session: Session, waiter: Waiter, owner: Receiver | None
+    ) -> None:
+        """Admit *session* and queue its start; *waiter* learns how it ends.
 
         Raises:
             RuntimeShutdownError: the engine no longer accepts sessions.
@@ -77,9 +79,6 @@ class SessionTable:
         sid = session.id
         if sid in self.admitted or sid in self.live or sid in self._starting:
             raise PhronomyError(f"session {sid!r} is already registered")
-        waiter = (
-            completion if completion is not None else ResultHandle(f"session:{sid}")
-        )
         self.admitted.add(sid)
         self._starting[sid] = (session, waiter)
         if owner is not None:
@@ -87,14 +86,21 @@ class SessionTable:
         if self._lifecycle.is_dispatcher():
             # Registered by a receiver on the dispatcher: started after the current
             # batch, before the dispatcher awaits anything (no queue hop).
-            self._at_batch_end(functools.partial(self.start_pending, sid))
+            self._to_start.append(sid)
+            if len(self._to_start) == 1:  # (appended first: the call may run at once)
+                self._at_batch_end(self._start_registered)
         else:
             self._enqueue(SessionStart(session_id=sid))
-        return waiter
 
     def start(self, message: SessionStart) -> None:
         """Start a registered session (on the dispatcher)."""
         self.start_pending(message.session_id)
+
+    def _start_registered(self) -> None:
+        """Start the sessions registered on the dispatcher in its batch, in order."""
+        registered, self._to_start = self._to_start, []
+        for sid in registered:
+            self.start_pending(sid)
 
     def start_pending(self, session_id: str) -> Session | None:
         """Start *session_id* now if it is registered and not started yet (an event
@@ -107,6 +113,18 @@ class SessionTable:
         self._waiters[session_id] = waiter
         session.start()
         return session
+
+    def end_soon(self, ended: SessionEnded) -> None:
+        """Settle *ended* at the end of the dispatcher's current batch (on it), after
+        the events it already received, in order."""
+        self._ending.append(ended)
+        if len(self._ending) == 1:  # (appended first: the call may run at once)
+            self._at_batch_end(self._end_ended)
+
+    def _end_ended(self) -> None:
+        ending, self._ending = self._ending, []
+        for ended in ending:
+            self.end(ended)
 
     def end(self, ended: SessionEnded) -> None:
         """Forget an ended session and settle its waiter (on the dispatcher).
@@ -121,19 +139,23 @@ class SessionTable:
         waiter = self._waiters.pop(sid, None)
         if ended.outcome == "retired":
             if owner is not None:
-                owner.session_retired(sid, waiter=waiter, error=ended.error)
+                handle = waiter if type(waiter) is ResultHandle else None
+                owner.session_retired(sid, waiter=handle, error=ended.error)
             elif waiter is not None:
                 error = RecoveryRequiredError(
                     f"session {sid} retired: the outcome of its terminal work is "
                     f"unknown ({ended.error!r})"
                 )
                 error.__cause__ = ended.error
-                waiter.fail(error)
+                _settle(waiter, sid, error=error)
         elif waiter is not None:
-            if ended.error is not None:
-                waiter.fail(ended.error)
+            if type(waiter) is ResultHandle:
+                if ended.error is not None:
+                    waiter.fail(ended.error)
+                else:
+                    waiter.complete(ended.result)
             else:
-                waiter.complete(ended.result)
+                waiter(ended)
 
     def cut_off(self) -> list[str]:
         """The dispatcher stopped with sessions live: end each; describe the unowned."""
@@ -147,20 +169,24 @@ class SessionTable:
             if sid not in self._owners:
                 described.append(f"session {sid}")  # owners describe their own
             if waiter is not None:
-                waiter.fail(error)
-        for _, waiter in self._starting.values():
-            waiter.fail(
-                RuntimeShutdownError("the runtime shut down before the session started")
+                _settle(waiter, sid, error=error)
+        for sid, (_, waiter) in self._starting.items():
+            _settle(
+                waiter,
+                sid,
+                error=RuntimeShutdownError(
+                    "the runtime shut down before the session started"
+                ),
             )
         self._clear()
         return described
 
     def fail(self, error: BaseException) -> None:
         """The dispatcher failed: every waiter fails with *error*."""
-        for _, waiter in self._starting.values():
-            waiter.fail(error)
-        for waiter in self._waiters.values():
-            waiter.fail(error)
+        for sid, (_, waiter) in self._starting.items():
+            _settle(waiter, sid, error=error)
+        for sid, waiter in self._waiters.items():
+            _settle(waiter, sid, error=error)
         self._clear()
 
     def _clear(self) -> None:
@@ -169,3 +195,11 @@ class SessionTable:
         self._starting.clear()
         self._waiters.clear()
         self._owners.clear()
+
+
+def _settle(waiter: Waiter, session_id: str, *, error: BaseException) -> None:
+    """Tell *waiter* its session failed with *error* (cut off, or never started)."""
+    if type(waiter) is ResultHandle:
+        waiter.fail(error)
+    else:
+        waiter(SessionEnded(session_id=session_id, outcome="error", error=error))

@@ -162,11 +162,10 @@ class Instance(Generic[C, S, O, E, Q]):
             PhronomyInternalError: the table allows no such event in this state, or the
                 event lacks what the state requires (a claim made is given back).
         """
-        state = self.state
-        following = _table.TRANSITIONS.get((state, type(event)))
+        state, kind = self.state, type(event)
+        following = _table.TRANSITIONS.get((state, kind))
         if following is None:
             raise self._violation(event, "the table allows no such event here")
-        kind = type(event)
         outputs: list[InstanceOutput[S, E, C, O, Q]]
         if kind in _MOVES:
             outputs = []

@@ -65,7 +65,7 @@ from ._settling import PENDING, refused_posting
 if TYPE_CHECKING:
     import outcome
 
-    from phronomy.engine import Receiver, ResultHandle
+    from phronomy.engine import Receiver, SessionEnded
     from phronomy.storage import (
         DeleteOp,
         InstanceStatus,
@@ -363,11 +363,12 @@ class Segments:
 
         def start(session: WorkflowSession[Any]) -> None:
             coordinator = cast("Receiver", self._coordinator)  # a registered receiver
-            waiter = self._coordinator.engine.register_session(
-                session, receiver=coordinator
-            )
-            waiter.on_complete(  # a partial: smaller than a closure of six cells
-                functools.partial(self._finalize, cmd, instance, base, session, claim)
+            self._coordinator.engine.run_session(
+                session,
+                receiver=coordinator,  # a partial: smaller than a closure of six cells
+                on_end=functools.partial(
+                    self._finalize, cmd, instance, base, session, claim
+                ),
             )
 
         outputs = self._coordinator.instances.handle(
@@ -382,20 +383,20 @@ class Segments:
         base: DurableBase | None,
         session: WorkflowSession[Any],
         claim: tuple[Lease, float] | None,
-        done: ResultHandle[Any],
+        done: SessionEnded,
     ) -> None:
         # The protocol releases before settling the caller: a caller that immediately
         # starts the same instance again is admitted.
         iid = cmd.workflow_instance_id
         base = rebase(base, session)  # a checkpoint saved since the segment began
         if session.trace is not None:
-            session.trace.ended(done)
+            session.trace.ended(done.result, done.error)
         feed = session.feed  # without one, the settlement has nothing to settle
         inbox = isinstance(cmd, ResumeCommand) and feed is not None
         watched = self._coordinator.watchers.watched(iid)  # else no update is made
         event: End[MarkOp | DeleteOp]
-        if done.status == "completed":
-            segment: SegmentResult = done.result_nowait()
+        if done.error is None:  # finished, halted or cancelled: its result
+            segment: SegmentResult = done.result
             result = WorkflowResult(
                 state=segment.state,
                 phase=segment.phase,
