@@ -25,6 +25,7 @@ from ._definition import (
     WorkflowDefinition,
     after_event,
     fingerprint,
+    indexed,
 )
 from ._state import State, state_spec
 
@@ -376,23 +377,10 @@ class Workflow(Generic[S]):
                 "an automatic transition leaves at once, so the timeout could never fire"
             )
         self._warn_unreachable(entry_point, known)
-        by_event: dict[str, list[Transition]] = {}
-        events_from: dict[str, set[str]] = {}
-        external: list[str] = []
-        timeouts: dict[str, list[int]] = {}
-        for t in self._transitions:
-            by_event.setdefault(t.event, []).append(t)
-            if t.after_ms is not None:
-                events_from.setdefault(t.source, set()).add(t.event)
-                delays = timeouts.setdefault(t.source, [])
-                if t.after_ms not in delays:
-                    delays.append(t.after_ms)
-            elif not t.automatic:
-                events_from.setdefault(t.source, set()).add(t.event)
-                if t.event not in external:
-                    external.append(t.event)
+        transitions = tuple(self._transitions)
+        derived = indexed(transitions, self._states, frozenset(self._wait_states))
         for state, event in self._checkpoints.items():
-            if event not in events_from.get(state, ()):
+            if event not in derived["events_from"].get(state, ()):
                 raise DefinitionError(
                     f"checkpoint {state!r} fires {event!r}, which it does not declare"
                 )
@@ -407,20 +395,11 @@ class Workflow(Generic[S]):
                 {k: tuple(v) for k, v in self._entry.items()}
             ),
             exit_actions=MappingProxyType({k: tuple(v) for k, v in self._exit.items()}),
-            transitions=tuple(self._transitions),
-            by_event=MappingProxyType({k: tuple(v) for k, v in by_event.items()}),
-            auto_states=frozenset(auto_states),
-            external_events=tuple(external),
-            effect_events=frozenset(external),
-            events_from=MappingProxyType(
-                {k: frozenset(v) for k, v in events_from.items()}
-            ),
+            transitions=transitions,
             on_unhandled_event=self._on_unhandled,
             retention=self._retention,
             checkpoints=MappingProxyType(dict(self._checkpoints)),
-            timeouts=MappingProxyType(
-                {k: tuple(sorted(v)) for k, v in timeouts.items()}
-            ),
+            **derived,
         )
         version = self._version or fingerprint(definition)
         versioned: WorkflowDefinition[S] = msgspec.structs.replace(

@@ -10,6 +10,7 @@ import hashlib
 import logging
 import re
 from collections.abc import Callable, Mapping
+from types import MappingProxyType
 from typing import Any, Generic, Literal, TypeVar, final
 
 import msgspec
@@ -31,6 +32,7 @@ __all__ = [
     "after_event",
     "describe_delay",
     "fingerprint",
+    "indexed",
 ]
 
 logger = logging.getLogger(__name__)
@@ -160,6 +162,10 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         checkpoints: checkpoint wait state → the event a durable segment fires there
             once its save of the state is acknowledged (see
             :meth:`~phronomy.Workflow.wait_state`).
+        routes: state → event → the transitions the event may take from the state,
+            in declaration order (what the machine selects from).
+        decisions: state (and ``__end__``) → what the machine does on arriving
+            there: ``finish``, ``halt``, ``auto``, ``wait`` or ``leaf``.
     """
 
     name: str
@@ -181,6 +187,10 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     version: str = ""
     retention: float | None = None
     checkpoints: Mapping[str, str] = msgspec.field(default_factory=dict)
+    routes: Mapping[str, Mapping[str, tuple[Transition, ...]]] = msgspec.field(
+        default_factory=dict
+    )
+    decisions: Mapping[str, str] = msgspec.field(default_factory=dict)
 
     def has_event(self, event: str) -> bool:
         """Whether *event* is a declared external event (a timeout's is not)."""
@@ -262,6 +272,62 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
             lines.append(f'    "{t.source}" -> "{target}"{attrs};')
         lines.append("}")
         return "\n".join(lines) + "\n"
+
+
+def indexed(
+    transitions: tuple[Transition, ...], states: Any, wait_states: Any
+) -> dict[str, Any]:
+    """What a definition derives from its *transitions*, as its fields: ``by_event``,
+    ``auto_states``, ``external_events``, ``effect_events``, ``events_from``,
+    ``timeouts``, ``routes`` and ``decisions`` (of *states* and *wait_states*)."""
+    by_event: dict[str, list[Transition]] = {}
+    events_from: dict[str, set[str]] = {}
+    external: list[str] = []
+    timeouts: dict[str, list[int]] = {}
+    routes: dict[str, dict[str, list[Transition]]] = {}
+    for t in transitions:
+        by_event.setdefault(t.event, []).append(t)
+        routes.setdefault(t.source, {}).setdefault(t.event, []).append(t)
+        if t.after_ms is not None:
+            events_from.setdefault(t.source, set()).add(t.event)
+            delays = timeouts.setdefault(t.source, [])
+            if t.after_ms not in delays:
+                delays.append(t.after_ms)
+        elif not t.automatic:
+            events_from.setdefault(t.source, set()).add(t.event)
+            if t.event not in external:
+                external.append(t.event)
+    auto = frozenset(t.source for t in transitions if t.automatic)
+    decisions = {FINISH: "finish"}
+    for state in (*states, *wait_states):
+        decisions[state] = (
+            "halt"
+            if state in wait_states
+            else "auto"
+            if state in auto
+            else "wait"
+            if state in events_from
+            else "leaf"
+        )
+    return {
+        "by_event": MappingProxyType({k: tuple(v) for k, v in by_event.items()}),
+        "auto_states": auto,
+        "external_events": tuple(external),
+        "effect_events": frozenset(external),
+        "events_from": MappingProxyType(
+            {k: frozenset(v) for k, v in events_from.items()}
+        ),
+        "timeouts": MappingProxyType(
+            {k: tuple(sorted(v)) for k, v in timeouts.items()}
+        ),
+        "routes": MappingProxyType(
+            {
+                source: MappingProxyType({e: tuple(ts) for e, ts in by.items()})
+                for source, by in routes.items()
+            }
+        ),
+        "decisions": MappingProxyType(decisions),
+    }
 
 
 def _diagram_ids(definition: WorkflowDefinition[Any]) -> dict[str, str]:

@@ -59,6 +59,9 @@ __all__ = [
 
 S = TypeVar("S", bound=State)
 
+_NO_ROUTES: dict[str, tuple[Transition, ...]] = {}
+"""The routes of a state no transition leaves."""
+
 Decision = Literal["finish", "halt", "auto", "wait", "leaf"]
 """What to do after arriving in a state."""
 
@@ -87,17 +90,10 @@ def decide(definition: WorkflowDefinition[Any], current: str) -> Decision:
     Raises:
         TransitionError: *current* is not a declared state.
     """
-    if current == FINISH:
-        return "finish"
-    if current in definition.wait_states:
-        return "halt"
-    if current in definition.auto_states:
-        return "auto"
-    if current in definition.events_from:
-        return "wait"
-    if current not in definition.declared:
+    decision = definition.decisions.get(current)  # (the rules, computed once)
+    if decision is None:
         raise TransitionError(f"State {current!r} is not defined")
-    return "leaf"
+    return decision  # type: ignore[return-value]
 
 
 def enter(
@@ -142,14 +138,17 @@ def select(
             event"), or the event is not declared from *current* ("Transition from").
         InvalidActionResultError: a guard returned an awaitable.
     """
-    candidates = definition.by_event.get(event.type)
+    candidates = definition.routes.get(current, _NO_ROUTES).get(event.type)
     if candidates is None:
-        raise TransitionError(f"Unknown FSM event {event.type!r} for state {current!r}")
-    matched = False
+        if event.type not in definition.by_event:
+            raise TransitionError(
+                f"Unknown FSM event {event.type!r} for state {current!r}"
+            )
+        raise TransitionError(
+            f"Transition from {current!r} via event {event.type!r} failed. "
+            "The event is not declared for the current state."
+        )
     for transition in candidates:
-        if transition.source != current:
-            continue
-        matched = True
         guard = transition.guard
         if guard is None:
             return transition
@@ -162,11 +161,6 @@ def select(
             )
         if verdict:
             return transition
-    if not matched:
-        raise TransitionError(
-            f"Transition from {current!r} via event {event.type!r} failed. "
-            "The event is not declared for the current state."
-        )
     if event.type == AUTO_EVENT:
         # Only external events may be ignored when every guard rejects; a state whose
         # automatic guards all reject could never leave.
