@@ -14,7 +14,7 @@ from phronomy.errors import (
     RuntimeShutdownError,
 )
 
-from ._ids import random_uuid
+from ._ids import random_hex
 from ._messages import Event, SessionEnded
 
 if TYPE_CHECKING:
@@ -148,9 +148,9 @@ class GatedSession:
     def __init__(
         self, host: Host, *, terminal_policy: TerminalPolicy | None = None
     ) -> None:
-        """Create a session with a fresh UUID id and a sink bound to it."""
+        """Create a session with a fresh random id and a sink bound to it."""
         self._host = host
-        self.id: str = random_uuid()  # fresh per incarnation; never from domain objects
+        self.id: str = random_hex()  # fresh per incarnation; never from domain objects
         self.sink = EventSink(host, self.id)
         self._policy = terminal_policy
         self.lifecycle: SessionLifecycle = "running"

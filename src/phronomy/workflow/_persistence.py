@@ -51,7 +51,7 @@ class TerminalPersistence:
         self,
         *,
         gateway: DurabilityService,
-        on_persisting: Callable[[], object],
+        on_persisting: Callable[[str], object],
         instance_id: str,
         workflow: str,
         version: str,
@@ -88,7 +88,7 @@ class TerminalPersistence:
                 session fails with it; nothing is written).
         """
         state, phase, detail, consumed, timers = value
-        self._on_persisting()
+        self._on_persisting(self._instance_id)
         request = self._request(state, phase, terminal_type, detail, consumed, timers)
         iid = self._instance_id
 

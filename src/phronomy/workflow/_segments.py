@@ -90,11 +90,16 @@ class Segments:
     admission, the load that claims its lease, the session, its end (on the
     dispatcher)."""
 
-    __slots__ = ("_coordinator",)
+    __slots__ = ("_coordinator", "_ended", "_persisting", "_start")
 
     def __init__(self, coordinator: Coordination) -> None:
         """Run segments for *coordinator*."""
         self._coordinator = coordinator
+        # bound once: every segment passes them on (a closure or a partial each was
+        # several objects per segment for the cyclic GC)
+        self._start = self._run_session
+        self._ended = self._session_ended
+        self._persisting = self._persist
 
     def begin(self, cmd: Command) -> None:
         iid = cmd.workflow_instance_id
@@ -329,10 +334,9 @@ class Segments:
         if base is not None:
             gateway = self._coordinator.gateway
             assert gateway is not None
-            instances = self._coordinator.instances
             policy = TerminalPersistence(
                 gateway=gateway,
-                on_persisting=functools.partial(instances.handle, instance, PERSIST),
+                on_persisting=self._persisting,
                 instance_id=iid,
                 workflow=cmd.definition.name,
                 version=cmd.definition.version,
@@ -360,21 +364,36 @@ class Segments:
             feed.on_record = self._coordinator.settlement.on_judged
             feed.polls_before = self._coordinator.inbox.polls
         session.trace = session.effects.trace = trace
-
-        def start(session: WorkflowSession[Any]) -> None:
-            coordinator = cast("Receiver", self._coordinator)  # a registered receiver
-            self._coordinator.engine.run_session(
-                session,
-                receiver=coordinator,  # a partial: smaller than a closure of six cells
-                on_end=functools.partial(
-                    self._finalize, cmd, instance, base, session, claim
-                ),
-            )
-
+        session.segment = (cmd, base, claim)
         outputs = self._coordinator.instances.handle(
             instance, Run(session=session, holder=session.id)
         )
-        self._coordinator.carrier.carry(instance, outputs, start=start)
+        self._coordinator.carrier.carry(instance, outputs, start=self._start)
+
+    def _run_session(self, session: WorkflowSession[Any]) -> None:
+        """Run the session of a segment (the protocol's ``StartSession``)."""
+        coordinator = cast("Receiver", self._coordinator)  # a registered receiver
+        self._coordinator.engine.run_session(
+            session, receiver=coordinator, on_end=self._ended
+        )
+
+    def _persist(self, workflow_instance_id: str) -> None:
+        """A segment's terminal save is submitted (the protocol's ``Persist``)."""
+        instance = self._coordinator.instances.get(workflow_instance_id)
+        assert instance is not None  # admitted until its session ends
+        self._coordinator.instances.handle(instance, PERSIST)
+
+    def _session_ended(self, done: SessionEnded) -> None:
+        """A segment's session ended (or was cut off): its segment ends."""
+        instance = self._coordinator.instances.held_by(done.session_id)
+        session = None if instance is None else instance.session
+        if instance is None or session is None or session.segment is None:
+            logger.error(  # pragma: no cover - defensive: it is admitted until it ends
+                "no segment of session %s is admitted", done.session_id
+            )
+            return
+        cmd, base, claim = session.segment
+        self._finalize(cmd, instance, base, session, claim, done)
 
     def _finalize(
         self,

@@ -125,6 +125,8 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.trace: SegmentTrace | None = None  # the segment's span (telemetry on)
         self.persistence = policy
         self.checkpoint: Checkpoint | None = None  # a checkpoint save in flight
+        self.segment: tuple[Any, Any, Any] | None = None
+        """What its coordinator ends the segment with (its command, base, claim)."""
         self.steps = Steps(self)
         """Carries out the machine's steps (effects, automatic transitions, the feed)."""
 
