@@ -28,8 +28,9 @@ from phronomy.storage import (
     is_execution_plan,
 )
 
+from ._definition import FINISH
 from ._hydration import DurableBase, decode_stored
-from ._messages import ResumeCommand, StartCommand
+from ._messages import ResumeCommand, StartCommand, WorkflowResult
 
 if TYPE_CHECKING:
     from phronomy.storage import Claimed, InstanceStatus, Lease, MarkOp
@@ -46,6 +47,7 @@ __all__ = [
     "release_op",
     "runs_on",
     "segment_mark",
+    "stored_result",
 ]
 
 Command = StartCommand | ResumeCommand
@@ -283,4 +285,20 @@ def busy_elsewhere(iid: str, row: StoredRecord | None) -> BusyError:
     return BusyError(
         f"Workflow instance {iid!r} already has a live execution segment in another "
         f"runtime{held}"
+    )
+
+
+def stored_result(
+    cmd: StartCommand, record: StoredRecord, decoded: Any
+) -> WorkflowResult[Any]:
+    """``if_exists="return"``: the stored result, without running anything."""
+    phase = record.phase or FINISH
+    return WorkflowResult(
+        state=decoded.fields,
+        phase=phase,
+        workflow_instance_id=cmd.workflow_instance_id,
+        revision=record.revision,
+        halted=record.status in ("halted", "running") and phase != FINISH,
+        workflow=cmd.definition.name,
+        status=record.status,
     )

@@ -42,9 +42,9 @@ from ._claims import (
     release_op,
     runs_on,
     segment_mark,
+    stored_result,
 )
 from ._continuations import LeaseLost as LeaseLostMessage, LoadReady
-from ._definition import FINISH
 from ._hydration import (
     DurableBase,
     resume_state,
@@ -70,7 +70,6 @@ if TYPE_CHECKING:
         DeleteOp,
         InstanceStatus,
         MarkOp,
-        StoredRecord,
     )
 
     from ._context import Coordination
@@ -269,7 +268,7 @@ class Segments:
             elif (
                 cmd.if_exists == "return" and record is not None and decoded is not None
             ):
-                answer = self._stored_result(cmd, record, decoded)  # never claimed
+                answer = stored_result(cmd, record, decoded)  # never claimed
             else:
                 raise refusal(cmd, record)
             outputs = self._coordinator.instances.handle(instance, Answer(value=answer))
@@ -297,21 +296,6 @@ class Segments:
             instance, LeaseLost(error=message.error)
         )
         self._coordinator.carrier.carry(instance, outputs)
-
-    def _stored_result(
-        self, cmd: StartCommand, record: StoredRecord, decoded: Any
-    ) -> WorkflowResult[Any]:
-        """``if_exists="return"``: the stored result, without running anything."""
-        phase = record.phase or FINISH
-        return WorkflowResult(
-            state=decoded.fields,
-            phase=phase,
-            workflow_instance_id=cmd.workflow_instance_id,
-            revision=record.revision,
-            halted=record.status in ("halted", "running") and phase != FINISH,
-            workflow=cmd.definition.name,
-            status=record.status,
-        )
 
     def register(
         self,
