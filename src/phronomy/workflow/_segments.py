@@ -347,7 +347,7 @@ class Segments:
         if feed is not None:
             feed.on_record = self._coordinator.settlement.on_judged
             feed.polls_before = self._coordinator.inbox.polls
-        session.trace = session.effects.trace = trace
+        session.trace = trace  # (its effect runner takes it when it is made)
         session.segment = (cmd, base, claim)
         outputs = self._coordinator.instances.handle(
             instance, Run(session=session, holder=session.id)

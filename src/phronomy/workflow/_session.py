@@ -106,13 +106,8 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.observer = observer
         self.resume = resume
         self.phase: str | None = resume[0] if resume is not None else None
-        self.effects = EffectRunner(
-            engine,
-            self.sink.post,
-            instance=workflow_instance_id,
-            durable=feed is not None,
-            default_retry=retry,
-        )
+        self._retry = retry
+        self._effects: EffectRunner | None = None  # made when it runs its first
         self.cancel_reason: str | None = None
         self._terminal: TerminalType = "finished"
         self.cancelling = False
@@ -140,6 +135,26 @@ class WorkflowSession(GatedSession, Generic[S]):
     def state(self) -> S:
         """The current state value."""
         return self.machine.state
+
+    @property
+    def effects(self) -> EffectRunner:
+        """What runs the segment's effects and timeouts (made at its first use)."""
+        effects = self._effects
+        if effects is None:
+            effects = self._effects = EffectRunner(
+                self.host,
+                self.sink.post,
+                instance=self.workflow_instance_id,
+                durable=self.feed is not None,
+                default_retry=self._retry,
+            )
+            effects.trace = self.trace
+        return effects
+
+    @property
+    def effects_started(self) -> EffectRunner | None:
+        """The segment's effect runner, if anything used it (else nothing runs)."""
+        return self._effects
 
     # --- GatedSession hooks -------------------------------------------------------------
 
@@ -277,7 +292,10 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.cancelling = True
         self.cancel_reason = reason
         post = self.sink.post
-        self.effects.when_quiescent(lambda: post(CANCEL_READY))
+        if self._effects is None:  # nothing ever ran: quiescent now
+            post(CANCEL_READY)
+        else:
+            self._effects.when_quiescent(lambda: post(CANCEL_READY))
         return True
 
     def finish_with_error(self, error: BaseException) -> None:
@@ -315,16 +333,20 @@ class WorkflowSession(GatedSession, Generic[S]):
             feed.record("transitioned")
         timers: TimerChanges = ((), ())
         if self._terminal == "halted" and self.phase is not None:
-            wait = self._retry_wait
+            wait, effects = self._retry_wait, self._effects
             timers = halt_timers(
                 self.definition,
                 phase=self.phase,
                 resumed_from=None if self.resume is None else self.resume[0],
                 moved=self.machine.entered > 0,
-                pending=self.effects.pending_timers(),
-                touched=self.effects.touched,
+                pending=[] if effects is None else effects.pending_timers(),
+                touched=() if effects is None else effects.touched,
                 instance=self.workflow_instance_id,
-                timeouts_left=self.effects.timeouts_left(self.machine.entered),
+                timeouts_left=(
+                    None
+                    if effects is None
+                    else effects.timeouts_left(self.machine.entered)
+                ),
                 retry=None if wait is None else wait.stored(),
                 restart=self.resume is None and bool(self.revision),
             )
@@ -346,5 +368,7 @@ class WorkflowSession(GatedSession, Generic[S]):
 
     def on_done(self) -> None:
         """Cancel the segment's effects and live timeouts."""
-        self.effects.close()
-        self.effects.run_timeouts(None)
+        effects = self._effects
+        if effects is not None:
+            effects.close()
+            effects.run_timeouts(None)

@@ -54,6 +54,8 @@ class Stepped(Protocol):
     @property
     def effects(self) -> EffectRunner: ...
     @property
+    def effects_started(self) -> EffectRunner | None: ...
+    @property
     def feed(self) -> Feed | None: ...
     @property
     def revision(self) -> int | None: ...
@@ -160,7 +162,8 @@ class Steps:
         """Run the timeouts of the state the segment waits in (a new visit's)."""
         machine = session.machine
         delays = session.definition.timeouts.get(machine.current, ())
-        session.effects.run_timeouts(machine.entered, delays, after_event)
+        if delays or session.effects_started is not None:  # (else none ran, none runs)
+            session.effects.run_timeouts(machine.entered, delays, after_event)
 
     def relaunch(self, payload: Any, session: Stepped) -> None:
         """Run the next attempt of an effect a retry timer stored, and wait at its
