@@ -67,22 +67,30 @@ def _converted(statement: str) -> tuple[bytes, bytes, tuple[str, ...] | None]:
     return converted
 
 
-def _encoded(values: Sequence[object], encoding: str) -> list[bytes | None]:
-    """Parameters in the text format, but bytes (sent as they are: binary)."""
+def _encoded(
+    values: Sequence[object], encoding: str
+) -> tuple[list[bytes | None], list[bool] | None]:
+    """Parameters in the text format, but bytes (sent as they are: binary), and
+    their formats (``None``: all text)."""
     encoded: list[bytes | None] = []
-    for value in values:
+    append = encoded.append
+    binary = False
+    for value in values:  # the frequent types first
         kind = type(value)
         if kind is str:
-            encoded.append(value.encode(encoding))  # type: ignore[attr-defined]
-        elif value is None or kind is bytes:
-            encoded.append(value)  # type: ignore[arg-type]
-        elif kind is bool:
-            encoded.append(b"t" if value else b"f")
+            append(value.encode(encoding))  # type: ignore[attr-defined]
+        elif value is None:
+            append(None)
         elif kind is int:
-            encoded.append(str(value).encode())
+            append(b"%d" % value)  # type: ignore[str-format]
+        elif kind is bytes:
+            append(value)  # type: ignore[arg-type]
+            binary = True
+        elif kind is bool:
+            append(b"t" if value else b"f")
         else:
             raise TypeError(f"no encoding for a {kind.__name__} parameter")
-    return encoded
+    return encoded, [type(v) is bytes for v in values] if binary else None
 
 
 def _wait(socket: int, write: bool = False) -> None:
@@ -120,8 +128,7 @@ class Pipeline:
         values: Sequence[object] = (
             params if names is None else [params[n] for n in names]
         )
-        encoded = _encoded(values, self._encoding)
-        formats = [type(value) is bytes for value in values]
+        encoded, formats = _encoded(values, self._encoding)
         pgconn.send_query_prepared(name, encoded, param_formats=formats)
         result = Result()
         self._expected.append((result, name))
