@@ -8,7 +8,7 @@
                vs the honest limit: a raw trio + sqlite3 loop doing exactly a durable
                run's store work (the claim and the fenced save, both group-committed, 64
                clients, a batch of claims committed without its own sync as the store's
-               lease lane is; see _limits.py), five rounds alternating with it, the ratio
+               lease lane is; see _limits.py), nine rounds alternating with it, the ratio
                the median of the rounds' ratios; CPU per run and the median write batch
                beside it; the last release's limit (claims synced too) beside that and,
                in passes of their own (_profile.py), CPU per run on the trio and the
@@ -355,7 +355,7 @@ def _interleaved(*runs: Callable[[int], Figures]) -> list[list[Figures]]:
     alternating between them (the machine's drift shared fairly): every pass of each,
     in round order."""
     rounds: list[list[Figures]] = [[] for _ in runs]
-    for i in range(_n(5, 2)):
+    for i in range(_n(9, 2)):
         for results, run in zip(rounds, runs, strict=True):
             results.append(run(i))
     return rounds
@@ -372,7 +372,7 @@ def _report_old_limit(
 
 
 def bench_durable(directory: Path) -> None:
-    total = _n(20_000, 1_000)
+    total = _n(10_000, 1_000)
     limit, synced, runs = _interleaved(
         lambda i: trio.run(
             _limits.sqlite_claim_save_limit, str(directory / f"claim{i}.db"), total
@@ -409,7 +409,7 @@ def bench_resume(directory: Path) -> None:
     """Halt + resume pairs against the limit doing a pair's store work: two claims
     and two fenced saves, the resuming claim storing the event (the durable inbox)
     and the save that applies it consuming it."""
-    total = _n(10_000, 500)
+    total = _n(5_000, 500)
     limit, synced, pairs = _interleaved(
         lambda i: trio.run(
             functools.partial(_limits.sqlite_claim_save_limit, events=True),
@@ -474,7 +474,7 @@ def bench_postgres() -> None:
             flush=True,
         )
         return
-    total = _n(10_000, 500)
+    total = _n(6_000, 500)
     tag = f"{os.getpid()}_{time.monotonic_ns()}"
     limit, runs = _interleaved(
         lambda i: trio.run(
