@@ -325,6 +325,12 @@ class Feed:
             return self.current
         return self._consumed[-1][0] if self._consumed else None
 
+    @property
+    def idle(self) -> bool:
+        """Whether it was offered no entry and knows of none it missed (its segment's
+        end has nothing to settle)."""
+        return not (self._consumed or self._queue or self.current or self.gap)
+
     def untaken(self) -> list[InboxEntry]:
         """Entries offered and not applied (still pending once the segment ends)."""
         pending = list(self._queue)

@@ -415,14 +415,17 @@ class Segments:
                     iid, result.status, result.phase, result.state, result.revision
                 )
 
-            def applied() -> None:
-                self._coordinator.settlement.segment_applied(
-                    cmd.definition, session, result
-                )
-                if inbox and cmd.posting is None:
-                    cmd.caller.complete(None)  # a drain: nobody waits for it as such
+            after = None  # (nothing to settle for a feed that took no entry)
+            if feed is not None and not (feed.idle and not inbox):
 
-            after = None if feed is None else applied
+                def applied() -> None:
+                    self._coordinator.settlement.segment_applied(
+                        cmd.definition, session, result
+                    )
+                    if inbox and cmd.posting is None:
+                        cmd.caller.complete(None)  # a drain: nobody waits for it
+
+                after = applied
 
             if segment.status == "cancelled":
                 reason = instance.cancel_reason() or session.cancel_reason
