@@ -174,3 +174,45 @@ def test_a_closing_save_consuming_an_entry_not_pending_is_refused(
     row = store.load("gone")
     assert row is not None
     assert (row.revision, row.status) == (0, "running")
+
+
+def _consuming_close(
+    store: BaseStore[Any], sent: list[str], iid: str, revision: int | None, seq: int
+) -> list[str]:
+    """Claim *iid* (at *revision*), store an event for it, and close it with a save
+    that consumes that event (numbered *seq*): the statements of that save."""
+    lease = _claim(store, iid, expected=revision)
+    _post(store, iid, f"e{seq}")
+    saving = msgspec.structs.replace(
+        request(iid, revision, status="finished"),
+        lease=lease,
+        consumed=(Consumption(seq=seq, status="transitioned"),),
+    )
+    sent.clear()
+    assert store.run(SaveOp(request=saving)).revision == (revision or 0) + 1
+    return list(sent)
+
+
+def test_a_closing_save_that_consumes_prunes_and_drops_only_what_there_is(
+    counted: tuple[BaseStore[Any], list[str]],
+) -> None:
+    """Its row, then its entry's outcome: no pruning of an instance with no more
+    entries than the inbox keeps, no drop of timers it has not (before: 4 statements,
+    the refusal and the consumption in one)."""
+    store, sent = counted
+    statements = _consuming_close(store, sent, "tidy", None, 1)
+    assert len(statements) == 2, statements
+    assert _entries(store, "tidy") == [("e1", "transitioned")]
+
+    for n in (1, 2):  # halted twice, each consuming an entry: 2 are kept
+        lease = _claim(store, "many", expected=None if n == 1 else n - 1)
+        _post(store, "many", f"e{n}")
+        halting = msgspec.structs.replace(
+            request("many", None if n == 1 else n - 1),
+            lease=lease,
+            consumed=(Consumption(seq=n, status="transitioned"),),
+        )
+        assert store.run(SaveOp(request=halting)).revision == n
+    statements = _consuming_close(store, sent, "many", 2, 3)  # a third: prune
+    assert any(s.startswith("DELETE FROM phronomy_inbox") for s in statements)
+    assert _entries(store, "many") == [("e2", "transitioned"), ("e3", "transitioned")]

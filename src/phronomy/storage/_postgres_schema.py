@@ -16,7 +16,7 @@ from ._sql_inbox import (
 from ._sql_list import LIST_STATEMENTS
 from ._sql_ops import Statements
 from ._sql_schedules import POSTGRES_TIME, postgres_time
-from ._sql_writes import BARE
+from ._sql_writes import BARE, TIDY
 
 __all__ = [
     "COLUMNS",
@@ -466,6 +466,8 @@ STATEMENTS = Statements(
     update=SQL_UPDATE,
     update_consuming=SQL_UPDATE + pyformat(CONSUMED_PENDING, now=_NOW_MS),
     update_closing=SQL_UPDATE + pyformat(BARE, now=_NOW_MS),
+    update_consuming_closing=SQL_UPDATE
+    + pyformat(CONSUMED_PENDING + TIDY, now=_NOW_MS),
     mark=SQL_MARK,
     mark_or_create=SQL_MARK_OR_CREATE,
     delete=SQL_DELETE,

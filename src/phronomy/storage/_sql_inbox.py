@@ -358,9 +358,12 @@ def consume(
     closing: str | None,
     sql: InboxStatements,
     now: int,
+    prune: bool = True,
 ) -> None:
     """Record the outcomes of *consumed* entries (in the write that consumes them); a
-    *closing* write (its status) refuses every entry still pending."""
+    *closing* write (its status) refuses every entry still pending; then the entries
+    beyond the last few are pruned (unless *prune* is false: the instance has no more
+    entries than the inbox keeps)."""
     statements = consumption(
         workflow_instance_id, revision, consumed, closing, sql, now
     )
@@ -368,7 +371,7 @@ def consume(
     for statement, params in statements:
         refused = conn.execute(statement, params).rowcount
     if consumed or (closing is not None and refused > 0):
-        for statement, params in pruning(workflow_instance_id, sql):
+        for statement, params in pruning(workflow_instance_id, sql, prune=prune):
             conn.execute(statement, params)
 
 
@@ -399,11 +402,12 @@ def consumption(
 
 
 def pruning(
-    workflow_instance_id: str, sql: InboxStatements
+    workflow_instance_id: str, sql: InboxStatements, *, prune: bool = True
 ) -> list[tuple[str, dict[str, Any]]]:
-    """What follows a write whose entries left the pending ones: the last few kept,
-    and (for waiters in other runtimes) a notification."""
-    statements = [(sql.prune, {"id": workflow_instance_id})]
+    """What follows a write whose entries left the pending ones: the last few kept
+    (when it may have more, *prune*), and (for waiters in other runtimes) a
+    notification."""
+    statements = [(sql.prune, {"id": workflow_instance_id})] if prune else []
     if sql.notify:
         statements.append((sql.notify, {"kind": "consumed"}))
     return statements

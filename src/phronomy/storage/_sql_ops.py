@@ -89,7 +89,9 @@ class Statements(NamedTuple):
     row (see :func:`claim_op`); without it, a claim is a load and then a ``begin``.
     ``update_closing`` is ``update`` for a closing save that consumes nothing: it
     changes the row only when the instance never had an inbox entry and has no timer
-    (:data:`~phronomy.storage._sql_writes.BARE`).
+    (:data:`~phronomy.storage._sql_writes.BARE`); ``update_consuming_closing`` is
+    ``update_consuming`` for a closing save, changing the row only when the instance
+    has no more entries than the inbox keeps and no timer (``TIDY``).
     """
 
     load: str
@@ -104,6 +106,7 @@ class Statements(NamedTuple):
     update: str
     update_consuming: str
     update_closing: str
+    update_consuming_closing: str
     mark: str
     mark_or_create: str
     delete: str
@@ -133,8 +136,8 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
     match op:  # the frequent operations first: a match tries its cases in order
         case SaveOp(request=request):
             closing = request.status if request.status in _CLOSED else None
-            revision, bare = _save(conn, request, sql, clock, closing=closing)
-            if bare:  # no entry to refuse, no timer to drop: its statement said so
+            revision, tidy = _save(conn, request, sql, clock, closing=closing)
+            if tidy and not request.consumed:  # no entry to refuse, no timer to drop
                 return revision
             if request.consumed or closing:
                 consume(
@@ -145,8 +148,9 @@ def apply_op(conn: Connection, op: StoreOp, sql: Statements, clock: StoreClock) 
                     closing=closing,
                     sql=sql.inbox,
                     now=clock.wall_ms(),
+                    prune=not tidy,  # (tidy: fewer entries than the inbox keeps)
                 )
-            if request.arm or request.disarm or closing:
+            if request.arm or request.disarm or (closing and not tidy):
                 arm_and_disarm(
                     conn,
                     request.workflow_instance_id,
@@ -405,15 +409,22 @@ def _save(
     closing: str | None,
 ) -> tuple[int, bool]:
     """The save's statement: the revision it made, and whether it was a closing
-    save's bare statement (``update_closing``: it changed the row, so the instance has
-    no entry to refuse and no timer to drop). When that statement changes nothing, the
-    save runs as any other (the instance has entries or timers, or it is refused)."""
+    save's tidy statement (``update_closing``, ``update_consuming_closing``: it changed
+    the row, so the instance has no timer to drop, no more entries than the inbox
+    keeps, and, when it consumes none, no entry to refuse). When that statement
+    changes nothing, the save runs as any other (the instance has entries or timers,
+    or the save is refused)."""
     iid = request.workflow_instance_id
     revision = (request.expected_revision or 0) + 1
     statement, params = save_statement(request, sql, clock)
-    bare = closing is not None and not request.consumed and statement is sql.update
-    if bare and conn.execute(sql.update_closing, params).rowcount == 1:
-        return revision, True
+    if closing is not None:
+        tidy = None
+        if statement is sql.update and not request.consumed:
+            tidy = sql.update_closing
+        elif statement is sql.update_consuming:
+            tidy = sql.update_consuming_closing
+        if tidy is not None and conn.execute(tidy, params).rowcount == 1:
+            return revision, True
     folded = statement is sql.update_consuming  # it checks its consumed entries
     if request.consumed and not folded:
         check_pending(conn, iid, request.consumed, sql.inbox)

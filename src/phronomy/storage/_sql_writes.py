@@ -20,6 +20,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BARE",
+    "TIDY",
     "claim_op",
     "claim_params",
     "claimed",
@@ -54,6 +55,13 @@ BARE = """
 the instance never had an inbox entry (none to refuse) and has no timer (none to
 drop). Else it changes nothing, and the save runs as any other, with the statements
 that refuse and drop them."""
+TIDY = """
+    AND inbox_seq <= (SELECT value FROM phronomy_settings WHERE name = 'save_log_depth')
+    AND NOT EXISTS (SELECT 1 FROM phronomy_timers WHERE instance_id = :id)
+"""
+"""The conditions a closing save that consumes entries adds: the instance has no
+timer (none to drop) and no more entries than the inbox keeps (none to prune after
+its consumption). Else it changes nothing, and the save runs as any other."""
 
 
 def record_from_row(row: tuple[Any, ...]) -> StoredRecord:

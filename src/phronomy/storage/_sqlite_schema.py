@@ -14,7 +14,7 @@ from ._sql_list import LIST_STATEMENTS
 from ._sql_ops import Statements
 from ._sql_schedules import SQLITE_SCHEDULES
 from ._sql_timers import SQLITE_MIGRATION
-from ._sql_writes import BARE
+from ._sql_writes import BARE, TIDY
 
 __all__ = [
     "COLUMNS",
@@ -423,6 +423,7 @@ STATEMENTS = Statements(
     update=SQL_UPDATE,
     update_consuming=SQL_UPDATE + CONSUMED_PENDING,
     update_closing=SQL_UPDATE + BARE,
+    update_consuming_closing=SQL_UPDATE + CONSUMED_PENDING + TIDY,
     mark=SQL_MARK,
     mark_or_create=SQL_MARK_OR_CREATE,
     delete=SQL_DELETE,
