@@ -215,7 +215,11 @@ def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     conditional statement (no row changed: refused, with the
     row as it is), then its inbox and timer changes, which wait for nothing but the
     count of a closing save's refused entries (it says whether to prune). A closing
-    save without consumed entries sends them with its statement (:data:`SQL_CLOSE`)."""
+    save first sends its tidy statement (``update_closing``,
+    ``update_consuming_closing``): changed, its instance has no timer and no entry to
+    refuse or prune, and nothing else is sent but its entries' outcomes; unchanged,
+    it runs as below, a round trip later. A closing save without consumed entries
+    sends its inbox and timer changes with its statement (:data:`SQL_CLOSE`)."""
     iid = request.workflow_instance_id
     consumed = request.consumed
     statement, params = save_statement(request, sql, clock)
@@ -228,6 +232,19 @@ def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     revision = (request.expected_revision or 0) + 1
     closing = request.status if request.status in _CLOSED else None
     now = clock.wall_ms()
+    tidy = None  # (a closing save of an instance with no timer and few entries)
+    if closing is not None and statement is sql.update and not consumed:
+        tidy = sql.update_closing
+    elif closing is not None and folded:
+        tidy = sql.update_consuming_closing
+    if tidy is not None:  # its own statement, and its entries' outcomes
+        (saved,) = yield [(tidy, params)], True
+        if saved.rowcount == 1:
+            if consumed:
+                inbox = consumption(iid, revision, consumed, closing, sql.inbox, now)
+                yield inbox + pruning(iid, sql.inbox, prune=False), False
+            return revision
+        # else it has timers or more entries, or it is refused: as any other save
     if closing is not None and not consumed:
         marked = SQL_UPDATE_MARKED if statement is sql.update else SQL_CREATE_MARKED
         ((_, refusal),) = consumption(iid, revision, (), closing, sql.inbox, now)
