@@ -16,6 +16,9 @@ if TYPE_CHECKING:
 
 __all__ = ["input_overlay", "policy"]
 
+_NO_INPUT = InputOverlay()
+"""No input (frozen, and its empty fields are never changed: one will do)."""
+
 
 def policy(value: object) -> IfExists:
     if value not in ("refuse", "return", "restart", "restart_closed"):
@@ -28,7 +31,7 @@ def policy(value: object) -> IfExists:
 
 def input_overlay(workflow: WorkflowDefinition[Any], value: Any) -> InputOverlay:
     if value is None:
-        return InputOverlay()
+        return _NO_INPUT
     if isinstance(value, workflow.state_type):
         return InputOverlay(state=value)
     if isinstance(value, State):
