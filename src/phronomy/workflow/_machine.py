@@ -188,9 +188,14 @@ def fire(
         TransitionError: see :func:`select`.
         Exception: whatever a callback raised (later callbacks do not run).
     """
-    transition = select(definition, current, state, event)
-    if transition is None:
-        return None
+    candidates = definition.routes.get(current, _NO_ROUTES).get(event.type)
+    if candidates and candidates[0].guard is None:  # (most: the first, unguarded)
+        transition = candidates[0]
+    else:
+        selected = select(definition, current, state, event)
+        if selected is None:
+            return None
+        transition = selected
     if exits := definition.exit_actions.get(current):  # (most states have none)
         state = _run_actions(definition, exits, state, event, effects)
     if transition.action is not None:
@@ -200,8 +205,10 @@ def fire(
             state,
             transition.action,
         )
-    if transition.target != FINISH:
-        state = enter(definition, transition.target, state, event, effects)
+    if transition.target != FINISH and (
+        entries := definition.entry_actions.get(transition.target)
+    ):
+        state = _run_actions(definition, entries, state, event, effects)
     return Fired(transition=transition, state=state)
 
 
@@ -363,10 +370,17 @@ class WorkflowMachine(Generic[S]):
             effects.discard()
             return MachineStep(next="rejected", current=self.current)
         self.state = fired.state
-        self.current = fired.transition.target
+        self.current = current = fired.transition.target
         self.transitions += 1
         self.entered += 1
-        return self._arrived(effects.take())
+        decision = self.definition.decisions.get(current)  # (decide's table, inline)
+        if decision is None:
+            return self._arrived(effects.take())  # (it raises: no such state)
+        return MachineStep(
+            next=decision,  # type: ignore[arg-type]
+            intents=effects.take(),
+            current=current,
+        )
 
     def _arrived(self, intents: tuple[Intent, ...]) -> MachineStep:
         current = self.current
