@@ -203,7 +203,6 @@ def encode_snapshot(
             names the instance, the revision and the field path).
         SerializationError: the encoded snapshot exceeds *max_bytes*.
     """
-    where = f"workflow instance {workflow_instance_id!r} revision {revision}"
     envelope = _Envelope(
         type=RECORD_TYPE,
         format=SNAPSHOT_FORMAT,
@@ -217,11 +216,12 @@ def encode_snapshot(
     try:
         blob = _ENCODER.encode(envelope)
     except RecursionError:
-        raise _too_deep(where) from None
+        raise _too_deep(_where(workflow_instance_id, revision)) from None
     except (TypeError, ValueError, OverflowError) as exc:
         check_json_domain(fields, "$.fields")  # names the offending value
         raise SerializationError(
-            f"the snapshot of {where} cannot be encoded: {exc}"
+            f"the snapshot of {_where(workflow_instance_id, revision)} cannot be "
+            f"encoded: {exc}"
         ) from exc
     if len(blob) > max_bytes:
         raise SerializationError(
@@ -229,8 +229,13 @@ def encode_snapshot(
             f"the limit is {max_bytes} bytes (max_snapshot_bytes)"
         )
     if not _survives(fields):
-        _check_round_trip(blob, fields, where)
+        _check_round_trip(blob, fields, _where(workflow_instance_id, revision))
     return blob
+
+
+def _where(workflow_instance_id: str, revision: int) -> str:
+    """How an error names the snapshot (made only for an error, or a check)."""
+    return f"workflow instance {workflow_instance_id!r} revision {revision}"
 
 
 _PLAIN = frozenset({str, int, bool})
