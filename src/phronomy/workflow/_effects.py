@@ -131,6 +131,11 @@ class EffectRunner:
         self.trace: SegmentTrace | None = None  # the segment's span (telemetry on)
 
     @property
+    def timing(self) -> bool:
+        """Whether timeouts of a visit run (else a visit without any changes nothing)."""
+        return bool(self._timeouts)
+
+    @property
     def pending(self) -> int:
         """Effects started and not delivered yet."""
         return len(self._handles) + len(self._timers) + len(self._retrying)

@@ -162,7 +162,8 @@ class Steps:
         """Run the timeouts of the state the segment waits in (a new visit's)."""
         machine = session.machine
         delays = session.definition.timeouts.get(machine.current, ())
-        if delays or session.effects_started is not None:  # (else none ran, none runs)
+        effects = session.effects_started
+        if delays or (effects is not None and effects.timing):  # (else none run)
             session.effects.run_timeouts(machine.entered, delays, after_event)
 
     def relaunch(self, payload: Any, session: Stepped) -> None:
