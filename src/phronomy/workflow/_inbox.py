@@ -221,6 +221,7 @@ class Feed:
         self._consumed: list[tuple[InboxEntry, Consumption]] = list(done)
         self._judgements = {e.seq: (e, c) for e, c in done}
         self.last_seq: int | None = horizon  # (a new instance's feed: nothing else)
+        """The number of the last entry offered (``None``: not known yet)."""
         if entries or done or current is not None:
             seqs = [e.seq for e in entries] + [e.seq for e, _ in done]
             if current is not None:
@@ -228,7 +229,6 @@ class Feed:
             if horizon is not None:
                 seqs.append(horizon)
             self.last_seq = max(seqs)
-        """The number of the last entry offered (``None``: not known yet)."""
         self.gap = truncated
         """Entries may have been stored that the feed was not offered (ask the store
         for those after :attr:`last_seq`)."""
