@@ -8,6 +8,7 @@ marked slow use real processes and SIGKILL.
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import subprocess
@@ -641,11 +642,73 @@ async def test_a_renewal_pass_does_not_look_at_every_lease_for_each_chunk(
     assert Counted.looked <= count, Counted.looked  # before: 11 x count
     renewed = claimed + leases.settings.ttl - leases.settings.margin
     assert leases._earliest() > renewed  # every deadline moved: the earliest too
-    assert min(h.deadline for h in leases._held.values()) == leases._earliest()
+    earliest = min(h.deadline for h in leases._held.values())
+    assert earliest <= leases._earliest() < earliest + 1 / _leases.DEADLINE_GRAIN
     leases._expire(leases._earliest())  # the earliest lapses: those leases are lost
     assert len(leases._held) < count - 1
-    assert all(h.deadline > leases._earliest() - 1e-9 for h in leases._held.values())
+    assert all(h.deadline > leases._earliest() - 1 for h in leases._held.values())
+    assert all(not h.lapsed() for h in leases._held.values())
     store.close()
+
+
+async def test_renewal_passes_keep_one_heap_key_per_group_of_deadlines(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Before: each renewal pushed one heap entry per lease, and the entries a later
+    # renewal made stale stayed until their deadline: at 100k leases the heap held
+    # 600k entries, and the end of each pass popped 100k of them in one step of the
+    # trio thread (225 ms that every start and save waited behind).
+    from phronomy.durability import _leases
+
+    monkeypatch.setattr(_leases, "RENEW_CHUNK", 100)
+    store = phronomy.SQLiteStore(tmp_path / "leases.db")
+    store.open()
+    leases = _leases.Leases(store_run(store), _leases.LeaseSettings())
+    count, passes = 1_000, 4
+    claimed = trio.current_time()
+    for n in range(count):
+        epoch = store.begin(f"x{n}", "wf", lease_owner=leases.owner, ttl_ms=60_000)
+        assert epoch is not None
+        leases.hold(f"x{n}", epoch, _Deaf(), claimed_at=claimed)
+    for _ in range(passes):
+        await leases.renew()
+    chunks = count // _leases.RENEW_CHUNK
+    assert len(leases._keys) <= 1 + passes * chunks  # before: count * (1 + passes)
+    assert sum(due.live for due in leases._due.values()) == count
+    for n in range(0, count, 2):
+        leases.drop(f"x{n}")
+    assert sum(due.live for due in leases._due.values()) == count // 2
+    store.close()
+
+
+async def test_a_lease_not_renewed_is_lost_at_its_deadline_not_before(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    from phronomy.durability import _leases
+
+    lost: list[float] = []
+
+    class Listener(_Deaf):
+        def lost(self, error: object) -> None:
+            lost.append(trio.current_time())
+
+    async def failing(op: Any) -> Any:
+        raise OSError("the store is away")
+
+    leases = _leases.Leases(failing, _leases.LeaseSettings())
+    claimed = trio.current_time() + 0.001  # (no multiple of the grain)
+    held = leases.hold("x", 1, Listener(), claimed_at=claimed)
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(leases.heartbeat)
+        await trio.sleep_until(held.deadline - 0.001)
+        assert lost == []
+        assert not held.lapsed()
+        await trio.sleep(1)
+        nursery.cancel_scope.cancel()
+    assert len(lost) == 1
+    assert held.deadline <= lost[0] <= held.deadline + 1 / _leases.DEADLINE_GRAIN
+    assert leases.held_count == 0
+    assert leases._earliest() == math.inf
 
 
 def store_run(store: phronomy.storage.BaseStore[Any]) -> Any:
