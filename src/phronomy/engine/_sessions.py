@@ -193,6 +193,8 @@ class SessionTable:
         self.live.clear()
         self.admitted.clear()
         self._starting.clear()
+        self._to_start.clear()
+        self._ending.clear()
         self._waiters.clear()
         self._owners.clear()
 
