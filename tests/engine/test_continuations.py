@@ -81,6 +81,59 @@ async def test_a_continuation_that_raises_fails_the_dispatcher() -> None:
     assert result.error is broken
 
 
+async def test_an_event_handed_over_after_the_engine_stopped_accepting_is_taken(
+    engine: Engine,
+) -> None:
+    # Before: a continuation accepted while the engine drained, and dispatched once it
+    # was stopping, had its at-once event (a terminal save's result) refused while
+    # the session was live: the session was cut off with RuntimeShutdownError although
+    # its save had committed. Posted directly at that moment, the event was delivered.
+    session = CountingSession(engine, 2)
+    handle = engine.register_session(session)
+    await until(lambda: session.started)
+    assert engine.post_nowait(Event(type="first", target_id=session.id))
+    taken: list[bool] = []
+
+    def result_arrives() -> None:
+        event = Event(type="result", target_id=session.id)
+        taken.append(engine.post_nowait(event, at_once=True))
+
+    assert engine.call_soon(result_arrives)  # accepted ...
+    engine._lifecycle.set("stopping")  # ... and dispatched once the engine stops
+    await until(lambda: bool(taken))
+    assert taken == [True]
+    assert await handle.result() == ["first", "result"]
+    assert not engine.post_nowait(Event(type="late", target_id=session.id))
+
+
+async def test_a_write_submitted_while_a_failed_dispatcher_stops_is_flushed() -> None:
+    # Before: what the failure's handling submitted to a batcher on the dispatcher
+    # task waited for the end of a batch that never came: the batcher stayed
+    # scheduled, and the write (a release owed, say) was never sent.
+    written: list[int] = []
+    async with open_engine(shutdown_timeout=0.5) as engine:
+        batcher: Batcher[int, int] = Batcher(
+            engine.pool("writes", size=1),
+            lambda items: [outcome.Value(i) for i in items],
+            defer=engine.at_batch_end,
+            handoff=engine.call_soon,
+        )
+
+        def breaks() -> None:
+            batcher.submit(1, lambda done: written.append(done.unwrap()))
+            raise RuntimeError("a broken continuation")
+
+        def write_owed() -> None:  # queued behind it: run while the engine fails
+            batcher.submit(2, lambda done: written.append(done.unwrap()))
+
+        assert engine.call_soon(breaks)
+        assert engine.call_soon(write_owed)
+        with trio.fail_after(5):
+            await until(lambda: engine.state == "failed")
+            await batcher.wait_idle()
+        assert written == [1, 2]
+
+
 async def test_a_continuation_queued_when_the_engine_stops_runs_at_teardown() -> None:
     ran: list[bool] = []
     async with open_engine(shutdown_timeout=1.0) as engine:
@@ -129,6 +182,32 @@ async def test_the_batcher_hands_a_batch_s_callbacks_over(engine: Engine) -> Non
     assert handed  # one hand-off per batch
     assert [value for value, _ in where] == [2, 4, 6]
     assert all(on_dispatcher for _, on_dispatcher in where)
+
+
+async def test_a_failed_batch_s_errors_are_handed_over_in_order_too(
+    engine: Engine,
+) -> None:
+    # Before: a batch that failed ran its callbacks at once, wherever it completed,
+    # possibly before the queued hand-off of the batch that completed before it.
+    got: list[tuple[str, bool]] = []
+
+    def run_batch(items: list[int]) -> list[outcome.Outcome[int]]:
+        if 0 in items:
+            raise OSError("the store is away")
+        return [outcome.Value(i) for i in items]
+
+    def collect(result: outcome.Outcome[int]) -> None:
+        value = "error" if isinstance(result, outcome.Error) else str(result.unwrap())
+        got.append((value, engine.is_dispatcher()))
+
+    batcher: Batcher[int, int] = Batcher(
+        engine.pool("f", size=1), run_batch, handoff=engine.call_soon, max_batch=1
+    )
+    for i in (1, 0, 2):
+        batcher.submit(i, collect)
+    with trio.fail_after(5):
+        await until(lambda: len(got) == 3)
+    assert got == [("1", True), ("error", True), ("2", True)]
 
 
 async def test_a_batch_the_engine_refuses_runs_its_callbacks_at_once(

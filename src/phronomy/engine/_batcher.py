@@ -39,7 +39,7 @@ class Batcher(Generic[I, O]):
     :class:`outcome.Outcome` per item, in order. Each item's callback receives its
     outcome on the trio thread; if the offloaded call itself fails (or the pool refuses
     it), every item of the batch receives that error. With *handoff* (the engine's
-    ``call_soon``) a batch's callbacks run on the dispatcher, in order, at the place
+    ``call_soon``) a batch's callbacks (its errors too) run on the dispatcher, in order, at the place
     in its queue where the batch completed: what a callback would post there, it may
     do at once (see :meth:`Engine.call_soon <phronomy.lowlevel.Engine.call_soon>`);
     one that raises fails the dispatcher. Where the engine no longer accepts them,
@@ -133,20 +133,17 @@ class Batcher(Generic[I, O]):
         """A batch ran: its callbacks get their outcomes (handed off, or at once),
         and the next batch starts."""
         self._in_flight = False
-        if done.status != "completed":
+        if done.status != "completed":  # every item of the batch gets its error
             assert done.error is not None
-            error: BaseException | None = done.error
-            results: list[outcome.Outcome[O]] = []
+            results: list[outcome.Outcome[O]] = [outcome.Error(done.error)] * len(batch)
         else:
             results = done.result_nowait()
-            error = None
             if len(results) != len(batch):
                 error = PhronomyInternalError(
                     f"batch returned {len(results)} results for {len(batch)} items"
                 )
-        if error is not None:
-            self._fail(batch, error)
-        elif self._handoff is None or not self._handoff(
+                results = [outcome.Error(error)] * len(batch)
+        if self._handoff is None or not self._handoff(
             functools.partial(_hand_out, batch, results)
         ):
             for (_, callback), result in zip(batch, results, strict=True):

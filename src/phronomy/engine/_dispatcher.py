@@ -82,6 +82,7 @@ class Dispatcher:
         self._scope = trio.CancelScope()
         self.exited = trio.Event()
         self._batch_end: list[Callable[[], object]] = []
+        self._batching = False  # while the loop runs: at_batch_end defers only then
         self.backlog_threshold = config.backlog_threshold
         self.posted = 0
         self.dispatched = 0
@@ -123,11 +124,8 @@ class Dispatcher:
 
     def at_batch_end(self, callback: Callable[[], object]) -> None:
         """Run *callback* once the current batch is dispatched (at once off the
-        dispatcher task, or when the dispatcher has stopped)."""
-        if (
-            trio.lowlevel.current_task() is self._lifecycle.task
-            and not self.exited.is_set()
-        ):
+        dispatcher task, or once its loop stopped: failed, ended or cancelled)."""
+        if self._batching and trio.lowlevel.current_task() is self._lifecycle.task:
             self._batch_end.append(callback)
         else:
             callback()
@@ -198,11 +196,20 @@ class Dispatcher:
         try:
             with self._scope:
                 task_status.started()
+                self._batching = True
                 try:
                     await self._loop()
                 except Exception as exc:  # noqa: BLE001 - a dispatcher failure, reported
+                    # What the failure's handling defers runs at once, then what the
+                    # failed batch had deferred (a write owed, as a group commit's
+                    # start, is flushed, not left for a batch end that never comes).
+                    self._batching = False
                     self._on_failure(exc)
+                    leftovers, self._batch_end = self._batch_end, []
+                    for callback in leftovers:
+                        self._lifecycle.attempt("ending the failed batch", callback)
         finally:
+            self._batching = False
             self.exited.set()
 
     async def _loop(self) -> None:

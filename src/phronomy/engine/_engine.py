@@ -1,5 +1,5 @@
 """The engine: a small composition of the dispatcher, sessions, receivers, supervision
-and shutdown, and ``open_engine``."""
+and shutdown (``open_engine`` runs one)."""
 
 from __future__ import annotations
 
@@ -170,9 +170,10 @@ class Engine:
         An :class:`Event` is queued only while its target session is admitted (from
         registration until it ends); a :class:`Delivery` only to a registered receiver,
         and with ``admission=True`` only while the engine is running. With *at_once*,
-        an event posted on the dispatcher is handed to its live session at once: for
-        code that runs where its posts would be queued (a continuation, see
-        :meth:`call_soon`).
+        an event posted on the dispatcher is handed to its live session at once, even
+        once the engine stopped accepting posts (the dispatcher still dispatches what
+        it accepted): for code that runs where its posts would be queued (a
+        continuation, see :meth:`call_soon`).
 
         Returns:
             Whether the item was queued, or taken (``False``: the engine or the target
@@ -185,15 +186,19 @@ class Engine:
         if threading.get_ident() != lifecycle.thread_id:
             raise foreign_thread_error(f"Engine.post_nowait({type(item).__name__})")
         if type(item) is Event:  # the hottest path of the engine: enqueue, inlined
+            if at_once and trio.lowlevel.current_task() is lifecycle.task:
+                # dispatching what it accepted earlier (a continuation): handed over
+                # while the session lives, even once the engine stopped accepting
+                session = self._sessions.live.get(item.target_id)
+                if session is not None and item.target_id in self._admitted:
+                    if item.caller is not None:
+                        self._receivers.track(item.caller)
+                    session.handle(item)
+                    return True
             if not lifecycle.accepting or item.target_id not in self._admitted:
                 return False
             if item.caller is not None:
                 self._receivers.track(item.caller)
-            if at_once and trio.lowlevel.current_task() is lifecycle.task:
-                session = self._sessions.live.get(item.target_id)
-                if session is not None:
-                    session.handle(item)
-                    return True
             dispatcher = self._dispatcher
             dispatcher.send_nowait(item)
             dispatcher.posted += 1
@@ -284,12 +289,10 @@ class Engine:
             ReentrancyError: called from a thread other than the runtime's.
         """
         self.check_thread("Engine.register_session()")
-        if receiver is not None and not self._receivers.known(receiver):
-            raise ValueError("the receiver is not registered on this engine")
         waiter = (
             ResultHandle(f"session:{session.id}") if completion is None else completion
         )
-        self._sessions.register(session, waiter, receiver)
+        self._sessions.register(session, waiter, _known(self._receivers, receiver))
         return waiter
 
     def run_session(
@@ -305,6 +308,12 @@ class Engine:
         starts, or the dispatcher fails). A retired session goes to *receiver*
         instead (``waiter=None``).
 
+        Args:
+            session: the session to run.
+            on_end: learns how it ended.
+            receiver: the registered receiver that owns the session (told when it
+                retires).
+
         Raises:
             RuntimeShutdownError: the engine no longer accepts sessions.
             PhronomyError: a session with that id is already registered.
@@ -312,9 +321,7 @@ class Engine:
             ReentrancyError: called from a thread other than the runtime's.
         """
         self.check_thread("Engine.run_session()")
-        if receiver is not None and not self._receivers.known(receiver):
-            raise ValueError("the receiver is not registered on this engine")
-        self._sessions.register(session, on_end, receiver)
+        self._sessions.register(session, on_end, _known(self._receivers, receiver))
 
     def receiver(self, key: object, factory: Callable[[Engine], R]) -> R:
         """Return the receiver registered under *key*, creating it with *factory*.
@@ -458,3 +465,14 @@ class Engine:
         result = self._shutdown.result
         assert result is not None
         return result
+
+
+def _known(receivers: ReceiverTable, receiver: R | None) -> R | None:
+    """*receiver*, once it is known to be registered (``None`` passes).
+
+    Raises:
+        ValueError: it is not registered on this engine.
+    """
+    if receiver is not None and not receivers.known(receiver):
+        raise ValueError("the receiver is not registered on this engine")
+    return receiver

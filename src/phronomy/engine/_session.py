@@ -118,6 +118,10 @@ class EventSink:
         once: for a result that arrives where it would be queued (a continuation,
         see :meth:`Engine.call_soon <phronomy.lowlevel.Engine.call_soon>`).
 
+        Returns:
+            Whether the event was taken (``False``: the session ended, or, off the
+            dispatcher, the engine no longer accepts posts).
+
         Raises:
             PhronomyError: the sink is not bound yet.
         """
