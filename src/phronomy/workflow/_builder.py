@@ -366,19 +366,15 @@ class Workflow(Generic[S]):
                 f"automatic transition(s) from wait state(s) {dead} can never fire; "
                 "give them an event with on=..."
             )
-        auto_states = {t.source for t in self._transitions if t.automatic}
-        timed = sorted(
-            {t.source for t in self._transitions if t.after_ms is not None}
-            & auto_states
-        )
+        transitions = tuple(self._transitions)
+        derived = indexed(transitions, self._states, frozenset(self._wait_states))
+        timed = sorted(set(derived["timeouts"]) & derived["auto_states"])
         if timed:
             raise DefinitionError(
                 f"state(s) {timed} have an automatic transition and a timeout (after=): "
                 "an automatic transition leaves at once, so the timeout could never fire"
             )
         self._warn_unreachable(entry_point, known)
-        transitions = tuple(self._transitions)
-        derived = indexed(transitions, self._states, frozenset(self._wait_states))
         for state, event in self._checkpoints.items():
             if event not in derived["events_from"].get(state, ()):
                 raise DefinitionError(

@@ -152,6 +152,10 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         auto_states: states with at least one automatic transition.
         external_events: external event names, in declaration order.
         events_from: state → the external events declared from it.
+        routes: state → event → the transitions the event may take from the state,
+            in declaration order (what the machine selects from).
+        decisions: state (and ``__end__``) → what the machine does on arriving
+            there: ``finish``, ``halt``, ``auto``, ``wait`` or ``leaf``.
         effect_events: the external event names, as a set (what effects may post).
         timeouts: state → the delays (ms) of its timeout transitions.
         on_unhandled_event: ``"drop"`` or ``"fail"`` an event the current state does
@@ -162,10 +166,6 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
         checkpoints: checkpoint wait state → the event a durable segment fires there
             once its save of the state is acknowledged (see
             :meth:`~phronomy.Workflow.wait_state`).
-        routes: state → event → the transitions the event may take from the state,
-            in declaration order (what the machine selects from).
-        decisions: state (and ``__end__``) → what the machine does on arriving
-            there: ``finish``, ``halt``, ``auto``, ``wait`` or ``leaf``.
     """
 
     name: str
@@ -181,16 +181,14 @@ class WorkflowDefinition(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     auto_states: frozenset[str]
     external_events: tuple[str, ...]
     events_from: Mapping[str, frozenset[str]]
+    routes: Mapping[str, Mapping[str, tuple[Transition, ...]]]
+    decisions: Mapping[str, str]
     effect_events: frozenset[str] = frozenset()
     timeouts: Mapping[str, tuple[int, ...]] = msgspec.field(default_factory=dict)
     on_unhandled_event: Literal["drop", "fail"] = "drop"
     version: str = ""
     retention: float | None = None
     checkpoints: Mapping[str, str] = msgspec.field(default_factory=dict)
-    routes: Mapping[str, Mapping[str, tuple[Transition, ...]]] = msgspec.field(
-        default_factory=dict
-    )
-    decisions: Mapping[str, str] = msgspec.field(default_factory=dict)
 
     def has_event(self, event: str) -> bool:
         """Whether *event* is a declared external event (a timeout's is not)."""
