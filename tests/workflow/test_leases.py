@@ -583,11 +583,7 @@ async def test_a_renewal_of_many_leases_is_written_in_bounded_chunks(
     store.open()
     leases = _leases.Leases(store_run(store), _leases.LeaseSettings())
     count = 2 * _leases.RENEW_CHUNK + 3
-    claimed = trio.current_time()
-    for n in range(count):
-        epoch = store.begin(f"x{n}", "wf", lease_owner=leases.owner, ttl_ms=60_000)
-        assert epoch is not None
-        leases.hold(f"x{n}", epoch, _Deaf(), claimed_at=claimed)
+    claimed = _hold_many(store, leases, count)
     renewals: list[int] = []
     run = leases._run
 
@@ -631,11 +627,7 @@ async def test_a_renewal_pass_does_not_look_at_every_lease_for_each_chunk(
     leases = _leases.Leases(store_run(store), _leases.LeaseSettings())
     leases._held = Counted()
     count = 10 * _leases.RENEW_CHUNK
-    claimed = trio.current_time()
-    for n in range(count):
-        epoch = store.begin(f"x{n}", "wf", lease_owner=leases.owner, ttl_ms=60_000)
-        assert epoch is not None
-        leases.hold(f"x{n}", epoch, _Deaf(), claimed_at=claimed)
+    claimed = _hold_many(store, leases, count)
     leases.drop("x3")
     await trio.sleep(0.01)
     await leases.renew()
@@ -665,11 +657,7 @@ async def test_renewal_passes_keep_one_heap_key_per_group_of_deadlines(
     store.open()
     leases = _leases.Leases(store_run(store), _leases.LeaseSettings())
     count, passes = 1_000, 4
-    claimed = trio.current_time()
-    for n in range(count):
-        epoch = store.begin(f"x{n}", "wf", lease_owner=leases.owner, ttl_ms=60_000)
-        assert epoch is not None
-        leases.hold(f"x{n}", epoch, _Deaf(), claimed_at=claimed)
+    _hold_many(store, leases, count)
     for _ in range(passes):
         await leases.renew()
     chunks = count // _leases.RENEW_CHUNK
@@ -709,6 +697,16 @@ async def test_a_lease_not_renewed_is_lost_at_its_deadline_not_before(
     assert held.deadline <= lost[0] <= held.deadline + 1 / _leases.DEADLINE_GRAIN
     assert leases.held_count == 0
     assert leases._earliest() == math.inf
+
+
+def _hold_many(store: phronomy.SQLiteStore, leases: Any, count: int) -> float:
+    """Claim ``x0`` ... on *store* for *leases* and hold them; return the claims' time."""
+    claimed = trio.current_time()
+    for n in range(count):
+        epoch = store.begin(f"x{n}", "wf", lease_owner=leases.owner, ttl_ms=60_000)
+        assert epoch is not None
+        leases.hold(f"x{n}", epoch, _Deaf(), claimed_at=claimed)
+    return claimed
 
 
 def store_run(store: phronomy.storage.BaseStore[Any]) -> Any:
