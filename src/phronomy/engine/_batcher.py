@@ -39,9 +39,9 @@ class Batcher(Generic[I, O]):
     :class:`outcome.Outcome` per item, in order. Each item's callback receives its
     outcome on the trio thread; if the offloaded call itself fails (or the pool refuses
     it), every item of the batch receives that error. With *handoff* (the engine's
-    ``call_soon``) a batch's callbacks (its errors too) run on the dispatcher, in order, at the place
-    in its queue where the batch completed: what a callback would post there, it may
-    do at once (see :meth:`Engine.call_soon <phronomy.lowlevel.Engine.call_soon>`);
+    ``call_soon``) a batch's callbacks (its errors too) run on the dispatcher, in
+    order, at the place in its queue where the batch completed: what a callback would
+    post there, it may do at once (see :meth:`Engine.call_soon <phronomy.lowlevel.Engine.call_soon>`);
     one that raises fails the dispatcher. Where the engine no longer accepts them,
     they run at once, wherever the batch completed.
 
