@@ -112,6 +112,7 @@ class InstanceMachine(RuleBasedStateMachine):
         self.leases: set[int] = set()
         self.claims: dict[int, str] = {}  # id(instance) -> "open" | "closed"
         self.segments: list[Proto] = []  # ended by shutdown: they still end
+        self.late: list[Proto] = []  # closed while loading: their answer may come
 
     # --- the driver -----------------------------------------------------------------
 
@@ -212,6 +213,25 @@ class InstanceMachine(RuleBasedStateMachine):
         else:
             self.handle(key, Withdraw(write=Op("give back"), answered=True))
         del self.model[key]
+
+    @precondition(lambda self: self.late)
+    @rule(claim=st.booleans())
+    def answered_after_shutdown(self, claim: bool) -> None:
+        """A load answered once the runtime shut down: a claim it made is given back,
+        and nothing else happens (its caller heard at the shutdown)."""
+        instance = self.late.pop()
+        write = None
+        if claim:
+            self.claims[id(instance)] = "open"
+            claimed = Claim(epoch=1, claimed_at=0.0)
+            self.carry(instance, self.registry.handle(instance, claimed))
+            write = Op("give back")
+        error = RuntimeShutdownError("cut")
+        outputs = self.registry.handle(instance, Refuse(error=error, write=write))
+        assert outputs == ([] if write is None else [Submit(op=write, quiet=True)])
+        self.carry(instance, outputs)
+        assert self.claims.get(id(instance)) in (None, "closed")
+        assert instance.state == "closed"
 
     @precondition(lambda self: self.keys("admitting", "claimed"))
     @rule(index=st.integers(0, 1))
@@ -326,7 +346,9 @@ class InstanceMachine(RuleBasedStateMachine):
                 self.ended(key, instance)
             elif states[key] in ("admitting", "loading", "claimed", "cancelling"):
                 assert instance.caller is not None
-                instance.caller.settled += 1  # its continuation is refused: it fails
+                instance.caller.settled += 1  # the engine fails it as it shuts down
+                if states[key] == "loading":  # its load may still be answered
+                    self.late.append(instance)
         self.registry = Instances(noun="instance", busy_error=_busy)
 
     # --- invariants -----------------------------------------------------------------

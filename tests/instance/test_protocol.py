@@ -133,6 +133,25 @@ def test_a_refusal_at_shutdown_writes_quietly_and_fails_the_caller_at_once() -> 
     ]
 
 
+def test_a_load_answered_after_the_shutdown_gives_its_claim_back_quietly() -> None:
+    registry = _registry()
+    caller = Caller("c")
+    instance, _ = registry.admit("k", Admit(owner=object(), label="w", caller=caller))
+    registry.handle(instance, Load())
+    assert registry.shutdown(None) == [(instance, [])]  # the engine fails its caller
+    error = RuntimeShutdownError("cut off")
+    with pytest.raises(PhronomyInternalError, match="nothing to give back"):
+        registry.handle(instance, Refuse(error=error, write=Op("give back")))
+    assert registry.handle(instance, Claim(epoch=3, claimed_at=1.5)) == []
+    with pytest.raises(PhronomyInternalError, match="a claim made must be given back"):
+        registry.handle(instance, Refuse(error=error))
+    give_back = Op("give back")
+    outputs = registry.handle(instance, Refuse(error=error, write=give_back))
+    assert outputs == [Submit(op=give_back, quiet=True)]  # nobody left to settle
+    assert instance.state == "closed"
+    assert "k" not in registry
+
+
 def test_a_cancel_that_arrives_while_loading_ends_the_segment_before_it_runs() -> None:
     registry = _registry()
     instance, caller = _claimed(registry)

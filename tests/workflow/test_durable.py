@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
+import time
 from typing import TYPE_CHECKING, Any
 
 import msgspec
@@ -775,6 +776,33 @@ async def test_late_save_result_after_cut_off_is_dropped_with_a_warning(
     assert "rejected Workflow terminal persistence result" in caplog.text
     assert store.count("save") == 1
     assert store.inner.load("late").revision == 1  # type: ignore[union-attr]  # it did land: outcome was unknown
+
+
+async def test_a_claim_answered_after_the_dispatcher_stopped_releases_its_lease(
+    make_store: Callable[[], phronomy.storage.BaseStore[Any]],
+) -> None:
+    # Before: the claim's answer, arriving once the engine stopped accepting, failed
+    # the caller and left the row leased to this runtime (no segment, nothing renewing
+    # it) until its TTL ran out and another runtime's sweep took it over.
+    store = FaultyStore(make_store())
+    gate = store.block("claim.after")
+    async with runtime_on(store, shutdown_timeout=0.1, cancel_grace=3) as rt:
+        handle = rt.workflows.start(halting_flow(), workflow_instance_id="late")
+        await until(lambda: store.count("claim") == 1)
+
+        def answer_once_stopped() -> None:  # the claim's answer comes after the stop
+            while rt.state in ("running", "draining"):
+                time.sleep(0.005)
+            gate.set()
+
+        threading.Thread(target=answer_once_stopped, daemon=True).start()
+    with pytest.raises(phronomy.RuntimeShutdownError):
+        await handle.result()
+    assert store.count("claim") == 1
+    assert store.inner.load("late") is None  # the claim made the row; it is gone
+    async with runtime_on(store) as rt:  # free at once, not after the lease's TTL
+        result = await rt.workflows.invoke(halting_flow(), workflow_instance_id="late")
+        assert result.status == "halted"
 
 
 async def test_an_old_incarnations_sink_cannot_reach_a_new_one(

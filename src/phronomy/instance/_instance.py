@@ -198,6 +198,8 @@ class Instance(Generic[C, S, O, E, Q]):
                 return [Released(), done, *self._reruns()]
             case Refuse(error=error, write=write):
                 self._check_give_back(state, event, write)
+                if state == CLOSED:  # its caller heard at the shutdown
+                    return [] if write is None else [Submit(op=write, quiet=True)]
                 caller = self._caller(event)
                 if write is None:
                     return [
@@ -368,9 +370,10 @@ class Instance(Generic[C, S, O, E, Q]):
     def _check_give_back(
         self, state: str, event: InstanceEvent[C, S, O, Q, E], write: O | None
     ) -> None:
-        if state == CLAIMED and write is None:
+        made = state == CLAIMED or (state == CLOSED and self.claimed is not None)
+        if made and write is None:
             raise self._violation(event, "a claim made must be given back (no write)")
-        if state != CLAIMED and write is not None:
+        if not made and write is not None:
             raise self._violation(event, "no claim was made, nothing to give back")
 
     def _caller(self, event: InstanceEvent[C, S, O, Q, E]) -> C:

@@ -11,7 +11,8 @@ ends are not kept in the registry)::
     admitting | loading | claimed ─Refuse─▶ released        (a claim made is given back)
     loading ─Answer─▶ released ; loading | claimed ─Withdraw─▶ released
     absent ─AdmitCancel─▶ cancelling ⇄ remote_cancel ; cancelling ─CancelDone─▶ released
-    any admitted state ─Shutdown─▶ closed
+    any admitted state ─Shutdown─▶ closed ; closed ─Claim, Refuse─▶ closed
+                                     (a load answered late: its claim is given back)
 
 A pair missing from :data:`TRANSITIONS` is a bug in the driver: the protocol raises
 :class:`~phronomy.errors.PhronomyInternalError` naming the instance, its state and the
@@ -180,5 +181,8 @@ TRANSITIONS: dict[tuple[str, type], str] = {
     (REMOTE_CANCEL, Shutdown): CLOSED,
     (CLOSED, End): CLOSED,
     (CLOSED, Retire): CLOSED,
+    # a load answered once the runtime shut down: the claim it made is given back
+    (CLOSED, Claim): CLOSED,
+    (CLOSED, Refuse): CLOSED,
 }
 """The whole lifecycle of one instance in one runtime."""

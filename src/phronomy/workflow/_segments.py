@@ -181,16 +181,21 @@ class Segments:
             self._continue_with(message, cmd, "loading")
 
     def _continue_with(self, message: LoadReady, cmd: Command, what: str) -> None:
-        """Post the continuation of *cmd*'s admission (or fail its caller)."""
+        """Post the continuation of *cmd*'s admission; once the engine no longer
+        accepts it, the admission is refused here (a claim the load made is given
+        back) and its caller fails."""
         if not self._coordinator.post_message(message, completion=cmd.caller):
-            cmd.caller.fail(
-                RuntimeShutdownError(
-                    f"the runtime shut down while {what} workflow instance "
-                    f"{cmd.workflow_instance_id!r}"
-                )
+            error = RuntimeShutdownError(
+                f"the runtime shut down while {what} workflow instance "
+                f"{cmd.workflow_instance_id!r}"
             )
+            self.apply_load(message, refusal=error)
+            cmd.caller.fail(error)  # (settled already when the runtime closed it)
 
-    def apply_load(self, message: LoadReady) -> None:
+    def apply_load(
+        self, message: LoadReady, *, refusal: Exception | None = None
+    ) -> None:
+        """Run the segment the load prepared, or refuse it (with *refusal*, say)."""
         cmd, instance = message.command, message.instance
         try:
             loaded = message.loaded.unwrap()
@@ -209,7 +214,7 @@ class Segments:
             self._coordinator.instances.handle(
                 instance, Claim(epoch=loaded.epoch, claimed_at=message.sent)
             )
-        error: Exception | None = loaded.problem
+        error: Exception | None = loaded.problem or refusal
         if error is None:
             try:
                 self._continue_loaded(cmd, instance, loaded, claim)
