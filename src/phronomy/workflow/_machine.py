@@ -128,17 +128,21 @@ def _run_actions(
 
 
 def select(
-    definition: WorkflowDefinition[Any], current: str, state: State, event: EventLike
+    definition: WorkflowDefinition[Any],
+    current: str,
+    state: State,
+    event: EventLike,
+    candidates: tuple[Transition, ...] | None,
 ) -> Transition | None:
-    """Pick the transition *event* takes from *current*, or ``None`` if every guard of an
-    external event rejects.
+    """Pick the transition *event* takes from *current* among *candidates* (the
+    state's route for the event), or ``None`` if every guard of an external event
+    rejects.
 
     Raises:
         TransitionError: the machine does not know the event at all ("Unknown FSM
             event"), or the event is not declared from *current* ("Transition from").
         InvalidActionResultError: a guard returned an awaitable.
     """
-    candidates = definition.routes.get(current, _NO_ROUTES).get(event.type)
     if candidates is None:
         if event.type not in definition.by_event:
             raise TransitionError(
@@ -192,7 +196,7 @@ def fire(
     if candidates and candidates[0].guard is None:  # (most: the first, unguarded)
         transition = candidates[0]
     else:
-        selected = select(definition, current, state, event)
+        selected = select(definition, current, state, event, candidates)
         if selected is None:
             return None
         transition = selected
