@@ -235,3 +235,21 @@ def test_a_closing_save_that_consumes_prunes_and_drops_only_what_there_is(
         statements
     )
     assert _entries(store, "many") == [("e2", "transitioned"), ("e3", "transitioned")]
+
+
+def test_a_closing_save_that_consumes_one_entry_refuses_the_other_pending_ones(
+    counted: tuple[BaseStore[Any], list[str]],
+) -> None:
+    """The one-statement close (its entry's outcome with the row) must not leave an
+    entry posted meanwhile pending for an instance that finished: it is refused."""
+    store, _ = counted
+    lease = _claim(store, "two")
+    _post(store, "two", "e1")
+    _post(store, "two", "e2")  # stored while the segment applied e1
+    saving = msgspec.structs.replace(
+        request("two", None, status="finished"),
+        lease=lease,
+        consumed=(Consumption(seq=1, status="transitioned"),),
+    )
+    assert store.run(SaveOp(request=saving)).revision == 1
+    assert _entries(store, "two") == [("e1", "transitioned"), ("e2", "refused")]
