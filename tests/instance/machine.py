@@ -220,6 +220,7 @@ class InstanceMachine(RuleBasedStateMachine):
         """A load answered once the runtime shut down: a claim it made is given back,
         and nothing else happens (its caller heard at the shutdown)."""
         instance = self.late.pop()
+        assert instance.state == "closed_loading"
         write = None
         if claim:
             self.claims[id(instance)] = "open"
@@ -241,11 +242,16 @@ class InstanceMachine(RuleBasedStateMachine):
         self.model[key] = "executing"
 
     @precondition(lambda self: self.keys("executing"))
-    @rule(index=st.integers(0, 1))
-    def persist(self, index: int) -> None:
+    @rule(index=st.integers(0, 1), answered=st.booleans())
+    def persist(self, index: int, answered: bool) -> None:
         key = self.pick(index, "executing")
         self.handle(key, Persist())
         self.model[key] = "persisting_terminal"
+        if answered:  # the terminal save's answer comes at once (the common case)
+            instance = self.objects[key]
+            self.handle(key, End(value=1))
+            self.ended(key, instance)
+            del self.model[key]
 
     @precondition(lambda self: self.keys("executing", "persisting_terminal"))
     @rule(
@@ -410,4 +416,4 @@ class InstanceMachine(RuleBasedStateMachine):
             return waits | {"recovery_required"}
         # a cancel that waits for the segment: settled once it ends (or refused)
         still = any(c.done is caller for c, _, _ in instance.waiting)
-        return waits | {"closed"} if still else set()
+        return waits | {"closed", "closed_loading"} if still else set()

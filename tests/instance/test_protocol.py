@@ -139,6 +139,7 @@ def test_a_load_answered_after_the_shutdown_gives_its_claim_back_quietly() -> No
     instance, _ = registry.admit("k", Admit(owner=object(), label="w", caller=caller))
     registry.handle(instance, Load())
     assert registry.shutdown(None) == [(instance, [])]  # the engine fails its caller
+    assert instance.state == "closed_loading"
     error = RuntimeShutdownError("cut off")
     with pytest.raises(PhronomyInternalError, match="nothing to give back"):
         registry.handle(instance, Refuse(error=error, write=Op("give back")))
@@ -150,6 +151,20 @@ def test_a_load_answered_after_the_shutdown_gives_its_claim_back_quietly() -> No
     assert outputs == [Submit(op=give_back, quiet=True)]  # nobody left to settle
     assert instance.state == "closed"
     assert "k" not in registry
+    with pytest.raises(PhronomyInternalError, match="the table allows no such event"):
+        registry.handle(instance, Refuse(error=error, write=give_back))  # given back
+
+
+def test_an_instance_closed_after_its_claim_ran_takes_no_late_refusal() -> None:
+    registry = _registry()
+    instance, _ = _claimed(registry)
+    registry.handle(instance, Run(session="s", holder="h"))
+    registry.shutdown(None)
+    assert instance.state == "closed"
+    with pytest.raises(PhronomyInternalError, match="Claim in state 'closed'"):
+        registry.handle(instance, Claim(epoch=4, claimed_at=2.0))
+    with pytest.raises(PhronomyInternalError, match="Refuse in state 'closed'"):
+        registry.handle(instance, Refuse(error=ValueError("x"), write=Op("again")))
 
 
 def test_a_cancel_that_arrives_while_loading_ends_the_segment_before_it_runs() -> None:

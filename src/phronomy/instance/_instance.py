@@ -58,6 +58,7 @@ from ._table import (
     ABSENT,
     CLAIMED,
     CLOSED,
+    CLOSED_LOADING,
     EXECUTING,
     PERSISTING,
     RECOVERY_REQUIRED,
@@ -198,7 +199,7 @@ class Instance(Generic[C, S, O, E, Q]):
                 return [Released(), done, *self._reruns()]
             case Refuse(error=error, write=write):
                 self._check_give_back(state, event, write)
-                if state == CLOSED:  # its caller heard at the shutdown
+                if state == CLOSED_LOADING:  # its caller heard at the shutdown
                     return [] if write is None else [Submit(op=write, quiet=True)]
                 caller = self._caller(event)
                 if write is None:
@@ -370,7 +371,9 @@ class Instance(Generic[C, S, O, E, Q]):
     def _check_give_back(
         self, state: str, event: InstanceEvent[C, S, O, Q, E], write: O | None
     ) -> None:
-        made = state == CLAIMED or (state == CLOSED and self.claimed is not None)
+        made = state == CLAIMED or (
+            state == CLOSED_LOADING and self.claimed is not None
+        )
         if made and write is None:
             raise self._violation(event, "a claim made must be given back (no write)")
         if not made and write is not None:

@@ -11,7 +11,8 @@ ends are not kept in the registry)::
     admitting | loading | claimed ─Refuse─▶ released        (a claim made is given back)
     loading ─Answer─▶ released ; loading | claimed ─Withdraw─▶ released
     absent ─AdmitCancel─▶ cancelling ⇄ remote_cancel ; cancelling ─CancelDone─▶ released
-    any admitted state ─Shutdown─▶ closed ; closed ─Claim, Refuse─▶ closed
+    any admitted state ─Shutdown─▶ closed        (loading: closed_loading)
+    closed_loading ─Claim─▶ closed_loading ─Refuse─▶ closed
                                      (a load answered late: its claim is given back)
 
 A pair missing from :data:`TRANSITIONS` is a bug in the driver: the protocol raises
@@ -54,6 +55,7 @@ __all__ = [
     "CANCELLING",
     "CLAIMED",
     "CLOSED",
+    "CLOSED_LOADING",
     "EXECUTING",
     "LOADING",
     "PERSISTING",
@@ -75,6 +77,9 @@ CANCELLING: Final = "cancelling"
 REMOTE_CANCEL: Final = "remote_cancel"
 RELEASED: Final = "released"
 CLOSED: Final = "closed"
+CLOSED_LOADING: Final = "closed_loading"
+"""Closed by the runtime's shutdown while its load was in flight: the load's answer
+may still come, and a claim it made is given back."""
 
 ADMITTED = frozenset(
     {
@@ -172,7 +177,7 @@ TRANSITIONS: dict[tuple[str, type], str] = {
     (REMOTE_CANCEL, Buffer): REMOTE_CANCEL,
     # the runtime's end: every admission closes; a session cut off still ends
     (ADMITTING, Shutdown): CLOSED,
-    (LOADING, Shutdown): CLOSED,
+    (LOADING, Shutdown): CLOSED_LOADING,
     (CLAIMED, Shutdown): CLOSED,
     (EXECUTING, Shutdown): CLOSED,
     (PERSISTING, Shutdown): CLOSED,
@@ -182,7 +187,7 @@ TRANSITIONS: dict[tuple[str, type], str] = {
     (CLOSED, End): CLOSED,
     (CLOSED, Retire): CLOSED,
     # a load answered once the runtime shut down: the claim it made is given back
-    (CLOSED, Claim): CLOSED,
-    (CLOSED, Refuse): CLOSED,
+    (CLOSED_LOADING, Claim): CLOSED_LOADING,
+    (CLOSED_LOADING, Refuse): CLOSED,
 }
 """The whole lifecycle of one instance in one runtime."""

@@ -182,15 +182,17 @@ class Segments:
 
     def _continue_with(self, message: LoadReady, cmd: Command, what: str) -> None:
         """Post the continuation of *cmd*'s admission; once the engine no longer
-        accepts it, the admission is refused here (a claim the load made is given
-        back) and its caller fails."""
+        accepts it, the admission is refused here, on the trio thread (a claim the
+        load made is given back), and its caller fails: through the protocol while
+        the instance is admitted; after the shutdown closed it, the caller was
+        settled then, and this call changes nothing."""
         if not self._coordinator.post_message(message, completion=cmd.caller):
             error = RuntimeShutdownError(
                 f"the runtime shut down while {what} workflow instance "
                 f"{cmd.workflow_instance_id!r}"
             )
             self.apply_load(message, refusal=error)
-            cmd.caller.fail(error)  # (settled already when the runtime closed it)
+            cmd.caller.fail(error)
 
     def apply_load(
         self, message: LoadReady, *, refusal: Exception | None = None
@@ -214,7 +216,7 @@ class Segments:
             self._coordinator.instances.handle(
                 instance, Claim(epoch=loaded.epoch, claimed_at=message.sent)
             )
-        error: Exception | None = loaded.problem or refusal
+        error = loaded.problem if loaded.problem is not None else refusal
         if error is None:
             try:
                 self._continue_loaded(cmd, instance, loaded, claim)
