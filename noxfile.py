@@ -87,7 +87,7 @@ def docs(session: nox.Session) -> None:
 @nox.session(python=PYTHONS[-1], default=False)
 def bench(session: nox.Session) -> None:
     """Benchmarks; each prints its ratio against a limit measured in the same run."""
-    session.install("-e", ".[postgres]")
+    session.install("-e", ".", *_group("bench"))
     session.run("python", "benchmarks/run.py", *session.posargs)
 
 

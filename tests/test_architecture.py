@@ -4,10 +4,16 @@ from __future__ import annotations
 
 import ast
 import importlib
+import importlib.metadata
+import importlib.util
 import inspect
+import re
+import sys
+import tomllib
 from pathlib import Path
 
 import pytest
+from packaging.requirements import Requirement
 
 import phronomy
 
@@ -215,3 +221,52 @@ def test_the_list_of_classes_too_large_is_current() -> None:
         module = importlib.import_module(_module_name(SRC / path))
         count = _methods(getattr(module, qualname))
         assert count == limit, f"{name} has {count} methods now: update TOO_LARGE"
+
+
+def _canonical(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _providers(module: str) -> set[str]:
+    """The distributions whose files hold *module* (a namespace package's parts come
+    from several: ``opentelemetry.sdk`` is opentelemetry-sdk's)."""
+    spec = importlib.util.find_spec(module)
+    assert spec is not None, f"{module} cannot be imported here"
+    origin = spec.origin
+    assert origin is not None, module
+    found = set()
+    for name in importlib.metadata.packages_distributions().get(
+        module.split(".")[0], []
+    ):
+        dist = importlib.metadata.distribution(name)
+        located = {Path(str(dist.locate_file(f))).resolve() for f in dist.files or ()}
+        if Path(origin).resolve() in located:
+            found.add(_canonical(name))
+    return found
+
+
+def test_the_bench_session_installs_every_package_the_benchmarks_import() -> None:
+    # nox -s bench installs the package and its `bench` dependency group only: its
+    # telemetry figure once ended in ModuleNotFoundError (no opentelemetry-sdk), which
+    # the slow test running every benchmark did not see (the test session has it)
+    pyproject = tomllib.loads(
+        (SRC.parents[1] / "pyproject.toml").read_text(encoding="utf-8")
+    )
+    requirements = [
+        *pyproject["project"]["dependencies"],
+        *pyproject["dependency-groups"]["bench"],
+    ]
+    declared = {_canonical(Requirement(r).name) for r in requirements}
+    benchmarks = SRC.parents[1] / "benchmarks"
+    local = {p.stem for p in benchmarks.glob("*.py")}
+    missing = {}
+    for path in sorted(benchmarks.glob("*.py")):
+        for module in _imports(path):
+            top = module.split(".")[0]
+            if top in sys.stdlib_module_names or top in local or top == "phronomy":
+                continue
+            if not _providers(module) & declared:
+                missing[module] = (path.name, sorted(_providers(module)))
+    assert not missing, (
+        f"imported by benchmarks/ but not installed by nox -s bench: {missing}"
+    )
