@@ -350,7 +350,12 @@ def _current(state: ExecutionState, event: Any) -> bool:
 
 
 def _suspends(state: ExecutionState, event: Any) -> bool:
-    return _current(state, event) and isinstance(event.payload.value, ApprovalRequest)
+    output = event.payload  # (the frequent answer first: a step's plain result)
+    return (
+        isinstance(output, StepOutput)
+        and isinstance(output.value, ApprovalRequest)
+        and output.step_id == state.step_id
+    )
 
 
 def _suspend(state: ExecutionState, event: Any) -> ExecutionState:

@@ -160,6 +160,8 @@ def apply_hook(
         raise
     if verdict is CONSUME:
         return HookOutcome(state=state, consumed=True)
+    if verdict is False or verdict is None:  # the frequent answer: not handled
+        return HookOutcome(state=state)
     if isinstance(verdict, definition.state_type):
         state, handled = verdict, True
     else:
