@@ -350,12 +350,9 @@ def _current(state: ExecutionState, event: Any) -> bool:
 
 
 def _suspends(state: ExecutionState, event: Any) -> bool:
-    output = event.payload  # (the frequent answer first: a step's plain result)
-    return (
-        isinstance(output, StepOutput)
-        and isinstance(output.value, ApprovalRequest)
-        and output.step_id == state.step_id
-    )
+    # the frequent answer first (a step's plain result), without a call
+    value = getattr(event.payload, "value", None)
+    return isinstance(value, ApprovalRequest) and _current(state, event)
 
 
 def _suspend(state: ExecutionState, event: Any) -> ExecutionState:

@@ -245,11 +245,9 @@ class Leases:
             workflow_instance_id=workflow_instance_id,
             lease=Lease(owner=self.owner, epoch=epoch),
             deadline=deadline,
-            due=self._group(deadline),
+            due=_join(self._group(deadline), workflow_instance_id),
             listener=listener,
         )
-        held.due.ids.append(workflow_instance_id)
-        held.due.live += 1
         self._held[workflow_instance_id] = held
         return held
 
@@ -358,9 +356,7 @@ class Leases:
                 due = due or self._group(deadline)
                 if held.due is not due:
                     self._leave(held)
-                    held.due = due
-                    due.ids.append(iid)
-                    due.live += 1
+                    held.due = _join(due, iid)
             if cancel is not None and not held.cancel_seen:
                 held.cancel_seen = True
                 held.listener.cancel(cancel or None)
@@ -413,3 +409,10 @@ class Leases:
                 )
             if len(recovered) < op.limit:
                 return
+
+
+def _join(due: Due, workflow_instance_id: str) -> Due:
+    """*due*, which the lease of *workflow_instance_id* has joined."""
+    due.ids.append(workflow_instance_id)
+    due.live += 1
+    return due

@@ -41,7 +41,13 @@ from ._sql_inbox import (
     refuse_unless_pending,
 )
 from ._sql_timers import fire_steps, timer_changes
-from ._sql_writes import claim_params, claimed, save_refused, save_statement
+from ._sql_writes import (
+    claim_params,
+    claimed,
+    save_refused,
+    save_statement,
+    tidy_statement,
+)
 from ._store import KNOWN_FAILURES
 
 if TYPE_CHECKING:
@@ -232,11 +238,7 @@ def _save(request: SaveRequest, sql: Statements, clock: StoreClock) -> Steps:
     revision = (request.expected_revision or 0) + 1
     closing = request.status if request.status in _CLOSED else None
     now = clock.wall_ms()
-    tidy = None  # (a closing save of an instance with no timer and few entries)
-    if closing is not None and statement is sql.update and not consumed:
-        tidy = sql.update_closing
-    elif closing is not None and folded:
-        tidy = sql.update_consuming_closing
+    tidy = tidy_statement(request, statement, sql, closing)
     if tidy is not None:  # its own statement, and its entries' outcomes
         (saved,) = yield [(tidy, params)], True
         if saved.rowcount == 1:

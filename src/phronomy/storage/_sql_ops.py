@@ -60,7 +60,12 @@ from ._sql_timers import (
     next_due,
     timers_of,
 )
-from ._sql_writes import record_from_row, save_refused, save_statement
+from ._sql_writes import (
+    record_from_row,
+    save_refused,
+    save_statement,
+    tidy_statement,
+)
 from ._store import conflict_error
 
 if TYPE_CHECKING:
@@ -417,14 +422,9 @@ def _save(
     iid = request.workflow_instance_id
     revision = (request.expected_revision or 0) + 1
     statement, params = save_statement(request, sql, clock)
-    if closing is not None:
-        tidy = None
-        if statement is sql.update and not request.consumed:
-            tidy = sql.update_closing
-        elif statement is sql.update_consuming:
-            tidy = sql.update_consuming_closing
-        if tidy is not None and conn.execute(tidy, params).rowcount == 1:
-            return revision, True
+    tidy = tidy_statement(request, statement, sql, closing)
+    if tidy is not None and conn.execute(tidy, params).rowcount == 1:
+        return revision, True
     folded = statement is sql.update_consuming  # it checks its consumed entries
     if request.consumed and not folded:
         check_pending(conn, iid, request.consumed, sql.inbox)

@@ -28,6 +28,7 @@ __all__ = [
     "record_from_row",
     "save_refused",
     "save_statement",
+    "tidy_statement",
 ]
 
 
@@ -45,6 +46,12 @@ class Statements(Protocol):
 
     @property
     def update_consuming(self) -> str: ...
+
+    @property
+    def update_closing(self) -> str: ...
+
+    @property
+    def update_consuming_closing(self) -> str: ...
 
 
 BARE = """
@@ -124,6 +131,22 @@ def claimed(row: tuple[Any, ...] | None) -> tuple[StoredRecord | None, int | Non
     if kind == "created":
         return None, int(epoch)
     return record_from_row(row[1:-1]), None if epoch is None else int(epoch)
+
+
+def tidy_statement(
+    request: SaveRequest, statement: str, sql: Statements, closing: str | None
+) -> str | None:
+    """The statement a *closing* save (its status, ``None``: it does not close) runs
+    in place of its *statement*, changing its row only when the instance is tidy
+    (:data:`BARE` when it consumes nothing, :data:`TIDY` when it consumes a gapless
+    span), or ``None``: it runs as any other save."""
+    if closing is None:
+        return None
+    if statement is sql.update and not request.consumed:
+        return sql.update_closing
+    if statement is sql.update_consuming:
+        return sql.update_consuming_closing
+    return None
 
 
 def save_statement(

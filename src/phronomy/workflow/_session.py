@@ -30,11 +30,13 @@ if TYPE_CHECKING:
     from phronomy._telemetry import SegmentTrace
     from phronomy.durability import HeldLease
     from phronomy.engine import Host, TerminalPolicy, TerminalType
-    from phronomy.storage import InboxEntry
+    from phronomy.storage import InboxEntry, Lease
 
     from ._checkpoint import Checkpoint
+    from ._claims import Command
     from ._definition import WorkflowDefinition
     from ._effects import RetryWait
+    from ._hydration import DurableBase
     from ._inbox import Feed
     from ._timeouts import TimerChanges
     from ._watch import Watchers
@@ -120,7 +122,9 @@ class WorkflowSession(GatedSession, Generic[S]):
         self.trace: SegmentTrace | None = None  # the segment's span (telemetry on)
         self.persistence = policy
         self.checkpoint: Checkpoint | None = None  # a checkpoint save in flight
-        self.segment: tuple[Any, Any, Any] | None = None
+        self.segment: (
+            tuple[Command, DurableBase | None, tuple[Lease, float] | None] | None
+        ) = None
         """What its coordinator ends the segment with (its command, base, claim)."""
         self.steps = Steps(self)
         """Carries out the machine's steps (effects, automatic transitions, the feed)."""
