@@ -147,14 +147,14 @@ class Driver:
             value=value,
             timeout=timeout,
         )
-        handle = self._table.workflows.start(
+        self._table.workflows.start_as(
             self.plan,
             state,
             workflow_instance_id=self.key,
-            if_exists="restart_closed",
+            caller=_Segment(self),
             on_step=self._stepped,
+            if_exists="restart_closed",
         )
-        handle.on_complete(self._segment_done)
 
     def decide(self, *, approved: bool, response: Any) -> None:
         """Answer the approval the execution waits for (checked by the caller)."""
@@ -237,19 +237,22 @@ class Driver:
                 on_step=self._stepped,
             )
         self._unfollow()  # the answer was taken (a bad one raised above)
-        handle.on_complete(self._segment_done)
+        handle.on_complete(_Segment(self).settle_like)
 
-    def _segment_done(self, done: ResultHandle[WorkflowResult[ExecutionState]]) -> None:
+    def segment_done(
+        self,
+        result: WorkflowResult[ExecutionState] | None,
+        error: BaseException | None,
+    ) -> None:
+        """A segment of the execution ended with *result*, or failed with *error*."""
         if self.caller.done:
             return
-        if done.status != "completed":
-            error = done.error
+        if result is None:
             assert error is not None
             if self._waiting:
                 return  # an answer another segment overtook: the follower decides
             self._settle(error=self._error(error))
             return
-        result = done.result_nowait()
         self._halted = result
         self._reached(result.status, result.phase, result.state, None)
 
@@ -449,3 +452,47 @@ class Driver:
         return DeadlineExceededError(
             f"execution {self.execution_id!r} of agent {self.agent_id!r} passed its deadline"
         )
+
+
+@final
+class _Segment:
+    """The caller of an execution's segment: its end goes straight to the
+    driver (a result handle, its callback and its tracking cost more than the rest of
+    a trivial execution's start). Not tracked by the engine: at shutdown the
+    execution table settles the driver."""
+
+    __slots__ = ("_driver", "done")
+
+    def __init__(self, driver: Driver) -> None:
+        self._driver = driver
+        self.done = False
+
+    def complete(self, value: WorkflowResult[ExecutionState]) -> bool:
+        return self._end(value, None)
+
+    def fail(self, error: BaseException) -> bool:
+        return self._end(None, error)
+
+    def cancel(self, error: BaseException | None = None) -> bool:
+        return self._end(None, error or CancellationError("the segment was cancelled"))
+
+    def settle_like(self, done: ResultHandle[WorkflowResult[ExecutionState]]) -> None:
+        """Settle as the settled handle *done* (a later segment's, started by event)."""
+        if done.status == "completed":
+            self._end(done.result_nowait(), None)
+        else:
+            self._end(None, done.error)
+
+    def _end(
+        self,
+        result: WorkflowResult[ExecutionState] | None,
+        error: BaseException | None,
+    ) -> bool:
+        if self.done:
+            return False
+        self.done = True
+        try:
+            self._driver.segment_done(result, error)
+        except Exception:  # as a result handle's callback: logged, not the settler's
+            logger.exception("execution driver failed at a segment's end")
+        return True

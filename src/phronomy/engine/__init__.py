@@ -17,7 +17,12 @@ from ._contracts import (
     Session as Session,
 )
 from ._engine import Engine as Engine
-from ._handle import HandleStatus as HandleStatus, ResultHandle as ResultHandle
+from ._handle import (
+    Caller as Caller,
+    HandleStatus as HandleStatus,
+    ResultHandle as ResultHandle,
+    tracked as tracked,
+)
 from ._ids import random_hex as random_hex, random_uuid as random_uuid
 from ._messages import (
     DispatcherStatus as DispatcherStatus,
@@ -46,6 +51,7 @@ __all__ = [
     "Admission",
     "AdmissionTable",
     "Batcher",
+    "Caller",
     "CancellationToken",
     "Delivery",
     "DispatcherStatus",
@@ -76,6 +82,7 @@ __all__ = [
     "open_engine",
     "random_hex",
     "random_uuid",
+    "tracked",
 ]
 
 from phronomy._metadata import fixup_module_metadata

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, Literal, Protocol, TypeVar, final
 
 import trio
 
@@ -17,13 +17,47 @@ if TYPE_CHECKING:
 
     _Callback = Callable[["ResultHandle[T]"], object]
 
-__all__ = ["HandleStatus", "ResultHandle"]
+__all__ = ["Caller", "HandleStatus", "ResultHandle", "tracked"]
 
 logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
+T_contra = TypeVar("T_contra", contravariant=True)
 
 HandleStatus = Literal["pending", "completed", "failed", "cancelled"]
+
+
+class Caller(Protocol[T_contra]):
+    """Whoever waits for a request's outcome: settled once, the first settlement wins.
+
+    A :class:`ResultHandle` is one. A feature that owns its requests' callers may pass
+    a lighter object of its own instead (the executions' driver does, for the segments
+    it starts); such a caller is not tracked by the engine (see :func:`tracked`), so
+    its owner must settle it, or stop waiting for it, when the runtime shuts down.
+    """
+
+    @property
+    def done(self) -> bool:
+        """Whether it is settled."""
+        ...
+
+    def complete(self, value: T_contra) -> bool:
+        """Settle it with *value*; returns whether this call settled it."""
+        ...
+
+    def fail(self, error: BaseException) -> bool:
+        """Settle it with *error*; returns whether this call settled it."""
+        ...
+
+    def cancel(self, error: BaseException | None = None) -> bool:
+        """Settle it as cancelled; returns whether this call settled it."""
+        ...
+
+
+def tracked(caller: Caller[Any]) -> ResultHandle[Any] | None:
+    """*caller* as the engine's deliveries take it: a handle, which shutdown settles if
+    nothing else has, or ``None`` for a stand-in its owner settles."""
+    return caller if type(caller) is ResultHandle else None
 
 
 @final

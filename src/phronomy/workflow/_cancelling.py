@@ -37,6 +37,7 @@ from ._messages import InstanceUpdate, WorkflowResult
 if TYPE_CHECKING:
     import outcome
 
+    from phronomy.engine import Caller
     from phronomy.storage import StoredRecord
 
     from ._context import Coordination
@@ -72,6 +73,7 @@ class CancelRequests:
         if instance is not None:
             # live here: cancelled now; loading or saving: once it is done (refused
             # while it requires recovery)
+            cancel: Cancel[CancelCommand, Caller[Any]]
             cancel = Cancel(command=cmd, caller=cmd.done, reason=cmd.reason)
             self._coordinator.carrier.carry(
                 instance, self._coordinator.instances.handle(instance, cancel)
@@ -87,7 +89,7 @@ class CancelRequests:
             return
         try:
             self._coordinator.admit()
-            admit = AdmitCancel(
+            admit: AdmitCancel[Caller[Any]] = AdmitCancel(
                 owner=cmd.owner, label=cmd.definition.name, caller=cmd.done
             )
             instance, _ = self._coordinator.instances.admit(iid, admit)

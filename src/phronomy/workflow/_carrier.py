@@ -32,7 +32,7 @@ from ._messages import InstanceUpdate
 if TYPE_CHECKING:
     from collections.abc import Callable
 
-    from phronomy.engine import ResultHandle
+    from phronomy.engine import Caller
     from phronomy.errors import LeaseLostError
     from phronomy.storage import DeleteOp, InboxEntry, MarkOp
 
@@ -102,7 +102,7 @@ class Carrier:
         start(output.session)
 
     def _complete(
-        self, _: WorkflowInstance, output: Complete[ResultHandle[Any]], __: Any
+        self, _: WorkflowInstance, output: Complete[Caller[Any]], __: Any
     ) -> None:
         output.caller.complete(output.value)
 
@@ -129,9 +129,7 @@ class Carrier:
         if session is not None and session.lifecycle == "running":
             session.finish_with_error(output.error)
 
-    def _fail(
-        self, _: WorkflowInstance, output: Fail[ResultHandle[Any]], __: Any
-    ) -> None:
+    def _fail(self, _: WorkflowInstance, output: Fail[Caller[Any]], __: Any) -> None:
         output.caller.fail(output.error)
 
     def _follow_up(self, _: WorkflowInstance, output: FollowUp, __: Any) -> None:
@@ -176,7 +174,7 @@ class Carrier:
         gateway.submit(op, written)
 
     def _shut_down(
-        self, _: WorkflowInstance, output: ShutDown[ResultHandle[Any]], __: Any
+        self, _: WorkflowInstance, output: ShutDown[Caller[Any]], __: Any
     ) -> None:
         key, caller = output.key, output.caller
         if output.what == "remote_cancel":

@@ -9,15 +9,16 @@ from typing import TYPE_CHECKING, Any, TypeVar, final
 
 import trio
 
-from phronomy.engine import ResultHandle, random_uuid
+from phronomy.engine import ResultHandle, random_uuid, tracked
 from phronomy.errors import InvalidInputError
 from phronomy.storage import validate_instance_id
 
-from ._events import RESUME, resolve_event
+from ._events import RESUME
 from ._inbox_client import InboxClient, make_posting, sent_again_while_busy
-from ._inputs import input_overlay, policy
+from ._inputs import input_overlay, policy, resume_target
 from ._messages import (
     CancelCommand,
+    InputOverlay,
     ResumeCommand,
     StartCommand,
     Step,
@@ -31,6 +32,8 @@ from ._timer_client import TimerClient
 
 if TYPE_CHECKING:
     from collections.abc import AsyncGenerator, Callable, Mapping
+
+    from phronomy.engine import Caller
 
     from ._coordinator import WorkflowCoordinator
     from ._definition import WorkflowDefinition
@@ -127,6 +130,32 @@ class WorkflowClient(InboxClient, LiveInstances, TimerClient, InstanceReader):
         )
         self._post(command, caller, "start")
         return caller
+
+    def start_as(
+        self,
+        workflow: WorkflowDefinition[S],
+        state: S,
+        *,
+        workflow_instance_id: str,
+        caller: Caller[WorkflowResult[S]],
+        on_step: Callable[[Step[S]], object] | None,
+        if_exists: IfExists,
+    ) -> None:
+        """Internal (the executions' driver): :meth:`start` for a caller of its own
+        (settled by its owner at shutdown: it is not tracked); *state* is complete,
+        the id valid and the thread checked."""
+        command = StartCommand(
+            definition=workflow,
+            input=InputOverlay(state=state),
+            workflow_instance_id=workflow_instance_id,
+            explicit_id=True,
+            owner=object(),
+            recursion_limit=self._recursion_limit,
+            caller=caller,
+            observer=on_step,
+            if_exists=if_exists,
+        )
+        self._post(command, caller, "start")
 
     async def invoke(
         self,
@@ -345,43 +374,9 @@ class WorkflowClient(InboxClient, LiveInstances, TimerClient, InstanceReader):
             ReentrancyError: called from a thread that does not run the runtime.
         """
         self._coordinator.engine.check_thread("runtime.workflows.start_event()")
-        if not isinstance(event, str):
-            raise InvalidInputError(
-                f"send_event needs the event's name (a string), got {event!r}"
-            )
-        if halted is None:
-            if workflow_instance_id is None:
-                raise InvalidInputError(
-                    f"send_event({workflow.name!r} workflow, {event!r}) needs to know "
-                    "which instance: pass workflow_instance_id=... (resume by id from "
-                    "the store) or halted=... (a halted WorkflowResult)"
-                )
-            iid = validate_instance_id(workflow_instance_id, workflow=workflow.name)
-            if not self.durable:
-                raise InvalidInputError(
-                    f"resuming workflow instance {iid!r} by id needs a store (open_runtime(store=...))"
-                )
-            if event != RESUME and not workflow.has_event(event):
-                raise InvalidInputError(
-                    f"Unknown event {event!r}. Valid events: {list(workflow.external_events)}"
-                )
-        else:
-            iid = validate_instance_id(
-                halted.workflow_instance_id,
-                what="Halted WorkflowResult has no workflow_instance_id",
-                workflow=workflow.name,
-            )
-            if workflow_instance_id is not None and workflow_instance_id != iid:
-                raise InvalidInputError(
-                    f"workflow_instance_id {workflow_instance_id!r} differs from the halted "
-                    f"result's {iid!r}"
-                )
-            if not isinstance(halted.state, workflow.state_type):
-                raise InvalidInputError(
-                    f"the halted state is a {type(halted.state).__name__}; workflow "
-                    f"{workflow.name!r} runs {workflow.state_type.__name__}"
-                )
-            event = resolve_event(workflow, halted.phase, event, iid)
+        iid, event = resume_target(
+            workflow, event, halted, workflow_instance_id, durable=self.durable
+        )
         overlay = input_overlay(workflow, input)
         posting = None
         if self.durable:
@@ -490,10 +485,10 @@ class WorkflowClient(InboxClient, LiveInstances, TimerClient, InstanceReader):
     def _post(
         self,
         command: StartCommand | ResumeCommand | CancelCommand,
-        caller: ResultHandle[Any],
+        caller: Caller[Any],
         what: str,
     ) -> None:
         if not self._coordinator.post_message(
-            command, admission=True, completion=caller
+            command, admission=True, completion=tracked(caller)
         ):
             caller.fail(self._coordinator.engine.refusal(f"the workflow {what}"))

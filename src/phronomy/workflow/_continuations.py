@@ -16,7 +16,7 @@ from ._claims import Loaded
 from ._messages import CancelCommand, ResumeCommand, StartCommand
 
 if TYPE_CHECKING:
-    from phronomy.engine import ResultHandle
+    from phronomy.engine import Caller
     from phronomy.storage import DeleteOp, InboxEntry, MarkOp
 
     from ._session import WorkflowSession
@@ -34,7 +34,7 @@ __all__ = [
 ]
 
 WorkflowInstance: TypeAlias = Instance[
-    "ResultHandle[Any]",
+    "Caller[Any]",
     "WorkflowSession[Any]",
     "MarkOp | DeleteOp",
     "InboxEntry",
@@ -43,7 +43,7 @@ WorkflowInstance: TypeAlias = Instance[
 """The protocol object of one workflow instance."""
 
 WorkflowInstances: TypeAlias = Instances[
-    "ResultHandle[Any]",
+    "Caller[Any]",
     "WorkflowSession[Any]",
     "MarkOp | DeleteOp",
     "InboxEntry",
@@ -54,7 +54,7 @@ WorkflowInstances: TypeAlias = Instances[
 WorkflowOutput: TypeAlias = InstanceOutput[
     "WorkflowSession[Any]",
     "InboxEntry",
-    "ResultHandle[Any]",
+    "Caller[Any]",
     "MarkOp | DeleteOp",
     CancelCommand,
 ]

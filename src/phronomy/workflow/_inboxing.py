@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Literal, final
 
 import trio
 
-from phronomy.engine import ResultHandle
+from phronomy.engine import ResultHandle, tracked
 from phronomy.errors import (
     BusyError,
     InstanceStateError,
@@ -222,10 +222,12 @@ class InboxRouter:
         one, once this one halted)."""
         assert cmd.posting is not None
         if isinstance(cmd, StartCommand):  # it exists: the post only posts
+            done = tracked(cmd.caller)
+            assert done is not None  # a post's caller is the client's handle
             post = PostCommand(
                 definition=cmd.definition,
                 posting=cmd.posting,
-                done=cmd.caller,
+                done=done,
                 starting=True,
             )
             self.post(post)

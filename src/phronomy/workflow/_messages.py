@@ -8,7 +8,7 @@ from typing import Any, Generic, Literal, TypeVar, final
 import msgspec
 import outcome
 
-from phronomy.engine import ResultHandle
+from phronomy.engine import Caller, ResultHandle
 from phronomy.storage import InstanceStatus, Posting, PostOutcome, StoredRecord
 
 from ._definition import WorkflowDefinition
@@ -113,7 +113,9 @@ class StartCommand(msgspec.Struct, frozen=True, kw_only=True):
     explicit_id: bool
     owner: object
     recursion_limit: int
-    caller: ResultHandle[Any]
+    caller: Caller[Any]
+    """Settled with the segment's result or error (the executions' driver passes a
+    stand-in of its own)."""
     observer: Callable[[Step[Any]], object] | None = None
     if_exists: IfExists = "refuse"
     posting: Posting | None = None

@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any, cast, final
 
 import trio
 
+from phronomy.engine import tracked
 from phronomy.errors import (
     RuntimeShutdownError,
     WorkflowCancelledError,
@@ -186,7 +187,7 @@ class Segments:
         load made is given back), and its caller fails: through the protocol while
         the instance is admitted; after the shutdown closed it, the caller was
         settled then, and this call changes nothing."""
-        if not self._coordinator.post_message(message, completion=cmd.caller):
+        if not self._coordinator.post_message(message, completion=tracked(cmd.caller)):
             error = RuntimeShutdownError(
                 f"the runtime shut down while {what} workflow instance "
                 f"{cmd.workflow_instance_id!r}"
