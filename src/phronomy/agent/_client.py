@@ -115,6 +115,20 @@ class Executions(ExecutionReader):
             DefinitionError: no steps, or a step of the wrong shape.
             ReentrancyError: called from a thread that does not run the runtime.
         """
+        return ExecutionHandle(
+            self,
+            self._start(agent_id, steps, input, timeout=timeout, deadline=deadline),
+        )
+
+    def _start(
+        self,
+        agent_id: str,
+        steps: Sequence[Step] | Plan,
+        input: Any,  # noqa: A002 - the first step's input
+        *,
+        timeout: float | None,
+        deadline: float | None,
+    ) -> Driver:
         table = self._table
         table.engine.check_thread("runtime.executions.start()")
         key = agent_id_of(agent_id)
@@ -132,7 +146,6 @@ class Executions(ExecutionReader):
             execution_id=execution_id,
             caller=caller,
         )
-        handle = ExecutionHandle(self, driver)
         busy = table.by_key(key)
         if busy is not None:
             caller.fail(
@@ -151,7 +164,7 @@ class Executions(ExecutionReader):
         else:
             table.add(driver)
             driver.begin(input, when)
-        return handle
+        return driver
 
     async def invoke(
         self,
@@ -168,8 +181,8 @@ class Executions(ExecutionReader):
             Cancelling the caller stops the wait only; the execution goes on (cancel it
             with :meth:`cancel`).
         """
-        handle = self.start(agent_id, steps, input, timeout=timeout, deadline=deadline)
-        return await handle.handle.result()
+        driver = self._start(agent_id, steps, input, timeout=timeout, deadline=deadline)
+        return await driver.caller.result()  # (its handle's wait, without the handle)
 
     # --- this runtime's executions -------------------------------------------------
 
