@@ -67,6 +67,26 @@ class _Table(Protocol):
 class Driver:
     """Chains the segments of one execution and settles its caller (trio thread)."""
 
+    __slots__ = (
+        "_cancel_reason",
+        "_cancelled",
+        "_changed",
+        "_deadline",
+        "_deadline_hit",
+        "_durable",
+        "_follower",
+        "_halted",
+        "_table",
+        "agent_id",
+        "caller",
+        "execution_id",
+        "key",
+        "pending",
+        "plan",
+        "status",
+        "step_index",
+    )
+
     def __init__(
         self,
         table: _Table,

@@ -149,6 +149,17 @@ class GatedSession:
             the dispatcher reads it for every event).
     """
 
+    __slots__ = (
+        "_host",
+        "_pending_notify",
+        "_pending_type",
+        "_policy",
+        "done",
+        "id",
+        "lifecycle",
+        "sink",
+    )
+
     def __init__(
         self, host: Host, *, terminal_policy: TerminalPolicy | None = None
     ) -> None:

@@ -57,6 +57,32 @@ class WorkflowSession(GatedSession, Generic[S]):
     same dispatch, after the stable state before them was published.
     """
 
+    __slots__ = (
+        "_effects",
+        "_retry",
+        "_retry_wait",
+        "_started",
+        "_terminal",
+        "cancel_reason",
+        "cancelling",
+        "checkpoint",
+        "counters",
+        "definition",
+        "feed",
+        "lease",
+        "machine",
+        "observer",
+        "persistence",
+        "phase",
+        "resume",
+        "revision",
+        "segment",
+        "steps",
+        "trace",
+        "watchers",
+        "workflow_instance_id",
+    )
+
     def __init__(
         self,
         engine: Host,
