@@ -33,6 +33,7 @@ from ._follow import RowFollower
 from ._messages import ExecutionOwner, ExecutionResult
 from ._plan import ExecutionState, is_local, step_at
 from ._records import answer
+from ._segment import SegmentCaller
 
 if TYPE_CHECKING:
     from phronomy.engine import Host, ResultHandle, Timer
@@ -171,7 +172,7 @@ class Driver:
             self.plan,
             state,
             workflow_instance_id=self.key,
-            caller=_Segment(self),
+            caller=SegmentCaller(self),
             on_step=self._stepped,
             if_exists="restart_closed",
         )
@@ -257,7 +258,7 @@ class Driver:
                 on_step=self._stepped,
             )
         self._unfollow()  # the answer was taken (a bad one raised above)
-        handle.on_complete(_Segment(self).settle_like)
+        handle.on_complete(SegmentCaller(self).settle_like)
 
     def segment_done(
         self,
@@ -472,47 +473,3 @@ class Driver:
         return DeadlineExceededError(
             f"execution {self.execution_id!r} of agent {self.agent_id!r} passed its deadline"
         )
-
-
-@final
-class _Segment:
-    """The caller of an execution's segment: its end goes straight to the
-    driver (a result handle, its callback and its tracking cost more than the rest of
-    a trivial execution's start). Not tracked by the engine: at shutdown the
-    execution table settles the driver."""
-
-    __slots__ = ("_driver", "done")
-
-    def __init__(self, driver: Driver) -> None:
-        self._driver = driver
-        self.done = False
-
-    def complete(self, value: WorkflowResult[ExecutionState]) -> bool:
-        return self._end(value, None)
-
-    def fail(self, error: BaseException) -> bool:
-        return self._end(None, error)
-
-    def cancel(self, error: BaseException | None = None) -> bool:
-        return self._end(None, error or CancellationError("the segment was cancelled"))
-
-    def settle_like(self, done: ResultHandle[WorkflowResult[ExecutionState]]) -> None:
-        """Settle as the settled handle *done* (a later segment's, started by event)."""
-        if done.status == "completed":
-            self._end(done.result_nowait(), None)
-        else:
-            self._end(None, done.error)
-
-    def _end(
-        self,
-        result: WorkflowResult[ExecutionState] | None,
-        error: BaseException | None,
-    ) -> bool:
-        if self.done:
-            return False
-        self.done = True
-        try:
-            self._driver.segment_done(result, error)
-        except Exception:  # as a result handle's callback: logged, not the settler's
-            logger.exception("execution driver failed at a segment's end")
-        return True
