@@ -24,6 +24,7 @@ timers (deadlines, retries) and the recovery sweep.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import random
 from collections.abc import Callable, Sequence
@@ -279,6 +280,7 @@ def step_count(plan: Plan) -> int:
     return sum(1 for s in plan.states if s.startswith("step_"))
 
 
+@functools.lru_cache(maxsize=1024)  # a plan's few phases, looked up per step
 def step_at(phase: str | None) -> int:
     """The step a phase is at (``after_i``: the next one)."""
     if not phase or "_" not in phase:
