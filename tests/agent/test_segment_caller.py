@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, Any, cast
+from typing import Any, cast
 
 import pytest
 import trio
@@ -11,9 +11,6 @@ import trio
 import phronomy
 from phronomy.agent._segment import SegmentCaller
 from phronomy.engine import ResultHandle, tracked
-
-if TYPE_CHECKING:
-    from phronomy.agent._driver import Driver
 
 
 class _Driver:
@@ -28,7 +25,7 @@ class _Driver:
 
 
 def _caller(driver: _Driver) -> SegmentCaller:
-    return SegmentCaller(cast("Driver", driver))
+    return SegmentCaller(driver)
 
 
 def test_the_first_settlement_wins_and_reaches_the_driver() -> None:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import logging
-from typing import TYPE_CHECKING, final
+from typing import TYPE_CHECKING, Protocol, final
 
 from phronomy.errors import CancellationError
 
@@ -11,12 +11,23 @@ if TYPE_CHECKING:
     from phronomy.engine import ResultHandle
     from phronomy.workflow import WorkflowResult
 
-    from ._driver import Driver
     from ._plan import ExecutionState
 
 __all__ = ["SegmentCaller"]
 
 logger = logging.getLogger(__name__)
+
+
+class Ending(Protocol):
+    """What a segment's end goes to (the execution's driver)."""
+
+    def segment_done(
+        self,
+        result: WorkflowResult[ExecutionState] | None,
+        error: BaseException | None,
+    ) -> None:
+        """A segment ended with *result*, or failed with *error*."""
+        ...
 
 
 @final
@@ -32,7 +43,7 @@ class SegmentCaller:
 
     __slots__ = ("_driver", "done")
 
-    def __init__(self, driver: Driver) -> None:
+    def __init__(self, driver: Ending) -> None:
         """A caller whose segment's end goes to *driver*."""
         self._driver = driver
         self.done = False
