@@ -276,17 +276,24 @@ def test_context_hook_consume_adopt_and_handled() -> None:
     for e in ("stale", "bump", "handled", "plain"):
         wf.transition("w", FINISH, on=e)
     d = wf.build()
-    assert apply_hook(d, "w", Hooked(), Ev("stale")).consumed
-    bumped = apply_hook(d, "w", Hooked(value=1), Ev("bump"))
+
+    def hook(definition: Any, state: Hooked, event: str) -> Any:
+        outcome = apply_hook(definition, "w", state, Ev(event))
+        assert outcome is not None
+        return outcome
+
+    assert hook(d, Hooked(), "stale").consumed
+    bumped = hook(d, Hooked(value=1), "bump")
     assert (bumped.state.value, bumped.handled, bumped.consumed) == (101, True, False)
-    assert apply_hook(d, "w", Hooked(), Ev("handled")).handled
-    assert not apply_hook(d, "w", Hooked(), Ev("plain")).handled
-    assert not apply_hook(d, "w", Hooked(), Ev(AUTO_EVENT)).handled
+    assert hook(d, Hooked(), "handled").handled
+    # not handled (or no hook runs): nothing changes, and no outcome is made
+    assert apply_hook(d, "w", Hooked(), Ev("plain")) is None
+    assert apply_hook(d, "w", Hooked(), Ev(AUTO_EVENT)) is None
     # handled, but no transition for it from the current state: dropped
     d2 = (
         phronomy.Workflow(Hooked).state("w").transition("w", FINISH, on="other").build()
     )
-    assert apply_hook(d2, "w", Hooked(), Ev("handled")).consumed
+    assert hook(d2, Hooked(), "handled").consumed
 
 
 # --- property: the machine agrees with a tiny reference interpreter ------------------------

@@ -8,7 +8,7 @@ carries the outputs out.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Generic, TypeVar, final
+from typing import TYPE_CHECKING, Any, Generic, TypeVar, final
 
 from phronomy.errors import PhronomyInternalError, RuntimeShutdownError
 
@@ -72,6 +72,10 @@ if TYPE_CHECKING:
 __all__ = ["Instance"]
 
 _MOVES = frozenset({Load, Persist, CancelAwait, CancelReload})
+
+# frozen and field-less, or empty: one each will do (outputs are made per event)
+_RELEASED = Released()
+_NO_OFFER: Offer[Any] = Offer(items=())
 """Events that only move the instance (their outputs are none)."""
 
 C = TypeVar("C")
@@ -196,7 +200,7 @@ class Instance(Generic[C, S, O, E, Q]):
                 return self._withdraw(state, event)
             case Answer(value=value):
                 done = Complete(caller=self._caller(event), value=value)
-                return [Released(), done, *self._reruns()]
+                return [_RELEASED, done, *self._reruns()]
             case Refuse(error=error, write=write):
                 self._check_give_back(state, event, write)
                 if state == CLOSED_LOADING:  # its caller heard at the shutdown
@@ -204,19 +208,19 @@ class Instance(Generic[C, S, O, E, Q]):
                 caller = self._caller(event)
                 if write is None:
                     return [
-                        Released(),
+                        _RELEASED,
                         *self._release_then((Fail(caller=caller, error=error),)),
                     ]
                 if isinstance(error, RuntimeShutdownError):  # nobody waits: at once
                     fail = Fail(caller=caller, error=error)
                     return [
-                        Released(),
+                        _RELEASED,
                         Submit(op=write, quiet=True),
                         fail,
                         *self._reruns(),
                     ]
                 return [
-                    Released(),
+                    _RELEASED,
                     *self._release_then((Fail(caller=caller, error=error),), write),
                 ]
             case Retire(error=error, write=write):
@@ -240,19 +244,19 @@ class Instance(Generic[C, S, O, E, Q]):
                 caller = self._caller(event)
                 if error is not None:
                     return [
-                        Released(),
+                        _RELEASED,
                         Fail(caller=caller, error=error),
                         *self._reruns(),
                     ]
                 published = [] if update is None else [Publish(update=update)]
                 done = Complete(caller=caller, value=value)
-                return [Released(), *published, done, *self._reruns()]
+                return [_RELEASED, *published, done, *self._reruns()]
             case Resolve(error=error):
                 if state != RECOVERY_REQUIRED:
                     return []
                 if self.caller is None:
-                    return [Released()]
-                return [Released(), Fail(caller=self.caller, error=error)]
+                    return [_RELEASED]
+                return [_RELEASED, Fail(caller=self.caller, error=error)]
             case Buffer(items=items):
                 if self.buffered:
                     self.buffered.extend(items)
@@ -271,7 +275,8 @@ class Instance(Generic[C, S, O, E, Q]):
             self.epoch = self.claimed[0]
             outputs.append(HoldLease(epoch=self.claimed[0], claimed_at=self.claimed[1]))
         buffered, self.buffered = tuple(self.buffered), ()
-        outputs += [Offer(items=buffered), StartSession(session=event.session)]
+        offer = Offer(items=buffered) if buffered else _NO_OFFER
+        outputs += [offer, StartSession(session=event.session)]
         if self.waiting:  # cancelled while it loaded: it ends before running anything
             outputs.append(CancelSession(reason=self.waiting[0][2]))
         return outputs
@@ -287,9 +292,9 @@ class Instance(Generic[C, S, O, E, Q]):
         if event.answered:
             answered.append(Complete(caller=self._caller(event), value=None))
         if event.write is None:
-            return [Released(), *after, *answered, *self._reruns()]
+            return [_RELEASED, *after, *answered, *self._reruns()]
         submit = Submit(op=event.write, then=after)
-        return [Released(), submit, *answered, *self._reruns()]
+        return [_RELEASED, submit, *answered, *self._reruns()]
 
     def _end(self, state: str, event: End[O]) -> list[InstanceOutput[S, E, C, O, Q]]:
         """Release before settling the caller: a caller that starts the same instance
@@ -298,7 +303,7 @@ class Instance(Generic[C, S, O, E, Q]):
             raise self._violation(event, "no session runs")
         self.session = None
         outputs: list[InstanceOutput[S, E, C, O, Q]] = (
-            [] if state == CLOSED else [Released()]
+            [] if state == CLOSED else [_RELEASED]
         )
         outputs += self._drop()
         if event.update is not None:

@@ -145,11 +145,16 @@ def adopt(
 
 def apply_hook(
     definition: WorkflowDefinition[Any], current: str, state: State, event: EventLike
-) -> HookOutcome:
-    """Run ``state.handle_event(event)`` if the state class defines it."""
+) -> HookOutcome | None:
+    """Run ``state.handle_event(event)`` if the state class defines it.
+
+    Returns:
+        What it decided, or ``None`` when nothing changed (no hook, or it did not
+        handle the event: the frequent answer, without an object).
+    """
     hook = getattr(state, "handle_event", None)
     if hook is None or event.type == AUTO_EVENT:
-        return HookOutcome(state=state)
+        return None
     try:
         verdict = hook(event)
     except Exception as exc:
@@ -161,7 +166,7 @@ def apply_hook(
     if verdict is CONSUME:
         return HookOutcome(state=state, consumed=True)
     if verdict is False or verdict is None:  # the frequent answer: not handled
-        return HookOutcome(state=state)
+        return None
     if isinstance(verdict, definition.state_type):
         state, handled = verdict, True
     else:

@@ -320,9 +320,10 @@ class WorkflowMachine(Generic[S]):
         """
         definition = self.definition
         hook = apply_hook(definition, self.current, self.state, event)
-        self.state = hook.state
-        if hook.consumed:
-            return MachineStep(next="consumed", current=self.current)
+        if hook is not None:
+            self.state = hook.state
+            if hook.consumed:
+                return MachineStep(next="consumed", current=self.current)
         if (
             definition.on_unhandled_event == "drop"
             and event.type in definition.by_event

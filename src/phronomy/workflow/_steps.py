@@ -97,7 +97,7 @@ class Steps:
         not by the cyclic garbage collector (a cycle per segment cost a collection's
         work per run)."""
         self._feeding = False
-        self._auto = Event(type=AUTO_EVENT, target_id=session.id)
+        self._auto: Event | None = None  # made at the first automatic transition
 
     def carry_out(self, step: MachineStep, session: Stepped) -> None:
         """Launch the step's effects and follow it (automatic transitions inline)."""
@@ -109,7 +109,10 @@ class Steps:
                     self.publish(session)
                     if (trace := session.trace) is not None:
                         trace.before(AUTO_EVENT, session.machine.current)
-                    step = session.machine.advance(self._auto)
+                    auto = self._auto
+                    if auto is None:
+                        auto = self._auto = Event(type=AUTO_EVENT, target_id=session.id)
+                    step = session.machine.advance(auto)
                     if trace is not None:
                         trace.after(step.next, step.current)
                     continue
