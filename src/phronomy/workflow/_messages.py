@@ -30,7 +30,6 @@ __all__ = [
     "RecoveryEntry",
     "ResolveCommand",
     "ResumeCommand",
-    "SegmentResult",
     "SegmentStatus",
     "StartCommand",
     "Step",
@@ -81,15 +80,6 @@ class Step(msgspec.Struct, Generic[S], frozen=True, kw_only=True):
     phase: str
     state: S
     workflow_instance_id: str
-
-
-class SegmentResult(msgspec.Struct, frozen=True, kw_only=True):
-    """What a workflow session reports when it halts or finishes (runtime internal)."""
-
-    state: Any
-    phase: str
-    revision: int | None
-    status: InstanceStatus = "finished"
 
 
 class InputOverlay(msgspec.Struct, frozen=True, kw_only=True):

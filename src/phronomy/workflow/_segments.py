@@ -55,7 +55,6 @@ from ._inbox import Feed
 from ._messages import (
     InstanceUpdate,
     ResumeCommand,
-    SegmentResult,
     StartCommand,
     WorkflowResult,
 )
@@ -407,16 +406,7 @@ class Segments:
         watched = self._coordinator.watchers.watched(iid)  # else no update is made
         event: End[MarkOp | DeleteOp]
         if done.error is None:  # finished, halted or cancelled: its result
-            segment: SegmentResult = done.result
-            result = WorkflowResult(
-                state=segment.state,
-                phase=segment.phase,
-                workflow_instance_id=iid,
-                revision=segment.revision if base is not None else None,
-                halted=segment.status == "halted",
-                workflow=cmd.definition.name,
-                status=segment.status,
-            )
+            result: WorkflowResult[Any] = done.result  # (the session's terminal_result)
             update = None
             if watched:
                 update = _update(
@@ -435,7 +425,7 @@ class Segments:
 
                 after = applied
 
-            if segment.status == "cancelled":
+            if result.status == "cancelled":
                 reason = instance.cancel_reason() or session.cancel_reason
                 cancelled = WorkflowCancelledError(
                     f"workflow instance {iid!r} was cancelled"

@@ -16,8 +16,8 @@ from ._machine import WorkflowMachine
 from ._messages import (
     EventCounters,
     EventOutcome,
-    SegmentResult,
     Step,
+    WorkflowResult,
 )
 from ._retries import RETRY_EVENT, RetryPolicy
 from ._state import State
@@ -382,14 +382,19 @@ class WorkflowSession(GatedSession, Generic[S]):
             )
         return self.machine.state, self.phase, detail, feed.consumed, timers
 
-    def terminal_result(self, revision: int | None) -> SegmentResult:
-        """The state, phase and revision (the saved one, if any) for the caller."""
+    def terminal_result(self, revision: int | None) -> WorkflowResult[S]:
+        """The caller's result: the state, phase and revision (the saved one, if any;
+        ``None`` for a segment without a store)."""
         assert self.phase is not None
-        return SegmentResult(
+        status = self._terminal
+        return WorkflowResult(
             state=self.machine.state,
             phase=self.phase,
+            workflow_instance_id=self.workflow_instance_id,
             revision=revision if revision is not None else self.revision,
-            status=self._terminal,
+            halted=status == "halted",
+            workflow=self.definition.name,
+            status=status,
         )
 
     def notify_terminal_stable(self) -> None:
