@@ -444,3 +444,35 @@ async def test_average_wait_is_measured(engine: Engine) -> None:
     await first.result()
     await second.result()
     assert pool.statistics().average_wait_seconds > 0.01
+
+
+def _workers(pool_name: str) -> list[trio.lowlevel.Task]:
+    """The pool's worker tasks alive now (system tasks, named for the pool)."""
+    root = trio.lowlevel.current_root_task()
+    assert root is not None
+    return [
+        task
+        for nursery in root.child_nurseries
+        for task in nursery.child_tasks
+        if task.name == f"phronomy.pool.{pool_name}"
+    ]
+
+
+async def test_workers_are_reused_and_end_when_the_pool_closes(engine: Engine) -> None:
+    pool = engine.pool("reuse", size=2, queue_size=4)
+    for i in range(20):  # one after the other: one worker runs them all
+        assert await pool.run(int, str(i)) == i
+    [worker] = _workers("reuse")
+    entered, gate = threading.Event(), threading.Event()
+    busy = pool.submit_nowait(_blocker, entered, gate, "busy")
+    await until(entered.is_set)
+    assert await pool.run(int, "7") == 7  # beside a busy one: a second worker
+    assert worker in _workers("reuse")
+    assert len(_workers("reuse")) == 2
+    gate.set()
+    assert await busy.result() == "busy"
+    await pool.wait_idle()
+    pool.close()  # the waiting workers end; a busy one would end once done
+    await trio.testing.wait_all_tasks_blocked()
+    assert _workers("reuse") == []
+    assert pool.statistics().completed_total == 22

@@ -103,6 +103,9 @@ class OffloadPool:
         self._abandoned_total = 0
         self._abandoned_active = 0
         self._thread = threading.get_ident()
+        # worker tasks waiting for their next operation: a task is made only when
+        # none waits (a task per operation cost more than the rest of a short one)
+        self._waiting: list[trio.lowlevel.Task] = []
 
     # --- public API ------------------------------------------------------------------
 
@@ -251,6 +254,9 @@ class OffloadPool:
         """Refuse new submissions; queued operations still run."""
         self._closed = True
         self._space.unpark_all()
+        waiting, self._waiting = self._waiting, []
+        for task in waiting:  # a closed pool's workers end (busy ones, once done)
+            trio.lowlevel.reschedule(task, outcome.Value(None))
 
     def cancel_queued(self, error: BaseException) -> int:
         """Settle every operation that has not started with *error*; returns how many."""
@@ -385,27 +391,6 @@ class OffloadPool:
             op.token.remove_callback(op.token_callback)
             op.token = None
 
-    async def _run(self, op: Operation) -> None:
-        # A system task: anything but Cancelled escaping it would crash trio.run.
-        finished = False
-        try:
-            await self._run_op(op)
-            finished = True
-        except trio.Cancelled:  # pragma: no cover - defensive
-            op.handle.cancel(CancellationError("offloaded operation cancelled at exit"))
-            raise
-        except Exception:  # pragma: no cover - defensive
-            logger.exception("offload pool %r failed internally", self._name)
-        finally:
-            if not finished:  # pragma: no cover - defensive
-                op.handle.fail(
-                    PhronomyInternalError(
-                        f"offload pool {self._name!r} failed internally"
-                    )
-                )
-                op.handle.mark_physically_complete()
-                self._finish(op, counted=False)
-
     def _settled_while_queued(self, op: Operation) -> None:
         """A queued operation was settled: it will never run (skipped when dequeued)."""
         op.queued = False
@@ -420,7 +405,46 @@ class OffloadPool:
         self._limiter.acquire_on_behalf_of_nowait(op)
         self._started += 1
         self._wait_total += time.monotonic() - op.submitted_at
-        trio.lowlevel.spawn_system_task(self._run, op, name=self._task_name)
+        if self._waiting:
+            trio.lowlevel.reschedule(self._waiting.pop(), outcome.Value(op))
+        else:
+            trio.lowlevel.spawn_system_task(self._work, op, name=self._task_name)
+
+    async def _work(self, op: Operation | None) -> None:
+        """A worker task: run *op*, then each operation handed to it while it waits,
+        until the pool closes (a system task: cancelled at the end of the run, and
+        anything but Cancelled escaping it would crash trio.run)."""
+        while op is not None:
+            finished = False
+            try:
+                await self._run_op(op)
+                finished = True
+            except trio.Cancelled:  # pragma: no cover - defensive
+                op.handle.cancel(
+                    CancellationError("offloaded operation cancelled at exit")
+                )
+                raise
+            except Exception:  # pragma: no cover - defensive
+                logger.exception("offload pool %r failed internally", self._name)
+            finally:
+                if not finished:  # pragma: no cover - defensive
+                    op.handle.fail(
+                        PhronomyInternalError(
+                            f"offload pool {self._name!r} failed internally"
+                        )
+                    )
+                    op.handle.mark_physically_complete()
+                    self._finish(op, counted=False)
+            if self._closed:
+                return
+            task = trio.lowlevel.current_task()
+            self._waiting.append(task)
+
+            def abort(_: Any, task: trio.lowlevel.Task = task) -> trio.lowlevel.Abort:
+                self._waiting.remove(task)
+                return trio.lowlevel.Abort.SUCCEEDED
+
+            op = await trio.lowlevel.wait_task_rescheduled(abort)
 
     def _start_next(self) -> None:
         while self._queue and self._limiter.available_tokens:
