@@ -625,3 +625,17 @@ async def test_wait_for_approval_ends_once_the_caller_was_settled_directly(
     with trio.fail_after(1), pytest.raises(phronomy.InstanceStateError, match="ended"):
         await execution.wait_for_approval()
     gate.set()
+
+
+async def test_an_agent_id_whose_store_key_is_too_long_is_refused_at_once(
+    runtime: phronomy.Runtime,
+) -> None:
+    # its key, "agent:" + the id, is an instance id: at most 255 characters
+    longest, too_long = "a" * 249, "b" * 250
+    with pytest.raises(phronomy.InvalidInputError, match="limit is 249"):
+        runtime.executions.start(too_long, [int], "1")
+    assert not runtime.executions.is_admitted(too_long)  # nothing was left busy
+    with pytest.raises(phronomy.InvalidInputError, match="agent_id"):
+        await runtime.executions.record(too_long)
+    result = await runtime.executions.invoke(longest, [int], "1")
+    assert (result.status, result.value) == ("completed", 1)

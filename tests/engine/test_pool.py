@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextvars
 import functools
+import gc
 import threading
 import time
+import weakref
 from typing import TYPE_CHECKING, Any, TypeVar
 
 import outcome
 import pytest
+import sniffio
 import trio
 import trio.testing
 from hypothesis import settings, strategies as st
@@ -476,3 +480,44 @@ async def test_workers_are_reused_and_end_when_the_pool_closes(engine: Engine) -
     await trio.testing.wait_all_tasks_blocked()
     assert _workers("reuse") == []
     assert pool.statistics().completed_total == 22
+
+
+async def test_a_waiting_worker_keeps_nothing_of_its_last_operation(
+    engine: Engine,
+) -> None:
+    class Blob:
+        pass
+
+    pool = engine.pool("keep", size=1, queue_size=1)
+    blob = Blob()
+    gone = weakref.ref(blob)
+    assert await pool.run(lambda b: b, blob) is blob
+    del blob
+    gc.collect()
+    assert len(_workers("keep")) == 1  # it waits for the next one
+    assert gone() is None  # argument and result freed with the operation
+
+
+VAR: contextvars.ContextVar[str] = contextvars.ContextVar("VAR", default="unset")
+
+
+async def test_each_operation_starts_from_a_clean_context(engine: Engine) -> None:
+    pool = engine.pool("context", size=1, queue_size=1)
+
+    def mark_in_thread() -> str:
+        VAR.set("set in a thread")
+        return VAR.get()
+
+    handle = pool.submit_nowait(mark_in_thread)
+    handle.on_complete(lambda _: VAR.set("set by a callback on the worker"))
+    assert await handle.result() == "set in a thread"
+    assert len(_workers("context")) == 1  # the same worker runs the next one
+    assert await pool.run(VAR.get) == "unset"
+
+    def library() -> str:
+        try:
+            return sniffio.current_async_library()
+        except sniffio.AsyncLibraryNotFoundError:
+            return "none"
+
+    assert await pool.run(library) == "none"  # a thread, as trio.to_thread's

@@ -7,7 +7,11 @@ import math
 import trio
 
 from phronomy.errors import InvalidInputError
-from phronomy.storage import validate_instance_id
+from phronomy.storage import (
+    EXECUTION_KEY_PREFIX,
+    MAX_INSTANCE_ID_LENGTH,
+    validate_instance_id,
+)
 
 __all__ = ["agent_id_of", "deadline_of"]
 
@@ -48,5 +52,20 @@ def deadline_of(timeout: object, deadline: object) -> float | None:
     return float(deadline)
 
 
+_MAX_AGENT_ID_LENGTH = MAX_INSTANCE_ID_LENGTH - len(EXECUTION_KEY_PREFIX)
+
+
 def agent_id_of(agent_id: object) -> str:
-    return validate_instance_id(agent_id, what="agent_id")
+    """*agent_id*, checked once for every use: its executions' store key
+    (``agent:<agent_id>``) is an instance id, so the key must fit too.
+
+    Raises:
+        InvalidInputError: what is wrong with it.
+    """
+    key = validate_instance_id(agent_id, what="agent_id")
+    if len(key) > _MAX_AGENT_ID_LENGTH:
+        raise InvalidInputError(
+            f"agent_id is {len(key)} characters long; the limit is "
+            f"{_MAX_AGENT_ID_LENGTH} (its store key adds {EXECUTION_KEY_PREFIX!r})"
+        )
+    return key

@@ -30,10 +30,11 @@ HandleStatus = Literal["pending", "completed", "failed", "cancelled"]
 class Caller(Protocol[T_contra]):
     """Whoever waits for a request's outcome: settled once, the first settlement wins.
 
-    A :class:`ResultHandle` is one. A feature that owns its requests' callers may pass
-    a lighter object of its own instead (the executions' driver does, for the segments
-    it starts); such a caller is not tracked by the engine (see :func:`tracked`), so
-    its owner must settle it, or stop waiting for it, when the runtime shuts down.
+    A :class:`ResultHandle` is one. A feature that owns its requests' callers may
+    pass a lighter object of its own instead (the executions' driver does, for the
+    first segment of each execution); such a caller is not tracked by the engine (see
+    :func:`tracked`), so its owner must settle it, or stop waiting for it, when the
+    runtime shuts down.
     """
 
     @property

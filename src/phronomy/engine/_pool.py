@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import collections
+import contextvars
 import logging
 import math
 import threading
@@ -11,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar, final
 
 import outcome
 import trio
+from sniffio import current_async_library_cvar
 
 from phronomy.errors import (
     BackpressureError,
@@ -412,12 +414,16 @@ class OffloadPool:
 
     async def _work(self, op: Operation | None) -> None:
         """A worker task: run *op*, then each operation handed to it while it waits,
-        until the pool closes (a system task: cancelled at the end of the run, and
-        anything but Cancelled escaping it would crash trio.run)."""
+        until the pool closes (a system task: anything but Cancelled escaping it
+        would crash trio.run). An operation's thread starts from a copy of the context
+        the task started with: the handles' callbacks run here and may set variables.
+        """
+        clean = contextvars.copy_context()
+        clean.run(current_async_library_cvar.set, None)  # as to_thread's threads
         while op is not None:
             finished = False
             try:
-                await self._run_op(op)
+                await self._run_op(op, clean.copy())
                 finished = True
             except trio.Cancelled:  # pragma: no cover - defensive
                 op.handle.cancel(
@@ -437,6 +443,7 @@ class OffloadPool:
                     self._finish(op, counted=False)
             if self._closed:
                 return
+            op = None  # (a waiting worker keeps nothing of the last one alive)
             task = trio.lowlevel.current_task()
             self._waiting.append(task)
 
@@ -456,9 +463,10 @@ class OffloadPool:
             self._start(op)
         self._space.unpark()
 
-    async def _run_op(self, op: Operation) -> None:
+    async def _run_op(self, op: Operation, context: contextvars.Context) -> None:
         try:
             result = await trio.to_thread.run_sync(
+                context.run,
                 thread_body,
                 op,
                 limiter=_UNLIMITED,

@@ -72,11 +72,11 @@ if TYPE_CHECKING:
 __all__ = ["Instance"]
 
 _MOVES = frozenset({Load, Persist, CancelAwait, CancelReload})
+"""Events that only move the instance (their outputs are none)."""
 
 # frozen and field-less, or empty: one each will do (outputs are made per event)
 _RELEASED = Released()
 _NO_OFFER: Offer[Any] = Offer(items=())
-"""Events that only move the instance (their outputs are none)."""
 
 C = TypeVar("C")
 S = TypeVar("S")

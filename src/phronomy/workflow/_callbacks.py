@@ -149,8 +149,8 @@ def apply_hook(
     """Run ``state.handle_event(event)`` if the state class defines it.
 
     Returns:
-        What it decided, or ``None`` when nothing changed (no hook, or it did not
-        handle the event: the frequent answer, without an object).
+        What it decided, or ``None`` when nothing changed (no hook ran, or it
+        answered ``None`` or ``False``: the frequent answers, without an object).
     """
     hook = getattr(state, "handle_event", None)
     if hook is None or event.type == AUTO_EVENT:
