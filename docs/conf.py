@@ -53,6 +53,6 @@ nitpick_ignore_regex = [
     # runtime-internal classes that appear in signatures
     (
         r"py:class",
-        r"(phronomy\.[\w.]+\.)?(WorkflowSession|WorkflowCoordinator|WorkflowInstances?|Instances?|Sessions|DurabilityService|ExecutionTable|Driver|MachineStep|Session|TerminalPolicy|EventSink|_Controls)",
+        r"(phronomy\.[\w.]+\.)?(WorkflowSession|WorkflowCoordinator|WorkflowInstances?|Instances?|Sessions|DurabilityService|ExecutionTable|Driver|MachineStep|Session|TerminalPolicy|EventSink|Caller|_Controls)",
     ),
 ]
