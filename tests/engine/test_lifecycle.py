@@ -124,9 +124,12 @@ async def test_body_exception_propagates_unwrapped_and_cuts_off_work() -> None:
 
 
 async def test_body_cancellation_propagates() -> None:
-    with trio.move_on_after(0.05) as scope:
+    # cancelled once the session is registered (a 50 ms deadline could fire before the
+    # engine had opened on a loaded machine, and the test failed on an unbound name)
+    with trio.CancelScope() as scope:
         async with open_engine() as eng:
             waiter = eng.register_session(CountingSession(eng, n=2))
+            scope.cancel()
             await trio.sleep_forever()
     assert scope.cancelled_caught
     assert waiter.done
