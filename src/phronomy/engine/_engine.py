@@ -246,7 +246,7 @@ class Engine:
         settles after the events already queued (at the end of the dispatcher's
         current batch, or through the queue when called from elsewhere)."""
         self._admitted.discard(ended.session_id)
-        if trio.lowlevel.current_task() is self._lifecycle.task:  # on the dispatcher
+        if self._lifecycle.is_dispatcher():
             self._sessions.end_soon(ended)
         else:
             self._dispatcher.enqueue(ended)
@@ -320,8 +320,7 @@ class Engine:
             ValueError: *receiver* is not registered on this engine.
             ReentrancyError: called from a thread other than the runtime's.
         """
-        if threading.get_ident() != self._lifecycle.thread_id:  # (check_thread, inline)
-            raise foreign_thread_error("Engine.run_session()")
+        self.check_thread("Engine.run_session()")
         self._sessions.register(session, on_end, _known(self._receivers, receiver))
 
     def receiver(self, key: object, factory: Callable[[Engine], R]) -> R:
@@ -344,8 +343,7 @@ class Engine:
         Raises:
             RuntimeShutdownError: new executions are no longer accepted.
         """
-        if self._lifecycle.state != "running":  # (open while running: no call)
-            self._receivers.admit(receiver)
+        self._receivers.admit(receiver)
 
     # --- supervised work ---------------------------------------------------------------
 

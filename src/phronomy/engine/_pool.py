@@ -420,6 +420,12 @@ class OffloadPool:
         """
         clean = contextvars.copy_context()
         clean.run(current_async_library_cvar.set, None)  # as to_thread's threads
+        task = trio.lowlevel.current_task()
+
+        def abort(_: Any) -> trio.lowlevel.Abort:  # (made once, not per wait)
+            self._waiting.remove(task)
+            return trio.lowlevel.Abort.SUCCEEDED
+
         while op is not None:
             finished = False
             try:
@@ -444,13 +450,7 @@ class OffloadPool:
             if self._closed:
                 return
             op = None  # (a waiting worker keeps nothing of the last one alive)
-            task = trio.lowlevel.current_task()
             self._waiting.append(task)
-
-            def abort(_: Any, task: trio.lowlevel.Task = task) -> trio.lowlevel.Abort:
-                self._waiting.remove(task)
-                return trio.lowlevel.Abort.SUCCEEDED
-
             op = await trio.lowlevel.wait_task_rescheduled(abort)
 
     def _start_next(self) -> None:

@@ -5,8 +5,6 @@ from __future__ import annotations
 import logging
 from typing import TYPE_CHECKING, Any, TypeAlias, final
 
-import trio
-
 from phronomy.errors import PhronomyError, RecoveryRequiredError, RuntimeShutdownError
 
 from ._handle import ResultHandle
@@ -85,7 +83,7 @@ class SessionTable:
         self._starting[sid] = (session, waiter)
         if owner is not None:
             self._owners[sid] = owner
-        if trio.lowlevel.current_task() is self._lifecycle.task:
+        if self._lifecycle.is_dispatcher():
             # Registered by a receiver on the dispatcher: started after the current
             # batch, before the dispatcher awaits anything (no queue hop).
             self._to_start.append(sid)

@@ -197,7 +197,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         nothing: it ends as cancelled where it stands.
         """
         self._started = True
-        if self.cancelling or (self.lease is not None and self.lapsed()):
+        if self.cancelling or self.lapsed():
             return
         try:
             if self.resume is None:
@@ -258,7 +258,7 @@ class WorkflowSession(GatedSession, Generic[S]):
         """Route *event* (see :class:`~phronomy.lowlevel.GatedSession`), unless the
         segment's lease lapsed: then the segment stops before anything of it runs
         (no action, guard, effect or event), whatever was queued for it."""
-        if self.lease is not None and self.lapsed():  # (a call less without a lease)
+        if self.lapsed():
             if event.caller is not None:
                 event.caller.complete(None)
             return
